@@ -1,0 +1,12 @@
+//! Domain types shared by every part of Better Compute: prefixed ids, the one error-code enum, the
+//! state tables that declare each aggregate's legal transitions, and time constants. This crate does
+//! no I/O, so every other crate can depend on it.
+
+pub mod error;
+pub mod id;
+pub mod lease;
+pub mod state;
+
+pub use error::{Error, ErrorCode};
+pub use id::Id;
+pub use state::{StateTable, Transition};

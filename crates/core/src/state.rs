@@ -1,0 +1,303 @@
+//! State tables: each aggregate's legal transitions, declared once.
+//!
+//! Code never writes a `state` column directly: it asks the aggregate's table whether `from -> to` is
+//! legal, and the database layer applies the change with a version-guarded `UPDATE`. So the rules of
+//! every lifecycle live here, in one place, and can be printed for the docs.
+
+use crate::error::Error;
+
+/// A state of some aggregate: a closed enum with stable wire names.
+pub trait State: Copy + Eq + std::fmt::Debug + Send + Sync + 'static {
+    /// Every state, in declaration order.
+    const ALL: &'static [Self];
+    /// The stored and wire name, e.g. `pending`.
+    fn as_str(self) -> &'static str;
+    /// Parses a stored name.
+    fn parse(s: &str) -> Option<Self> {
+        Self::ALL.iter().copied().find(|st| st.as_str() == s)
+    }
+}
+
+/// One legal move.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transition<S> {
+    /// The state before.
+    pub from: S,
+    /// The state after.
+    pub to: S,
+}
+
+/// The legal transitions of one aggregate.
+#[derive(Debug)]
+pub struct StateTable<S: 'static> {
+    /// The aggregate's name in messages, e.g. `reservation`.
+    pub aggregate: &'static str,
+    /// States a new record may start in.
+    pub initial: &'static [S],
+    /// States no transition leaves.
+    pub terminal: &'static [S],
+    /// Every legal transition.
+    pub transitions: &'static [Transition<S>],
+}
+
+impl<S: State> StateTable<S> {
+    /// Whether `from -> to` is legal.
+    pub fn allows(&self, from: S, to: S) -> bool {
+        self.transitions.iter().any(|t| t.from == from && t.to == to)
+    }
+
+    /// `Ok` when `from -> to` is legal, else `FAILED_PRECONDITION` naming both states.
+    pub fn check(&self, from: S, to: S) -> Result<(), Error> {
+        if self.allows(from, to) {
+            Ok(())
+        } else {
+            Err(Error::failed_precondition(format!(
+                "a {} in state {} cannot become {}",
+                self.aggregate,
+                from.as_str(),
+                to.as_str()
+            ))
+            .with_details(serde_json::json!({
+                "reason": "ILLEGAL_TRANSITION",
+                "from": from.as_str(),
+                "to": to.as_str(),
+            })))
+        }
+    }
+
+    /// Whether `s` is terminal.
+    pub fn is_terminal(&self, s: S) -> bool {
+        self.terminal.contains(&s)
+    }
+
+    /// Checks the table's own consistency: terminal states have no way out, every state is reachable
+    /// from an initial one. Used by tests of every table.
+    pub fn validate(&self) -> Result<(), String> {
+        for t in self.transitions {
+            if self.is_terminal(t.from) {
+                return Err(format!("{}: terminal state {:?} has a way out", self.aggregate, t.from));
+            }
+        }
+        let mut reached: Vec<S> = self.initial.to_vec();
+        let mut i = 0;
+        while i < reached.len() {
+            let s = reached[i];
+            for t in self.transitions.iter().filter(|t| t.from == s) {
+                if !reached.contains(&t.to) {
+                    reached.push(t.to);
+                }
+            }
+            i += 1;
+        }
+        for s in S::ALL {
+            if !reached.contains(s) {
+                return Err(format!("{}: state {:?} is unreachable", self.aggregate, s));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Declares a state enum with its wire names.
+#[macro_export]
+macro_rules! states {
+    ($(#[$doc:meta])* $name:ident { $($(#[$vdoc:meta])* $variant:ident = $text:literal,)* }) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum $name { $($(#[$vdoc])* $variant,)* }
+        impl $crate::state::State for $name {
+            const ALL: &'static [Self] = &[$($name::$variant,)*];
+            fn as_str(self) -> &'static str {
+                match self { $($name::$variant => $text,)* }
+            }
+        }
+        impl serde::Serialize for $name {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str($crate::state::State::as_str(*self))
+            }
+        }
+        impl<'de> serde::Deserialize<'de> for $name {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let s = String::deserialize(d)?;
+                <$name as $crate::state::State>::parse(&s)
+                    .ok_or_else(|| serde::de::Error::custom(format!("unknown state {s:?}")))
+            }
+        }
+    };
+}
+
+const fn t<S>(from: S, to: S) -> Transition<S> {
+    Transition { from, to }
+}
+
+states! {
+    /// The lifecycle of a reservation.
+    ReservationState {
+        /// Accepted and charged to quota, waiting for capacity (`Unschedulable`, retried).
+        Pending = "pending",
+        /// Devices and scalars booked for its range; the range has not started.
+        Placed = "placed",
+        /// Inside its range, on its devices.
+        Active = "active",
+        /// Released by the tenant or an operator; bookings and quota returned.
+        Released = "released",
+        /// Its range ended.
+        Expired = "expired",
+        /// Could not be honoured (for example the node was retired).
+        Failed = "failed",
+    }
+}
+
+/// Legal reservation transitions.
+pub static RESERVATION_STATE_TABLE: StateTable<ReservationState> = {
+    use ReservationState::*;
+    StateTable {
+        aggregate: "reservation",
+        initial: &[Pending, Placed],
+        terminal: &[Released, Expired, Failed],
+        transitions: &[
+            t(Pending, Placed),
+            t(Pending, Released),
+            t(Pending, Expired),
+            t(Pending, Failed),
+            t(Placed, Active),
+            t(Placed, Released),
+            t(Placed, Expired),
+            t(Placed, Failed),
+            t(Active, Released),
+            t(Active, Expired),
+            t(Active, Failed),
+        ],
+    }
+};
+
+states! {
+    /// The lifecycle of a command to a node.
+    CommandState {
+        /// Queued, not yet delivered (or sent back after `BUSY`).
+        Pending = "pending",
+        /// Delivered to the node's session; no answer yet.
+        Sent = "sent",
+        /// Acknowledged by the daemon, running.
+        Running = "running",
+        /// Finished successfully.
+        Succeeded = "succeeded",
+        /// Finished unsuccessfully, rejected, timed out or lost with the journal.
+        Failed = "failed",
+        /// Past `not_after` before it ran.
+        Expired = "expired",
+        /// Cancelled before it finished.
+        Cancelled = "cancelled",
+    }
+}
+
+/// Legal command transitions.
+pub static COMMAND_STATE_TABLE: StateTable<CommandState> = {
+    use CommandState::*;
+    StateTable {
+        aggregate: "command",
+        initial: &[Pending],
+        terminal: &[Succeeded, Failed, Expired, Cancelled],
+        transitions: &[
+            t(Pending, Sent),
+            t(Pending, Expired),
+            t(Pending, Cancelled),
+            t(Sent, Pending),
+            t(Sent, Running),
+            t(Sent, Succeeded),
+            t(Sent, Failed),
+            t(Sent, Expired),
+            t(Sent, Cancelled),
+            t(Running, Succeeded),
+            t(Running, Failed),
+            t(Running, Cancelled),
+        ],
+    }
+};
+
+states! {
+    /// The lifecycle of provisioning a machine (bare metal or a VPS).
+    ProvisionState {
+        /// Asked for, nothing done yet.
+        Requested = "requested",
+        /// Being installed.
+        Provisioning = "provisioning",
+        /// Installed and usable.
+        Ready = "ready",
+        /// Being torn down.
+        Deprovisioning = "deprovisioning",
+        /// Torn down.
+        Deprovisioned = "deprovisioned",
+        /// Provisioning or teardown failed; an operator decides.
+        Failed = "failed",
+    }
+}
+
+/// Legal provisioning transitions.
+pub static PROVISION_STATE_TABLE: StateTable<ProvisionState> = {
+    use ProvisionState::*;
+    StateTable {
+        aggregate: "provision",
+        initial: &[Requested],
+        terminal: &[Deprovisioned],
+        transitions: &[
+            t(Requested, Provisioning),
+            t(Requested, Deprovisioned),
+            t(Provisioning, Ready),
+            t(Provisioning, Failed),
+            t(Ready, Deprovisioning),
+            t(Failed, Provisioning),
+            t(Failed, Deprovisioning),
+            t(Deprovisioning, Deprovisioned),
+            t(Deprovisioning, Failed),
+        ],
+    }
+};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_declared_table_is_consistent() {
+        RESERVATION_STATE_TABLE.validate().unwrap();
+        COMMAND_STATE_TABLE.validate().unwrap();
+        PROVISION_STATE_TABLE.validate().unwrap();
+    }
+
+    #[test]
+    fn an_illegal_transition_is_a_failed_precondition_naming_both_states() {
+        let err = RESERVATION_STATE_TABLE
+            .check(ReservationState::Released, ReservationState::Active)
+            .unwrap_err();
+        assert_eq!(err.code, crate::ErrorCode::FailedPrecondition);
+        assert_eq!(err.details["from"], "released");
+        assert_eq!(err.details["to"], "active");
+        assert!(RESERVATION_STATE_TABLE.check(ReservationState::Pending, ReservationState::Placed).is_ok());
+    }
+
+    #[test]
+    fn validate_catches_a_way_out_of_a_terminal_state_and_an_unreachable_state() {
+        static BAD_EXIT: StateTable<CommandState> = StateTable {
+            aggregate: "bad",
+            initial: &[CommandState::Pending],
+            terminal: &[CommandState::Failed],
+            transitions: &[t(CommandState::Failed, CommandState::Pending)],
+        };
+        assert!(BAD_EXIT.validate().unwrap_err().contains("terminal"));
+        static UNREACHABLE: StateTable<CommandState> = StateTable {
+            aggregate: "bad",
+            initial: &[CommandState::Pending],
+            terminal: &[],
+            transitions: &[t(CommandState::Pending, CommandState::Sent)],
+        };
+        assert!(UNREACHABLE.validate().unwrap_err().contains("unreachable"));
+    }
+
+    #[test]
+    fn states_parse_their_wire_names_only() {
+        assert_eq!(CommandState::parse("running"), Some(CommandState::Running));
+        assert_eq!(CommandState::parse("Running"), None);
+        assert_eq!(serde_json::to_string(&ProvisionState::Ready).unwrap(), "\"ready\"");
+    }
+}

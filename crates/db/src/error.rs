@@ -1,0 +1,68 @@
+//! The database layer's errors, and their mapping onto the API's stable codes.
+
+use better_compute_core::{Error, ErrorCode};
+
+/// Errors of the database layer.
+#[derive(Debug, thiserror::Error)]
+pub enum DbError {
+    /// A statement or the connection failed.
+    #[error("database: {0}")]
+    Postgres(#[from] tokio_postgres::Error),
+    /// No connection could be had from the pool.
+    #[error("database pool: {0}")]
+    Pool(#[from] deadpool_postgres::PoolError),
+    /// A domain rule refused the change (CONFLICT, NOT_FOUND, FAILED_PRECONDITION, …).
+    #[error(transparent)]
+    Domain(#[from] Error),
+    /// The fence found the lease gone: another holder took over, or it expired.
+    #[error("lease {name} (epoch {epoch}) is no longer held by this process")]
+    LeaseLost {
+        /// The lease's name.
+        name: String,
+        /// The epoch this process held.
+        epoch: i64,
+    },
+    /// An applied migration's SQL was edited afterwards.
+    #[error("migration {migration} changed after it was applied; add a new migration instead")]
+    MigrationChanged {
+        /// `module/name`.
+        migration: String,
+    },
+    /// A migration's SQL failed; nothing of it was applied.
+    #[error("migration {migration} failed: {source}")]
+    MigrationFailed {
+        /// `module/name`.
+        migration: String,
+        /// The database's error.
+        source: tokio_postgres::Error,
+    },
+}
+
+impl DbError {
+    /// The PostgreSQL SQLSTATE, when the database raised the error.
+    pub fn sqlstate(&self) -> Option<&tokio_postgres::error::SqlState> {
+        match self {
+            DbError::Postgres(e) | DbError::MigrationFailed { source: e, .. } => e.code(),
+            _ => None,
+        }
+    }
+}
+
+impl From<DbError> for Error {
+    fn from(e: DbError) -> Error {
+        use tokio_postgres::error::SqlState;
+        match e {
+            DbError::Domain(err) => err,
+            DbError::LeaseLost { .. } => Error::new(ErrorCode::Unavailable, e.to_string()),
+            DbError::Pool(_) => Error::new(ErrorCode::Unavailable, "the database is unavailable; retry shortly"),
+            DbError::Postgres(ref pg) => match pg.code() {
+                Some(c) if *c == SqlState::T_R_SERIALIZATION_FAILURE || *c == SqlState::T_R_DEADLOCK_DETECTED => {
+                    Error::conflict("a concurrent change interfered; retry")
+                }
+                None => Error::new(ErrorCode::Unavailable, "the database is unavailable; retry shortly"),
+                Some(_) => Error::internal("unexpected database error"),
+            },
+            DbError::MigrationChanged { .. } | DbError::MigrationFailed { .. } => Error::internal(e.to_string()),
+        }
+    }
+}

@@ -1,0 +1,169 @@
+//! Leases with fencing: rows in `leases` with an owner, an epoch and an expiry.
+//!
+//! A takeover bumps the epoch. Every fenced transaction starts with `SELECT … FOR SHARE` on the
+//! lease row; a takeover's `UPDATE` must wait for that row lock, so a zombie holder either still
+//! sees its lease valid (and the takeover waits for it to finish) or sees it gone and aborts. A plain
+//! `EXISTS` would not fence under READ COMMITTED; the row lock does.
+
+use std::time::{Duration, Instant, SystemTime};
+
+use better_compute_core::lease::{GATEWAY_LEASE_TTL_S, WORKER_LEASE_TTL_S};
+use tokio_postgres::{Client, GenericClient, Transaction};
+
+use crate::{Clock, DbError};
+
+/// The time to live of shard, pool, site and singleton leases.
+pub const WORKER_LEASE_TTL: Duration = Duration::from_secs(WORKER_LEASE_TTL_S);
+/// The time to live of gateway leases.
+pub const GATEWAY_LEASE_TTL: Duration = Duration::from_secs(GATEWAY_LEASE_TTL_S);
+
+/// Takes a free or expired lease, or extends our own. The epoch moves only when the owner changes.
+const ACQUIRE_SQL: &str = "
+INSERT INTO leases AS l (name, owner, epoch, expires_at)
+VALUES ($1, $2, 1, compute_now() + make_interval(secs => $3))
+ON CONFLICT (name) DO UPDATE
+   SET owner = EXCLUDED.owner,
+       epoch = CASE WHEN l.owner = EXCLUDED.owner THEN l.epoch ELSE l.epoch + 1 END,
+       expires_at = EXCLUDED.expires_at
+ -- only our own lease, or one whose holder let it expire; waits for a fenced transaction's FOR SHARE
+ WHERE l.owner = EXCLUDED.owner OR l.expires_at < compute_now()
+RETURNING epoch, compute_now()";
+
+/// Extends the lease only if we still hold it at the same epoch.
+const RENEW_SQL: &str = "
+UPDATE leases SET expires_at = compute_now() + make_interval(secs => $4)
+ WHERE name = $1 AND owner = $2 AND epoch = $3
+RETURNING compute_now()";
+
+/// The fence: the first statement of every fenced transaction. The row lock is what fences.
+const FENCE_SQL: &str = "
+SELECT 1 FROM leases
+ WHERE name = $1 AND owner = $2 AND epoch = $3 AND expires_at > compute_now()
+   FOR SHARE";
+
+/// Lets the lease go at once, so the next holder need not wait for it to expire.
+const RELEASE_SQL: &str = "
+UPDATE leases SET expires_at = '-infinity'
+ WHERE name = $1 AND owner = $2 AND epoch = $3";
+
+/// A lease this process holds (or held: renewal tells).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    name: String,
+    owner: String,
+    epoch: i64,
+    ttl: Duration,
+}
+
+impl Lease {
+    /// Tries to take `name` for `owner`. `None` when someone else holds it unexpired.
+    pub async fn acquire(
+        db: &impl GenericClient,
+        name: &str,
+        owner: &str,
+        ttl: Duration,
+        clock: Option<&Clock>,
+    ) -> Result<Option<Lease>, DbError> {
+        let sent = Instant::now();
+        let row = db.query_opt(ACQUIRE_SQL, &[&name, &owner, &ttl.as_secs_f64()]).await?;
+        Ok(row.map(|r| {
+            observe(clock, r.get(1), sent);
+            Lease { name: name.to_owned(), owner: owner.to_owned(), epoch: r.get(0), ttl }
+        }))
+    }
+
+    /// The lease's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Who holds it.
+    pub fn owner(&self) -> &str {
+        &self.owner
+    }
+
+    /// The epoch this holder got.
+    pub fn epoch(&self) -> i64 {
+        self.epoch
+    }
+
+    /// Extends the lease by its time to live. `false` means it was lost: stop acting under it.
+    pub async fn renew(&self, db: &impl GenericClient, clock: Option<&Clock>) -> Result<bool, DbError> {
+        let sent = Instant::now();
+        let row = db.query_opt(RENEW_SQL, &[&self.name, &self.owner, &self.epoch, &self.ttl.as_secs_f64()]).await?;
+        Ok(match row {
+            Some(r) => {
+                observe(clock, r.get(0), sent);
+                true
+            }
+            None => false,
+        })
+    }
+
+    /// Gives the lease up at once.
+    pub async fn release(self, db: &impl GenericClient) -> Result<(), DbError> {
+        db.execute(RELEASE_SQL, &[&self.name, &self.owner, &self.epoch]).await?;
+        Ok(())
+    }
+
+    /// Opens a transaction whose first statement is the fence. Fails with `LeaseLost` (and rolls
+    /// back) when the lease is no longer ours.
+    pub async fn begin_fenced<'a>(&self, client: &'a mut Client) -> Result<FencedTransaction<'a>, DbError> {
+        let tx = client.transaction().await?;
+        let fenced = tx.query_opt(FENCE_SQL, &[&self.name, &self.owner, &self.epoch]).await?;
+        if fenced.is_none() {
+            tx.rollback().await?;
+            return Err(DbError::LeaseLost { name: self.name.clone(), epoch: self.epoch });
+        }
+        Ok(FencedTransaction { tx, lease: self.name.clone(), epoch: self.epoch })
+    }
+}
+
+fn observe(clock: Option<&Clock>, db_time: SystemTime, sent: Instant) {
+    if let Some(c) = clock {
+        c.observe(db_time, sent, Instant::now());
+    }
+}
+
+/// A transaction that began with the lease fence. It can only be made by
+/// [`Lease::begin_fenced`], so holding one proves the fence ran first.
+pub struct FencedTransaction<'a> {
+    tx: Transaction<'a>,
+    lease: String,
+    epoch: i64,
+}
+
+impl<'a> FencedTransaction<'a> {
+    /// The fencing lease's name.
+    pub fn lease_name(&self) -> &str {
+        &self.lease
+    }
+
+    /// The epoch the fence checked.
+    pub fn epoch(&self) -> i64 {
+        self.epoch
+    }
+
+    /// Commits.
+    pub async fn commit(self) -> Result<(), DbError> {
+        Ok(self.tx.commit().await?)
+    }
+
+    /// Rolls back.
+    pub async fn rollback(self) -> Result<(), DbError> {
+        Ok(self.tx.rollback().await?)
+    }
+}
+
+impl<'a> std::ops::Deref for FencedTransaction<'a> {
+    type Target = Transaction<'a>;
+    fn deref(&self) -> &Transaction<'a> {
+        &self.tx
+    }
+}
+
+impl<'a> std::ops::DerefMut for FencedTransaction<'a> {
+    fn deref_mut(&mut self) -> &mut Transaction<'a> {
+        &mut self.tx
+    }
+}

@@ -1,0 +1,21 @@
+//! PostgreSQL, the single source of truth: the self-starting cluster, the pool, migrations, the one
+//! clock, leases with fencing, workers, idempotency keys, version-guarded transitions, and the test
+//! support that gives every test its own migrated database.
+
+pub mod aggregate;
+pub mod clock;
+pub mod error;
+pub mod idempotency;
+pub mod launcher;
+pub mod lease;
+pub mod migrate;
+pub mod pool;
+pub mod testing;
+pub mod workers;
+
+pub use aggregate::{Aggregate, Transitioned};
+pub use clock::Clock;
+pub use error::DbError;
+pub use lease::{FencedTransaction, Lease};
+pub use migrate::{migrate, Migration, CORE_MIGRATIONS};
+pub use pool::Pool;

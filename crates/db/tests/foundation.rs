@@ -1,0 +1,471 @@
+//! The foundation against a real PostgreSQL: migrations, the clock, leases and fencing, idempotency
+//! keys and version-guarded transitions.
+
+use std::time::Duration;
+
+use better_compute_core::state::{CommandState, COMMAND_STATE_TABLE};
+use better_compute_core::ErrorCode;
+use better_compute_db::idempotency::{self, Claim, IdempotencyScope};
+use better_compute_db::launcher::{FileLock, LaunchError, PgBinaries};
+use better_compute_db::lease::WORKER_LEASE_TTL;
+use better_compute_db::testing::TestDb;
+use better_compute_db::{clock, migrate, workers, Aggregate, Clock, DbError, Lease, Migration, CORE_MIGRATIONS};
+
+/// Fails loudly instead of hanging when a lock is never released.
+async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(30), f).await.unwrap_or_else(|_| panic!("timed out: {what}"))
+}
+
+fn code(e: DbError) -> ErrorCode {
+    better_compute_core::Error::from(e).code
+}
+
+#[tokio::test]
+async fn migrations_apply_once_and_are_recorded_in_order() {
+    let db = TestDb::core().await;
+    let mut c = db.connect().await;
+    let again = migrate(&mut c, &[CORE_MIGRATIONS]).await.unwrap();
+    assert!(again.applied.is_empty(), "{again:?}");
+    assert_eq!(again.already_applied, CORE_MIGRATIONS.len());
+    let names: Vec<String> = c
+        .query("SELECT module || '/' || name FROM schema_migrations ORDER BY applied_at, name", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(names, ["core/0001_clock", "core/0002_leases_and_workers", "core/0003_idempotency"]);
+}
+
+#[tokio::test]
+async fn a_new_module_migration_is_applied_after_core_and_an_edited_one_is_refused() {
+    let db = TestDb::core().await;
+    let mut c = db.connect().await;
+    const EXTRA: &[Migration] = &[
+        Migration { module: "extra", name: "0002_b", sql: "ALTER TABLE extra_t ADD COLUMN b int;" },
+        Migration { module: "extra", name: "0001_a", sql: "CREATE TABLE extra_t (a int);" },
+    ];
+    let report = migrate(&mut c, &[CORE_MIGRATIONS, EXTRA]).await.unwrap();
+    assert_eq!(report.applied, ["extra/0001_a", "extra/0002_b"]);
+    const EDITED: &[Migration] = &[Migration { module: "extra", name: "0001_a", sql: "CREATE TABLE extra_t (z int);" }];
+    let err = migrate(&mut c, &[CORE_MIGRATIONS, EDITED]).await.unwrap_err();
+    assert!(matches!(err, DbError::MigrationChanged { ref migration } if migration == "extra/0001_a"), "{err}");
+}
+
+#[tokio::test]
+async fn a_failing_migration_leaves_nothing_behind() {
+    let db = TestDb::core().await;
+    let mut c = db.connect().await;
+    const BROKEN: &[Migration] =
+        &[Migration { module: "broken", name: "0001", sql: "CREATE TABLE half (a int); SELECT no_such_function();" }];
+    let err = migrate(&mut c, &[CORE_MIGRATIONS, BROKEN]).await.unwrap_err();
+    assert!(matches!(err, DbError::MigrationFailed { .. }), "{err}");
+    let half = c.query_opt("SELECT 1 FROM pg_class WHERE relname = 'half'", &[]).await.unwrap();
+    assert!(half.is_none());
+    let recorded = c.query_opt("SELECT 1 FROM schema_migrations WHERE module = 'broken'", &[]).await.unwrap();
+    assert!(recorded.is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_migrators_apply_each_migration_exactly_once() {
+    let db = TestDb::core().await;
+    const MORE: &[Migration] = &[Migration { module: "more", name: "0001", sql: "CREATE TABLE once_only (a int);" }];
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let conn = db.connection_string().to_owned();
+        tasks.push(tokio::spawn(async move {
+            let mut c = better_compute_db::pool::connect(&conn).await.unwrap();
+            migrate(&mut c, &[CORE_MIGRATIONS, MORE]).await.unwrap()
+        }));
+    }
+    let mut applied = 0;
+    for t in tasks {
+        applied += within("migrator", t).await.unwrap().applied.len();
+    }
+    assert_eq!(applied, 1);
+}
+
+#[tokio::test]
+async fn the_simulated_clock_is_on_by_default_and_moves_only_when_told() {
+    let db = TestDb::core().await;
+    assert_eq!(db.now().await, clock::sim_epoch());
+    let later = db.advance(Duration::from_secs(90)).await;
+    assert_eq!(later, clock::sim_epoch() + Duration::from_secs(90));
+    assert_eq!(db.now().await, later);
+    db.set_sim_clock(clock::sim_epoch()).await;
+    assert_eq!(db.now().await, clock::sim_epoch());
+}
+
+#[tokio::test]
+async fn use_real_clock_and_use_sim_clock_swap_the_function_body() {
+    let db = TestDb::core().await;
+    let c = db.client().await;
+    clock::use_real_clock(&**c).await.unwrap();
+    assert!(!clock::is_sim_clock(&**c).await.unwrap());
+    let real = clock::db_now(&**c).await.unwrap();
+    let wall = std::time::SystemTime::now();
+    let diff = wall.duration_since(real).unwrap_or_else(|e| e.duration());
+    assert!(diff < Duration::from_secs(60), "real clock {real:?} vs wall {wall:?}");
+    clock::use_sim_clock(&**c, clock::sim_epoch()).await.unwrap();
+    assert!(clock::is_sim_clock(&**c).await.unwrap());
+    assert_eq!(clock::db_now(&**c).await.unwrap(), clock::sim_epoch());
+}
+
+#[tokio::test]
+async fn the_business_clock_follows_simulated_time_at_each_sample() {
+    let db = TestDb::core().await;
+    let c = db.client().await;
+    let clock = Clock::start(&**c).await.unwrap();
+    assert_eq!(clock.now(), clock::sim_epoch());
+    db.advance(Duration::from_secs(30)).await;
+    assert_eq!(clock.now(), clock::sim_epoch(), "simulated time stands still between samples");
+    // A lease renewal samples the clock.
+    let lease = Lease::acquire(&**c, "singleton:clock", "w1", WORKER_LEASE_TTL, Some(&clock)).await.unwrap().unwrap();
+    assert_eq!(clock.now(), clock::sim_epoch() + Duration::from_secs(30));
+    db.advance(Duration::from_secs(5)).await;
+    assert!(lease.renew(&**c, Some(&clock)).await.unwrap());
+    assert_eq!(clock.now(), clock::sim_epoch() + Duration::from_secs(35));
+    let check = &clock.self_check()[0];
+    assert_eq!(check.name, "clock.skew");
+    assert!(check.ok, "{check:?}");
+}
+
+#[tokio::test]
+async fn renewal_by_the_owner_keeps_the_epoch_and_takeover_after_expiry_increments_it() {
+    let db = TestDb::core().await;
+    let c = db.client().await;
+    let a = Lease::acquire(&**c, "shard:7", "worker-a", WORKER_LEASE_TTL, None).await.unwrap().unwrap();
+    assert_eq!(a.epoch(), 1);
+    // Held: B cannot take it.
+    assert!(Lease::acquire(&**c, "shard:7", "worker-b", WORKER_LEASE_TTL, None).await.unwrap().is_none());
+    // A renews within its TTL, repeatedly; the epoch stays.
+    for _ in 0..3 {
+        db.advance(Duration::from_secs(5)).await;
+        assert!(a.renew(&**c, None).await.unwrap());
+    }
+    let again = Lease::acquire(&**c, "shard:7", "worker-a", WORKER_LEASE_TTL, None).await.unwrap().unwrap();
+    assert_eq!(again.epoch(), 1);
+    // Still held 14 s after the last renewal; gone after 15.
+    db.advance(Duration::from_secs(14)).await;
+    assert!(Lease::acquire(&**c, "shard:7", "worker-b", WORKER_LEASE_TTL, None).await.unwrap().is_none());
+    db.advance(Duration::from_secs(2)).await;
+    let b = Lease::acquire(&**c, "shard:7", "worker-b", WORKER_LEASE_TTL, None).await.unwrap().unwrap();
+    assert_eq!(b.epoch(), 2);
+    // A's renewal now fails: it lost the lease.
+    assert!(!a.renew(&**c, None).await.unwrap());
+    // A release lets the next holder in at once, with a new epoch.
+    b.release(&**c).await.unwrap();
+    let a2 = Lease::acquire(&**c, "shard:7", "worker-a", WORKER_LEASE_TTL, None).await.unwrap().unwrap();
+    assert_eq!(a2.epoch(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn takeover_waits_for_the_zombies_fenced_transaction_and_the_zombie_is_fenced_after() {
+    let db = TestDb::core().await;
+    db.client().await.batch_execute("CREATE TABLE effects (by text, epoch bigint)").await.unwrap();
+    let mut zombie_conn = db.connect().await;
+    let b_conn = db.connect().await;
+    let b_pid: i32 = b_conn.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0);
+
+    let a = Lease::acquire(&zombie_conn, "singleton:sweeper", "worker-a", WORKER_LEASE_TTL, None).await.unwrap().unwrap();
+    let tx = a.begin_fenced(&mut zombie_conn).await.unwrap();
+    // The zombie pauses (a GC pause, a stalled VM) past its lease's expiry.
+    db.advance(Duration::from_secs(16)).await;
+
+    let takeover = tokio::spawn(async move {
+        let lease = Lease::acquire(&b_conn, "singleton:sweeper", "worker-b", WORKER_LEASE_TTL, None).await.unwrap();
+        (lease, b_conn)
+    });
+    // B's takeover blocks on the zombie's FOR SHARE row lock.
+    let observer = db.client().await;
+    within("B to wait on the lease row lock", async {
+        loop {
+            let waiting = observer
+                .query_opt("SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock'", &[&b_pid])
+                .await
+                .unwrap();
+            if waiting.is_some() {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    assert!(!takeover.is_finished(), "the takeover must wait for the fenced transaction");
+
+    // The zombie still sees its lease valid inside the transaction it fenced, and commits.
+    tx.execute("INSERT INTO effects VALUES ('worker-a', $1)", &[&tx.epoch()]).await.unwrap();
+    tx.commit().await.unwrap();
+
+    let (b, _b_conn) = within("takeover", takeover).await.unwrap();
+    let b = b.expect("B takes the expired lease");
+    assert_eq!(b.epoch(), 2);
+
+    // The zombie's next fenced transaction fails, and nothing it tries lands.
+    match a.begin_fenced(&mut zombie_conn).await {
+        Err(DbError::LeaseLost { name, epoch }) => {
+            assert_eq!(name, "singleton:sweeper");
+            assert_eq!(epoch, 1);
+        }
+        Err(e) => panic!("expected LeaseLost, got {e}"),
+        Ok(_) => panic!("the zombie opened a fenced transaction after losing its lease"),
+    }
+    let effects: Vec<(String, i64)> = observer
+        .query("SELECT by, epoch FROM effects", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(effects, [("worker-a".to_owned(), 1)]);
+}
+
+#[tokio::test]
+async fn a_fence_on_an_expired_lease_fails_even_before_anyone_takes_over() {
+    let db = TestDb::core().await;
+    let mut c = db.connect().await;
+    let a = Lease::acquire(&c, "pool:p1", "worker-a", WORKER_LEASE_TTL, None).await.unwrap().unwrap();
+    db.advance(Duration::from_secs(15)).await;
+    assert!(matches!(a.begin_fenced(&mut c).await, Err(DbError::LeaseLost { .. })));
+}
+
+#[tokio::test]
+async fn workers_that_stop_heartbeating_drop_out_of_the_live_set() {
+    let db = TestDb::core().await;
+    let c = db.client().await;
+    for id in ["wrk_a", "wrk_b"] {
+        let info = workers::WorkerInfo {
+            id: id.into(),
+            hostname: "h".into(),
+            pid: 1,
+            roles: vec!["worker".into()],
+            version: "test".into(),
+        };
+        workers::register(&**c, &info).await.unwrap();
+    }
+    assert_eq!(workers::live(&**c).await.unwrap(), ["wrk_a", "wrk_b"]);
+    db.advance(Duration::from_secs(10)).await;
+    assert!(workers::heartbeat(&**c, "wrk_a").await.unwrap());
+    db.advance(Duration::from_secs(10)).await;
+    assert_eq!(workers::live(&**c).await.unwrap(), ["wrk_a"]);
+    db.advance(Duration::from_secs(200)).await;
+    assert_eq!(workers::prune_dead(&**c).await.unwrap(), 2);
+    assert!(!workers::heartbeat(&**c, "wrk_a").await.unwrap());
+}
+
+fn scope<'a>(identity: &'a str, key: &'a str) -> IdempotencyScope<'a> {
+    IdempotencyScope { tenant_id: "ten_a", identity_id: identity, key }
+}
+
+/// A method that creates a widget, made idempotent.
+async fn create_widget(
+    client: &mut tokio_postgres::Client,
+    identity: &str,
+    key: &str,
+    name: &str,
+) -> Result<serde_json::Value, DbError> {
+    let tx = client.transaction().await?;
+    let request = serde_json::json!({ "name": name });
+    let s = scope(identity, key);
+    let response = match idempotency::claim(&tx, s, "widgets.create", &request).await? {
+        Claim::Replay(r) => r,
+        Claim::New => {
+            let id: i32 = tx.query_one("INSERT INTO widgets (name) VALUES ($1) RETURNING id", &[&name]).await?.get(0);
+            let r = serde_json::json!({ "widgetId": id });
+            idempotency::complete(&tx, s, &r).await?;
+            r
+        }
+    };
+    tx.commit().await?;
+    Ok(response)
+}
+
+async fn widgets_db() -> TestDb {
+    let db = TestDb::core().await;
+    db.client().await.batch_execute("CREATE TABLE widgets (id serial PRIMARY KEY, name text)").await.unwrap();
+    db
+}
+
+async fn widget_count(db: &TestDb) -> i64 {
+    db.client().await.query_one("SELECT count(*) FROM widgets", &[]).await.unwrap().get(0)
+}
+
+#[tokio::test]
+async fn the_same_key_twice_returns_the_first_result_and_acts_once() {
+    let db = widgets_db().await;
+    let mut c = db.connect().await;
+    let first = create_widget(&mut c, "idn_1", "k1", "w").await.unwrap();
+    let second = create_widget(&mut c, "idn_1", "k1", "w").await.unwrap();
+    assert_eq!(first, second);
+    assert_eq!(widget_count(&db).await, 1);
+}
+
+#[tokio::test]
+async fn the_same_key_with_a_different_request_is_refused_and_changes_nothing() {
+    let db = widgets_db().await;
+    let mut c = db.connect().await;
+    create_widget(&mut c, "idn_1", "k1", "w").await.unwrap();
+    let err = create_widget(&mut c, "idn_1", "k1", "other").await.unwrap_err();
+    let err = better_compute_core::Error::from(err);
+    assert_eq!(err.code, ErrorCode::Conflict);
+    assert_eq!(err.details["reason"], "IDEMPOTENCY_KEY_REUSED");
+    assert_eq!(widget_count(&db).await, 1);
+}
+
+#[tokio::test]
+async fn another_identity_with_the_same_key_gets_its_own_result() {
+    let db = widgets_db().await;
+    let mut c = db.connect().await;
+    let mine = create_widget(&mut c, "idn_1", "k1", "w").await.unwrap();
+    let theirs = create_widget(&mut c, "idn_2", "k1", "w").await.unwrap();
+    assert_ne!(mine, theirs);
+    assert_eq!(widget_count(&db).await, 2);
+    // Each replays its own.
+    assert_eq!(create_widget(&mut c, "idn_2", "k1", "w").await.unwrap(), theirs);
+}
+
+#[tokio::test]
+async fn an_expired_key_acts_again_and_a_failed_attempt_leaves_the_key_free() {
+    let db = widgets_db().await;
+    let mut c = db.connect().await;
+    // A method that fails after claiming rolls back its claim.
+    {
+        let tx = c.transaction().await.unwrap();
+        let claim = idempotency::claim(&tx, scope("idn_1", "k2"), "widgets.create", &serde_json::json!({"name": "w"}))
+            .await
+            .unwrap();
+        assert_eq!(claim, Claim::New);
+        tx.rollback().await.unwrap();
+    }
+    create_widget(&mut c, "idn_1", "k2", "w").await.unwrap();
+    assert_eq!(widget_count(&db).await, 1);
+    db.advance(idempotency::IDEMPOTENCY_KEY_TTL + Duration::from_secs(1)).await;
+    create_widget(&mut c, "idn_1", "k2", "w").await.unwrap();
+    assert_eq!(widget_count(&db).await, 2);
+    assert!(idempotency::prune_expired(&c, 100).await.unwrap() == 0, "the renewed key is live");
+}
+
+#[tokio::test]
+async fn a_malformed_key_is_an_invalid_argument() {
+    let db = widgets_db().await;
+    let mut c = db.connect().await;
+    let err = create_widget(&mut c, "idn_1", "has space", "w").await.unwrap_err();
+    assert_eq!(code(err), ErrorCode::InvalidArgument);
+    assert_eq!(widget_count(&db).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_concurrent_calls_with_one_key_create_exactly_one_result() {
+    let db = widgets_db().await;
+    let mut tasks = Vec::new();
+    for _ in 0..50 {
+        let pool = db.pool.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut c = pool.get().await.unwrap();
+            create_widget(&mut c, "idn_1", "burst", "w").await.unwrap()
+        }));
+    }
+    let mut responses = Vec::new();
+    for t in tasks {
+        responses.push(within("idempotent call", t).await.unwrap());
+    }
+    assert!(responses.iter().all(|r| *r == responses[0]), "{responses:?}");
+    assert_eq!(widget_count(&db).await, 1);
+}
+
+static COMMANDS: Aggregate<CommandState> = Aggregate { table: "scratch_commands", states: &COMMAND_STATE_TABLE };
+
+async fn commands_db() -> TestDb {
+    let db = TestDb::core().await;
+    db.client()
+        .await
+        .batch_execute(
+            "CREATE TABLE scratch_commands (id text PRIMARY KEY, state text NOT NULL, version bigint NOT NULL);
+             INSERT INTO scratch_commands VALUES ('cmd_1', 'pending', 1);",
+        )
+        .await
+        .unwrap();
+    db
+}
+
+#[tokio::test]
+async fn a_legal_transition_bumps_the_version() {
+    let db = commands_db().await;
+    let c = db.client().await;
+    let t = COMMANDS.transition(&**c, "cmd_1", 1, CommandState::Sent).await.unwrap();
+    assert_eq!((t.from, t.to, t.version), (CommandState::Pending, CommandState::Sent, 2));
+    let t = COMMANDS.transition(&**c, "cmd_1", 2, CommandState::Running).await.unwrap();
+    assert_eq!(t.version, 3);
+}
+
+#[tokio::test]
+async fn an_illegal_transition_is_refused_and_changes_nothing() {
+    let db = commands_db().await;
+    let c = db.client().await;
+    let err = COMMANDS.transition(&**c, "cmd_1", 1, CommandState::Succeeded).await;
+    let err = better_compute_core::Error::from(err.unwrap_err());
+    assert_eq!(err.code, ErrorCode::FailedPrecondition);
+    assert_eq!(err.details["reason"], "ILLEGAL_TRANSITION");
+    let row = c.query_one("SELECT state, version FROM scratch_commands", &[]).await.unwrap();
+    assert_eq!((row.get::<_, String>(0), row.get::<_, i64>(1)), ("pending".to_owned(), 1));
+}
+
+#[tokio::test]
+async fn a_stale_version_is_a_conflict() {
+    let db = commands_db().await;
+    let c = db.client().await;
+    COMMANDS.transition(&**c, "cmd_1", 1, CommandState::Sent).await.unwrap();
+    let err = better_compute_core::Error::from(COMMANDS.transition(&**c, "cmd_1", 1, CommandState::Cancelled).await.unwrap_err());
+    assert_eq!(err.code, ErrorCode::Conflict);
+    assert_eq!(err.details["currentVersion"], 2);
+    let missing = COMMANDS.transition(&**c, "cmd_nope", 1, CommandState::Sent).await.unwrap_err();
+    assert_eq!(code(missing), ErrorCode::NotFound);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_transitions_from_one_version_let_exactly_one_win() {
+    let db = commands_db().await;
+    let mut tasks = Vec::new();
+    for to in [CommandState::Sent, CommandState::Cancelled, CommandState::Expired, CommandState::Sent] {
+        let pool = db.pool.clone();
+        tasks.push(tokio::spawn(async move {
+            let c = pool.get().await.unwrap();
+            COMMANDS.transition(&**c, "cmd_1", 1, to).await.map_err(code)
+        }));
+    }
+    let mut wins = 0;
+    for t in tasks {
+        match within("transition", t).await.unwrap() {
+            Ok(_) => wins += 1,
+            Err(c) => assert_eq!(c, ErrorCode::Conflict),
+        }
+    }
+    assert_eq!(wins, 1);
+    let v: i64 = db.client().await.query_one("SELECT version FROM scratch_commands", &[]).await.unwrap().get(0);
+    assert_eq!(v, 2);
+}
+
+#[test]
+fn missing_server_binaries_give_one_error_naming_the_package() {
+    let empty = std::env::temp_dir().join(format!("bc-empty-{}", std::process::id()));
+    std::fs::create_dir_all(&empty).unwrap();
+    let err = PgBinaries::find_in(&[empty.clone()]).unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, LaunchError::BinariesNotFound { .. }));
+    assert!(msg.contains("apt-get install postgresql") && msg.contains("BETTER_COMPUTE_PG_BIN"), "{msg}");
+    std::fs::remove_dir_all(empty).unwrap();
+}
+
+#[test]
+fn a_second_holder_of_a_data_folder_is_refused_with_the_first_ones_pid() {
+    let dir = std::env::temp_dir().join(format!("bc-lock-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("dev.lock");
+    let first = FileLock::try_acquire(&path, &dir).unwrap();
+    let err = FileLock::try_acquire(&path, &dir).unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.contains(&std::process::id().to_string()) && msg.contains("in use"), "{msg}");
+    drop(first);
+    FileLock::try_acquire(&path, &dir).unwrap();
+    std::fs::remove_dir_all(dir).unwrap();
+}

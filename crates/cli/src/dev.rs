@@ -1,0 +1,99 @@
+//! `better-compute dev`: the main job on one machine.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use better_compute_db::launcher::{Cluster, ClusterOptions, FileLock};
+
+/// The database `dev` keeps its data in.
+const DEV_DATABASE: &str = "better_compute";
+
+/// Options of `better-compute dev`.
+#[derive(Debug, clap::Args)]
+pub struct DevArgs {
+    /// Where the private cluster lives. Reused on the next start; delete it to start afresh.
+    #[arg(long, default_value = "./.better-compute")]
+    data_dir: PathBuf,
+}
+
+/// Unix socket paths are limited to 107 bytes; fall back to a short private folder in /tmp.
+fn socket_dir_for(root: &Path) -> PathBuf {
+    let preferred = root.join("run");
+    if preferred.as_os_str().len() + "/.s.PGSQL.5432".len() < 100 {
+        return preferred;
+    }
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    root.hash(&mut h);
+    std::env::temp_dir().join(format!("better-compute-{:016x}", h.finish()))
+}
+
+async fn wait_for_shutdown_signal() -> anyhow::Result<&'static str> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let mut terminate = signal(SignalKind::terminate())?;
+    Ok(tokio::select! {
+        _ = interrupt.recv() => "interrupt",
+        _ = terminate.recv() => "terminate",
+    })
+}
+
+/// Runs until Ctrl-C (or SIGTERM), then stops PostgreSQL cleanly.
+pub async fn run(args: DevArgs) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&args.data_dir)
+        .with_context(|| format!("cannot create {}", args.data_dir.display()))?;
+    let root = args.data_dir.canonicalize()?;
+    // The server's unprivileged user must be able to reach its folders inside.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755))?;
+    // One dev per data folder: a second one is refused before it touches anything.
+    let _lock = FileLock::try_acquire(&root.join("dev.lock"), &root)?;
+
+    let cluster = Cluster::new(ClusterOptions {
+        data_dir: root.join("pgdata"),
+        socket_dir: socket_dir_for(&root),
+        durable: true,
+        max_connections: 200,
+    })?;
+    if cluster.is_running() {
+        // Left behind by a dev that was killed; we hold the lock, so it is ours to reuse.
+        println!("reusing PostgreSQL left running by an earlier dev (pid {:?})", cluster.postmaster_pid());
+    } else {
+        if cluster.init_if_needed()? {
+            println!("initialized a new PostgreSQL cluster in {}", cluster.options().data_dir.display());
+        }
+        cluster.start()?;
+    }
+    let result = serve(&cluster).await;
+    println!("stopping PostgreSQL…");
+    let stopped = tokio::task::spawn_blocking({
+        let cluster = cluster.clone();
+        move || cluster.stop()
+    })
+    .await?;
+    stopped.context("PostgreSQL did not stop cleanly; see server.log in the data folder")?;
+    println!("stopped cleanly; data kept in {}", root.display());
+    result
+}
+
+async fn serve(cluster: &Cluster) -> anyhow::Result<()> {
+    let admin = better_compute_db::pool::connect(&cluster.connection_string("postgres")).await?;
+    if admin.query_opt("SELECT 1 FROM pg_database WHERE datname = $1", &[&DEV_DATABASE]).await?.is_none() {
+        admin.batch_execute(&format!("CREATE DATABASE {DEV_DATABASE}")).await?;
+    }
+    drop(admin);
+    let mut db = better_compute_db::pool::connect(&cluster.connection_string(DEV_DATABASE)).await?;
+    let report = better_compute_db::migrate(&mut db, &crate::all_migrations()).await?;
+    let url = cluster.url(DEV_DATABASE);
+    println!("migrations: {} applied, {} already applied", report.applied.len(), report.already_applied);
+    println!();
+    println!("Better Compute dev is running.");
+    println!("  database   {url}");
+    println!("  psql       psql -h {} -U postgres {DEV_DATABASE}", cluster.options().socket_dir.display());
+    println!("  data       {} (kept across restarts)", cluster.options().data_dir.display());
+    println!("Press Ctrl-C to stop.");
+    println!("ready: DATABASE_URL={url}");
+    let signal = wait_for_shutdown_signal().await?;
+    println!("received {signal}");
+    Ok(())
+}

@@ -1,0 +1,133 @@
+//! `better-compute dev` as a user runs it: it starts, refuses a second copy on the same folder,
+//! stops cleanly on Ctrl-C, and keeps its data across restarts, even after being killed.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+const BIN: &str = env!("CARGO_BIN_EXE_better-compute");
+
+struct Dev {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Dev {
+    fn start(dir: &Path) -> Dev {
+        let mut child = Command::new(BIN)
+            .arg("dev")
+            .arg("--data-dir")
+            .arg(dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn better-compute dev");
+        let (tx, rx) = mpsc::channel();
+        let stdout = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Dev { child, lines: rx, seen: Vec::new() }
+    }
+
+    /// Reads output until a line starts with `prefix`; fails loudly after two minutes.
+    fn wait_for(&mut self, prefix: &str) -> String {
+        loop {
+            match self.lines.recv_timeout(Duration::from_secs(120)) {
+                Ok(line) => {
+                    self.seen.push(line.clone());
+                    if line.starts_with(prefix) {
+                        return line;
+                    }
+                }
+                Err(e) => panic!("no line starting with {prefix:?} ({e}); output so far:\n{}", self.seen.join("\n")),
+            }
+        }
+    }
+
+    fn database_url(&mut self) -> String {
+        self.wait_for("ready: DATABASE_URL=").trim_start_matches("ready: DATABASE_URL=").to_owned()
+    }
+
+    fn signal(&self, sig: i32) {
+        // SAFETY: sending a signal to our own child.
+        assert_eq!(unsafe { libc::kill(self.child.id() as i32, sig) }, 0);
+    }
+
+    fn wait_exit(mut self) -> (std::process::ExitStatus, Vec<String>) {
+        for _ in 0..1200 {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                while let Ok(line) = self.lines.recv_timeout(Duration::from_secs(5)) {
+                    self.seen.push(line);
+                }
+                return (status, self.seen);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.child.kill();
+        panic!("better-compute dev did not exit; output:\n{}", self.seen.join("\n"));
+    }
+}
+
+async fn query_one_i64(url: &str, sql: &str) -> i64 {
+    let client = better_compute_db::pool::connect(url).await.expect("connect to dev database");
+    client.query_one(sql, &[]).await.expect(sql).get(0)
+}
+
+fn scratch_dir() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("bc-dev-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dev_refuses_a_second_copy_stops_on_ctrl_c_and_keeps_data_across_restarts_and_kills() {
+    let dir = scratch_dir();
+
+    let mut first = Dev::start(&dir);
+    let url = first.database_url();
+    let client = better_compute_db::pool::connect(&url).await.unwrap();
+    client.batch_execute("CREATE TABLE kept (n int); INSERT INTO kept VALUES (42);").await.unwrap();
+    drop(client);
+
+    // A second dev on the same folder is refused, clearly, and the first keeps running.
+    let second = Command::new(BIN).arg("dev").arg("--data-dir").arg(&dir).output().unwrap();
+    assert!(!second.status.success());
+    let err = String::from_utf8_lossy(&second.stderr);
+    assert!(err.contains("in use by another process") && err.contains(&first.child.id().to_string()), "{err}");
+    assert_eq!(query_one_i64(&url, "SELECT n::bigint FROM kept").await, 42);
+
+    // Ctrl-C stops PostgreSQL cleanly.
+    first.signal(libc::SIGINT);
+    let (status, out) = first.wait_exit();
+    assert!(status.success(), "{status}: {out:?}");
+    assert!(out.iter().any(|l| l.starts_with("stopped cleanly")), "{out:?}");
+    assert!(!dir.join("pgdata/postmaster.pid").exists(), "PostgreSQL is still running");
+
+    // A restart finds the data.
+    let mut again = Dev::start(&dir);
+    let url = again.database_url();
+    assert_eq!(query_one_i64(&url, "SELECT n::bigint FROM kept").await, 42);
+    assert!(!again.seen.iter().any(|l| l.starts_with("initialized")), "{:?}", again.seen);
+
+    // Killed outright, it leaves PostgreSQL running; the next dev takes it over and still has the data.
+    again.signal(libc::SIGKILL);
+    let _ = again.wait_exit();
+    let mut third = Dev::start(&dir);
+    let url = third.database_url();
+    assert!(third.seen.iter().any(|l| l.starts_with("reusing PostgreSQL")), "{:?}", third.seen);
+    assert_eq!(query_one_i64(&url, "SELECT n::bigint FROM kept").await, 42);
+    third.signal(libc::SIGTERM);
+    let (status, _) = third.wait_exit();
+    assert!(status.success());
+    assert!(!dir.join("pgdata/postmaster.pid").exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}

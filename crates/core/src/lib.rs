@@ -10,3 +10,4 @@ pub mod state;
 pub use error::{Error, ErrorCode};
 pub use id::Id;
 pub use state::{StateTable, Transition};
+pub mod shard;

@@ -119,6 +119,78 @@ impl Lease {
     }
 }
 
+/// Tries to take or extend many leases for `owner` in one statement; returns those now held.
+pub async fn acquire_many(
+    db: &impl GenericClient,
+    names: &[String],
+    owner: &str,
+    ttl: Duration,
+    clock: Option<&Clock>,
+) -> Result<Vec<Lease>, DbError> {
+    if names.is_empty() {
+        return Ok(Vec::new());
+    }
+    let sent = Instant::now();
+    let rows = db
+        .query(
+            "INSERT INTO leases AS l (name, owner, epoch, expires_at)
+             SELECT n, $2, 1, compute_now() + make_interval(secs => $3) FROM unnest($1::text[]) AS n
+             ON CONFLICT (name) DO UPDATE
+                SET owner = EXCLUDED.owner,
+                    epoch = CASE WHEN l.owner = EXCLUDED.owner THEN l.epoch ELSE l.epoch + 1 END,
+                    expires_at = EXCLUDED.expires_at
+              -- as ACQUIRE_SQL: our own, or expired; waits for fenced transactions' FOR SHARE
+              WHERE l.owner = EXCLUDED.owner OR l.expires_at < compute_now()
+             RETURNING name, epoch, compute_now()",
+            &[&names, &owner, &ttl.as_secs_f64()],
+        )
+        .await?;
+    if let Some(r) = rows.first() {
+        observe(clock, r.get(2), sent);
+    }
+    Ok(rows
+        .iter()
+        .map(|r| Lease { name: r.get(0), owner: owner.to_owned(), epoch: r.get(1), ttl })
+        .collect())
+}
+
+/// Renews many leases in one statement; returns the names still held (same owner and epoch).
+pub async fn renew_many(db: &impl GenericClient, leases: &[Lease], clock: Option<&Clock>) -> Result<Vec<String>, DbError> {
+    let Some(first) = leases.first() else { return Ok(Vec::new()) };
+    let names: Vec<&str> = leases.iter().map(|l| l.name.as_str()).collect();
+    let epochs: Vec<i64> = leases.iter().map(|l| l.epoch).collect();
+    let ttls: Vec<f64> = leases.iter().map(|l| l.ttl.as_secs_f64()).collect();
+    let sent = Instant::now();
+    let rows = db
+        .query(
+            "UPDATE leases l SET expires_at = compute_now() + make_interval(secs => h.ttl)
+               FROM unnest($1::text[], $2::int8[], $4::float8[]) AS h(name, epoch, ttl)
+              WHERE l.name = h.name AND l.epoch = h.epoch AND l.owner = $3
+             RETURNING l.name, compute_now()",
+            &[&names, &epochs, &first.owner, &ttls],
+        )
+        .await?;
+    if let Some(r) = rows.first() {
+        observe(clock, r.get(1), sent);
+    }
+    Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
+/// Releases many leases at once.
+pub async fn release_many(db: &impl GenericClient, leases: &[Lease]) -> Result<(), DbError> {
+    let Some(first) = leases.first() else { return Ok(()) };
+    let names: Vec<&str> = leases.iter().map(|l| l.name.as_str()).collect();
+    let epochs: Vec<i64> = leases.iter().map(|l| l.epoch).collect();
+    db.execute(
+        "UPDATE leases l SET expires_at = '-infinity'
+           FROM unnest($1::text[], $2::int8[]) AS h(name, epoch)
+          WHERE l.name = h.name AND l.epoch = h.epoch AND l.owner = $3",
+        &[&names, &epochs, &first.owner],
+    )
+    .await?;
+    Ok(())
+}
+
 fn observe(clock: Option<&Clock>, db_time: SystemTime, sent: Instant) {
     if let Some(c) = clock {
         c.observe(db_time, sent, Instant::now());

@@ -1,0 +1,30 @@
+//! The runtime every module runs on: the [`Module`] contract, level-triggered [`Reconciler`]s woken
+//! through the [`work_queue`], sharded [`Worker`]s under fenced leases, and the [`outbox`] through which
+//! side effects leave. The runtime knows no module: modules register with it.
+
+pub mod harness;
+pub mod module;
+pub mod outbox;
+pub mod reconciler;
+pub mod status;
+pub mod work_queue;
+pub mod worker;
+
+pub use module::{Module, Registry};
+pub use outbox::{Event, NewEvent, Sink};
+pub use reconciler::{Kind, Outcome, Periodic, ReconcileContext, Reconciler, RunError, ShardBy};
+pub use worker::{Worker, WorkerConfig};
+
+/// The runtime's own migrations: the work queue, job status, the outbox and its cursors.
+pub const RUNTIME_MIGRATIONS: &[better_compute_db::Migration] = &[
+    better_compute_db::Migration {
+        module: "runtime",
+        name: "0001_work_queue",
+        sql: include_str!("migrations/runtime/0001_work_queue.sql"),
+    },
+    better_compute_db::Migration {
+        module: "runtime",
+        name: "0002_outbox",
+        sql: include_str!("migrations/runtime/0002_outbox.sql"),
+    },
+];

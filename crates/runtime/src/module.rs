@@ -1,0 +1,142 @@
+//! The module contract. A module (capacity, nodes, events, …) registers everything it owns in one
+//! place; the server is assembled from a list of modules, and registration order is merge order.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use better_compute_db::Migration;
+
+use crate::outbox::Sink;
+use crate::reconciler::Reconciler;
+
+/// What a module contributes. Every method has an empty default, so a module names only what it has.
+pub trait Module: Send + Sync + 'static {
+    /// The module's name, e.g. `capacity`; also the name its migrations are recorded under.
+    fn name(&self) -> &'static str;
+
+    /// Its migrations, ordered by name.
+    fn migrations(&self) -> &'static [Migration] {
+        &[]
+    }
+
+    /// Its reconcilers; each becomes a job of the same name.
+    fn reconcilers(&self) -> Vec<Arc<dyn Reconciler>> {
+        Vec::new()
+    }
+
+    /// In-process subscribers to the outbox, delivered by the `event-subscribers` job.
+    fn subscribers(&self) -> Vec<Arc<dyn Sink>> {
+        Vec::new()
+    }
+
+    /// Other outbox sinks (the webhook fan-out, say), delivered by the `outbox-dispatch` job.
+    fn outbox_sinks(&self) -> Vec<Arc<dyn Sink>> {
+        Vec::new()
+    }
+}
+
+/// Why a set of modules cannot be assembled.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum RegistryError {
+    /// Two modules share a name.
+    #[error("module {0} is registered twice")]
+    DuplicateModule(String),
+    /// Two reconcilers (or a reconciler and a built-in job) share a job name.
+    #[error("job {0} is registered twice")]
+    DuplicateJob(String),
+    /// Two sinks share a name.
+    #[error("outbox sink {0} is registered twice")]
+    DuplicateSink(String),
+    /// A module's migration is recorded under another module's name.
+    #[error("module {module} contributes migration {migration} of another module")]
+    ForeignMigration {
+        /// The contributing module.
+        module: String,
+        /// `module/name` of the migration.
+        migration: String,
+    },
+}
+
+/// The built-in job that delivers in-process subscribers.
+pub const EVENT_SUBSCRIBERS_JOB: &str = "event-subscribers";
+/// The built-in job that delivers the other outbox sinks.
+pub const OUTBOX_DISPATCH_JOB: &str = "outbox-dispatch";
+
+/// The assembled modules.
+pub struct Registry {
+    modules: Vec<Arc<dyn Module>>,
+    reconcilers: Vec<Arc<dyn Reconciler>>,
+    subscribers: Vec<Arc<dyn Sink>>,
+    outbox_sinks: Vec<Arc<dyn Sink>>,
+}
+
+impl Registry {
+    /// Assembles modules in order, refusing duplicate names.
+    pub fn new(modules: Vec<Arc<dyn Module>>) -> Result<Registry, RegistryError> {
+        let mut names = HashSet::new();
+        let mut jobs: HashSet<String> = [EVENT_SUBSCRIBERS_JOB, OUTBOX_DISPATCH_JOB].map(String::from).into();
+        let mut sinks = HashSet::new();
+        let (mut reconcilers, mut subscribers, mut outbox_sinks) = (Vec::new(), Vec::new(), Vec::new());
+        for m in &modules {
+            if !names.insert(m.name()) {
+                return Err(RegistryError::DuplicateModule(m.name().to_owned()));
+            }
+            if let Some(foreign) = m.migrations().iter().find(|mig| mig.module != m.name()) {
+                return Err(RegistryError::ForeignMigration {
+                    module: m.name().to_owned(),
+                    migration: format!("{}/{}", foreign.module, foreign.name),
+                });
+            }
+            for r in m.reconcilers() {
+                if !jobs.insert(r.kind().name.to_owned()) {
+                    return Err(RegistryError::DuplicateJob(r.kind().name.to_owned()));
+                }
+                reconcilers.push(r);
+            }
+            for (list, out) in [(m.subscribers(), &mut subscribers), (m.outbox_sinks(), &mut outbox_sinks)] {
+                for s in list {
+                    if !sinks.insert(s.name().to_owned()) {
+                        return Err(RegistryError::DuplicateSink(s.name().to_owned()));
+                    }
+                    out.push(s);
+                }
+            }
+        }
+        Ok(Registry { modules, reconcilers, subscribers, outbox_sinks })
+    }
+
+    /// Every migration set: core, the runtime, then each module's in registration order.
+    pub fn migrations(&self) -> Vec<&'static [Migration]> {
+        let mut sets = vec![better_compute_db::CORE_MIGRATIONS, crate::RUNTIME_MIGRATIONS];
+        sets.extend(self.modules.iter().map(|m| m.migrations()).filter(|s| !s.is_empty()));
+        sets
+    }
+
+    /// The modules, in registration order.
+    pub fn modules(&self) -> &[Arc<dyn Module>] {
+        &self.modules
+    }
+
+    /// Every reconciler, in registration order.
+    pub fn reconcilers(&self) -> &[Arc<dyn Reconciler>] {
+        &self.reconcilers
+    }
+
+    /// In-process subscribers.
+    pub fn subscribers(&self) -> &[Arc<dyn Sink>] {
+        &self.subscribers
+    }
+
+    /// Other outbox sinks.
+    pub fn outbox_sinks(&self) -> &[Arc<dyn Sink>] {
+        &self.outbox_sinks
+    }
+
+    /// Every job name: the reconcilers', then the built-in ones.
+    pub fn job_names(&self) -> Vec<&str> {
+        let mut names: Vec<&str> = self.reconcilers.iter().map(|r| r.kind().name).collect();
+        names.push(EVENT_SUBSCRIBERS_JOB);
+        names.push(OUTBOX_DISPATCH_JOB);
+        names
+    }
+}

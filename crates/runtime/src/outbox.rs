@@ -1,0 +1,216 @@
+//! The outbox: events written in the transaction of the change they describe, and delivered to
+//! sinks afterwards. Nothing external happens inside a business transaction; if it rolls back, the
+//! event never existed.
+//!
+//! Commit order is not sequence order, so a reader takes only rows whose transaction is older than
+//! every transaction still running (`txid < pg_snapshot_xmin(pg_current_snapshot())`), in
+//! `(txid, seq)` order after its saved cursor: nothing can commit behind the cursor later.
+//!
+//! Each sink is delivered by the holder of `singleton:outbox-dispatch:<sink>`. A batch is handed to
+//! the sink inside a transaction fenced by that lease, which also saves the cursor: the sink's
+//! database effects and the cursor commit together, and anything else it does is at least once,
+//! repeated only for a batch whose transaction did not commit. Consumers deduplicate by event id.
+
+use std::time::SystemTime;
+
+use better_compute_core::id::EventId;
+use better_compute_db::{DbError, Lease, Pool};
+use tokio_postgres::{GenericClient, Transaction};
+
+use crate::reconciler::RunError;
+
+/// An event to write.
+#[derive(Debug, Clone)]
+pub struct NewEvent<'a> {
+    /// Its type from the module's catalogue, e.g. `reservation.placed`.
+    pub event_type: &'a str,
+    /// The tenant it belongs to; `None` for fleet events only operators see.
+    pub tenant_id: Option<&'a str>,
+    /// What it is about, e.g. a reservation id.
+    pub subject: &'a str,
+    /// The type's data.
+    pub data: serde_json::Value,
+}
+
+/// A stored event.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Event {
+    /// `evt_…`, the deduplication key.
+    pub id: String,
+    /// Its type.
+    pub event_type: String,
+    /// Its tenant.
+    pub tenant_id: Option<String>,
+    /// Its subject.
+    pub subject: String,
+    /// Its data.
+    pub data: serde_json::Value,
+    /// `compute_now()` when it was written.
+    pub time: SystemTime,
+    /// Its position: the writing transaction's id and the row's sequence number.
+    pub cursor: Cursor,
+}
+
+/// A position in the outbox: everything at or before it has been delivered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub struct Cursor {
+    /// The transaction id (`xid8`).
+    pub txid: u64,
+    /// The sequence number.
+    pub seq: i64,
+}
+
+impl Cursor {
+    /// Before every event.
+    pub const START: Cursor = Cursor { txid: 0, seq: 0 };
+}
+
+impl std::fmt::Display for Cursor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}-{}", self.txid, self.seq)
+    }
+}
+
+impl std::str::FromStr for Cursor {
+    type Err = better_compute_core::Error;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || better_compute_core::Error::invalid_argument(format!("{s:?} is not an event cursor"));
+        let (t, q) = s.split_once('-').ok_or_else(bad)?;
+        Ok(Cursor { txid: t.parse().map_err(|_| bad())?, seq: q.parse().map_err(|_| bad())? })
+    }
+}
+
+/// Writes an event in the caller's transaction; returns its id.
+pub async fn emit(tx: &impl GenericClient, event: NewEvent<'_>) -> Result<String, DbError> {
+    let id = EventId::generate().to_string();
+    tx.execute(
+        "INSERT INTO outbox (id, type, tenant_id, subject, data) VALUES ($1, $2, $3, $4, $5)",
+        &[&id, &event.event_type, &event.tenant_id, &event.subject, &event.data],
+    )
+    .await?;
+    Ok(id)
+}
+
+/// Up to `limit` events after `after`, in order, from transactions that can no longer commit
+/// behind it.
+pub async fn read_after(db: &impl GenericClient, after: Cursor, limit: i64) -> Result<Vec<Event>, DbError> {
+    let rows = db
+        .query(
+            "SELECT id, type, tenant_id, subject, data, time, txid::text, seq FROM outbox o
+              WHERE o.txid < pg_snapshot_xmin(pg_current_snapshot())
+                AND (o.txid, o.seq) > ($1::text::xid8, $2)
+              ORDER BY o.txid, o.seq
+              LIMIT $3",
+            &[&after.txid.to_string(), &after.seq, &limit],
+        )
+        .await?;
+    rows.iter()
+        .map(|r| {
+            let txid: String = r.get(6);
+            Ok(Event {
+                id: r.get(0),
+                event_type: r.get(1),
+                tenant_id: r.get(2),
+                subject: r.get(3),
+                data: r.get(4),
+                time: r.get(5),
+                cursor: Cursor {
+                    txid: txid.parse().map_err(|_| better_compute_core::Error::internal("bad txid"))?,
+                    seq: r.get(7),
+                },
+            })
+        })
+        .collect()
+}
+
+/// A sink's saved cursor ([`Cursor::START`] when it has none).
+pub async fn load_cursor(db: &impl GenericClient, sink: &str) -> Result<Cursor, DbError> {
+    let row = db.query_opt("SELECT txid::text, seq FROM outbox_cursors WHERE sink = $1", &[&sink]).await?;
+    Ok(match row {
+        Some(r) => Cursor {
+            txid: r.get::<_, String>(0).parse().map_err(|_| better_compute_core::Error::internal("bad txid"))?,
+            seq: r.get(1),
+        },
+        None => Cursor::START,
+    })
+}
+
+async fn save_cursor(tx: &impl GenericClient, sink: &str, cursor: Cursor, delivered: i64) -> Result<(), DbError> {
+    tx.execute(
+        "INSERT INTO outbox_cursors (sink, txid, seq, delivered) VALUES ($1, $2::text::xid8, $3, $4)
+         ON CONFLICT (sink) DO UPDATE SET txid = EXCLUDED.txid, seq = EXCLUDED.seq,
+           delivered = outbox_cursors.delivered + EXCLUDED.delivered, updated_at = compute_now()",
+        &[&sink, &cursor.txid.to_string(), &cursor.seq, &delivered],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Where events go: an in-process subscriber, or the fan-out to webhooks.
+#[async_trait::async_trait]
+pub trait Sink: Send + Sync + 'static {
+    /// A stable name; it names the sink's lease and cursor.
+    fn name(&self) -> &str;
+
+    /// Handles a batch, in order, inside the transaction that will save the cursor past it. An
+    /// error rolls the batch back; it is delivered again later.
+    async fn deliver(&self, tx: &Transaction<'_>, events: &[Event]) -> Result<(), RunError>;
+}
+
+/// The lease under which a sink is delivered.
+pub fn sink_lease(sink: &str) -> String {
+    format!("singleton:outbox-dispatch:{sink}")
+}
+
+/// Why a dispatch stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum DispatchError {
+    /// The database failed, or the lease was lost (nothing was saved).
+    #[error(transparent)]
+    Db(#[from] DbError),
+    /// The sink refused the batch; its cursor did not move.
+    #[error("sink {sink}: {message}")]
+    Sink {
+        /// The sink.
+        sink: String,
+        /// What it said.
+        message: String,
+    },
+}
+
+/// Delivers at most one batch of up to `limit` events to `sink` under `lease`. Returns how many were
+/// delivered (0 when caught up).
+pub async fn dispatch_batch(pool: &Pool, sink: &dyn Sink, lease: &Lease, limit: i64) -> Result<usize, DispatchError> {
+    let mut client = pool.get().await.map_err(DbError::from)?;
+    let tx = lease.begin_fenced(&mut client).await?;
+    let cursor = load_cursor(&*tx, sink.name()).await?;
+    let events = read_after(&*tx, cursor, limit).await?;
+    if events.is_empty() {
+        tx.rollback().await?;
+        return Ok(0);
+    }
+    if let Err(e) = sink.deliver(&tx, &events).await {
+        tx.rollback().await?;
+        return Err(DispatchError::Sink { sink: sink.name().to_owned(), message: e.to_string() });
+    }
+    let last = events.last().expect("non-empty").cursor;
+    save_cursor(&*tx, sink.name(), last, events.len() as i64).await?;
+    tx.commit().await?;
+    Ok(events.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cursors_print_and_parse_and_order_by_txid_then_seq() {
+        let c = Cursor { txid: 812, seq: 44 };
+        assert_eq!(c.to_string(), "812-44");
+        assert_eq!("812-44".parse::<Cursor>().unwrap(), c);
+        assert!("812".parse::<Cursor>().is_err());
+        assert!("a-1".parse::<Cursor>().is_err());
+        assert!(Cursor { txid: 811, seq: 99 } < c);
+        assert!(Cursor { txid: 812, seq: 43 } < c);
+    }
+}

@@ -1,0 +1,250 @@
+//! The work queue: how a state change wakes the reconciler that owns it, without ever losing a
+//! wake-up.
+//!
+//! Lock order: a claim locks `work_queue` rows only (`FOR UPDATE SKIP LOCKED`), and outcome
+//! statements touch only the rows this worker claimed, so the queue never takes part in a deadlock
+//! with the tables a reconciler locks.
+
+use std::time::Duration;
+
+use tokio_postgres::GenericClient;
+
+use better_compute_db::DbError;
+
+use crate::reconciler::{Kind, Outcome};
+
+/// The channel that pokes workers. The payload is always empty, so PostgreSQL folds every poke of
+/// one transaction into one notification (it drops duplicates of the same channel and payload).
+pub const POKE_CHANNEL: &str = "better_compute_work";
+
+/// How long after SyncAgain a key runs again.
+pub const SYNC_AGAIN_AFTER: Duration = Duration::from_secs(1);
+/// The first error back-off; it doubles with each consecutive error…
+pub const ERROR_BACKOFF_FIRST: Duration = Duration::from_secs(1);
+/// …up to this.
+pub const ERROR_BACKOFF_MAX: Duration = Duration::from_secs(300);
+/// Longest error text kept on a row.
+const MAX_ERROR_LEN: usize = 2000;
+
+/// The back-off after the `attempts`-th consecutive error (1-based): 1 s, 2 s, 4 s … 5 min.
+pub fn error_backoff(attempts: u32) -> Duration {
+    let secs = ERROR_BACKOFF_FIRST.as_secs().saturating_mul(1u64 << attempts.saturating_sub(1).min(20));
+    Duration::from_secs(secs.min(ERROR_BACKOFF_MAX.as_secs()))
+}
+
+/// Enqueues `key` of `kind` in the caller's transaction. A key already queued gets its `gen`
+/// bumped (and becomes due now if it was waiting) instead of a second row. The poke is sent by
+/// PostgreSQL at commit, at most once per transaction.
+pub async fn enqueue(tx: &impl GenericClient, kind: &Kind, key: &str) -> Result<(), DbError> {
+    enqueue_many(tx, kind, &[key.to_owned()]).await
+}
+
+/// Enqueues many keys of one kind in one statement.
+pub async fn enqueue_many(tx: &impl GenericClient, kind: &Kind, keys: &[String]) -> Result<(), DbError> {
+    if keys.is_empty() {
+        return Ok(());
+    }
+    let shards: Vec<i16> = keys.iter().map(|k| kind.shard_of(k)).collect();
+    tx.query(
+        "WITH up AS (
+           INSERT INTO work_queue AS w (kind, key, shard, not_before)
+           SELECT $1, k.key, k.shard, compute_now() FROM unnest($2::text[], $3::int2[]) AS k(key, shard)
+           ON CONFLICT (kind, key) DO UPDATE
+              SET gen = w.gen + 1, not_before = LEAST(w.not_before, EXCLUDED.not_before)
+           RETURNING 1)
+         SELECT pg_notify($4, '') WHERE EXISTS (SELECT 1 FROM up)",
+        &[&kind.name, &keys, &shards, &POKE_CHANNEL],
+    )
+    .await?;
+    Ok(())
+}
+
+/// A claimed key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claimed {
+    /// The key.
+    pub key: String,
+    /// Its generation at the claim; the row is deleted after Done only if it is unchanged.
+    pub generation: i64,
+    /// Its shard (-1 for a singleton kind).
+    pub shard: i16,
+    /// Consecutive errors so far.
+    pub attempts: i32,
+}
+
+/// A shard this worker may claim from, with the lease (name and epoch) that entitles it.
+#[derive(Debug, Clone)]
+pub struct ShardGrant {
+    /// The shard (-1 for a singleton kind).
+    pub shard: i16,
+    /// The lease's name (`shard:<n>` or `singleton:<kind>`).
+    pub lease: String,
+    /// The epoch this worker holds.
+    pub epoch: i64,
+}
+
+/// Claims up to `limit` due keys of `kind` from the granted shards for `worker`.
+///
+/// The claim is fenced by the database's view of the leases, not the worker's: only shards whose
+/// lease `worker` still holds at that epoch, unexpired, are claimed from, and a claim never outlives
+/// the lease (`claimed_until` is at most the lease's expiry). A worker that lost a shard cannot
+/// claim from it, and by the time a new holder can take the shard, the old holder's claims have
+/// expired. Rows locked by another claimer are skipped, not waited for; an expired claim (a crashed
+/// worker) is claimable again.
+pub async fn claim(
+    db: &impl GenericClient,
+    kind: &str,
+    grants: &[ShardGrant],
+    worker: &str,
+    claim_ttl: Duration,
+    limit: i64,
+) -> Result<Vec<Claimed>, DbError> {
+    if grants.is_empty() {
+        return Ok(Vec::new());
+    }
+    let shards: Vec<i16> = grants.iter().map(|g| g.shard).collect();
+    let leases: Vec<&str> = grants.iter().map(|g| g.lease.as_str()).collect();
+    let epochs: Vec<i64> = grants.iter().map(|g| g.epoch).collect();
+    let rows = db
+        .query(
+            "UPDATE work_queue w
+                SET claimed_until = LEAST(compute_now() + make_interval(secs => $4), due.lease_expires_at),
+                    claimed_by = $5
+               FROM (SELECT q.kind, q.key, l.expires_at AS lease_expires_at
+                       FROM work_queue q
+                       JOIN unnest($2::int2[], $6::text[], $7::int8[]) AS g(shard, lease, epoch) ON q.shard = g.shard
+                       -- the fence for claims: the lease is still ours at this epoch
+                       JOIN leases l ON l.name = g.lease AND l.epoch = g.epoch AND l.owner = $5
+                                    AND l.expires_at > compute_now()
+                      WHERE q.kind = $1 AND q.not_before <= compute_now()
+                        AND (q.claimed_until IS NULL OR q.claimed_until <= compute_now())
+                      ORDER BY q.not_before
+                      LIMIT $3
+                        FOR UPDATE OF q SKIP LOCKED) due
+              WHERE w.kind = due.kind AND w.key = due.key
+             RETURNING w.key, w.gen, w.shard, w.attempts",
+            &[&kind, &shards, &limit, &claim_ttl.as_secs_f64(), &worker, &leases, &epochs],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| Claimed { key: r.get(0), generation: r.get(1), shard: r.get(2), attempts: r.get(3) })
+        .collect())
+}
+
+/// The result of one run, to be applied to its row.
+#[derive(Debug)]
+pub enum RunResult {
+    /// The reconciler answered.
+    Ok(Outcome),
+    /// It failed with this message.
+    Err(String),
+}
+
+/// Applies the outcomes of a batch of runs, in three statements at most. Only rows still claimed by
+/// `worker` change: a claim that expired and moved on is left to its new claimer.
+pub async fn apply_outcomes(
+    db: &impl GenericClient,
+    kind: &str,
+    worker: &str,
+    results: &[(Claimed, RunResult)],
+) -> Result<(), DbError> {
+    let mut done = (Vec::new(), Vec::new());
+    let mut again = (Vec::new(), Vec::new());
+    let mut failed = (Vec::new(), Vec::new(), Vec::new());
+    for (c, r) in results {
+        match r {
+            RunResult::Ok(Outcome::Done) => {
+                done.0.push(c.key.clone());
+                done.1.push(c.generation);
+            }
+            RunResult::Ok(Outcome::SyncAgain) => {
+                again.0.push(c.key.clone());
+                again.1.push(c.generation);
+            }
+            RunResult::Err(e) => {
+                failed.0.push(c.key.clone());
+                failed.1.push(c.generation);
+                failed.2.push(truncate(e));
+            }
+        }
+    }
+    if !done.0.is_empty() {
+        // Delete what did not move; release what was dirtied during the run so it runs again.
+        db.execute(
+            "WITH d AS (SELECT * FROM unnest($2::text[], $3::int8[]) AS d(key, gen)),
+                  del AS (DELETE FROM work_queue w USING d
+                           WHERE w.kind = $1 AND w.key = d.key AND w.gen = d.gen AND w.claimed_by = $4)
+             UPDATE work_queue w SET claimed_until = NULL, claimed_by = NULL, attempts = 0,
+                                     last_error = NULL, last_error_at = NULL
+               FROM d WHERE w.kind = $1 AND w.key = d.key AND w.gen <> d.gen AND w.claimed_by = $4",
+            &[&kind, &done.0, &done.1, &worker],
+        )
+        .await?;
+    }
+    if !again.0.is_empty() {
+        // A key dirtied during the run is due at once; otherwise after SYNC_AGAIN_AFTER.
+        db.execute(
+            "UPDATE work_queue w SET claimed_until = NULL, claimed_by = NULL, attempts = 0,
+                    last_error = NULL, last_error_at = NULL,
+                    not_before = CASE WHEN w.gen = d.gen THEN compute_now() + make_interval(secs => $5)
+                                      ELSE compute_now() END
+               FROM unnest($2::text[], $3::int8[]) AS d(key, gen)
+              WHERE w.kind = $1 AND w.key = d.key AND w.claimed_by = $4",
+            &[&kind, &again.0, &again.1, &worker, &SYNC_AGAIN_AFTER.as_secs_f64()],
+        )
+        .await?;
+    }
+    if !failed.0.is_empty() {
+        // Back off 1 s doubling to 5 min; keep the error for operators.
+        db.execute(
+            "UPDATE work_queue w SET claimed_until = NULL, claimed_by = NULL, attempts = w.attempts + 1,
+                    last_error = d.err, last_error_at = compute_now(),
+                    not_before = compute_now() + make_interval(secs => LEAST($5::float8, $6::float8 * power(2, LEAST(w.attempts, 20))))
+               FROM unnest($2::text[], $3::int8[], $7::text[]) AS d(key, gen, err)
+              WHERE w.kind = $1 AND w.key = d.key AND w.claimed_by = $4",
+            &[
+                &kind,
+                &failed.0,
+                &failed.1,
+                &worker,
+                &ERROR_BACKOFF_MAX.as_secs_f64(),
+                &ERROR_BACKOFF_FIRST.as_secs_f64(),
+                &failed.2,
+            ],
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+fn truncate(e: &str) -> String {
+    if e.len() <= MAX_ERROR_LEN {
+        return e.to_owned();
+    }
+    let mut end = MAX_ERROR_LEN;
+    while !e.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &e[..end])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_error_back_off_doubles_from_one_second_to_five_minutes() {
+        let secs: Vec<u64> = (1..=11).map(|a| error_backoff(a).as_secs()).collect();
+        assert_eq!(secs, [1, 2, 4, 8, 16, 32, 64, 128, 256, 300, 300]);
+        assert_eq!(error_backoff(u32::MAX).as_secs(), 300);
+    }
+
+    #[test]
+    fn long_errors_are_cut_on_a_character_boundary() {
+        let e = "é".repeat(MAX_ERROR_LEN);
+        let t = truncate(&e);
+        assert!(t.len() <= MAX_ERROR_LEN + "…".len());
+        assert!(t.ends_with('…'));
+    }
+}

@@ -1,0 +1,487 @@
+//! A worker: one per server process. It heartbeats in `workers`, takes the shards and singletons
+//! that rendezvous hashing gives it under fenced leases, runs its jobs, and keeps periodic keys and
+//! resyncs going.
+//!
+//! Everything a worker does is a method that tests can call step by step ([`Worker::maintain`],
+//! [`Worker::tick`]); [`Worker::run`] only loops over them, woken by pokes and polling.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use better_compute_core::shard::{rendezvous_owner, stable_hash, SHARD_COUNT};
+use better_compute_db::lease::{acquire_many, release_many, WORKER_LEASE_TTL};
+use better_compute_db::workers::{self, WorkerInfo};
+use better_compute_db::{Clock, DbError, Lease, Pool};
+use futures_util::{FutureExt, StreamExt};
+use serde::Serialize;
+
+use crate::module::{Registry, EVENT_SUBSCRIBERS_JOB, OUTBOX_DISPATCH_JOB};
+use crate::outbox::{dispatch_batch, sink_lease, DispatchError, Sink};
+use crate::reconciler::{Kind, ReconcileContext, Reconciler, ShardBy};
+use crate::work_queue::{self, Claimed, RunResult, ShardGrant};
+
+/// Every key a reconciler owns is re-enqueued this often…
+pub const RESYNC_EVERY: Duration = Duration::from_secs(300);
+/// …plus up to this much jitter, so workers do not resync in step.
+pub const RESYNC_JITTER_MAX: Duration = Duration::from_secs(300);
+
+/// Tunables of a worker; [`WorkerConfig::new`] gives the defaults.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// This worker's id (`wrk_…`).
+    pub id: String,
+    /// The server roles of the process, recorded in `workers`.
+    pub roles: Vec<String>,
+    /// Keys claimed per claim.
+    pub claim_batch: i64,
+    /// Runs in flight at once within a tick.
+    pub run_concurrency: usize,
+    /// Events per outbox batch.
+    pub outbox_batch: i64,
+    /// Outbox batches per sink per tick.
+    pub outbox_batches_per_tick: usize,
+    /// How long the loop sleeps when nothing pokes it.
+    pub poll_interval: Duration,
+    /// How often the loop heartbeats and renews its leases.
+    pub maintain_every: Duration,
+    /// A direct (not pooled) connection string for LISTEN; `None` polls only.
+    pub listen: Option<String>,
+}
+
+impl WorkerConfig {
+    /// Defaults for a worker with this id.
+    pub fn new(id: impl Into<String>) -> Self {
+        WorkerConfig {
+            id: id.into(),
+            roles: vec!["worker".to_owned()],
+            claim_batch: 256,
+            run_concurrency: 32,
+            outbox_batch: 500,
+            outbox_batches_per_tick: 20,
+            poll_interval: Duration::from_secs(1),
+            maintain_every: Duration::from_secs(better_compute_core::lease::WORKER_LEASE_RENEW_EVERY_S),
+            listen: None,
+        }
+    }
+}
+
+/// What one tick of a job did; the last one per job is kept in `job_runs` for operators.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JobReport {
+    /// Keys claimed.
+    pub claimed: u64,
+    /// Runs that returned Done.
+    pub done: u64,
+    /// Runs that returned SyncAgain.
+    pub sync_again: u64,
+    /// Runs or deliveries that failed.
+    pub errors: u64,
+    /// Events delivered (outbox jobs).
+    pub delivered: u64,
+    /// The last error of this tick.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+}
+
+/// What one maintenance pass found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MaintainReport {
+    /// Live workers, this one included.
+    pub live_workers: usize,
+    /// Shards held after the pass.
+    pub shards: usize,
+    /// Singleton leases held after the pass.
+    pub singletons: Vec<String>,
+    /// Keys enqueued by periodic entries and resyncs.
+    pub enqueued: usize,
+}
+
+#[derive(Default)]
+struct State {
+    /// Every lease held, by name (`shard:<n>`, `singleton:…`).
+    leases: BTreeMap<String, Lease>,
+    periodic_last: HashMap<(&'static str, &'static str), SystemTime>,
+    resync_next: HashMap<&'static str, SystemTime>,
+    reports: BTreeMap<String, (u64, JobReport)>,
+}
+
+/// One process's worker.
+pub struct Worker {
+    cfg: WorkerConfig,
+    pool: Pool,
+    registry: Arc<Registry>,
+    clock: Arc<Clock>,
+    state: Mutex<State>,
+}
+
+/// The lease name of a shard.
+pub fn shard_lease(shard: i16) -> String {
+    format!("shard:{shard}")
+}
+
+impl Worker {
+    /// Registers the worker and anchors its clock. It holds nothing until [`Worker::maintain`].
+    pub async fn start(pool: Pool, registry: Arc<Registry>, cfg: WorkerConfig) -> Result<Worker, DbError> {
+        let client = pool.get().await?;
+        let clock = Arc::new(Clock::start(&**client).await?);
+        workers::register(&**client, &Self::info(&cfg)).await?;
+        drop(client);
+        Ok(Worker { cfg, pool, registry, clock, state: Mutex::new(State::default()) })
+    }
+
+    fn info(cfg: &WorkerConfig) -> WorkerInfo {
+        WorkerInfo {
+            id: cfg.id.clone(),
+            hostname: std::fs::read_to_string("/etc/hostname").map(|h| h.trim().to_owned()).unwrap_or_default(),
+            pid: std::process::id() as i32,
+            roles: cfg.roles.clone(),
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+        }
+    }
+
+    /// This worker's id.
+    pub fn id(&self) -> &str {
+        &self.cfg.id
+    }
+
+    /// Its business clock.
+    pub fn clock(&self) -> &Arc<Clock> {
+        &self.clock
+    }
+
+    /// The shards it holds.
+    pub fn shards(&self) -> Vec<i16> {
+        let st = self.state.lock().expect("worker state");
+        st.leases.keys().filter_map(|n| n.strip_prefix("shard:")?.parse().ok()).collect()
+    }
+
+    /// The lease names it wants: the shards and singletons rendezvous hashing gives it.
+    fn desired_leases(&self, live: &[String]) -> BTreeSet<String> {
+        let mine = |name: &str| rendezvous_owner(live, name) == Some(self.cfg.id.as_str());
+        let mut want: BTreeSet<String> = (0..SHARD_COUNT).map(shard_lease).filter(|n| mine(n)).collect();
+        let singletons = self
+            .registry
+            .reconcilers()
+            .iter()
+            .filter(|r| r.kind().shard_by == ShardBy::None)
+            .map(|r| r.kind().singleton_lease())
+            .chain(self.registry.subscribers().iter().chain(self.registry.outbox_sinks()).map(|s| sink_lease(s.name())));
+        want.extend(singletons.filter(|n| mine(n)));
+        want
+    }
+
+    /// Heartbeats, takes and renews the leases it should hold, lets go of those that now belong to
+    /// another live worker, enqueues due periodic keys and resyncs, and saves job reports.
+    pub async fn maintain(&self) -> Result<MaintainReport, DbError> {
+        let client = self.pool.get().await?;
+        if !workers::heartbeat(&**client, &self.cfg.id).await? {
+            workers::register(&**client, &Self::info(&self.cfg)).await?;
+        }
+        let mut live = workers::live(&**client).await?;
+        if !live.contains(&self.cfg.id) {
+            live.push(self.cfg.id.clone());
+        }
+        let want = self.desired_leases(&live);
+        let held: Vec<Lease> = self.state.lock().expect("worker state").leases.values().cloned().collect();
+        let (keep, give_up): (Vec<Lease>, Vec<Lease>) = held.into_iter().partition(|l| want.contains(l.name()));
+        // Let go at once, so the new owner need not wait for expiry.
+        release_many(&**client, &give_up).await?;
+        // One statement renews what we hold and takes what is free; a name missing from the answer
+        // is held by someone else (for now).
+        let names: Vec<String> = want.iter().cloned().collect();
+        let now_held = acquire_many(&**client, &names, &self.cfg.id, WORKER_LEASE_TTL, Some(&self.clock)).await?;
+        for l in &keep {
+            if !now_held.iter().any(|h| h.name() == l.name() && h.epoch() == l.epoch()) {
+                tracing::warn!(lease = l.name(), epoch = l.epoch(), "lease lost");
+            }
+        }
+        {
+            let mut st = self.state.lock().expect("worker state");
+            st.leases = now_held.into_iter().map(|l| (l.name().to_owned(), l)).collect();
+        }
+        let enqueued = self.enqueue_periodic_and_resync(&client).await?;
+        self.save_reports(&client).await?;
+        let st = self.state.lock().expect("worker state");
+        Ok(MaintainReport {
+            live_workers: live.len(),
+            shards: st.leases.keys().filter(|n| n.starts_with("shard:")).count(),
+            singletons: st.leases.keys().filter(|n| n.starts_with("singleton:")).cloned().collect(),
+            enqueued,
+        })
+    }
+
+    /// The shards (with leases) this worker may claim `kind` from.
+    fn grants(&self, kind: &Kind) -> Vec<(ShardGrant, Lease)> {
+        let st = self.state.lock().expect("worker state");
+        let grant = |shard: i16, l: &Lease| {
+            (ShardGrant { shard, lease: l.name().to_owned(), epoch: l.epoch() }, l.clone())
+        };
+        match kind.shard_by {
+            ShardBy::Node | ShardBy::Pool => st
+                .leases
+                .iter()
+                .filter_map(|(n, l)| Some(grant(n.strip_prefix("shard:")?.parse().ok()?, l)))
+                .collect(),
+            ShardBy::None => st.leases.get(&kind.singleton_lease()).map(|l| grant(-1, l)).into_iter().collect(),
+        }
+    }
+
+    fn context(&self, lease: Lease) -> ReconcileContext {
+        ReconcileContext {
+            pool: self.pool.clone(),
+            clock: self.clock.clone(),
+            lease,
+            worker_id: self.cfg.id.clone(),
+        }
+    }
+
+    async fn enqueue_periodic_and_resync(&self, client: &deadpool_postgres::Client) -> Result<usize, DbError> {
+        let now = self.clock.now();
+        let mut enqueued = 0;
+        for r in self.registry.reconcilers() {
+            let kind = r.kind();
+            let grants = self.grants(&kind);
+            let Some((_, any_lease)) = grants.first().cloned() else { continue };
+            let owned: Vec<i16> = grants.iter().map(|(g, _)| g.shard).collect();
+            for p in r.periodic() {
+                let due = {
+                    let st = self.state.lock().expect("worker state");
+                    owned.contains(&kind.shard_of(p.key))
+                        && st.periodic_last.get(&(kind.name, p.key)).is_none_or(|last| now >= *last + p.every)
+                };
+                if due {
+                    work_queue::enqueue(&***client, &kind, p.key).await?;
+                    self.state.lock().expect("worker state").periodic_last.insert((kind.name, p.key), now);
+                    enqueued += 1;
+                }
+            }
+            let jitter = Duration::from_secs(
+                stable_hash(format!("{}/{}", self.cfg.id, kind.name).as_bytes()) % (RESYNC_JITTER_MAX.as_secs() + 1),
+            );
+            let next = *self
+                .state
+                .lock()
+                .expect("worker state")
+                .resync_next
+                .entry(kind.name)
+                .or_insert(now + RESYNC_EVERY + jitter);
+            if now >= next {
+                let keys = r.keys(&self.context(any_lease), &owned).await;
+                match keys {
+                    Ok(keys) => {
+                        work_queue::enqueue_many(&***client, &kind, &keys).await?;
+                        enqueued += keys.len();
+                    }
+                    Err(e) => tracing::warn!(job = kind.name, error = %e, "listing keys for resync failed"),
+                }
+                self.state.lock().expect("worker state").resync_next.insert(kind.name, now + RESYNC_EVERY + jitter);
+            }
+        }
+        Ok(enqueued)
+    }
+
+    async fn save_reports(&self, client: &deadpool_postgres::Client) -> Result<(), DbError> {
+        let reports: Vec<(String, i64, serde_json::Value, Option<String>)> = {
+            let st = self.state.lock().expect("worker state");
+            st.reports
+                .iter()
+                .map(|(job, (ticks, r))| {
+                    (job.clone(), *ticks as i64, serde_json::to_value(r).expect("report serializes"), r.last_error.clone())
+                })
+                .collect()
+        };
+        for (job, ticks, report, error) in reports {
+            client
+                .execute(
+                    "INSERT INTO job_runs AS j (job, worker_id, ticks, last_tick_at, last_report, last_error, last_error_at)
+                     VALUES ($1, $2, $3, compute_now(), $4, $5, CASE WHEN $5::text IS NULL THEN NULL ELSE compute_now() END)
+                     ON CONFLICT (job, worker_id) DO UPDATE SET ticks = EXCLUDED.ticks, last_tick_at = EXCLUDED.last_tick_at,
+                       last_report = EXCLUDED.last_report,
+                       last_error = COALESCE(EXCLUDED.last_error, j.last_error),
+                       last_error_at = COALESCE(EXCLUDED.last_error_at, j.last_error_at)",
+                    &[&job, &self.cfg.id, &ticks, &report, &error],
+                )
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// One pass of job `name`: for a reconciler, claim what is due in its shards, run it, apply the
+    /// outcomes; for an outbox job, deliver each sink this worker holds. Returns what it did.
+    pub async fn tick(&self, name: &str) -> Result<JobReport, DbError> {
+        let report = if name == EVENT_SUBSCRIBERS_JOB {
+            self.tick_sinks(self.registry.subscribers()).await?
+        } else if name == OUTBOX_DISPATCH_JOB {
+            self.tick_sinks(self.registry.outbox_sinks()).await?
+        } else {
+            let r = self
+                .registry
+                .reconcilers()
+                .iter()
+                .find(|r| r.kind().name == name)
+                .cloned()
+                .ok_or_else(|| better_compute_core::Error::not_found("job", name))?;
+            self.tick_reconciler(r).await?
+        };
+        let mut st = self.state.lock().expect("worker state");
+        let entry = st.reports.entry(name.to_owned()).or_default();
+        entry.0 += 1;
+        entry.1 = report.clone();
+        Ok(report)
+    }
+
+    async fn tick_reconciler(&self, r: Arc<dyn Reconciler>) -> Result<JobReport, DbError> {
+        let kind = r.kind();
+        let grants = self.grants(&kind);
+        let mut report = JobReport::default();
+        if grants.is_empty() {
+            return Ok(report);
+        }
+        let leases: HashMap<i16, Lease> = grants.iter().map(|(g, l)| (g.shard, l.clone())).collect();
+        let grants: Vec<ShardGrant> = grants.into_iter().map(|(g, _)| g).collect();
+        let client = self.pool.get().await?;
+        let claimed =
+            work_queue::claim(&**client, kind.name, &grants, &self.cfg.id, WORKER_LEASE_TTL, self.cfg.claim_batch).await?;
+        report.claimed = claimed.len() as u64;
+        let results: Vec<(Claimed, RunResult)> = futures_util::stream::iter(claimed)
+            .map(|c| {
+                let ctx = self.context(leases[&c.shard].clone());
+                let r = r.clone();
+                async move {
+                    // A panicking reconciler fails its key, not the worker.
+                    let res = AssertUnwindSafe(r.run(&ctx, &c.key)).catch_unwind().await;
+                    let res = match res {
+                        Ok(Ok(o)) => RunResult::Ok(o),
+                        Ok(Err(e)) => RunResult::Err(e.to_string()),
+                        Err(_) => RunResult::Err("the reconciler panicked".to_owned()),
+                    };
+                    (c, res)
+                }
+            })
+            .buffer_unordered(self.cfg.run_concurrency.max(1))
+            .collect()
+            .await;
+        for (c, res) in &results {
+            match res {
+                RunResult::Ok(crate::Outcome::Done) => report.done += 1,
+                RunResult::Ok(crate::Outcome::SyncAgain) => report.sync_again += 1,
+                RunResult::Err(e) => {
+                    report.errors += 1;
+                    tracing::warn!(job = kind.name, key = c.key, error = e, "reconcile failed");
+                    report.last_error = Some(format!("{}: {e}", c.key));
+                }
+            }
+        }
+        work_queue::apply_outcomes(&**client, kind.name, &self.cfg.id, &results).await?;
+        Ok(report)
+    }
+
+    async fn tick_sinks(&self, sinks: &[Arc<dyn Sink>]) -> Result<JobReport, DbError> {
+        let mut report = JobReport::default();
+        for sink in sinks {
+            let Some(lease) = self.state.lock().expect("worker state").leases.get(&sink_lease(sink.name())).cloned()
+            else {
+                continue;
+            };
+            for _ in 0..self.cfg.outbox_batches_per_tick {
+                match dispatch_batch(&self.pool, sink.as_ref(), &lease, self.cfg.outbox_batch).await {
+                    Ok(n) => {
+                        report.delivered += n as u64;
+                        if (n as i64) < self.cfg.outbox_batch {
+                            break;
+                        }
+                    }
+                    Err(DispatchError::Db(DbError::LeaseLost { .. })) => break,
+                    Err(DispatchError::Db(e)) => return Err(e),
+                    Err(e @ DispatchError::Sink { .. }) => {
+                        report.errors += 1;
+                        report.last_error = Some(e.to_string());
+                        tracing::warn!(error = %e, "outbox delivery failed");
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(report)
+    }
+
+    /// Lets every lease go and removes the worker's row, so its shards move at once.
+    pub async fn shutdown(&self) -> Result<(), DbError> {
+        let client = self.pool.get().await?;
+        let held: Vec<Lease> = std::mem::take(&mut self.state.lock().expect("worker state").leases).into_values().collect();
+        release_many(&**client, &held).await?;
+        workers::deregister(&**client, &self.cfg.id).await
+    }
+
+    /// Runs until `shutdown` turns true: maintains every few seconds, ticks every job while there
+    /// is work, and otherwise sleeps until a poke or the poll interval.
+    pub async fn run(self: Arc<Self>, mut shutdown: tokio::sync::watch::Receiver<bool>) -> Result<(), DbError> {
+        let poke = Arc::new(tokio::sync::Notify::new());
+        let listener = self.cfg.listen.clone().map(|conn| tokio::spawn(listen_for_pokes(conn, poke.clone())));
+        let mut last_maintain: Option<Instant> = None;
+        let jobs: Vec<String> = self.registry.job_names().into_iter().map(String::from).collect();
+        while !*shutdown.borrow() {
+            if last_maintain.is_none_or(|t| t.elapsed() >= self.cfg.maintain_every) {
+                if let Err(e) = self.maintain().await {
+                    tracing::warn!(error = %e, "worker maintenance failed");
+                }
+                last_maintain = Some(Instant::now());
+            }
+            let mut busy = false;
+            for job in &jobs {
+                match self.tick(job).await {
+                    Ok(r) => busy |= r.claimed as i64 >= self.cfg.claim_batch || r.delivered > 0,
+                    Err(e) => tracing::warn!(job, error = %e, "job tick failed"),
+                }
+            }
+            if busy {
+                continue;
+            }
+            tokio::select! {
+                _ = poke.notified() => {}
+                _ = tokio::time::sleep(self.cfg.poll_interval) => {}
+                _ = shutdown.changed() => {}
+            }
+        }
+        if let Some(l) = listener {
+            l.abort();
+        }
+        self.shutdown().await
+    }
+}
+
+/// Holds a LISTEN connection and turns notifications into wake-ups; reconnects after failures.
+/// Only ever an optimisation: the loop polls anyway.
+async fn listen_for_pokes(conn: String, poke: Arc<tokio::sync::Notify>) {
+    loop {
+        match tokio_postgres::connect(&conn, tokio_postgres::NoTls).await {
+            Ok((client, mut connection)) => {
+                // The connection must be polled for LISTEN to complete and for notifications to arrive.
+                let forward = poke.clone();
+                let pump = tokio::spawn(async move {
+                    let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+                    while let Some(Ok(m)) = messages.next().await {
+                        if matches!(m, tokio_postgres::AsyncMessage::Notification(_)) {
+                            forward.notify_one();
+                        }
+                    }
+                });
+                match client.batch_execute(&format!("LISTEN {}", work_queue::POKE_CHANNEL)).await {
+                    Ok(()) => {
+                        let _ = pump.await;
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %e, "LISTEN failed");
+                        pump.abort();
+                    }
+                }
+                drop(client);
+            }
+            Err(e) => tracing::debug!(error = %e, "poke listener cannot connect"),
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}

@@ -1,0 +1,620 @@
+//! The runtime against a real PostgreSQL in simulated time: the work queue, outcomes and back-off,
+//! sharing between workers and takeover, pokes, periodic keys and resync, and the outbox.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use better_compute_db::lease::WORKER_LEASE_TTL;
+use better_compute_db::{DbError, Lease};
+use better_compute_runtime::harness::Harness;
+use better_compute_runtime::outbox::{self, dispatch_batch, sink_lease, Cursor, DispatchError, Event};
+use better_compute_runtime::work_queue::{self, ShardGrant};
+use better_compute_runtime::{
+    status, Kind, Module, NewEvent, Outcome, Periodic, ReconcileContext, Reconciler, RunError, ShardBy, Sink, Worker,
+    WorkerConfig,
+};
+use tokio::sync::Notify;
+
+async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(30), f).await.unwrap_or_else(|_| panic!("timed out: {what}"))
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Behave {
+    Done,
+    SyncAgain,
+    Fail,
+}
+
+/// A reconciler that records what it runs and can be scripted.
+struct Probe {
+    kind: Kind,
+    behave: Mutex<Behave>,
+    periodic: Vec<Periodic>,
+    keys: Vec<String>,
+    runs: Mutex<Vec<(String, String)>>,
+    running: Mutex<HashSet<String>>,
+    overlaps: AtomicUsize,
+    /// Keys whose first run waits for `gate` after announcing itself on `entered`.
+    gated: Mutex<HashSet<String>>,
+    entered: Notify,
+    gate: Notify,
+    /// Write a fenced effect row for every run.
+    write_effects: bool,
+    /// Re-enqueue the key from another transaction during its first run.
+    dirty_during_first_run: bool,
+    fenced_failures: AtomicUsize,
+}
+
+impl Probe {
+    fn new(name: &'static str, shard_by: ShardBy) -> Probe {
+        Probe {
+            kind: Kind { name, shard_by },
+            behave: Mutex::new(Behave::Done),
+            periodic: Vec::new(),
+            keys: Vec::new(),
+            runs: Mutex::new(Vec::new()),
+            running: Mutex::new(HashSet::new()),
+            overlaps: AtomicUsize::new(0),
+            gated: Mutex::new(HashSet::new()),
+            entered: Notify::new(),
+            gate: Notify::new(),
+            write_effects: false,
+            dirty_during_first_run: false,
+            fenced_failures: AtomicUsize::new(0),
+        }
+    }
+
+    fn runs_of(&self, key: &str) -> usize {
+        self.runs.lock().unwrap().iter().filter(|(k, _)| k == key).count()
+    }
+
+    fn total_runs(&self) -> usize {
+        self.runs.lock().unwrap().len()
+    }
+}
+
+#[async_trait::async_trait]
+impl Reconciler for Probe {
+    fn kind(&self) -> Kind {
+        self.kind
+    }
+
+    fn periodic(&self) -> &[Periodic] {
+        &self.periodic
+    }
+
+    async fn run(&self, ctx: &ReconcileContext, key: &str) -> Result<Outcome, RunError> {
+        if !self.running.lock().unwrap().insert(key.to_owned()) {
+            self.overlaps.fetch_add(1, Ordering::SeqCst);
+        }
+        let first = self.runs_of(key) == 0;
+        self.runs.lock().unwrap().push((key.to_owned(), ctx.worker_id().to_owned()));
+        for _ in 0..3 {
+            tokio::task::yield_now().await;
+        }
+        if self.gated.lock().unwrap().remove(key) {
+            self.entered.notify_one();
+            self.gate.notified().await;
+        }
+        if first && self.dirty_during_first_run {
+            let mut c = ctx.client().await?;
+            let tx = c.transaction().await?;
+            work_queue::enqueue(&*tx, &self.kind, key).await?;
+            tx.commit().await?;
+        }
+        if self.write_effects {
+            let mut c = ctx.client().await?;
+            match ctx.begin_fenced(&mut c).await {
+                Ok(tx) => {
+                    tx.execute(
+                        "INSERT INTO effects (key, worker, epoch) VALUES ($1, $2, $3)",
+                        &[&key, &ctx.worker_id(), &tx.epoch()],
+                    )
+                    .await?;
+                    tx.commit().await?;
+                }
+                Err(e) => {
+                    self.fenced_failures.fetch_add(1, Ordering::SeqCst);
+                    self.running.lock().unwrap().remove(key);
+                    return Err(e.into());
+                }
+            }
+        }
+        self.running.lock().unwrap().remove(key);
+        match *self.behave.lock().unwrap() {
+            Behave::Done => Ok(Outcome::Done),
+            Behave::SyncAgain => Ok(Outcome::SyncAgain),
+            Behave::Fail => Err("planned failure".into()),
+        }
+    }
+
+    async fn keys(&self, _ctx: &ReconcileContext, shards: &[i16]) -> Result<Vec<String>, RunError> {
+        Ok(self.keys.iter().filter(|k| shards.contains(&self.kind.shard_of(k))).cloned().collect())
+    }
+}
+
+/// Records delivered events; can be told to fail after recording.
+struct Recorder {
+    name: String,
+    seen: Mutex<Vec<String>>,
+    fail: std::sync::atomic::AtomicBool,
+}
+
+impl Recorder {
+    fn new(name: &str) -> Arc<Recorder> {
+        Arc::new(Recorder { name: name.to_owned(), seen: Mutex::new(Vec::new()), fail: false.into() })
+    }
+}
+
+#[async_trait::async_trait]
+impl Sink for Recorder {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    async fn deliver(&self, _tx: &tokio_postgres::Transaction<'_>, events: &[Event]) -> Result<(), RunError> {
+        self.seen.lock().unwrap().extend(events.iter().map(|e| e.subject.clone()));
+        if self.fail.load(Ordering::SeqCst) {
+            return Err("receiver crashed".into());
+        }
+        Ok(())
+    }
+}
+
+struct TestModule {
+    reconcilers: Vec<Arc<dyn Reconciler>>,
+    subscribers: Vec<Arc<dyn Sink>>,
+}
+
+impl Module for TestModule {
+    fn name(&self) -> &'static str {
+        "test"
+    }
+    fn reconcilers(&self) -> Vec<Arc<dyn Reconciler>> {
+        self.reconcilers.clone()
+    }
+    fn subscribers(&self) -> Vec<Arc<dyn Sink>> {
+        self.subscribers.clone()
+    }
+}
+
+async fn harness_with(probe: Arc<Probe>, subscribers: Vec<Arc<dyn Sink>>) -> Harness {
+    let h = Harness::new(vec![Arc::new(TestModule { reconcilers: vec![probe], subscribers })]).await;
+    h.db().client().await.batch_execute("CREATE TABLE effects (key text, worker text, epoch bigint)").await.unwrap();
+    h
+}
+
+async fn enqueue(h: &Harness, kind: &Kind, key: &str) {
+    let mut c = h.db().client().await;
+    let tx = c.transaction().await.unwrap();
+    work_queue::enqueue(&*tx, kind, key).await.unwrap();
+    tx.commit().await.unwrap();
+}
+
+async fn queue_len(h: &Harness) -> i64 {
+    h.db().client().await.query_one("SELECT count(*) FROM work_queue", &[]).await.unwrap().get(0)
+}
+
+const NODE_KIND: &str = "probe";
+
+#[tokio::test]
+async fn a_key_enqueued_100_times_while_queued_runs_once() {
+    let probe = Arc::new(Probe::new(NODE_KIND, ShardBy::Node));
+    let h = harness_with(probe.clone(), vec![]).await;
+    for _ in 0..100 {
+        enqueue(&h, &probe.kind, "node_a").await;
+    }
+    let generation: i64 = h.db().client().await.query_one("SELECT gen FROM work_queue", &[]).await.unwrap().get(0);
+    assert_eq!(generation, 100);
+    let r = h.job(NODE_KIND).tick().await;
+    assert_eq!((r.claimed, r.done), (1, 1));
+    assert_eq!(h.job(NODE_KIND).tick().await.claimed, 0);
+    assert_eq!(probe.runs_of("node_a"), 1);
+    assert_eq!(queue_len(&h).await, 0);
+}
+
+#[tokio::test]
+async fn a_key_enqueued_again_while_its_run_is_in_flight_runs_again_afterwards() {
+    let mut p = Probe::new(NODE_KIND, ShardBy::Node);
+    p.dirty_during_first_run = true;
+    let probe = Arc::new(p);
+    let h = harness_with(probe.clone(), vec![]).await;
+    enqueue(&h, &probe.kind, "node_a").await;
+    assert_eq!(h.job(NODE_KIND).tick().await.done, 1);
+    // Done, but the key was dirtied during the run: it stays, unclaimed and due.
+    assert_eq!(queue_len(&h).await, 1);
+    assert_eq!(h.job(NODE_KIND).tick().await.done, 1);
+    assert_eq!(probe.runs_of("node_a"), 2);
+    assert_eq!(queue_len(&h).await, 0);
+}
+
+#[tokio::test]
+async fn sync_again_brings_the_key_back_after_one_second() {
+    let probe = Arc::new(Probe::new(NODE_KIND, ShardBy::Node));
+    *probe.behave.lock().unwrap() = Behave::SyncAgain;
+    let h = harness_with(probe.clone(), vec![]).await;
+    enqueue(&h, &probe.kind, "node_a").await;
+    assert_eq!(h.job(NODE_KIND).tick().await.sync_again, 1);
+    assert_eq!(h.job(NODE_KIND).tick().await.claimed, 0);
+    h.db().advance(Duration::from_millis(999)).await;
+    assert_eq!(h.job(NODE_KIND).tick().await.claimed, 0);
+    h.db().advance(Duration::from_millis(1)).await;
+    *probe.behave.lock().unwrap() = Behave::Done;
+    assert_eq!(h.job(NODE_KIND).tick().await.done, 1);
+    assert_eq!(queue_len(&h).await, 0);
+}
+
+#[tokio::test]
+async fn errors_back_off_from_one_second_doubling_to_five_minutes_and_keep_the_last_error() {
+    let probe = Arc::new(Probe::new(NODE_KIND, ShardBy::Node));
+    *probe.behave.lock().unwrap() = Behave::Fail;
+    let h = harness_with(probe.clone(), vec![]).await;
+    enqueue(&h, &probe.kind, "node_a").await;
+    assert_eq!(h.job(NODE_KIND).tick().await.errors, 1);
+    let mut waited = Vec::new();
+    for expected_s in [1u64, 2, 4, 8, 16, 32, 64, 128, 256, 300, 300] {
+        h.db().advance(Duration::from_secs(expected_s) - Duration::from_millis(1)).await;
+        assert_eq!(h.job(NODE_KIND).tick().await.claimed, 0, "ran before its {expected_s} s back-off");
+        h.db().advance(Duration::from_millis(1)).await;
+        assert_eq!(h.job(NODE_KIND).tick().await.errors, 1, "did not run after its {expected_s} s back-off");
+        waited.push(expected_s);
+    }
+    let c = h.db().client().await;
+    let row = c.query_one("SELECT attempts, last_error FROM work_queue", &[]).await.unwrap();
+    assert_eq!(row.get::<_, i32>(0), 12);
+    assert_eq!(row.get::<_, String>(1), "planned failure");
+    let queues = status::queues(&**c, &[NODE_KIND]).await.unwrap();
+    assert_eq!(queues[0].failing, 1);
+    assert_eq!(queues[0].last_error.as_deref(), Some("node_a: planned failure"));
+    // A success clears it.
+    *probe.behave.lock().unwrap() = Behave::Done;
+    h.db().advance(Duration::from_secs(300)).await;
+    assert_eq!(h.job(NODE_KIND).tick().await.done, 1);
+    assert_eq!(queue_len(&h).await, 0);
+}
+
+#[tokio::test]
+async fn a_panicking_reconciler_fails_its_key_not_the_worker() {
+    struct Panics;
+    #[async_trait::async_trait]
+    impl Reconciler for Panics {
+        fn kind(&self) -> Kind {
+            Kind { name: "panics", shard_by: ShardBy::None }
+        }
+        async fn run(&self, _ctx: &ReconcileContext, _key: &str) -> Result<Outcome, RunError> {
+            panic!("bug")
+        }
+    }
+    let h = Harness::new(vec![Arc::new(TestModule { reconcilers: vec![Arc::new(Panics)], subscribers: vec![] })]).await;
+    enqueue(&h, &Kind { name: "panics", shard_by: ShardBy::None }, "all").await;
+    let r = h.job("panics").tick().await;
+    assert_eq!(r.errors, 1);
+    assert!(r.last_error.unwrap().contains("panicked"));
+}
+
+async fn split_between(h: &Harness, a: &Worker, b: &Worker) {
+    // The harness's own worker steps aside; both register, then each takes what rendezvous hashing gives it.
+    h.worker().shutdown().await.unwrap();
+    a.maintain().await.unwrap();
+    b.maintain().await.unwrap();
+    a.maintain().await.unwrap();
+    b.maintain().await.unwrap();
+    let (sa, sb) = (a.shards(), b.shards());
+    assert_eq!(sa.len() + sb.len(), 256, "{} + {}", sa.len(), sb.len());
+    assert!(sa.iter().all(|s| !sb.contains(s)));
+    assert!(sa.len() > 60 && sb.len() > 60, "{} / {}", sa.len(), sb.len());
+}
+
+async fn drain(w: &Worker) {
+    while w.tick(NODE_KIND).await.unwrap().claimed > 0 {}
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_workers_never_run_the_same_key_at_the_same_time() {
+    let probe = Arc::new(Probe::new(NODE_KIND, ShardBy::Node));
+    let h = harness_with(probe.clone(), vec![]).await;
+    let w1 = h.another_worker("wrk_1").await;
+    let w2 = h.another_worker("wrk_2").await;
+    split_between(&h, &w1, &w2).await;
+    let keys: Vec<String> = (0..400).map(|i| format!("node_{i}")).collect();
+    {
+        let mut c = h.db().client().await;
+        let tx = c.transaction().await.unwrap();
+        work_queue::enqueue_many(&*tx, &probe.kind, &keys).await.unwrap();
+        tx.commit().await.unwrap();
+    }
+    within("both workers drain", async { tokio::join!(drain(&w1), drain(&w2)) }).await;
+    assert_eq!(probe.overlaps.load(Ordering::SeqCst), 0);
+    let runs = probe.runs.lock().unwrap().clone();
+    let mut per_key: HashMap<&str, usize> = HashMap::new();
+    for (k, _) in &runs {
+        *per_key.entry(k.as_str()).or_default() += 1;
+    }
+    assert_eq!(per_key.len(), 400);
+    assert!(per_key.values().all(|n| *n == 1));
+    let by_w1 = runs.iter().filter(|(_, w)| w == "wrk_1").count();
+    assert!(by_w1 > 50 && by_w1 < 350, "wrk_1 ran {by_w1} of 400");
+    assert_eq!(queue_len(&h).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lapsed_workers_shards_move_to_the_other_and_its_fenced_write_then_fails() {
+    let mut p = Probe::new(NODE_KIND, ShardBy::Node);
+    p.write_effects = true;
+    let probe = Arc::new(p);
+    let h = harness_with(probe.clone(), vec![]).await;
+    let w1 = h.another_worker("wrk_1").await;
+    let w2 = h.another_worker("wrk_2").await;
+    split_between(&h, &w1, &w2).await;
+    let key = (0..).map(|i| format!("node_{i}")).find(|k| w1.shards().contains(&probe.kind.shard_of(k))).unwrap();
+    enqueue(&h, &probe.kind, &key).await;
+    probe.gated.lock().unwrap().insert(key.clone());
+
+    let zombie = async {
+        // w1 claims the key and starts its run, which stalls (a GC pause, a stopped VM).
+        w1.tick(NODE_KIND).await.unwrap()
+    };
+    let world = async {
+        probe.entered.notified().await;
+        // w2 must not get the key while w1's lease and claim are live.
+        assert_eq!(w2.tick(NODE_KIND).await.unwrap().claimed, 0);
+        // w1 misses its renewals: after 16 s its heartbeat and leases are stale, and w2 takes every shard.
+        h.db().advance(Duration::from_secs(16)).await;
+        let m = w2.maintain().await.unwrap();
+        assert_eq!((m.live_workers, m.shards), (1, 256));
+        let r = w2.tick(NODE_KIND).await.unwrap();
+        assert_eq!((r.claimed, r.done), (1, 1));
+        // Only now does the zombie wake up and try to write.
+        probe.gate.notify_one();
+    };
+    let (zombie_report, ()) = within("takeover", async { tokio::join!(zombie, world) }).await;
+    assert_eq!(zombie_report.errors, 1, "{zombie_report:?}");
+    assert!(zombie_report.last_error.unwrap().contains("no longer held"));
+    assert_eq!(probe.fenced_failures.load(Ordering::SeqCst), 1);
+    let effects: Vec<(String, String, i64)> = h
+        .db()
+        .client()
+        .await
+        .query("SELECT key, worker, epoch FROM effects", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    assert_eq!(effects, [(key.clone(), "wrk_2".to_owned(), 2)]);
+    // The zombie can no longer claim anything, even with a stale idea of its shards.
+    enqueue(&h, &probe.kind, &key).await;
+    assert_eq!(w1.tick(NODE_KIND).await.unwrap().claimed, 0);
+    assert_eq!(queue_len(&h).await, 1);
+}
+
+#[tokio::test]
+async fn a_crashed_workers_claim_expires_and_the_key_is_claimed_again() {
+    let probe = Arc::new(Probe::new(NODE_KIND, ShardBy::Node));
+    let h = harness_with(probe.clone(), vec![]).await;
+    h.worker().shutdown().await.unwrap();
+    let crashed = h.another_worker("wrk_crashed").await;
+    crashed.maintain().await.unwrap();
+    enqueue(&h, &probe.kind, "node_a").await;
+    // It claims the key and dies before applying any outcome.
+    let c = h.db().client().await;
+    let shard = probe.kind.shard_of("node_a");
+    let lease: (String, i64) = {
+        let r = c.query_one("SELECT name, epoch FROM leases WHERE name = $1", &[&format!("shard:{shard}")]).await.unwrap();
+        (r.get(0), r.get(1))
+    };
+    let grant = ShardGrant { shard, lease: lease.0, epoch: lease.1 };
+    let claimed = work_queue::claim(&**c, NODE_KIND, &[grant], "wrk_crashed", WORKER_LEASE_TTL, 10).await.unwrap();
+    assert_eq!(claimed.len(), 1);
+    // The harness worker cannot take the shard or the key yet.
+    assert_eq!(h.job(NODE_KIND).tick().await.claimed, 0);
+    h.db().advance(Duration::from_secs(16)).await;
+    let r = h.job(NODE_KIND).tick().await;
+    assert_eq!((r.claimed, r.done), (1, 1));
+    assert_eq!(probe.runs_of("node_a"), 1);
+}
+
+#[tokio::test]
+async fn periodic_keys_and_resync_enqueue_in_simulated_time() {
+    let mut p = Probe::new("sweeper", ShardBy::None);
+    p.periodic = vec![Periodic { key: "all", every: Duration::from_secs(300) }];
+    p.keys = vec!["x".into(), "y".into()];
+    let probe = Arc::new(p);
+    let h = harness_with(probe.clone(), vec![]).await;
+    assert_eq!(h.job("sweeper").tick().await.done, 1);
+    assert_eq!(h.job("sweeper").tick().await.claimed, 0);
+    h.db().advance(Duration::from_secs(299)).await;
+    assert_eq!(h.job("sweeper").tick().await.claimed, 0);
+    h.db().advance(Duration::from_secs(1)).await;
+    assert_eq!(h.job("sweeper").tick().await.done, 1);
+    assert_eq!(probe.runs_of("all"), 2);
+    // Resync: within 5 to 10 minutes every key the reconciler owns is enqueued again.
+    assert_eq!(probe.runs_of("x"), 0);
+    h.db().advance(Duration::from_secs(600)).await;
+    h.job("sweeper").drain(10).await;
+    assert_eq!((probe.runs_of("x"), probe.runs_of("y")), (1, 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poke_wakes_a_sleeping_worker_at_once() {
+    let probe = Arc::new(Probe::new(NODE_KIND, ShardBy::Node));
+    let h = harness_with(probe.clone(), vec![]).await;
+    h.worker().shutdown().await.unwrap();
+    let registry = h.registry().clone();
+    let mut cfg = WorkerConfig::new("wrk_listening");
+    cfg.poll_interval = Duration::from_secs(3600);
+    cfg.maintain_every = Duration::from_secs(3600);
+    cfg.listen = Some(h.db().connection_string().to_owned());
+    let worker = Arc::new(Worker::start(h.db().pool.clone(), registry, cfg).await.unwrap());
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let running = tokio::spawn(worker.clone().run(stopped));
+    // Wait until it holds its shards and sleeps.
+    within("worker holds shards", async {
+        while worker.shards().len() < 256 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    for i in 0..3 {
+        enqueue(&h, &probe.kind, &format!("node_{i}")).await;
+        within("the poked worker runs the key", async {
+            while probe.total_runs() <= i {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await;
+    }
+    stop.send(true).unwrap();
+    within("worker stops", running).await.unwrap().unwrap();
+    // A clean stop lets the leases go and removes the worker.
+    let c = h.db().client().await;
+    let holders = status::holders(&**c).await.unwrap();
+    assert!(!holders.iter().any(|x| x.worker_id == "wrk_listening"), "{holders:?}");
+}
+
+#[tokio::test]
+async fn the_operator_view_shows_queues_job_runs_and_shard_holders() {
+    let probe = Arc::new(Probe::new(NODE_KIND, ShardBy::Node));
+    let h = harness_with(probe.clone(), vec![]).await;
+    for i in 0..5 {
+        enqueue(&h, &probe.kind, &format!("node_{i}")).await;
+    }
+    h.worker().maintain().await.unwrap();
+    let c = h.db().client().await;
+    let q = status::queues(&**c, &[NODE_KIND, "event-subscribers"]).await.unwrap();
+    let probe_q = q.iter().find(|q| q.job == NODE_KIND).unwrap();
+    assert_eq!((probe_q.depth, probe_q.due), (5, 5));
+    assert!(q.iter().any(|q| q.job == "event-subscribers" && q.depth == 0));
+    h.job(NODE_KIND).tick().await;
+    h.worker().maintain().await.unwrap();
+    let runs = status::job_runs(&**c).await.unwrap();
+    let run = runs.iter().find(|r| r.job == NODE_KIND && r.worker_id == "wrk_harness").unwrap();
+    assert_eq!(run.last_report["done"], 5);
+    let holders = status::holders(&**c).await.unwrap();
+    let me = holders.iter().find(|x| x.worker_id == "wrk_harness").unwrap();
+    assert_eq!(me.shards.len(), 256);
+    assert!(me.live);
+}
+
+/// Waits until every outbox row is older than every running transaction in the cluster. Other
+/// tests share the cluster, and their open transactions hold the snapshot's xmin back for a moment.
+async fn outbox_settled(h: &Harness) {
+    let c = h.db().client().await;
+    within("outbox rows to settle below xmin", async {
+        loop {
+            let settled: bool = c
+                .query_one(
+                    "SELECT coalesce(max(txid) < pg_snapshot_xmin(pg_current_snapshot()), true) FROM outbox",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            if settled {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+}
+
+async fn emit_in_own_tx(h: &Harness, subject: &str) {
+    let mut c = h.db().client().await;
+    let tx = c.transaction().await.unwrap();
+    outbox::emit(&*tx, NewEvent { event_type: "test.happened", tenant_id: Some("ten_a"), subject, data: serde_json::json!({}) })
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_outbox_reader_never_skips_a_row_that_commits_late() {
+    let probe = Arc::new(Probe::new(NODE_KIND, ShardBy::Node));
+    let h = harness_with(probe, vec![]).await;
+    let mut a = h.db().connect().await;
+    let mut b = h.db().connect().await;
+    let reader = h.db().client().await;
+    // A writes first (lower txid and seq) but commits last.
+    let tx_a = a.transaction().await.unwrap();
+    outbox::emit(&tx_a, NewEvent { event_type: "t", tenant_id: None, subject: "A", data: serde_json::json!({}) }).await.unwrap();
+    let tx_b = b.transaction().await.unwrap();
+    outbox::emit(&tx_b, NewEvent { event_type: "t", tenant_id: None, subject: "B", data: serde_json::json!({}) }).await.unwrap();
+    tx_b.commit().await.unwrap();
+    // B is committed, but A could still commit behind it: the reader must not pass A.
+    for _ in 0..20 {
+        let seen = outbox::read_after(&**reader, Cursor::START, 100).await.unwrap();
+        assert!(seen.is_empty(), "read {:?} while an older transaction was open", seen.iter().map(|e| &e.subject).collect::<Vec<_>>());
+    }
+    tx_a.commit().await.unwrap();
+    outbox_settled(&h).await;
+    let seen: Vec<String> = outbox::read_after(&**reader, Cursor::START, 100).await.unwrap().into_iter().map(|e| e.subject).collect();
+    assert_eq!(seen, ["A", "B"]);
+}
+
+#[tokio::test]
+async fn a_new_dispatch_lease_holder_resumes_from_the_saved_cursor() {
+    let probe = Arc::new(Probe::new(NODE_KIND, ShardBy::Node));
+    let h = harness_with(probe, vec![]).await;
+    for i in 1..=10 {
+        emit_in_own_tx(&h, &format!("e{i}")).await;
+    }
+    outbox_settled(&h).await;
+    let sink = Recorder::new("recorder");
+    let c = h.db().client().await;
+    let lease_a = Lease::acquire(&**c, &sink_lease("recorder"), "wrk_a", WORKER_LEASE_TTL, None).await.unwrap().unwrap();
+    assert_eq!(dispatch_batch(&h.db().pool, sink.as_ref(), &lease_a, 4).await.unwrap(), 4);
+    // A's next batch reaches the receiver, but A dies before its cursor is saved.
+    sink.fail.store(true, Ordering::SeqCst);
+    assert!(matches!(dispatch_batch(&h.db().pool, sink.as_ref(), &lease_a, 4).await, Err(DispatchError::Sink { .. })));
+    sink.fail.store(false, Ordering::SeqCst);
+    h.db().advance(WORKER_LEASE_TTL + Duration::from_secs(1)).await;
+    let lease_b = Lease::acquire(&**c, &sink_lease("recorder"), "wrk_b", WORKER_LEASE_TTL, None).await.unwrap().unwrap();
+    assert_eq!(lease_b.epoch(), 2);
+    assert_eq!(dispatch_batch(&h.db().pool, sink.as_ref(), &lease_b, 4).await.unwrap(), 4);
+    assert_eq!(dispatch_batch(&h.db().pool, sink.as_ref(), &lease_b, 4).await.unwrap(), 2);
+    assert_eq!(dispatch_batch(&h.db().pool, sink.as_ref(), &lease_b, 4).await.unwrap(), 0);
+    let seen = sink.seen.lock().unwrap().clone();
+    let expected: Vec<String> = [1, 2, 3, 4, 5, 6, 7, 8, 5, 6, 7, 8, 9, 10].iter().map(|i| format!("e{i}")).collect();
+    assert_eq!(seen, expected, "nothing skipped; only the unsaved batch repeats");
+    // The old holder is fenced off.
+    assert!(matches!(
+        dispatch_batch(&h.db().pool, sink.as_ref(), &lease_a, 4).await,
+        Err(DispatchError::Db(DbError::LeaseLost { .. }))
+    ));
+}
+
+#[tokio::test]
+async fn in_process_subscribers_receive_every_event_through_the_event_subscribers_job() {
+    let probe = Arc::new(Probe::new(NODE_KIND, ShardBy::Node));
+    let sink = Recorder::new("audit");
+    let h = harness_with(probe, vec![sink.clone()]).await;
+    for i in 0..7 {
+        emit_in_own_tx(&h, &format!("s{i}")).await;
+    }
+    outbox_settled(&h).await;
+    let r = h.job("event-subscribers").tick().await;
+    assert_eq!(r.delivered, 7);
+    assert_eq!(h.job("event-subscribers").tick().await.delivered, 0);
+    emit_in_own_tx(&h, "s7").await;
+    outbox_settled(&h).await;
+    assert_eq!(h.job("event-subscribers").tick().await.delivered, 1);
+    let seen = sink.seen.lock().unwrap().clone();
+    assert_eq!(seen, (0..8).map(|i| format!("s{i}")).collect::<Vec<_>>());
+    let c = h.db().client().await;
+    let delivered: i64 = c.query_one("SELECT delivered FROM outbox_cursors WHERE sink = 'audit'", &[]).await.unwrap().get(0);
+    assert_eq!(delivered, 8);
+}
+
+#[test]
+fn a_job_name_registered_twice_is_refused() {
+    let a: Arc<dyn Reconciler> = Arc::new(Probe::new("same", ShardBy::Node));
+    let b: Arc<dyn Reconciler> = Arc::new(Probe::new("same", ShardBy::Pool));
+    let err = better_compute_runtime::Registry::new(vec![Arc::new(TestModule { reconcilers: vec![a, b], subscribers: vec![] })])
+        .err()
+        .unwrap();
+    assert_eq!(err.to_string(), "job same is registered twice");
+}

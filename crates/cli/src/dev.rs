@@ -28,16 +28,6 @@ fn socket_dir_for(root: &Path) -> PathBuf {
     std::env::temp_dir().join(format!("better-compute-{:016x}", h.finish()))
 }
 
-async fn wait_for_shutdown_signal() -> anyhow::Result<&'static str> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut interrupt = signal(SignalKind::interrupt())?;
-    let mut terminate = signal(SignalKind::terminate())?;
-    Ok(tokio::select! {
-        _ = interrupt.recv() => "interrupt",
-        _ = terminate.recv() => "terminate",
-    })
-}
-
 /// Runs until Ctrl-C (or SIGTERM), then stops PostgreSQL cleanly.
 pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&args.data_dir)
@@ -82,8 +72,14 @@ async fn serve(cluster: &Cluster) -> anyhow::Result<()> {
         admin.batch_execute(&format!("CREATE DATABASE {DEV_DATABASE}")).await?;
     }
     drop(admin);
-    let mut db = better_compute_db::pool::connect(&cluster.connection_string(DEV_DATABASE)).await?;
-    let report = better_compute_db::migrate(&mut db, &crate::all_migrations()).await?;
+    let registry = crate::registry()?;
+    let conn = cluster.connection_string(DEV_DATABASE);
+    let mut db = better_compute_db::pool::connect(&conn).await?;
+    let report = better_compute_db::migrate(&mut db, &registry.migrations()).await?;
+    drop(db);
+    let pool = better_compute_db::pool::connect_pool(&conn, 16)?;
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let (worker, handle) = crate::server::start_worker(pool, registry.clone(), Some(conn), stopped).await?;
     let url = cluster.url(DEV_DATABASE);
     println!("migrations: {} applied, {} already applied", report.applied.len(), report.already_applied);
     println!();
@@ -91,9 +87,13 @@ async fn serve(cluster: &Cluster) -> anyhow::Result<()> {
     println!("  database   {url}");
     println!("  psql       psql -h {} -U postgres {DEV_DATABASE}", cluster.options().socket_dir.display());
     println!("  data       {} (kept across restarts)", cluster.options().data_dir.display());
+    println!("  worker     {} running {}", worker.id(), registry.job_names().join(", "));
+    println!("  jobs       DATABASE_URL='{url}' cargo run -- jobs");
     println!("Press Ctrl-C to stop.");
     println!("ready: DATABASE_URL={url}");
-    let signal = wait_for_shutdown_signal().await?;
+    let signal = crate::shutdown_signal().await?;
     println!("received {signal}");
+    stop.send(true)?;
+    handle.await??;
     Ok(())
 }

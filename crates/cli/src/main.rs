@@ -1,6 +1,11 @@
 //! `better-compute`: one binary for every process of Better Compute.
 
+mod bench;
 mod dev;
+mod jobs;
+mod server;
+
+use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
 
@@ -14,33 +19,56 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run everything on this machine: a private PostgreSQL under ./.better-compute/, migrated and
-    /// ready. Data survives restarts; Ctrl-C stops it cleanly.
+    /// Run everything on this machine: a private PostgreSQL under ./.better-compute/, migrated, and a
+    /// worker running every job. Data survives restarts; Ctrl-C stops it cleanly.
     Dev(dev::DevArgs),
+    /// Run server roles against DATABASE_URL (today: `worker`). Run many for scale and failover.
+    Server(server::ServerArgs),
     /// Apply every pending migration to the database at DATABASE_URL, then exit.
-    Migrate(MigrateArgs),
+    Migrate(DatabaseArgs),
+    /// Show the jobs: queue depth, oldest due key, last errors, last runs, and who holds which shard.
+    Jobs(jobs::JobsArgs),
+    /// Run a benchmark and print its figures beside a pgbench baseline from the same run.
+    Bench(bench::BenchArgs),
 }
 
-#[derive(Debug, clap::Args)]
-struct MigrateArgs {
-    /// The database, as a URL (postgresql://user@host/db) or libpq key=value string.
+/// Where the database is.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct DatabaseArgs {
+    /// The database, as a URL (postgresql://user@host/db) or a libpq key=value string.
     #[arg(long, env = "DATABASE_URL")]
     database_url: String,
 }
 
-/// Every module's migrations, core first; registration order is merge order.
-pub(crate) fn all_migrations() -> Vec<&'static [better_compute_db::Migration]> {
-    vec![better_compute_db::CORE_MIGRATIONS]
+/// Every module, in registration order (merge order). Modules arrive with later issues.
+pub(crate) fn modules() -> Vec<Arc<dyn better_compute_runtime::Module>> {
+    Vec::new()
 }
 
-async fn migrate(args: MigrateArgs) -> anyhow::Result<()> {
+/// The assembled registry of [`modules`].
+pub(crate) fn registry() -> anyhow::Result<Arc<better_compute_runtime::Registry>> {
+    Ok(Arc::new(better_compute_runtime::Registry::new(modules())?))
+}
+
+async fn migrate(args: DatabaseArgs) -> anyhow::Result<()> {
     let mut client = better_compute_db::pool::connect(&args.database_url).await?;
-    let report = better_compute_db::migrate(&mut client, &all_migrations()).await?;
+    let report = better_compute_db::migrate(&mut client, &registry()?.migrations()).await?;
     for m in &report.applied {
         println!("applied {m}");
     }
     println!("{} applied, {} already applied", report.applied.len(), report.already_applied);
     Ok(())
+}
+
+/// Resolves on Ctrl-C or SIGTERM, naming which.
+pub(crate) async fn shutdown_signal() -> anyhow::Result<&'static str> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let mut terminate = signal(SignalKind::terminate())?;
+    Ok(tokio::select! {
+        _ = interrupt.recv() => "interrupt",
+        _ = terminate.recv() => "terminate",
+    })
 }
 
 fn main() -> std::process::ExitCode {
@@ -56,7 +84,10 @@ fn main() -> std::process::ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Dev(args) => dev::run(args).await,
+            Command::Server(args) => server::run(args).await,
             Command::Migrate(args) => migrate(args).await,
+            Command::Jobs(args) => jobs::run(args).await,
+            Command::Bench(args) => bench::run(args).await,
         }
     });
     match result {

@@ -96,7 +96,26 @@ async fn dev_refuses_a_second_copy_stops_on_ctrl_c_and_keeps_data_across_restart
     let url = first.database_url();
     let client = better_compute_db::pool::connect(&url).await.unwrap();
     client.batch_execute("CREATE TABLE kept (n int); INSERT INTO kept VALUES (42);").await.unwrap();
+    // dev runs a worker: it registers and, within moments, holds every shard.
+    let mut shards = 0i64;
+    for _ in 0..600 {
+        shards = client
+            .query_one("SELECT count(*) FROM leases WHERE name LIKE 'shard:%' AND owner LIKE 'wrk_%'", &[])
+            .await
+            .unwrap()
+            .get(0);
+        if shards == 256 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(shards, 256);
     drop(client);
+    // The operator view reads the same database.
+    let jobs = Command::new(BIN).args(["jobs", "--database-url", &url]).output().unwrap();
+    let text = String::from_utf8_lossy(&jobs.stdout);
+    assert!(jobs.status.success(), "{}", String::from_utf8_lossy(&jobs.stderr));
+    assert!(text.contains("event-subscribers") && text.contains("SHARDS") && text.contains(" 256 "), "{text}");
 
     // A second dev on the same folder is refused, clearly, and the first keeps running.
     let second = Command::new(BIN).arg("dev").arg("--data-dir").arg(&dir).output().unwrap();
@@ -111,6 +130,7 @@ async fn dev_refuses_a_second_copy_stops_on_ctrl_c_and_keeps_data_across_restart
     assert!(status.success(), "{status}: {out:?}");
     assert!(out.iter().any(|l| l.starts_with("stopped cleanly")), "{out:?}");
     assert!(!dir.join("pgdata/postmaster.pid").exists(), "PostgreSQL is still running");
+    assert!(out.iter().any(|l| l.starts_with("  worker ")), "{out:?}");
 
     // A restart finds the data.
     let mut again = Dev::start(&dir);

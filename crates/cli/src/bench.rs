@@ -1,0 +1,334 @@
+//! `better-compute bench`: benchmarks that print their figures beside a baseline measured on the
+//! same database in the same run. They never fail on time.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use better_compute_db::launcher::{Cluster, ClusterOptions, PgBinaries};
+use better_compute_db::workers::{self, WorkerInfo};
+use better_compute_runtime::outbox::Event;
+use better_compute_runtime::{
+    work_queue, Kind, Module, NewEvent, Outcome, ReconcileContext, Reconciler, Registry, RunError, ShardBy, Sink, Worker,
+    WorkerConfig,
+};
+
+/// Options of `better-compute bench`.
+#[derive(Debug, clap::Args)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    which: Which,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum Which {
+    /// No-op reconciles per second with one and two worker processes, and outbox events per second
+    /// from commit to an in-process subscriber, beside pgbench's claim-and-delete rate. Starts its
+    /// own throwaway PostgreSQL.
+    Runtime(RuntimeBench),
+    /// One worker process of `bench runtime` (started by it).
+    #[command(hide = true)]
+    RuntimeWorker(RuntimeWorker),
+}
+
+#[derive(Debug, clap::Args)]
+struct RuntimeBench {
+    /// Keys enqueued for each reconcile run.
+    #[arg(long, default_value_t = 50_000)]
+    keys: usize,
+    /// Events written for each outbox run.
+    #[arg(long, default_value_t = 20_000)]
+    events: usize,
+    /// Seconds pgbench runs.
+    #[arg(long, default_value_t = 5)]
+    pgbench_seconds: u32,
+}
+
+#[derive(Debug, clap::Args)]
+struct RuntimeWorker {
+    #[arg(long)]
+    conn: String,
+    #[arg(long)]
+    id: String,
+}
+
+const NOOP: Kind = Kind { name: "bench.noop", shard_by: ShardBy::Node };
+
+struct Noop;
+
+#[async_trait::async_trait]
+impl Reconciler for Noop {
+    fn kind(&self) -> Kind {
+        NOOP
+    }
+    async fn run(&self, _ctx: &ReconcileContext, _key: &str) -> Result<Outcome, RunError> {
+        Ok(Outcome::Done)
+    }
+}
+
+struct Counter {
+    seen: AtomicU64,
+}
+
+#[async_trait::async_trait]
+impl Sink for Counter {
+    fn name(&self) -> &str {
+        "bench.counter"
+    }
+    async fn deliver(&self, _tx: &tokio_postgres::Transaction<'_>, events: &[Event]) -> Result<(), RunError> {
+        self.seen.fetch_add(events.len() as u64, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+struct BenchModule {
+    counter: Arc<Counter>,
+}
+
+impl Module for BenchModule {
+    fn name(&self) -> &'static str {
+        "bench"
+    }
+    fn reconcilers(&self) -> Vec<Arc<dyn Reconciler>> {
+        vec![Arc::new(Noop)]
+    }
+    fn subscribers(&self) -> Vec<Arc<dyn Sink>> {
+        vec![self.counter.clone()]
+    }
+}
+
+fn bench_registry(counter: Arc<Counter>) -> anyhow::Result<Arc<Registry>> {
+    Ok(Arc::new(Registry::new(vec![Arc::new(BenchModule { counter })])?))
+}
+
+/// Runs a benchmark.
+pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    match args.which {
+        Which::Runtime(b) => runtime_bench(b).await,
+        Which::RuntimeWorker(w) => runtime_worker(w).await,
+    }
+}
+
+/// Stops the throwaway cluster and removes its folder, also on errors.
+struct Scratch {
+    cluster: Cluster,
+    root: PathBuf,
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = self.cluster.stop();
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
+
+async fn runtime_bench(b: RuntimeBench) -> anyhow::Result<()> {
+    let root = std::env::temp_dir().join(format!("better-compute-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&root)?;
+    let cluster = Cluster::new(ClusterOptions {
+        data_dir: root.join("data"),
+        socket_dir: root.join("sock"),
+        durable: true,
+        max_connections: 100,
+    })?;
+    let scratch = Scratch { cluster: cluster.clone(), root };
+    println!("starting a throwaway PostgreSQL (fsync and synchronous_commit on, as in production)…");
+    cluster.init_if_needed()?;
+    cluster.start()?;
+    let admin = better_compute_db::pool::connect(&cluster.connection_string("postgres")).await?;
+    admin.batch_execute("CREATE DATABASE bench").await?;
+    let conn = cluster.connection_string("bench");
+    let counter = Arc::new(Counter { seen: AtomicU64::new(0) });
+    let registry = bench_registry(counter.clone())?;
+    let mut db = better_compute_db::pool::connect(&conn).await?;
+    better_compute_db::migrate(&mut db, &registry.migrations()).await?;
+
+    let pgbench_tps = pgbench_claim_and_delete(&cluster, &db, b.pgbench_seconds).await?;
+    println!("pgbench claim-and-delete (one key per transaction, 2 clients): {pgbench_tps:.0} tx/s");
+
+    for processes in [1usize, 2] {
+        let rate = reconciles_per_second(&db, &conn, b.keys, processes).await?;
+        println!(
+            "no-op reconciles, {processes} worker process{}: {rate:.0}/s ({:.2}x pgbench)",
+            if processes == 1 { "" } else { "es" },
+            rate / pgbench_tps
+        );
+    }
+
+    for per_tx in [1usize, 100] {
+        let total = if per_tx == 1 { b.events } else { b.events * 5 };
+        let rate = outbox_events_per_second(&conn, registry.clone(), counter.clone(), total, per_tx).await?;
+        println!("outbox events, {per_tx} per transaction, commit to in-process subscriber: {rate:.0}/s");
+    }
+    drop(db);
+    drop(admin);
+    drop(scratch);
+    Ok(())
+}
+
+async fn pgbench_claim_and_delete(cluster: &Cluster, db: &tokio_postgres::Client, seconds: u32) -> anyhow::Result<f64> {
+    db.batch_execute(
+        "CREATE TABLE pgbench_work (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, shard smallint NOT NULL);
+         INSERT INTO pgbench_work (shard) SELECT g % 256 FROM generate_series(1, 2000000) g;",
+    )
+    .await?;
+    db.batch_execute("VACUUM ANALYZE pgbench_work").await?;
+    let script = std::env::temp_dir().join(format!("better-compute-pgbench-{}.sql", std::process::id()));
+    std::fs::write(
+        &script,
+        "DELETE FROM pgbench_work WHERE id = (SELECT id FROM pgbench_work ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED);\n",
+    )?;
+    let bins = PgBinaries::find()?;
+    let pgbench = [bins.bindir().join("pgbench"), PathBuf::from("/usr/bin/pgbench")]
+        .into_iter()
+        .find(|p| p.is_file())
+        .context("pgbench not found; install Debian's postgresql-client package")?;
+    let out = Command::new(pgbench)
+        .args(["-n", "-c", "2", "-j", "2", "-T", &seconds.to_string(), "-U", "postgres", "-h"])
+        .arg(&cluster.options().socket_dir)
+        .arg("-f")
+        .arg(&script)
+        .arg("bench")
+        .output()?;
+    let _ = std::fs::remove_file(&script);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let tps = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("tps = ")?.split_whitespace().next()?.parse::<f64>().ok())
+        .with_context(|| format!("pgbench printed no tps: {text}{}", String::from_utf8_lossy(&out.stderr)))?;
+    db.batch_execute("DROP TABLE pgbench_work").await?;
+    Ok(tps)
+}
+
+async fn reconciles_per_second(db: &tokio_postgres::Client, conn: &str, keys: usize, processes: usize) -> anyhow::Result<f64> {
+    db.batch_execute("DELETE FROM work_queue; DELETE FROM workers; DELETE FROM leases;").await?;
+    let all: Vec<String> = (0..keys).map(|i| format!("node_bench_{i}")).collect();
+    for chunk in all.chunks(5_000) {
+        work_queue::enqueue_many(db, &NOOP, chunk).await?;
+    }
+    let ids: Vec<String> = (0..processes).map(|i| format!("wrk_bench_{i}")).collect();
+    for id in &ids {
+        // Registered up front, so every worker's first look divides the shards the same way.
+        let info = WorkerInfo { id: id.clone(), hostname: "bench".into(), pid: 0, roles: vec!["worker".into()], version: "bench".into() };
+        workers::register(db, &info).await?;
+    }
+    let exe = std::env::current_exe()?;
+    let mut children = Vec::new();
+    for id in &ids {
+        let mut child = Command::new(&exe)
+            .args(["bench", "runtime-worker", "--conn", conn, "--id", id])
+            .env("BETTER_COMPUTE_LOG", "warn")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()?;
+        let lines = BufReader::new(child.stdout.take().expect("piped")).lines();
+        children.push((child, lines));
+    }
+    for (_, lines) in &mut children {
+        let line = lines.next().context("worker exited before it was ready")??;
+        if line != "ready" {
+            bail!("worker said {line:?} instead of ready");
+        }
+    }
+    let start = Instant::now();
+    for (child, _) in &mut children {
+        writeln!(child.stdin.as_mut().expect("piped"), "go")?;
+    }
+    let mut ran = 0u64;
+    for (child, lines) in &mut children {
+        let line = lines.next().context("worker exited before it was done")??;
+        ran += line.strip_prefix("done ").and_then(|n| n.parse::<u64>().ok()).context("bad worker report")?;
+        child.wait()?;
+    }
+    let elapsed = start.elapsed();
+    let left: i64 = db.query_one("SELECT count(*) FROM work_queue", &[]).await?.get(0);
+    if left != 0 || ran != keys as u64 {
+        bail!("reconcile benchmark incomplete: ran {ran} of {keys}, {left} left in the queue");
+    }
+    Ok(keys as f64 / elapsed.as_secs_f64())
+}
+
+async fn runtime_worker(w: RuntimeWorker) -> anyhow::Result<()> {
+    let counter = Arc::new(Counter { seen: AtomicU64::new(0) });
+    let pool = better_compute_db::pool::connect_pool(&w.conn, 8)?;
+    let mut cfg = WorkerConfig::new(w.id);
+    cfg.claim_batch = 512;
+    let worker = Worker::start(pool, bench_registry(counter)?, cfg).await?;
+    worker.maintain().await?;
+    println!("ready");
+    let mut go = String::new();
+    std::io::stdin().read_line(&mut go)?;
+    let mut ran = 0;
+    loop {
+        let r = worker.tick(NOOP.name).await?;
+        ran += r.done;
+        if r.claimed == 0 {
+            break;
+        }
+    }
+    println!("done {ran}");
+    Ok(())
+}
+
+async fn outbox_events_per_second(
+    conn: &str,
+    registry: Arc<Registry>,
+    counter: Arc<Counter>,
+    total: usize,
+    per_tx: usize,
+) -> anyhow::Result<f64> {
+    let pool = better_compute_db::pool::connect_pool(conn, 8)?;
+    {
+        let c = pool.get().await?;
+        c.batch_execute("DELETE FROM workers; DELETE FROM leases; DELETE FROM outbox_cursors; DELETE FROM outbox;").await?;
+    }
+    let mut cfg = WorkerConfig::new(format!("wrk_outbox_{per_tx}"));
+    cfg.poll_interval = Duration::from_millis(20);
+    let worker = Arc::new(Worker::start(pool.clone(), registry, cfg).await?);
+    worker.maintain().await?;
+    counter.seen.store(0, Ordering::SeqCst);
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let running = tokio::spawn(worker.clone().run(stopped));
+    let start = Instant::now();
+    let writers = 4;
+    let mut tasks = Vec::new();
+    for w in 0..writers {
+        let pool = pool.clone();
+        let share = total / writers;
+        tasks.push(tokio::spawn(async move {
+            let mut c = pool.get().await?;
+            for batch in 0..share / per_tx {
+                let tx = c.transaction().await?;
+                for i in 0..per_tx {
+                    let subject = format!("w{w}-{batch}-{i}");
+                    better_compute_runtime::outbox::emit(
+                        &*tx,
+                        NewEvent { event_type: "bench.event", tenant_id: None, subject: &subject, data: serde_json::json!({}) },
+                    )
+                    .await?;
+                }
+                tx.commit().await?;
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    let expected = (total / writers / per_tx * per_tx * writers) as u64;
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while counter.seen.load(Ordering::SeqCst) < expected {
+        if Instant::now() > deadline {
+            bail!("subscriber saw {} of {expected} events", counter.seen.load(Ordering::SeqCst));
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let elapsed = start.elapsed();
+    stop.send(true)?;
+    running.await??;
+    Ok(expected as f64 / elapsed.as_secs_f64())
+}

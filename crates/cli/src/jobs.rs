@@ -1,0 +1,54 @@
+//! `better-compute jobs`: the operator's view of the runtime.
+
+/// Options of `better-compute jobs`.
+#[derive(Debug, clap::Args)]
+pub struct JobsArgs {
+    #[command(flatten)]
+    db: crate::DatabaseArgs,
+    /// Print JSON instead of tables.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Prints the jobs' queues, their last runs, and the lease holders.
+pub async fn run(args: JobsArgs) -> anyhow::Result<()> {
+    use better_compute_runtime::status;
+    let client = better_compute_db::pool::connect(&args.db.database_url).await?;
+    let registry = crate::registry()?;
+    let queues = status::queues(&client, &registry.job_names()).await?;
+    let runs = status::job_runs(&client).await?;
+    let holders = status::holders(&client).await?;
+    if args.json {
+        let out = serde_json::json!({ "queues": queues, "runs": runs, "holders": holders });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    println!("{:<24} {:>7} {:>6} {:>8} {:>8} {:>12}  {}", "JOB", "QUEUED", "DUE", "CLAIMED", "FAILING", "OLDEST DUE", "LAST ERROR");
+    for q in &queues {
+        let oldest = match (&q.oldest_due_s, &q.oldest_due_key) {
+            (Some(s), Some(k)) => format!("{s:.1}s {k}"),
+            _ => "-".to_owned(),
+        };
+        println!(
+            "{:<24} {:>7} {:>6} {:>8} {:>8} {:>12}  {}",
+            q.job,
+            q.depth,
+            q.due,
+            q.claimed,
+            q.failing,
+            oldest,
+            q.last_error.as_deref().unwrap_or("-")
+        );
+    }
+    println!();
+    println!("{:<24} {:<32} {:>8}  {}", "JOB", "WORKER", "TICKS", "LAST TICK");
+    for r in &runs {
+        println!("{:<24} {:<32} {:>8}  {}", r.job, r.worker_id, r.ticks, r.last_report);
+    }
+    println!();
+    println!("{:<32} {:>5} {:>7}  {}", "WORKER", "LIVE", "SHARDS", "SINGLETONS");
+    for h in &holders {
+        println!("{:<32} {:>5} {:>7}  {}", h.worker_id, h.live, h.shards.len(), h.singletons.join(", "));
+    }
+    Ok(())
+}

@@ -39,8 +39,20 @@ pub async fn enqueue(tx: &impl GenericClient, kind: &Kind, key: &str) -> Result<
     enqueue_many(tx, kind, &[key.to_owned()]).await
 }
 
-/// Enqueues many keys of one kind in one statement.
+/// Enqueues many keys of one kind in one statement, due now.
 pub async fn enqueue_many(tx: &impl GenericClient, kind: &Kind, keys: &[String]) -> Result<(), DbError> {
+    enqueue_keys(tx, kind, keys, Duration::ZERO).await
+}
+
+/// Enqueues `key` to run no later than `after` from now (a timer: a reservation's start, say). A
+/// key already queued keeps the earlier of its times. While the key is claimed, the time is
+/// remembered and applied when the run ends, so a run can schedule its own next pass. A run that
+/// still needs a timer arms it again: a wake-up earlier than asked consumes it.
+pub async fn enqueue_after(tx: &impl GenericClient, kind: &Kind, key: &str, after: Duration) -> Result<(), DbError> {
+    enqueue_keys(tx, kind, &[key.to_owned()], after).await
+}
+
+async fn enqueue_keys(tx: &impl GenericClient, kind: &Kind, keys: &[String], after: Duration) -> Result<(), DbError> {
     if keys.is_empty() {
         return Ok(());
     }
@@ -48,12 +60,19 @@ pub async fn enqueue_many(tx: &impl GenericClient, kind: &Kind, keys: &[String])
     tx.query(
         "WITH up AS (
            INSERT INTO work_queue AS w (kind, key, shard, not_before)
-           SELECT $1, k.key, k.shard, compute_now() FROM unnest($2::text[], $3::int2[]) AS k(key, shard)
+           SELECT $1, k.key, k.shard, compute_now() + make_interval(secs => $5)
+             FROM unnest($2::text[], $3::int2[]) AS k(key, shard)
            ON CONFLICT (kind, key) DO UPDATE
-              SET gen = w.gen + 1, not_before = LEAST(w.not_before, EXCLUDED.not_before)
+              SET gen = w.gen + 1,
+                  -- a key under a live claim is running: remember the time for after the run
+                  not_before = CASE WHEN w.claimed_until > compute_now() THEN w.not_before
+                                    ELSE LEAST(w.not_before, EXCLUDED.not_before) END,
+                  dirty_not_before = CASE WHEN w.claimed_until > compute_now()
+                                          THEN LEAST(w.dirty_not_before, EXCLUDED.not_before)
+                                          ELSE w.dirty_not_before END
            RETURNING 1)
          SELECT pg_notify($4, '') WHERE EXISTS (SELECT 1 FROM up)",
-        &[&kind.name, &keys, &shards, &POKE_CHANNEL],
+        &[&kind.name, &keys, &shards, &POKE_CHANNEL, &after.as_secs_f64()],
     )
     .await?;
     Ok(())
@@ -176,19 +195,20 @@ pub async fn apply_outcomes(
                   del AS (DELETE FROM work_queue w USING d
                            WHERE w.kind = $1 AND w.key = d.key AND w.gen = d.gen AND w.claimed_by = $4)
              UPDATE work_queue w SET claimed_until = NULL, claimed_by = NULL, attempts = 0,
-                                     last_error = NULL, last_error_at = NULL
+                                     last_error = NULL, last_error_at = NULL,
+                                     not_before = coalesce(w.dirty_not_before, compute_now()), dirty_not_before = NULL
                FROM d WHERE w.kind = $1 AND w.key = d.key AND w.gen <> d.gen AND w.claimed_by = $4",
             &[&kind, &done.0, &done.1, &worker],
         )
         .await?;
     }
     if !again.0.is_empty() {
-        // A key dirtied during the run is due at once; otherwise after SYNC_AGAIN_AFTER.
+        // After SYNC_AGAIN_AFTER, or sooner if an enqueue during the run asked for it.
         db.execute(
             "UPDATE work_queue w SET claimed_until = NULL, claimed_by = NULL, attempts = 0,
-                    last_error = NULL, last_error_at = NULL,
-                    not_before = CASE WHEN w.gen = d.gen THEN compute_now() + make_interval(secs => $5)
-                                      ELSE compute_now() END
+                    last_error = NULL, last_error_at = NULL, dirty_not_before = NULL,
+                    not_before = LEAST(compute_now() + make_interval(secs => $5),
+                                       CASE WHEN w.gen = d.gen THEN NULL ELSE coalesce(w.dirty_not_before, compute_now()) END)
                FROM unnest($2::text[], $3::int8[]) AS d(key, gen)
               WHERE w.kind = $1 AND w.key = d.key AND w.claimed_by = $4",
             &[&kind, &again.0, &again.1, &worker, &SYNC_AGAIN_AFTER.as_secs_f64()],
@@ -199,7 +219,7 @@ pub async fn apply_outcomes(
         // Back off 1 s doubling to 5 min; keep the error for operators.
         db.execute(
             "UPDATE work_queue w SET claimed_until = NULL, claimed_by = NULL, attempts = w.attempts + 1,
-                    last_error = d.err, last_error_at = compute_now(),
+                    last_error = d.err, last_error_at = compute_now(), dirty_not_before = NULL,
                     not_before = compute_now() + make_interval(secs => LEAST($5::float8, $6::float8 * power(2, LEAST(w.attempts, 20))))
                FROM unnest($2::text[], $3::int8[], $7::text[]) AS d(key, gen, err)
               WHERE w.kind = $1 AND w.key = d.key AND w.claimed_by = $4",

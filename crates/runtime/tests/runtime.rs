@@ -618,3 +618,34 @@ fn a_job_name_registered_twice_is_refused() {
         .unwrap();
     assert_eq!(err.to_string(), "job same is registered twice");
 }
+
+#[tokio::test]
+async fn a_run_can_arm_its_own_next_pass_for_a_later_time() {
+    struct Timer;
+    #[async_trait::async_trait]
+    impl Reconciler for Timer {
+        fn kind(&self) -> Kind {
+            Kind { name: "timer", shard_by: ShardBy::Pool }
+        }
+        async fn run(&self, ctx: &ReconcileContext, key: &str) -> Result<Outcome, RunError> {
+            let mut c = ctx.client().await?;
+            let tx = ctx.begin_fenced(&mut c).await?;
+            work_queue::enqueue_after(&*tx, &self.kind(), key, Duration::from_secs(30)).await?;
+            tx.commit().await?;
+            Ok(Outcome::Done)
+        }
+    }
+    let kind = Kind { name: "timer", shard_by: ShardBy::Pool };
+    let h = Harness::new(vec![Arc::new(TestModule { reconcilers: vec![Arc::new(Timer)], subscribers: vec![] })]).await;
+    enqueue(&h, &kind, "pool_a").await;
+    assert_eq!(h.job("timer").tick().await.done, 1);
+    // Done, but re-armed for 30 s later: not due before that, due at it.
+    assert_eq!(queue_len(&h).await, 1);
+    h.db().advance(Duration::from_secs(29)).await;
+    assert_eq!(h.job("timer").tick().await.claimed, 0);
+    h.db().advance(Duration::from_secs(1)).await;
+    assert_eq!(h.job("timer").tick().await.done, 1);
+    // An ordinary enqueue while the timer waits makes it due now.
+    enqueue(&h, &kind, "pool_a").await;
+    assert_eq!(h.job("timer").tick().await.done, 1);
+}

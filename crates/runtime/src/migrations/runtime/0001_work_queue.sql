@@ -9,6 +9,8 @@ CREATE TABLE work_queue (
   not_before timestamptz NOT NULL,
   claimed_until timestamptz,
   claimed_by text,
+  -- the earliest time asked for by enqueues made while the key was claimed; applied after the run
+  dirty_not_before timestamptz,
   attempts integer NOT NULL DEFAULT 0 CHECK (attempts >= 0),
   last_error text,
   last_error_at timestamptz,

@@ -1,0 +1,56 @@
+//! Capacity: atoms, bookings, quotas, reservations and the placer. Double-booking is impossible
+//! because every claim on an atom is a row in `device_bookings`, whose exclusion constraint refuses
+//! overlaps whatever the code does; scalars and quotas change only through guarded updates with
+//! `CHECK` backstops; and the placer locks what it relies on `FOR SHARE`, so an operator's cordon,
+//! taint or quarantine and a placement are strictly ordered.
+
+pub mod mode;
+pub mod placer;
+pub mod quota;
+pub mod reconcilers;
+pub mod reservations;
+pub mod time;
+
+use std::sync::Arc;
+
+use better_compute_db::Migration;
+use better_compute_runtime::{Kind, Reconciler, ShardBy, Sink};
+
+/// The capacity module's migrations.
+pub const CAPACITY_MIGRATIONS: &[Migration] =
+    &[Migration { module: "capacity", name: "0001_capacity", sql: include_str!("migrations/capacity/0001_capacity.sql") }];
+
+/// Moves a pool's reservations through time and retries pending ones; key: pool id.
+pub const RESERVATIONS_KIND: Kind = Kind { name: "capacity.reservations", shard_by: ShardBy::Pool };
+/// Keeps a pool's `pool_capacity_rollup` true; key: pool id.
+pub const ROLLUP_KIND: Kind = Kind { name: "capacity.rollup", shard_by: ShardBy::Pool };
+
+/// Who is asking: every reservation method is scoped to the caller's tenant.
+#[derive(Debug, Clone, Copy)]
+pub struct Caller<'a> {
+    /// The caller's tenant.
+    pub tenant_id: &'a str,
+    /// The caller's identity (for idempotency keys and audit).
+    pub identity_id: &'a str,
+}
+
+/// The capacity module, for the registry.
+pub struct CapacityModule;
+
+impl better_compute_runtime::Module for CapacityModule {
+    fn name(&self) -> &'static str {
+        "capacity"
+    }
+
+    fn migrations(&self) -> &'static [Migration] {
+        CAPACITY_MIGRATIONS
+    }
+
+    fn reconcilers(&self) -> Vec<Arc<dyn Reconciler>> {
+        vec![Arc::new(reconcilers::Reservations), Arc::new(reconcilers::Rollup)]
+    }
+
+    fn subscribers(&self) -> Vec<Arc<dyn Sink>> {
+        vec![Arc::new(reconcilers::InventoryWatcher)]
+    }
+}

@@ -1,0 +1,178 @@
+//! The capacity jobs: `capacity.reservations` moves a pool's reservations through time and retries
+//! pending ones; `capacity.rollup` keeps `pool_capacity_rollup` true; and an in-process subscriber
+//! refreshes a node's atom counts and wakes the rollup when the inventory changes.
+
+use better_compute_db::DbError;
+use better_compute_runtime::outbox::Event;
+use better_compute_runtime::{work_queue, Kind, Outcome, ReconcileContext, Reconciler, RunError, Sink};
+use tokio_postgres::Transaction;
+
+use crate::reservations;
+use crate::{RESERVATIONS_KIND, ROLLUP_KIND};
+
+/// Reservations handled per run; more makes the run return SyncAgain.
+const STEP_BATCH: i64 = 200;
+
+async fn pools_in(ctx: &ReconcileContext, shards: &[i16]) -> Result<Vec<String>, RunError> {
+    let c = ctx.client().await?;
+    let rows = c.query("SELECT id FROM pools", &[]).await?;
+    Ok(rows
+        .iter()
+        .map(|r| r.get::<_, String>(0))
+        .filter(|id| shards.contains(&better_compute_core::shard::shard_of(id)))
+        .collect())
+}
+
+/// `capacity.reservations`, keyed by pool.
+pub struct Reservations;
+
+#[async_trait::async_trait]
+impl Reconciler for Reservations {
+    fn kind(&self) -> Kind {
+        RESERVATIONS_KIND
+    }
+
+    async fn run(&self, ctx: &ReconcileContext, pool: &str) -> Result<Outcome, RunError> {
+        let mut c = ctx.client().await?;
+        let due: Vec<String> = c
+            .query(
+                "SELECT id FROM reservations
+                  WHERE pool_id = $1 AND state IN ('pending', 'placed', 'active')
+                    AND (upper(during) <= compute_now()
+                         OR (state = 'placed' AND lower(during) <= compute_now())
+                         OR (state = 'pending' AND next_attempt_at <= compute_now()))
+                  ORDER BY id LIMIT $2",
+                &[&pool, &STEP_BATCH],
+            )
+            .await?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        for id in &due {
+            // One fenced transaction per reservation: a failure stops only that one.
+            let mut tx = ctx.begin_fenced(&mut c).await?;
+            let step = reservations::step(&mut tx, id).await?;
+            tx.commit().await?;
+            tracing::debug!(reservation = id, ?step, "reservation stepped");
+        }
+        if due.len() as i64 == STEP_BATCH {
+            return Ok(Outcome::SyncAgain);
+        }
+        // Arm the next timer: the earliest start, end or retry among the pool's live reservations.
+        let tx = ctx.begin_fenced(&mut c).await?;
+        let next: Option<f64> = tx
+            .query_one(
+                "SELECT extract(epoch FROM min(t) - compute_now())::float8 FROM (
+                   SELECT CASE state WHEN 'pending' THEN LEAST(next_attempt_at, upper(during))
+                                     WHEN 'placed' THEN lower(during)
+                                     ELSE upper(during) END AS t
+                     FROM reservations WHERE pool_id = $1 AND state IN ('pending', 'placed', 'active')) x",
+                &[&pool],
+            )
+            .await?
+            .get(0);
+        if let Some(secs) = next {
+            let after = std::time::Duration::from_secs_f64(secs.max(0.0));
+            work_queue::enqueue_after(&*tx, &RESERVATIONS_KIND, pool, after).await?;
+        }
+        tx.commit().await?;
+        Ok(Outcome::Done)
+    }
+
+    async fn keys(&self, ctx: &ReconcileContext, shards: &[i16]) -> Result<Vec<String>, RunError> {
+        pools_in(ctx, shards).await
+    }
+}
+
+/// `capacity.rollup`, keyed by pool.
+pub struct Rollup;
+
+#[async_trait::async_trait]
+impl Reconciler for Rollup {
+    fn kind(&self) -> Kind {
+        ROLLUP_KIND
+    }
+
+    async fn run(&self, ctx: &ReconcileContext, pool: &str) -> Result<Outcome, RunError> {
+        let mut c = ctx.client().await?;
+        let tx = ctx.begin_fenced(&mut c).await?;
+        // Recomputed from the truth each time: counts of bookable, healthy atoms and their idle
+        // share, schedulable nodes, and free scalars.
+        tx.execute(
+            "INSERT INTO pool_capacity_rollup AS r (pool_id, atoms, nodes, schedulable_nodes, vcpu_free, memory_mib_free,
+                                                    disk_gib_free, updated_at)
+             SELECT p.id,
+                    coalesce((SELECT jsonb_agg(jsonb_build_object('kind', kind, 'model', model, 'profile', profile,
+                                                                  'total', total, 'idle', idle) ORDER BY kind, model, profile)
+                                FROM (SELECT kind, model, profile, sum(total)::int AS total, sum(idle)::int AS idle
+                                        FROM node_atom_counts WHERE pool_id = p.id GROUP BY kind, model, profile) a
+                               WHERE total > 0), '[]'),
+                    (SELECT count(*) FROM nodes WHERE pool_id = p.id),
+                    (SELECT count(*) FROM nodes WHERE pool_id = p.id AND observed_generation >= 1
+                                                  AND cardinality(no_schedule_reasons) = 0),
+                    coalesce((SELECT sum(floor(vcpu_allocatable * vcpu_ratio) - vcpu_allocated) FROM node_resources nr
+                                JOIN nodes n ON n.id = nr.node_id WHERE n.pool_id = p.id), 0)::bigint,
+                    coalesce((SELECT sum(floor(memory_mib_allocatable * memory_ratio) - memory_mib_allocated) FROM node_resources nr
+                                JOIN nodes n ON n.id = nr.node_id WHERE n.pool_id = p.id), 0)::bigint,
+                    coalesce((SELECT sum(floor(disk_gib_allocatable * disk_ratio) - disk_gib_allocated) FROM node_resources nr
+                                JOIN nodes n ON n.id = nr.node_id WHERE n.pool_id = p.id), 0)::bigint,
+                    compute_now()
+               FROM pools p WHERE p.id = $1
+             ON CONFLICT (pool_id) DO UPDATE SET atoms = EXCLUDED.atoms, nodes = EXCLUDED.nodes,
+               schedulable_nodes = EXCLUDED.schedulable_nodes, vcpu_free = EXCLUDED.vcpu_free,
+               memory_mib_free = EXCLUDED.memory_mib_free, disk_gib_free = EXCLUDED.disk_gib_free,
+               updated_at = EXCLUDED.updated_at",
+            &[&pool],
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(Outcome::Done)
+    }
+
+    async fn keys(&self, ctx: &ReconcileContext, shards: &[i16]) -> Result<Vec<String>, RunError> {
+        pools_in(ctx, shards).await
+    }
+}
+
+/// Watches inventory events: refreshes the node's atom counts and wakes its pool's rollup.
+pub struct InventoryWatcher;
+
+#[async_trait::async_trait]
+impl Sink for InventoryWatcher {
+    fn name(&self) -> &str {
+        "capacity.inventory"
+    }
+
+    async fn deliver(&self, tx: &Transaction<'_>, events: &[Event]) -> Result<(), RunError> {
+        let mut nodes: Vec<String> = Vec::new();
+        for e in events {
+            let node = match e.event_type.as_str() {
+                t if t.starts_with("node.") => Some(e.subject.clone()),
+                t if t.starts_with("device.") => e.data.get("nodeId").and_then(|v| v.as_str()).map(String::from),
+                _ => None,
+            };
+            if let Some(n) = node {
+                if !nodes.contains(&n) {
+                    nodes.push(n);
+                }
+            }
+        }
+        refresh_nodes(tx, &nodes).await?;
+        Ok(())
+    }
+}
+
+/// Refreshes the atom counts of `nodes` and wakes their pools' rollups.
+pub async fn refresh_nodes(tx: &impl tokio_postgres::GenericClient, nodes: &[String]) -> Result<(), DbError> {
+    for n in nodes {
+        tx.execute("SELECT capacity_refresh_node_counts($1)", &[n]).await?;
+    }
+    let pools: Vec<String> = tx
+        .query("SELECT DISTINCT pool_id FROM nodes WHERE id = ANY($1)", &[&nodes])
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    work_queue::enqueue_many(tx, &ROLLUP_KIND, &pools).await?;
+    Ok(())
+}

@@ -1,0 +1,350 @@
+//! Capacity against a real PostgreSQL in simulated time: placing, quotas, eligibility, pending and
+//! retries, extend and release, time, idempotency, MIG and shared GPUs, mode changes, bad input.
+
+mod fleet;
+
+use std::time::Duration;
+
+use better_compute_capacity::reservations::{self, GpuRequest, Toleration};
+use better_compute_capacity::{mode, quota};
+use better_compute_core::ErrorCode;
+use better_compute_nodes::actions;
+use better_compute_nodes::layout::GpuMode;
+use fleet::*;
+
+async fn count(h: &better_compute_runtime::harness::Harness, sql: &str) -> i64 {
+    h.db().client().await.query_one(sql, &[]).await.unwrap().get(0)
+}
+
+#[tokio::test]
+async fn a_reservation_books_whole_gpus_scalars_and_quota_on_one_node() {
+    let h = harness().await;
+    let f = fleet(&h, &exclusive(3), 8).await;
+    let mut c = h.db().connect().await;
+    let r = reservations::create(&mut c, ME, &whole(&f.pool_id, 4)).await.unwrap();
+    assert_eq!(r.state, "placed");
+    assert_eq!(r.atoms.len(), 4);
+    let node = r.node_id.clone().unwrap();
+    assert!(r.atoms.iter().all(|a| f.gpus[f.nodes.iter().position(|n| *n == node).unwrap()].contains(a)));
+    let q = quota::get(&c, TENANT).await.unwrap();
+    let used = |res: &str| q.iter().find(|x| x.resource == res).unwrap().used;
+    assert_eq!((used("gpus"), used("vcpu"), used("memory_mib"), used("disk_gib")), (4, 8, 65_536, 100));
+    let vcpu: i32 = c.query_one("SELECT vcpu_allocated FROM node_resources WHERE node_id = $1", &[&node]).await.unwrap().get(0);
+    assert_eq!(vcpu, 8);
+    // Packing: the next reservation goes to the same, busier node while it fits.
+    let r2 = reservations::create(&mut c, ME, &whole(&f.pool_id, 2)).await.unwrap();
+    assert_eq!(r2.node_id, r.node_id);
+    assert_eq!(reservations::get(&c, ME, &r.id).await.unwrap(), r);
+}
+
+#[tokio::test]
+async fn another_tenant_cannot_see_or_release_a_reservation() {
+    let h = harness().await;
+    let f = fleet(&h, &exclusive(1), 8).await;
+    let mut c = h.db().connect().await;
+    let r = reservations::create(&mut c, ME, &whole(&f.pool_id, 1)).await.unwrap();
+    let other = better_compute_capacity::Caller { tenant_id: "ten_b", identity_id: "idn_b" };
+    assert_eq!(reservations::get(&c, other, &r.id).await.unwrap_err().code, ErrorCode::NotFound);
+    assert_eq!(reservations::release(&mut c, other, &r.id).await.unwrap_err().code, ErrorCode::NotFound);
+    assert!(reservations::list(&c, other, None, None, 10).await.unwrap().items.is_empty());
+}
+
+#[tokio::test]
+async fn quota_exceeded_is_final_and_writes_nothing() {
+    let h = harness().await;
+    let f = fleet(&h, &exclusive(2), 8).await;
+    let mut c = h.db().connect().await;
+    quota::set(&c, TENANT, "gpus", 3).await.unwrap();
+    reservations::create(&mut c, ME, &whole(&f.pool_id, 2)).await.unwrap();
+    let err = reservations::create(&mut c, ME, &whole(&f.pool_id, 2)).await.unwrap_err();
+    assert_eq!(err.code, ErrorCode::QuotaExceeded);
+    assert!(err.message.contains("2 of 3 used"), "{}", err.message);
+    assert_eq!(count(&h, "SELECT count(*) FROM reservations").await, 1);
+    assert_eq!(count(&h, "SELECT used FROM quota_usage WHERE resource = 'gpus'").await, 2);
+    assert_eq!(count(&h, "SELECT used FROM quota_usage WHERE resource = 'vcpu'").await, 8);
+    // A tenant without a quota line gets a message that says what to do.
+    let stranger = better_compute_capacity::Caller { tenant_id: "ten_new", identity_id: "idn_new" };
+    let err = reservations::create(&mut c, stranger, &whole(&f.pool_id, 1)).await.unwrap_err();
+    assert!(err.message.contains("ask an operator"), "{}", err.message);
+    // Lowering a quota below what is in use is refused.
+    assert_eq!(
+        better_compute_core::Error::from(quota::set(&c, TENANT, "gpus", 1).await.unwrap_err()).code,
+        ErrorCode::FailedPrecondition
+    );
+}
+
+#[tokio::test]
+async fn bad_input_is_refused_with_the_field_named_and_nothing_written() {
+    let h = harness().await;
+    let f = fleet(&h, &exclusive(1), 8).await;
+    let mut c = h.db().connect().await;
+    let cases: Vec<(reservations::CreateReservation, ErrorCode, &str)> = vec![
+        ({ let mut r = whole(&f.pool_id, 1); r.duration_s = None; r.ends_at = Some("2029-01-01T00:00:00Z".into()); r }, ErrorCode::InvalidArgument, "endsAt"),
+        ({ let mut r = whole(&f.pool_id, 1); r.duration_s = None; r.starts_at = Some("2030-02-01T00:00:00Z".into()); r.ends_at = Some("2030-01-15T00:00:00Z".into()); r }, ErrorCode::InvalidArgument, "endsAt"),
+        ({ let mut r = whole(&f.pool_id, 1); r.duration_s = None; r.ends_at = Some("now".into()); r }, ErrorCode::InvalidArgument, "RFC 3339"),
+        ({ let mut r = whole(&f.pool_id, 1); r.duration_s = Some(0); r }, ErrorCode::InvalidArgument, "durationS"),
+        ({ let mut r = whole(&f.pool_id, 0); r.vcpu = 0; r.memory_mib = 0; r.disk_gib = 0; r }, ErrorCode::InvalidArgument, "ask for something"),
+        ({ let mut r = whole(&f.pool_id, 1); r.vcpu = -1; r }, ErrorCode::InvalidArgument, "vcpu"),
+        ({ let mut r = whole(&f.pool_id, -2); r.vcpu = 1; r }, ErrorCode::InvalidArgument, "gpu.count"),
+        (whole("pool_nope", 1), ErrorCode::NotFound, "pool"),
+        ({ let mut r = whole(&f.pool_id, 1); r.gpu.model = "B200".into(); r }, ErrorCode::InvalidArgument, "gpu.model"),
+        ({ let mut r = whole(&f.pool_id, 1); r.gpu.kind = "tpu".into(); r }, ErrorCode::InvalidArgument, "gpu.kind"),
+        ({ let mut r = whole(&f.pool_id, 1); r.gpu.profile = Some("3g.40gb".into()); r }, ErrorCode::InvalidArgument, "gpu.profile"),
+        (whole(&f.pool_id, 9), ErrorCode::FailedPrecondition, "most on one node is 8"),
+    ];
+    for (req, code, needle) in cases {
+        let err = reservations::create(&mut c, ME, &req).await.unwrap_err();
+        assert_eq!(err.code, code, "{needle}: {}", err.message);
+        assert!(err.message.contains(needle), "expected {needle:?} in {:?}", err.message);
+    }
+    assert_eq!(count(&h, "SELECT count(*) FROM reservations").await, 0);
+    assert_eq!(count(&h, "SELECT count(*) FROM device_bookings").await, 0);
+    assert_eq!(count(&h, "SELECT coalesce(sum(used), 0)::bigint FROM quota_usage").await, 0);
+}
+
+#[tokio::test]
+async fn ineligible_nodes_and_gpus_are_skipped() {
+    let h = harness().await;
+    let f = fleet(&h, &exclusive(4), 2).await;
+    let mut c = h.db().connect().await;
+    {
+        let tx = c.transaction().await.unwrap();
+        actions::cordon(&tx, &f.nodes[0]).await.unwrap();
+        actions::taint(&tx, &f.nodes[1], "dedicated", "team-x").await.unwrap();
+        actions::quarantine(&tx, &f.gpus[2][0], "xid 79").await.unwrap();
+        actions::set_gpu_health(&tx, &f.gpus[2][1], false).await.unwrap();
+        tx.commit().await.unwrap();
+    }
+    // Node 3 has not converged yet.
+    c.execute("UPDATE nodes SET observed_generation = 0 WHERE id = $1", &[&f.nodes[3]]).await.unwrap();
+    let r = reservations::create(&mut c, ME, &whole(&f.pool_id, 1)).await.unwrap();
+    assert_eq!(r.state, "pending", "{r:?}");
+    assert_eq!(r.conditions[0]["type"], "Unschedulable");
+    // Tolerating the taint opens node 1.
+    let mut tolerant = whole(&f.pool_id, 2);
+    tolerant.tolerations = vec![Toleration { key: "dedicated".into(), value: Some("team-x".into()) }];
+    let r = reservations::create(&mut c, ME, &tolerant).await.unwrap();
+    assert_eq!(r.node_id.as_deref(), Some(f.nodes[1].as_str()));
+    // A node selector that no node matches.
+    let mut picky = whole(&f.pool_id, 1);
+    picky.node_selector.insert("rack".into(), serde_json::json!("r9"));
+    assert_eq!(reservations::create(&mut c, ME, &picky).await.unwrap().state, "pending");
+}
+
+#[tokio::test]
+async fn a_pending_reservation_is_retried_every_30_seconds_and_placed_when_capacity_frees() {
+    let h = harness().await;
+    let f = fleet(&h, &exclusive(1), 2).await;
+    let mut c = h.db().connect().await;
+    let first = reservations::create(&mut c, ME, &whole(&f.pool_id, 2)).await.unwrap();
+    let waiting = reservations::create(&mut c, ME, &whole(&f.pool_id, 1)).await.unwrap();
+    assert_eq!(waiting.state, "pending");
+    assert_eq!(waiting.conditions[0]["reason"], "NoCandidates");
+    // Pending still holds its quota charge.
+    assert_eq!(count(&h, "SELECT used FROM quota_usage WHERE resource = 'gpus'").await, 3);
+    h.job("capacity.reservations").drain(5).await;
+    assert_eq!(reservations::get(&c, ME, &waiting.id).await.unwrap().state, "pending");
+    reservations::release(&mut c, ME, &first.id).await.unwrap();
+    h.db().advance(Duration::from_secs(29)).await;
+    h.job("capacity.reservations").drain(5).await;
+    assert_eq!(reservations::get(&c, ME, &waiting.id).await.unwrap().state, "pending");
+    h.db().advance(Duration::from_secs(1)).await;
+    h.job("capacity.reservations").drain(5).await;
+    let placed = reservations::get(&c, ME, &waiting.id).await.unwrap();
+    assert_eq!(placed.state, "active", "placed at the retry and, its start having come, active: {placed:?}");
+    assert!(placed.conditions.is_empty());
+    assert_eq!(placed.atoms.len(), 1);
+}
+
+#[tokio::test]
+async fn reservations_become_active_at_their_start_and_expire_at_their_end_giving_everything_back() {
+    let h = harness().await;
+    let f = fleet(&h, &exclusive(1), 8).await;
+    let mut c = h.db().connect().await;
+    let mut later = whole(&f.pool_id, 2);
+    later.duration_s = None;
+    later.starts_at = Some("2030-01-01T01:00:00Z".into());
+    later.ends_at = Some("2030-01-01T02:00:00Z".into());
+    let r = reservations::create(&mut c, ME, &later).await.unwrap();
+    assert_eq!((r.state.as_str(), r.starts_at.as_str()), ("placed", "2030-01-01T01:00:00.000000Z"));
+    h.job("capacity.reservations").drain(5).await;
+    assert_eq!(reservations::get(&c, ME, &r.id).await.unwrap().state, "placed");
+    h.db().advance(Duration::from_secs(3600)).await;
+    h.job("capacity.reservations").drain(5).await;
+    assert_eq!(reservations::get(&c, ME, &r.id).await.unwrap().state, "active");
+    h.db().advance(Duration::from_secs(3600)).await;
+    h.job("capacity.reservations").drain(5).await;
+    assert_eq!(reservations::get(&c, ME, &r.id).await.unwrap().state, "expired");
+    assert_eq!(count(&h, "SELECT coalesce(sum(used), 0)::bigint FROM quota_usage").await, 0);
+    assert_eq!(count(&h, "SELECT sum(vcpu_allocated)::bigint FROM node_resources").await, 0);
+    let events: Vec<String> = c
+        .query("SELECT type FROM outbox WHERE subject = $1 ORDER BY txid, seq", &[&r.id])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(events, ["reservation.placed", "reservation.active", "reservation.expired"]);
+    // Every change invalidated the node's desired state.
+    assert_eq!(count(&h, "SELECT count(*) FROM work_queue WHERE kind = 'nodespec'").await, 1);
+}
+
+#[tokio::test]
+async fn release_gives_back_quota_scalars_and_the_future_of_the_bookings_once() {
+    let h = harness().await;
+    let f = fleet(&h, &exclusive(1), 8).await;
+    let mut c = h.db().connect().await;
+    let r = reservations::create(&mut c, ME, &whole(&f.pool_id, 3)).await.unwrap();
+    h.db().advance(Duration::from_secs(600)).await;
+    let released = reservations::release(&mut c, ME, &r.id).await.unwrap();
+    assert_eq!(released.state, "released");
+    assert_eq!(count(&h, "SELECT coalesce(sum(used), 0)::bigint FROM quota_usage").await, 0);
+    assert_eq!(count(&h, "SELECT sum(vcpu_allocated)::bigint FROM node_resources").await, 0);
+    // The past stays booked (it happened); nothing from now on.
+    assert_eq!(count(&h, "SELECT count(*) FROM device_bookings WHERE upper(during) > compute_now()").await, 0);
+    assert_eq!(count(&h, "SELECT count(*) FROM device_bookings").await, 3);
+    // Again: unchanged, nothing refunded twice.
+    assert_eq!(reservations::release(&mut c, ME, &r.id).await.unwrap(), released);
+    assert_eq!(count(&h, "SELECT coalesce(sum(used), 0)::bigint FROM quota_usage").await, 0);
+}
+
+#[tokio::test]
+async fn extend_books_the_added_time_or_changes_nothing() {
+    let h = harness().await;
+    let f = fleet(&h, &exclusive(1), 1).await;
+    let mut c = h.db().connect().await;
+    let mut first = whole(&f.pool_id, 1);
+    first.duration_s = None;
+    first.ends_at = Some("2030-01-01T01:00:00Z".into());
+    let r = reservations::create(&mut c, ME, &first).await.unwrap();
+    let e = reservations::extend(&mut c, ME, &r.id, "2030-01-01T02:00:00Z", Some("ext-1")).await.unwrap();
+    assert_eq!((e.ends_at.as_str(), e.version), ("2030-01-01T02:00:00.000000Z", r.version + 1));
+    // A retry with the same key replays.
+    assert_eq!(reservations::extend(&mut c, ME, &r.id, "2030-01-01T02:00:00Z", Some("ext-1")).await.unwrap(), e);
+    // Someone books the GPU after our end; extending into it is a conflict and changes nothing.
+    let mut next = whole(&f.pool_id, 1);
+    next.duration_s = None;
+    next.starts_at = Some("2030-01-01T02:00:00Z".into());
+    next.ends_at = Some("2030-01-01T03:00:00Z".into());
+    assert_eq!(reservations::create(&mut c, ME, &next).await.unwrap().state, "placed");
+    let err = reservations::extend(&mut c, ME, &r.id, "2030-01-01T02:30:00Z", None).await.unwrap_err();
+    assert_eq!(err.code, ErrorCode::Conflict);
+    assert_eq!(reservations::get(&c, ME, &r.id).await.unwrap(), e);
+    let err = reservations::extend(&mut c, ME, &r.id, "2030-01-01T01:30:00Z", None).await.unwrap_err();
+    assert_eq!(err.code, ErrorCode::InvalidArgument);
+}
+
+#[tokio::test]
+async fn an_idempotency_key_makes_a_retried_create_return_the_first_reservation() {
+    let h = harness().await;
+    let f = fleet(&h, &exclusive(1), 8).await;
+    let mut c = h.db().connect().await;
+    let mut req = whole(&f.pool_id, 1);
+    req.idempotency_key = Some("create-1".into());
+    let a = reservations::create(&mut c, ME, &req).await.unwrap();
+    let b = reservations::create(&mut c, ME, &req).await.unwrap();
+    assert_eq!(a, b);
+    assert_eq!(count(&h, "SELECT count(*) FROM reservations").await, 1);
+    req.gpu.count = 2;
+    assert_eq!(reservations::create(&mut c, ME, &req).await.unwrap_err().code, ErrorCode::Conflict);
+}
+
+#[tokio::test]
+async fn list_pages_through_the_tenants_reservations() {
+    let h = harness().await;
+    let f = fleet(&h, &exclusive(2), 8).await;
+    let mut c = h.db().connect().await;
+    let mut ids = Vec::new();
+    for _ in 0..5 {
+        ids.push(reservations::create(&mut c, ME, &whole(&f.pool_id, 1)).await.unwrap().id);
+    }
+    ids.sort();
+    let p1 = reservations::list(&c, ME, None, None, 2).await.unwrap();
+    let p2 = reservations::list(&c, ME, None, p1.next_cursor.as_deref(), 2).await.unwrap();
+    let p3 = reservations::list(&c, ME, None, p2.next_cursor.as_deref(), 2).await.unwrap();
+    let seen: Vec<String> = [p1.items, p2.items, p3.items.clone()].concat().into_iter().map(|r| r.id).collect();
+    assert_eq!(seen, ids);
+    assert!(p3.next_cursor.is_none());
+    assert_eq!(reservations::list(&c, ME, Some("bogus"), None, 2).await.unwrap_err().code, ErrorCode::InvalidArgument);
+}
+
+#[tokio::test]
+async fn mig_instances_and_slots_are_atoms_and_their_parent_never_is() {
+    let h = harness().await;
+    let modes = [GpuMode::Mig { layout: vec!["3g.40gb".into(), "3g.40gb".into()] }, GpuMode::TimeSlice { slots: 4 }];
+    let f = fleet(&h, &modes, 1).await;
+    let mut c = h.db().connect().await;
+    let mut mig = whole(&f.pool_id, 2);
+    mig.gpu = GpuRequest { kind: "mig".into(), model: MODEL.into(), profile: Some("3g.40gb".into()), count: 2 };
+    let r = reservations::create(&mut c, ME, &mig).await.unwrap();
+    assert_eq!(r.atoms, [format!("{}/mig0", f.gpus[0][0]), format!("{}/mig1", f.gpus[0][0])]);
+    let mut slots = whole(&f.pool_id, 3);
+    slots.gpu = GpuRequest { kind: "slot".into(), model: MODEL.into(), profile: None, count: 3 };
+    let s = reservations::create(&mut c, ME, &slots).await.unwrap();
+    assert_eq!(s.atoms.len(), 3);
+    assert!(s.atoms.iter().all(|a| a.starts_with(&format!("{}/s", f.gpus[1][0]))));
+    // No whole GPU is bookable: both are shared.
+    assert_eq!(
+        reservations::create(&mut c, ME, &whole(&f.pool_id, 1)).await.unwrap_err().code,
+        ErrorCode::InvalidArgument
+    );
+    let q = quota::get(&c, TENANT).await.unwrap();
+    assert_eq!(q.iter().find(|x| x.resource == "mig_instances").unwrap().used, 2);
+    assert_eq!(q.iter().find(|x| x.resource == "gpu_slots").unwrap().used, 3);
+}
+
+#[tokio::test]
+async fn a_mode_change_waits_for_an_empty_gpu_then_replaces_its_atoms() {
+    let h = harness().await;
+    let f = fleet(&h, &[GpuMode::Exclusive], 1).await;
+    let gpu = f.gpus[0][0].clone();
+    let mut c = h.db().connect().await;
+    let r = reservations::create(&mut c, ME, &whole(&f.pool_id, 1)).await.unwrap();
+    let to_mig = GpuMode::Mig { layout: vec!["3g.40gb".into(), "3g.40gb".into()] };
+    let err = mode::change_gpu_mode(&mut c, &gpu, &to_mig).await.unwrap_err();
+    assert_eq!(err.code, ErrorCode::FailedPrecondition);
+    assert!(err.message.contains(&r.id), "{}", err.message);
+    reservations::release(&mut c, ME, &r.id).await.unwrap();
+    mode::change_gpu_mode(&mut c, &gpu, &to_mig).await.unwrap();
+    // The parent is no longer bookable; its instances are, after the change window.
+    let mut mig = whole(&f.pool_id, 1);
+    mig.gpu = GpuRequest { kind: "mig".into(), model: MODEL.into(), profile: Some("3g.40gb".into()), count: 1 };
+    assert_eq!(reservations::create(&mut c, ME, &mig).await.unwrap().state, "pending");
+    h.db().advance(mode::CHANGE_WINDOW).await;
+    assert_eq!(reservations::create(&mut c, ME, &mig).await.unwrap().state, "placed");
+    assert_eq!(reservations::create(&mut c, ME, &whole(&f.pool_id, 1)).await.unwrap_err().code, ErrorCode::InvalidArgument);
+    // The node's desired state was invalidated, and a bad layout is refused.
+    assert!(count(&h, "SELECT count(*) FROM work_queue WHERE kind = 'nodespec'").await >= 1);
+    let bad = GpuMode::Mig { layout: vec!["7g.80gb".into(), "1g.10gb".into()] };
+    assert_eq!(mode::change_gpu_mode(&mut c, &gpu, &bad).await.unwrap_err().code, ErrorCode::InvalidArgument);
+}
+
+#[tokio::test]
+async fn the_rollup_counts_a_pools_atoms_nodes_and_free_scalars() {
+    let h = harness().await;
+    let modes = [GpuMode::Exclusive, GpuMode::Exclusive, GpuMode::TimeSlice { slots: 4 }];
+    let f = fleet(&h, &modes, 2).await;
+    let mut c = h.db().connect().await;
+    reservations::create(&mut c, ME, &whole(&f.pool_id, 2)).await.unwrap();
+    {
+        let tx = c.transaction().await.unwrap();
+        actions::cordon(&tx, &f.nodes[1]).await.unwrap();
+        tx.commit().await.unwrap();
+    }
+    settle_outbox(&h).await;
+    h.job("event-subscribers").drain(5).await;
+    h.job("capacity.rollup").drain(5).await;
+    let row = c
+        .query_one("SELECT atoms, nodes, schedulable_nodes, vcpu_free FROM pool_capacity_rollup WHERE pool_id = $1", &[&f.pool_id])
+        .await
+        .unwrap();
+    let atoms: serde_json::Value = row.get(0);
+    assert_eq!(
+        atoms,
+        serde_json::json!([
+            {"kind": "gpu", "model": MODEL, "profile": "", "total": 4, "idle": 2},
+            {"kind": "slot", "model": MODEL, "profile": "", "total": 8, "idle": 8},
+        ])
+    );
+    assert_eq!((row.get::<_, i32>(1), row.get::<_, i32>(2), row.get::<_, i64>(3)), (3, 2, 3 * 128 - 8));
+}

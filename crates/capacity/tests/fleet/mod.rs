@@ -1,0 +1,110 @@
+//! A test fleet: a site, a pool, nodes with GPUs in the modes asked for, adopted and converged.
+
+#![allow(dead_code)]
+
+use std::sync::Arc;
+
+use better_compute_capacity::reservations::{CreateReservation, GpuRequest};
+use better_compute_capacity::{quota, CapacityModule, Caller};
+use better_compute_nodes::inventory::{self, NewGpu, NewNode, NewPool};
+use better_compute_nodes::layout::GpuMode;
+use better_compute_nodes::NodesModule;
+use better_compute_runtime::harness::Harness;
+
+pub const MODEL: &str = "H100-80GB";
+pub const TENANT: &str = "ten_a";
+pub const ME: Caller<'static> = Caller { tenant_id: TENANT, identity_id: "idn_a" };
+
+pub struct Fleet {
+    pub pool_id: String,
+    pub nodes: Vec<String>,
+    /// GPU uuids per node.
+    pub gpus: Vec<Vec<String>>,
+}
+
+pub async fn harness() -> Harness {
+    Harness::new(vec![Arc::new(NodesModule), Arc::new(CapacityModule)]).await
+}
+
+/// `modes[i]` is the mode of every GPU of node i.
+pub async fn fleet(h: &Harness, modes: &[GpuMode], gpus_per_node: usize) -> Fleet {
+    let mut c = h.db().client().await;
+    let tx = c.transaction().await.unwrap();
+    let site = inventory::create_site(&*tx, "site-a").await.unwrap();
+    let pool_id = inventory::create_pool(
+        &*tx,
+        &NewPool { site_id: site, name: "pool-a".into(), kind: "bare-metal".into(), vcpu_ratio: 1.0, memory_ratio: 1.0, disk_ratio: 1.0, lost_after_s: None },
+    )
+    .await
+    .unwrap();
+    let mut nodes = Vec::new();
+    let mut gpus = Vec::new();
+    for (i, mode) in modes.iter().enumerate() {
+        let node_gpus: Vec<NewGpu> = (0..gpus_per_node)
+            .map(|g| NewGpu { uuid: format!("GPU-{i:03}-{g}"), model: MODEL.into(), memory_mib: 81_920, mode: mode.clone() })
+            .collect();
+        let id = inventory::register_node(
+            &*tx,
+            &NewNode {
+                pool_id: pool_id.clone(),
+                name: format!("node-{i:03}"),
+                labels: serde_json::Map::from_iter([("rack".to_owned(), serde_json::json!(format!("r{}", i % 4)))]),
+                vcpu: 128,
+                memory_mib: 1_048_576,
+                disk_gib: 8_000,
+                gpus: node_gpus.clone(),
+            },
+        )
+        .await
+        .unwrap();
+        inventory::adopt(&*tx, &id).await.unwrap();
+        inventory::report_observed_generation(&*tx, &id, 1).await.unwrap();
+        gpus.push(node_gpus.into_iter().map(|g| g.uuid).collect());
+        nodes.push(id);
+    }
+    for r in quota::RESOURCES {
+        quota::set(&*tx, TENANT, r, 1_000_000_000).await.unwrap();
+    }
+    tx.commit().await.unwrap();
+    // The inventory watcher turns node.registered into atom counts.
+    settle_outbox(h).await;
+    h.job("event-subscribers").drain(20).await;
+    Fleet { pool_id, nodes, gpus }
+}
+
+/// Waits until every outbox row is below the cluster's xmin (other tests share the cluster).
+pub async fn settle_outbox(h: &Harness) {
+    let c = h.db().client().await;
+    for _ in 0..6000 {
+        let settled: bool = c
+            .query_one("SELECT coalesce(max(txid) < pg_snapshot_xmin(pg_current_snapshot()), true) FROM outbox", &[])
+            .await
+            .unwrap()
+            .get(0);
+        if settled {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    panic!("outbox did not settle");
+}
+
+pub fn whole(pool: &str, count: i32) -> CreateReservation {
+    CreateReservation {
+        pool_id: pool.to_owned(),
+        gpu: GpuRequest { kind: "gpu".into(), model: MODEL.into(), profile: None, count },
+        vcpu: 8,
+        memory_mib: 65_536,
+        disk_gib: 100,
+        starts_at: None,
+        ends_at: None,
+        duration_s: Some(3600),
+        node_selector: Default::default(),
+        tolerations: vec![],
+        idempotency_key: None,
+    }
+}
+
+pub fn exclusive(n: usize) -> Vec<GpuMode> {
+    vec![GpuMode::Exclusive; n]
+}

@@ -1,0 +1,27 @@
+//! The node inventory: sites, pools, nodes, GPUs and their atoms, node resources, and the operator
+//! actions that change whether the placer may use them (cordon, taint, liveness, health,
+//! quarantine). Every such action is an update of the same row the placer locks `FOR SHARE`, so
+//! whichever transaction commits second sees the first.
+
+pub mod actions;
+pub mod inventory;
+pub mod layout;
+
+use better_compute_db::Migration;
+
+/// The nodes module's migrations.
+pub const NODES_MIGRATIONS: &[Migration] =
+    &[Migration { module: "nodes", name: "0001_inventory", sql: include_str!("migrations/nodes/0001_inventory.sql") }];
+
+/// The nodes module, for the registry.
+pub struct NodesModule;
+
+impl better_compute_runtime::Module for NodesModule {
+    fn name(&self) -> &'static str {
+        "nodes"
+    }
+
+    fn migrations(&self) -> &'static [Migration] {
+        NODES_MIGRATIONS
+    }
+}

@@ -289,7 +289,9 @@ impl Cluster {
             self.opts.max_connections
         );
         if !self.opts.durable {
-            s.push_str("fsync = off\nfull_page_writes = off\nsynchronous_commit = off\n");
+            // Throwaway test clusters: no durability; commit timestamps on, so invariant checks can
+            // order commits (pg_xact_commit_timestamp).
+            s.push_str("fsync = off\nfull_page_writes = off\nsynchronous_commit = off\ntrack_commit_timestamp = on\n");
         }
         let path = self.opts.data_dir.join("better_compute.conf");
         std::fs::write(&path, s).map_err(io_err("write", &path))?;

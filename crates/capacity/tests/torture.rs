@@ -1,0 +1,436 @@
+//! The capacity torture test: 1,000 concurrent operations over many connections on a fleet of 50
+//! nodes with 8 GPUs each (some MIG, some time-sliced) — reserve, extend, release, cordon, taint,
+//! health flips, quarantine, mode changes, clock jumps — while the capacity jobs run; then every
+//! invariant is checked against the database. Seeded: the operations of a seed are the same every
+//! run (their interleaving is the machine's). CI runs a few seeds; for many:
+//! `TORTURE_SEEDS=1-50 cargo nextest run -p better-compute-capacity --run-ignored only torture_seeds_from_env`.
+
+mod fleet;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use better_compute_capacity::reservations::{self, CreateReservation, GpuRequest};
+use better_compute_capacity::{mode, quota, Caller};
+use better_compute_core::ErrorCode;
+use better_compute_nodes::actions;
+use better_compute_nodes::layout::GpuMode;
+use better_compute_runtime::harness::Harness;
+use fleet::*;
+
+const NODES: usize = 50;
+const GPUS: usize = 8;
+const CONNECTIONS: usize = 16;
+const TENANTS: [&str; 3] = ["ten_a", "ten_b", "ten_c"];
+
+/// SplitMix64: small, seedable, good enough to pick operations.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+fn node_mode(i: usize) -> GpuMode {
+    match i {
+        i if i >= NODES - 5 => GpuMode::TimeSlice { slots: 4 },
+        i if i >= NODES - 10 => GpuMode::Mig { layout: vec!["3g.40gb".into(), "3g.40gb".into()] },
+        _ => GpuMode::Exclusive,
+    }
+}
+
+#[derive(Default)]
+struct Tally {
+    ok: AtomicUsize,
+    refused: Mutex<BTreeMap<String, usize>>,
+}
+
+async fn one_op(
+    h: &Harness,
+    c: &mut tokio_postgres::Client,
+    f: &Fleet,
+    rng: &mut Rng,
+    live: &Mutex<Vec<(usize, String)>>,
+) -> Result<&'static str, better_compute_core::Error> {
+    let pick_node = |rng: &mut Rng| rng.below(NODES as u64) as usize;
+    let roll = rng.below(100);
+    match roll {
+        0..=39 => {
+            let t = rng.below(TENANTS.len() as u64) as usize;
+            let caller = Caller { tenant_id: TENANTS[t], identity_id: "idn_torture" };
+            let (kind, profile, count) = match rng.below(10) {
+                0..=6 => ("gpu", None, 1 + rng.below(4) as i32),
+                7 | 8 => ("mig", Some("3g.40gb".to_owned()), 1 + rng.below(2) as i32),
+                _ => ("slot", None, 1 + rng.below(3) as i32),
+            };
+            let start_min = rng.below(120);
+            let req = CreateReservation {
+                pool_id: f.pool_id.clone(),
+                gpu: GpuRequest { kind: kind.into(), model: MODEL.into(), profile, count },
+                vcpu: 1 + rng.below(24) as i32,
+                memory_mib: 1024 * (1 + rng.below(128) as i64),
+                disk_gib: rng.below(500) as i64,
+                starts_at: None,
+                ends_at: None,
+                duration_s: Some(600 + rng.below(4 * 3600) as i64),
+                node_selector: Default::default(),
+                tolerations: vec![],
+                idempotency_key: None,
+            };
+            let mut req = req;
+            if start_min > 0 {
+                let now = h.db().now().await;
+                let start = now + Duration::from_secs(start_min * 60);
+                req.starts_at = Some(rfc3339(start));
+            }
+            let r = reservations::create(c, caller, &req).await?;
+            live.lock().unwrap().push((t, r.id));
+            Ok("reserve")
+        }
+        40..=49 => {
+            let Some((t, id)) = pick_live(live, rng) else { return Ok("noop") };
+            let caller = Caller { tenant_id: TENANTS[t], identity_id: "idn_torture" };
+            let cur = reservations::get(&*c, caller, &id).await?;
+            let end = parse_rfc3339(&cur.ends_at) + Duration::from_secs(600 + rng.below(7200));
+            reservations::extend(c, caller, &id, &rfc3339(end), None).await?;
+            Ok("extend")
+        }
+        50..=64 => {
+            let Some((t, id)) = pick_live(live, rng) else { return Ok("noop") };
+            let caller = Caller { tenant_id: TENANTS[t], identity_id: "idn_torture" };
+            reservations::release(c, caller, &id).await?;
+            Ok("release")
+        }
+        65..=72 => {
+            let n = &f.nodes[pick_node(rng)];
+            let tx = c.transaction().await.map_err(db)?;
+            if rng.below(2) == 0 { actions::cordon(&tx, n).await } else { actions::uncordon(&tx, n).await }.map_err(Into::<better_compute_core::Error>::into)?;
+            tx.commit().await.map_err(db)?;
+            Ok("cordon")
+        }
+        73..=79 => {
+            let n = &f.nodes[pick_node(rng)];
+            let tx = c.transaction().await.map_err(db)?;
+            if rng.below(2) == 0 { actions::taint(&tx, n, "maint", "yes").await } else { actions::untaint(&tx, n, "maint").await }
+                .map_err(Into::<better_compute_core::Error>::into)?;
+            tx.commit().await.map_err(db)?;
+            Ok("taint")
+        }
+        80..=87 => {
+            let n = pick_node(rng);
+            let g = &f.gpus[n][rng.below(GPUS as u64) as usize];
+            let tx = c.transaction().await.map_err(db)?;
+            actions::set_gpu_health(&tx, g, rng.below(3) != 0).await.map_err(Into::<better_compute_core::Error>::into)?;
+            tx.commit().await.map_err(db)?;
+            Ok("health")
+        }
+        88..=93 => {
+            let n = pick_node(rng);
+            let g = &f.gpus[n][rng.below(GPUS as u64) as usize];
+            let tx = c.transaction().await.map_err(db)?;
+            if rng.below(2) == 0 { actions::quarantine(&tx, g, "torture").await } else { actions::release_quarantine(&tx, g).await }
+                .map_err(Into::<better_compute_core::Error>::into)?;
+            tx.commit().await.map_err(db)?;
+            Ok("quarantine")
+        }
+        94..=97 => {
+            let n = pick_node(rng);
+            let g = &f.gpus[n][rng.below(GPUS as u64) as usize];
+            let m = match rng.below(3) {
+                0 => GpuMode::Exclusive,
+                1 => GpuMode::Mig { layout: vec!["3g.40gb".into(), "3g.40gb".into()] },
+                _ => GpuMode::TimeSlice { slots: 4 },
+            };
+            mode::change_gpu_mode(c, g, &m).await?;
+            Ok("mode")
+        }
+        _ => {
+            h.db().advance(Duration::from_secs(60 * (1 + rng.below(10)))).await;
+            Ok("clock")
+        }
+    }
+}
+
+fn db(e: tokio_postgres::Error) -> better_compute_core::Error {
+    better_compute_db::DbError::from(e).into()
+}
+
+fn pick_live(live: &Mutex<Vec<(usize, String)>>, rng: &mut Rng) -> Option<(usize, String)> {
+    let l = live.lock().unwrap();
+    (!l.is_empty()).then(|| l[rng.below(l.len() as u64) as usize].clone())
+}
+
+fn rfc3339(t: SystemTime) -> String {
+    let s = t.duration_since(SystemTime::UNIX_EPOCH).unwrap().as_secs() as i64;
+    let (days, rem) = (s.div_euclid(86_400), s.rem_euclid(86_400));
+    // Civil from days (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + if m <= 2 { 1 } else { 0 };
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem / 60 % 60, rem % 60)
+}
+
+fn parse_rfc3339(s: &str) -> SystemTime {
+    let y: i64 = s[0..4].parse().unwrap();
+    let m: i64 = s[5..7].parse().unwrap();
+    let d: i64 = s[8..10].parse().unwrap();
+    let secs: i64 = s[11..13].parse::<i64>().unwrap() * 3600 + s[14..16].parse::<i64>().unwrap() * 60 + s[17..19].parse::<i64>().unwrap();
+    let y2 = if m <= 2 { y - 1 } else { y };
+    let era = y2.div_euclid(400);
+    let yoe = y2 - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    SystemTime::UNIX_EPOCH + Duration::from_secs((days * 86_400 + secs) as u64)
+}
+
+async fn torture(seed: u64, ops: usize) {
+    let h = harness().await;
+    let modes: Vec<GpuMode> = (0..NODES).map(node_mode).collect();
+    let f = fleet(&h, &modes, GPUS).await;
+    {
+        let c = h.db().client().await;
+        for t in TENANTS {
+            for (r, max) in [("gpus", 120), ("mig_instances", 40), ("gpu_slots", 40), ("vcpu", 2_000), ("memory_mib", 4_000_000), ("disk_gib", 40_000)] {
+                quota::set(&**c, t, r, max).await.unwrap();
+            }
+        }
+    }
+    let next = Arc::new(AtomicUsize::new(0));
+    let live = Arc::new(Mutex::new(Vec::new()));
+    let tally = Arc::new(Tally::default());
+    let failures = Arc::new(Mutex::new(Vec::<String>::new()));
+    let done = Arc::new(AtomicBool::new(false));
+    let h = Arc::new(h);
+    let f = Arc::new(f);
+    let mut tasks = Vec::new();
+    for _ in 0..CONNECTIONS {
+        let (h, f, next, live, tally, failures) = (h.clone(), f.clone(), next.clone(), live.clone(), tally.clone(), failures.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut c = h.db().connect().await;
+            loop {
+                let i = next.fetch_add(1, Ordering::SeqCst);
+                if i >= ops {
+                    break;
+                }
+                let mut rng = Rng(seed.wrapping_mul(1_000_003).wrapping_add(i as u64));
+                match one_op(&h, &mut c, &f, &mut rng, &live).await {
+                    Ok(_) => {
+                        tally.ok.fetch_add(1, Ordering::SeqCst);
+                    }
+                    Err(e) if matches!(e.code, ErrorCode::Internal | ErrorCode::Unavailable) || e.message.contains("interfered") => {
+                        failures.lock().unwrap().push(format!("op {i}: {}: {}", e.code, e.message));
+                    }
+                    Err(e) => {
+                        *tally.refused.lock().unwrap().entry(e.code.to_string()).or_default() += 1;
+                    }
+                }
+            }
+        }));
+    }
+    // The capacity jobs run alongside: retries, starts, ends, counts, rollups.
+    let jobs = {
+        let (h, done) = (h.clone(), done.clone());
+        tokio::spawn(async move {
+            while !done.load(Ordering::SeqCst) {
+                for job in ["event-subscribers", "capacity.reservations", "capacity.rollup"] {
+                    h.job(job).tick().await;
+                }
+            }
+        })
+    };
+    for t in tasks {
+        tokio::time::timeout(Duration::from_secs(600), t).await.expect("torture ops hung").unwrap();
+    }
+    done.store(true, Ordering::SeqCst);
+    jobs.await.unwrap();
+    settle_outbox(&h).await;
+    for job in ["event-subscribers", "capacity.reservations", "capacity.rollup"] {
+        h.job(job).drain(100).await;
+    }
+    let failures = failures.lock().unwrap().clone();
+    assert!(failures.is_empty(), "seed {seed}: operations failed unexpectedly:\n{}", failures.join("\n"));
+    let refused = tally.refused.lock().unwrap().clone();
+    eprintln!("seed {seed}: {} ok, refused {refused:?}", tally.ok.load(Ordering::SeqCst));
+    check_invariants(&h, seed, &f).await;
+}
+
+async fn rows_of(h: &Harness, sql: &str) -> Vec<String> {
+    h.db().client().await.query(sql, &[]).await.unwrap().iter().map(|r| r.get::<_, String>(0)).collect()
+}
+
+async fn check_invariants(h: &Harness, seed: u64, f: &Fleet) {
+    let none = |what: &str, rows: Vec<String>| assert!(rows.is_empty(), "seed {seed}: {what}:\n{}", rows.join("\n"));
+    none(
+        "two overlapping bookings on one atom",
+        rows_of(h, "SELECT a.device_id || ' ' || a.allocation_id || ' ' || b.allocation_id FROM device_bookings a
+                     JOIN device_bookings b ON a.device_id = b.device_id AND a.ctid < b.ctid AND a.during && b.during").await,
+    );
+    none(
+        "a parent and a child atom booked at once",
+        rows_of(h, "SELECT p.device_id || ' ' || c.device_id FROM device_bookings p
+                     JOIN devices d ON d.parent_id = p.device_id
+                     JOIN device_bookings c ON c.device_id = d.id AND c.during && p.during
+                    WHERE p.allocation_id NOT LIKE 'change:%' AND c.allocation_id NOT LIKE 'change:%'").await,
+    );
+    none(
+        "scalars differ from the sum of live reservations",
+        rows_of(h, "SELECT nr.node_id || ' ' || nr.vcpu_allocated || ' vs ' || coalesce(sum(r.vcpu), 0) FROM node_resources nr
+                     LEFT JOIN reservations r ON r.node_id = nr.node_id AND r.state IN ('placed', 'active')
+                    GROUP BY nr.node_id, nr.vcpu_allocated, nr.memory_mib_allocated, nr.disk_gib_allocated,
+                             nr.vcpu_allocatable, nr.vcpu_ratio
+                   HAVING nr.vcpu_allocated <> coalesce(sum(r.vcpu), 0)
+                       OR nr.memory_mib_allocated <> coalesce(sum(r.memory_mib), 0)
+                       OR nr.disk_gib_allocated <> coalesce(sum(r.disk_gib), 0)
+                       OR nr.vcpu_allocated > floor(nr.vcpu_allocatable * nr.vcpu_ratio)").await,
+    );
+    none(
+        "quota used differs from the charges of non-terminal reservations",
+        rows_of(h, "WITH charges AS (
+                      SELECT tenant_id, CASE gpu_kind WHEN 'gpu' THEN 'gpus' WHEN 'mig' THEN 'mig_instances' ELSE 'gpu_slots' END AS resource,
+                             gpu_count::bigint AS n FROM reservations WHERE state IN ('pending', 'placed', 'active')
+                      UNION ALL SELECT tenant_id, 'vcpu', vcpu FROM reservations WHERE state IN ('pending', 'placed', 'active')
+                      UNION ALL SELECT tenant_id, 'memory_mib', memory_mib FROM reservations WHERE state IN ('pending', 'placed', 'active')
+                      UNION ALL SELECT tenant_id, 'disk_gib', disk_gib FROM reservations WHERE state IN ('pending', 'placed', 'active'))
+                    SELECT q.tenant_id || ' ' || q.resource || ' ' || q.used || ' vs ' || coalesce(sum(c.n), 0)
+                      FROM quota_usage q LEFT JOIN charges c ON c.tenant_id = q.tenant_id AND c.resource = q.resource
+                     GROUP BY q.tenant_id, q.resource, q.used, q.max
+                    HAVING q.used <> coalesce(sum(c.n), 0) OR q.used > q.max").await,
+    );
+    none(
+        "a live reservation neither fully booked nor pending with Unschedulable",
+        rows_of(h, "SELECT r.id || ' ' || r.state FROM reservations r
+                     WHERE (r.state = 'pending' AND (r.unschedulable IS NULL OR EXISTS (SELECT 1 FROM device_bookings b WHERE b.allocation_id = r.id)))
+                        OR (r.state IN ('placed', 'active') AND (
+                             (SELECT count(DISTINCT device_id) FROM device_bookings b WHERE b.allocation_id = r.id) <> r.gpu_count
+                             OR EXISTS (SELECT 1 FROM (SELECT device_id, range_agg(during) AS covered FROM device_bookings b
+                                                        WHERE b.allocation_id = r.id GROUP BY device_id) x
+                                         WHERE x.covered <> tstzmultirange(r.during))))").await,
+    );
+    // No booking placed on a node or GPU that was ineligible when the booking committed: replay the
+    // outbox in commit order.
+    let events = h
+        .db()
+        .client()
+        .await
+        .query(
+            "SELECT type, subject, data, pg_xact_commit_timestamp(xmin) FROM outbox
+              WHERE type IN ('reservation.placed', 'node.cordoned', 'node.uncordoned', 'node.tainted', 'node.untainted',
+                             'device.quarantined', 'device.released', 'device.unhealthy', 'device.healthy', 'device.mode_changed')
+              ORDER BY 4, txid, seq",
+            &[],
+        )
+        .await
+        .unwrap();
+    let gpu_node: HashMap<String, usize> =
+        f.gpus.iter().enumerate().flat_map(|(i, gs)| gs.iter().map(move |g| (g.clone(), i))).collect();
+    let mut cordoned: HashSet<String> = HashSet::new();
+    let mut tainted: HashSet<String> = HashSet::new();
+    let mut quarantined: HashSet<String> = HashSet::new();
+    let mut unhealthy: HashSet<String> = HashSet::new();
+    let mut modes: HashMap<String, GpuMode> =
+        gpu_node.iter().map(|(g, i)| (g.clone(), node_mode(*i))).collect();
+    let mut violations = Vec::new();
+    let mut placed = 0;
+    let mut i = 0;
+    while i < events.len() {
+        // Events that committed at the same instant are not ordered among themselves: apply the
+        // state changes of that instant only after checking its placements against the state before.
+        let ts: SystemTime = events[i].get(3);
+        let mut j = i;
+        while j < events.len() && events[j].get::<_, SystemTime>(3) == ts {
+            j += 1;
+        }
+        for e in &events[i..j] {
+            if e.get::<_, String>(0) != "reservation.placed" {
+                continue;
+            }
+            placed += 1;
+            let data: serde_json::Value = e.get(2);
+            let node = data["nodeId"].as_str().unwrap_or_default().to_owned();
+            if cordoned.contains(&node) || tainted.contains(&node) {
+                violations.push(format!("{} placed on {node} while it was cordoned or tainted", e.get::<_, String>(1)));
+            }
+            for atom in data["atoms"].as_array().into_iter().flatten().filter_map(|a| a.as_str()) {
+                let gpu = atom.split('/').next().unwrap().to_owned();
+                if quarantined.contains(&gpu) || unhealthy.contains(&gpu) {
+                    violations.push(format!("{} booked {atom} while its GPU was quarantined or unhealthy", e.get::<_, String>(1)));
+                }
+                let m = &modes[&gpu];
+                let active = if atom == gpu { *m == GpuMode::Exclusive } else { m.child_atoms(&gpu, 81_920).iter().any(|c| c.id == atom) };
+                if !active {
+                    violations.push(format!("{} booked {atom}, not an atom of its GPU's mode {m:?}", e.get::<_, String>(1)));
+                }
+            }
+        }
+        for e in &events[i..j] {
+            let (t, subject): (String, String) = (e.get(0), e.get(1));
+            match t.as_str() {
+                "node.cordoned" => { cordoned.insert(subject); }
+                "node.uncordoned" => { cordoned.remove(&subject); }
+                "node.tainted" => { tainted.insert(subject); }
+                "node.untainted" => { tainted.remove(&subject); }
+                "device.quarantined" => { quarantined.insert(subject); }
+                "device.released" => { quarantined.remove(&subject); }
+                "device.unhealthy" => { unhealthy.insert(subject); }
+                "device.healthy" => { unhealthy.remove(&subject); }
+                "device.mode_changed" => {
+                    let data: serde_json::Value = e.get(2);
+                    modes.insert(subject, serde_json::from_value(data["mode"].clone()).unwrap());
+                }
+                _ => {}
+            }
+        }
+        i = j;
+    }
+    assert!(violations.is_empty(), "seed {seed}: placements on ineligible capacity:\n{}", violations.join("\n"));
+    assert!(placed > 50, "seed {seed}: only {placed} placements; the test did not exercise the placer");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capacity_torture_seed_1() {
+    torture(1, 1000).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capacity_torture_seed_2() {
+    torture(2, 1000).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capacity_torture_seed_3() {
+    torture(3, 1000).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "runs the seeds in TORTURE_SEEDS (like 1-50)"]
+async fn torture_seeds_from_env() {
+    let spec = std::env::var("TORTURE_SEEDS").expect("set TORTURE_SEEDS, like 1-50");
+    let (a, b) = spec.split_once('-').unwrap_or((&spec, &spec));
+    for seed in a.parse::<u64>().unwrap()..=b.parse::<u64>().unwrap() {
+        torture(seed, 1000).await;
+    }
+}
+
+#[test]
+fn timestamps_round_trip() {
+    let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_893_456_000 + 86_400 * 59 + 3723);
+    assert_eq!(rfc3339(t), "2030-03-01T01:02:03Z");
+    assert_eq!(parse_rfc3339(&rfc3339(t)), t);
+}

@@ -20,8 +20,9 @@ use better_compute_runtime::{Kind, Reconciler, ShardBy, Sink};
 pub const CAPACITY_MIGRATIONS: &[Migration] =
     &[Migration { module: "capacity", name: "0001_capacity", sql: include_str!("migrations/capacity/0001_capacity.sql") }];
 
-/// Moves a pool's reservations through time and retries pending ones; key: pool id.
-pub const RESERVATIONS_KIND: Kind = Kind { name: "capacity.reservations", shard_by: ShardBy::Pool };
+/// Moves a reservation through time (start, end) and retries it while pending; key: reservation
+/// id. One key per reservation, so reservations never contend on a shared queue row.
+pub const RESERVATIONS_KIND: Kind = Kind { name: "capacity.reservations", shard_by: ShardBy::Key };
 /// Keeps a pool's `pool_capacity_rollup` true; key: pool id.
 pub const ROLLUP_KIND: Kind = Kind { name: "capacity.rollup", shard_by: ShardBy::Pool };
 

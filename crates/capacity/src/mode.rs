@@ -106,5 +106,6 @@ pub async fn change_gpu_mode(client: &mut Client, uuid: &str, mode: &GpuMode) ->
     )
     .await?;
     tx.commit().await.map_err(DbError::from)?;
+    work_queue::poke(&*client).await;
     Ok(())
 }

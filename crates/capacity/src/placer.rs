@@ -121,9 +121,11 @@ async fn attempt(sp: &Transaction<'_>, d: &Demand, node_id: &str, allocation_id:
     if sp.query_opt(&lock_node, &[&node_id, &d.node_selector, &d.tolerations]).await?.is_none() {
         return Ok(Attempt::NodeConflict);
     }
-    // The atoms and their GPUs, locked FOR SHARE: quarantine, health and mode changes update these
-    // same rows. Whole GPUs are taken in random order to spread concurrent placements; MIG
-    // instances and slots in order, to fill one GPU before the next.
+    // The atoms, locked FOR NO KEY UPDATE SKIP LOCKED: a stronger lock than FOR SHARE, so quarantine,
+    // health and mode changes (updates of these rows) are ordered with us as with FOR SHARE, and
+    // concurrent placements on the node skip each other's atoms instead of colliding on them.
+    // Whole GPUs are taken in random order to spread placements; MIG instances and slots in order,
+    // to fill one GPU before the next.
     let atoms: Vec<String> = sp
         .query(
             "SELECT a.id FROM devices a JOIN devices g ON g.id = coalesce(a.parent_id, a.id)
@@ -132,13 +134,33 @@ async fn attempt(sp: &Transaction<'_>, d: &Demand, node_id: &str, allocation_id:
                 AND NOT EXISTS (SELECT 1 FROM device_bookings b WHERE b.device_id = a.id AND b.during && $6::text::tstzrange)
               ORDER BY CASE WHEN $2 = 'gpu' THEN random() ELSE 0 END, g.index, a.index
               LIMIT $5
-                FOR SHARE OF a, g",
+                FOR NO KEY UPDATE OF a SKIP LOCKED",
             &[&node_id, &d.kind, &d.model, &d.profile, &(d.count as i64), &during],
         )
         .await?
         .iter()
         .map(|r| r.get(0))
         .collect();
+    // The GPUs of MIG instances and slots, FOR SHARE (placements on sibling atoms share them), and
+    // still healthy and not quarantined under the lock.
+    if d.kind != "gpu" && !atoms.is_empty() {
+        let parents_ok = sp
+            .query(
+                "SELECT g.id FROM devices g
+                  WHERE g.id IN (SELECT parent_id FROM devices WHERE id = ANY($1)) AND g.healthy AND NOT g.quarantined
+                  ORDER BY g.id FOR SHARE",
+                &[&atoms],
+            )
+            .await?
+            .len();
+        let parents: i64 = sp
+            .query_one("SELECT count(DISTINCT parent_id) FROM devices WHERE id = ANY($1)", &[&atoms])
+            .await?
+            .get(0);
+        if parents_ok as i64 != parents {
+            return Ok(Attempt::NodeConflict);
+        }
+    }
     if atoms.len() < d.count as usize {
         return Ok(Attempt::NoRoom);
     }
@@ -148,6 +170,8 @@ async fn attempt(sp: &Transaction<'_>, d: &Demand, node_id: &str, allocation_id:
         .execute(
             "INSERT INTO device_bookings (device_id, allocation_id, during)
              SELECT a, $2, $3::text::tstzrange FROM unnest($1::text[]) a
+             -- in atom order, so two placements can never wait on each other's bookings in a cycle
+             ORDER BY a
              ON CONFLICT DO NOTHING",
             &[&atoms, &allocation_id, &during],
         )
@@ -189,10 +213,11 @@ pub async fn place(tx: &mut Transaction<'_>, d: &Demand, allocation_id: &str, du
         if found.is_empty() {
             break;
         }
-        // Best fit (fewest idle atoms) packs reservations and leaves whole nodes free; among equally
-        // good nodes, chance spreads concurrent placements instead of racing them for one node.
-        let ties = found.iter().take_while(|c| c.idle == found[0].idle).count();
-        let node_id = found[pick(ties)].node_id.clone();
+        // Best fit (fewest idle atoms) packs reservations and leaves whole nodes free. Among nodes
+        // nearly as full as the best (within the request's size), chance spreads concurrent
+        // placements instead of queueing them all on the one fullest node's counters.
+        let near = found.iter().take_while(|c| c.idle <= found[0].idle + d.count.max(1)).count();
+        let node_id = found[pick(near)].node_id.clone();
         let sp = tx.savepoint("placement").await?;
         match attempt(&sp, d, &node_id, allocation_id, during).await? {
             Attempt::Placed(atoms) => {

@@ -10,9 +10,6 @@ use tokio_postgres::Transaction;
 use crate::reservations;
 use crate::{RESERVATIONS_KIND, ROLLUP_KIND};
 
-/// Reservations handled per run; more makes the run return SyncAgain.
-const STEP_BATCH: i64 = 200;
-
 async fn pools_in(ctx: &ReconcileContext, shards: &[i16]) -> Result<Vec<String>, RunError> {
     let c = ctx.client().await?;
     let rows = c.query("SELECT id FROM pools", &[]).await?;
@@ -23,7 +20,7 @@ async fn pools_in(ctx: &ReconcileContext, shards: &[i16]) -> Result<Vec<String>,
         .collect())
 }
 
-/// `capacity.reservations`, keyed by pool.
+/// `capacity.reservations`, keyed by reservation.
 pub struct Reservations;
 
 #[async_trait::async_trait]
@@ -32,55 +29,41 @@ impl Reconciler for Reservations {
         RESERVATIONS_KIND
     }
 
-    async fn run(&self, ctx: &ReconcileContext, pool: &str) -> Result<Outcome, RunError> {
+    async fn run(&self, ctx: &ReconcileContext, id: &str) -> Result<Outcome, RunError> {
         let mut c = ctx.client().await?;
-        let due: Vec<String> = c
-            .query(
-                "SELECT id FROM reservations
-                  WHERE pool_id = $1 AND state IN ('pending', 'placed', 'active')
-                    AND (upper(during) <= compute_now()
-                         OR (state = 'placed' AND lower(during) <= compute_now())
-                         OR (state = 'pending' AND next_attempt_at <= compute_now()))
-                  ORDER BY id LIMIT $2",
-                &[&pool, &STEP_BATCH],
-            )
-            .await?
-            .iter()
-            .map(|r| r.get(0))
-            .collect();
-        for id in &due {
-            // One fenced transaction per reservation: a failure stops only that one.
-            let mut tx = ctx.begin_fenced(&mut c).await?;
-            let step = reservations::step(&mut tx, id).await?;
-            tx.commit().await?;
-            tracing::debug!(reservation = id, ?step, "reservation stepped");
+        let mut tx = ctx.begin_fenced(&mut c).await?;
+        // Everything due now (a reservation may be both started and ended by a clock jump).
+        for _ in 0..4 {
+            if reservations::step(&mut tx, id).await? == reservations::Step::Nothing {
+                break;
+            }
         }
-        if due.len() as i64 == STEP_BATCH {
-            return Ok(Outcome::SyncAgain);
-        }
-        // Arm the next timer: the earliest start, end or retry among the pool's live reservations.
-        let tx = ctx.begin_fenced(&mut c).await?;
+        // Arm the timer for what is due next: its start, its end, or its next retry.
         let next: Option<f64> = tx
-            .query_one(
-                "SELECT extract(epoch FROM min(t) - compute_now())::float8 FROM (
-                   SELECT CASE state WHEN 'pending' THEN LEAST(next_attempt_at, upper(during))
-                                     WHEN 'placed' THEN lower(during)
-                                     ELSE upper(during) END AS t
-                     FROM reservations WHERE pool_id = $1 AND state IN ('pending', 'placed', 'active')) x",
-                &[&pool],
+            .query_opt(
+                "SELECT extract(epoch FROM (CASE state WHEN 'pending' THEN LEAST(next_attempt_at, upper(during))
+                                                     WHEN 'placed' THEN lower(during)
+                                                     ELSE upper(during) END) - compute_now())::float8
+                   FROM reservations WHERE id = $1 AND state IN ('pending', 'placed', 'active')",
+                &[&id],
             )
             .await?
-            .get(0);
+            .map(|r| r.get(0));
         if let Some(secs) = next {
-            let after = std::time::Duration::from_secs_f64(secs.max(0.0));
-            work_queue::enqueue_after(&*tx, &RESERVATIONS_KIND, pool, after).await?;
+            work_queue::enqueue_after(&*tx, &RESERVATIONS_KIND, id, std::time::Duration::from_secs_f64(secs.max(0.0))).await?;
         }
         tx.commit().await?;
         Ok(Outcome::Done)
     }
 
     async fn keys(&self, ctx: &ReconcileContext, shards: &[i16]) -> Result<Vec<String>, RunError> {
-        pools_in(ctx, shards).await
+        let c = ctx.client().await?;
+        let rows = c.query("SELECT id FROM reservations WHERE state IN ('pending', 'placed', 'active')", &[]).await?;
+        Ok(rows
+            .iter()
+            .map(|r| r.get::<_, String>(0))
+            .filter(|id| shards.contains(&RESERVATIONS_KIND.shard_of(id)))
+            .collect())
     }
 }
 

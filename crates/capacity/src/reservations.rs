@@ -338,18 +338,19 @@ pub async fn create(client: &mut Client, caller: Caller<'_>, req: &CreateReserva
         idempotency::complete(&tx, scope, &serde_json::to_value(&v).expect("view serializes")).await?;
     }
     tx.commit().await.map_err(DbError::from)?;
+    work_queue::poke(&*client).await;
     Ok(v)
 }
 
 /// The shared tail of every change: the outbox event, the node's desired state, and a wake-up of
-/// the pool's reservations reconciler (which arms its own timers).
+/// the reservation's own reconciler key (which arms its timers). Callers poke after commit.
 async fn after_change(tx: &Transaction<'_>, tenant_id: &str, id: &str, node_id: Option<&str>, event_type: &str) -> Result<(), DbError> {
     let v = view(tx, tenant_id, id).await?;
     emit(tx, &v, tenant_id, event_type).await?;
     if let Some(node) = node_id {
         desired::invalidate(tx, node).await?;
     }
-    work_queue::enqueue(tx, &RESERVATIONS_KIND, &v.pool_id).await?;
+    work_queue::enqueue(tx, &RESERVATIONS_KIND, id).await?;
     Ok(())
 }
 
@@ -490,6 +491,7 @@ pub async fn release(client: &mut Client, caller: Caller<'_>, id: &str) -> Resul
     after_change(&tx, caller.tenant_id, id, l.node_id.as_deref(), "reservation.released").await?;
     let v = view(&tx, caller.tenant_id, id).await?;
     tx.commit().await.map_err(DbError::from)?;
+    work_queue::poke(&*client).await;
     Ok(v)
 }
 
@@ -545,7 +547,7 @@ pub async fn extend(
     let booked = sp
         .execute(
             "INSERT INTO device_bookings (device_id, allocation_id, during)
-             SELECT a, $2, $3::text::tstzrange FROM unnest($1::text[]) a ON CONFLICT DO NOTHING",
+             SELECT a, $2, $3::text::tstzrange FROM unnest($1::text[]) a ORDER BY a ON CONFLICT DO NOTHING",
             &[&atoms, &id, &added],
         )
         .await
@@ -575,6 +577,7 @@ pub async fn extend(
         idempotency::complete(&tx, scope, &serde_json::to_value(&v).expect("view serializes")).await?;
     }
     tx.commit().await.map_err(DbError::from)?;
+    work_queue::poke(&*client).await;
     Ok(v)
 }
 

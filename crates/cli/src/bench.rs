@@ -33,6 +33,9 @@ enum Which {
     /// One worker process of `bench runtime` (started by it).
     #[command(hide = true)]
     RuntimeWorker(RuntimeWorker),
+    /// Placements per second with 64 concurrent clients on 1,000 and 10,000 nodes of 8 GPUs, 20% of
+    /// requests aimed at a few hot nodes, beside pgbench's TPC-B on the same database.
+    Capacity(crate::bench_capacity::CapacityBench),
 }
 
 #[derive(Debug, clap::Args)]
@@ -110,13 +113,59 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.which {
         Which::Runtime(b) => runtime_bench(b).await,
         Which::RuntimeWorker(w) => runtime_worker(w).await,
+        Which::Capacity(b) => crate::bench_capacity::run(b).await,
     }
 }
 
 /// Stops the throwaway cluster and removes its folder, also on errors.
-struct Scratch {
-    cluster: Cluster,
+pub(crate) struct Scratch {
+    pub(crate) cluster: Cluster,
     root: PathBuf,
+}
+
+impl Scratch {
+    /// Starts a throwaway PostgreSQL (fsync on, as in production) with a database `bench`.
+    pub(crate) async fn start(max_connections: u32) -> anyhow::Result<Scratch> {
+        let root = std::env::temp_dir().join(format!("better-compute-bench-{}", std::process::id()));
+        std::fs::create_dir_all(&root)?;
+        let cluster = Cluster::new(ClusterOptions {
+            data_dir: root.join("data"),
+            socket_dir: root.join("sock"),
+            durable: true,
+            max_connections,
+        })?;
+        let scratch = Scratch { cluster: cluster.clone(), root };
+        println!("starting a throwaway PostgreSQL (fsync and synchronous_commit on, as in production)…");
+        cluster.init_if_needed()?;
+        cluster.start()?;
+        let admin = better_compute_db::pool::connect(&cluster.connection_string("postgres")).await?;
+        admin.batch_execute("CREATE DATABASE bench").await?;
+        Ok(scratch)
+    }
+
+    /// The bench database's connection string.
+    pub(crate) fn conn(&self) -> String {
+        self.cluster.connection_string("bench")
+    }
+
+    /// Runs pgbench with `args` on the bench database and returns its tps.
+    pub(crate) fn pgbench(&self, args: &[&str]) -> anyhow::Result<f64> {
+        let bins = PgBinaries::find()?;
+        let pgbench = [bins.bindir().join("pgbench"), PathBuf::from("/usr/bin/pgbench")]
+            .into_iter()
+            .find(|p| p.is_file())
+            .context("pgbench not found; install Debian's postgresql-client package")?;
+        let out = Command::new(pgbench)
+            .args(args)
+            .args(["-U", "postgres", "-h"])
+            .arg(&self.cluster.options().socket_dir)
+            .arg("bench")
+            .output()?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        text.lines()
+            .find_map(|l| l.trim().strip_prefix("tps = ")?.split_whitespace().next()?.parse::<f64>().ok())
+            .with_context(|| format!("pgbench printed no tps: {text}{}", String::from_utf8_lossy(&out.stderr)))
+    }
 }
 
 impl Drop for Scratch {
@@ -127,27 +176,14 @@ impl Drop for Scratch {
 }
 
 async fn runtime_bench(b: RuntimeBench) -> anyhow::Result<()> {
-    let root = std::env::temp_dir().join(format!("better-compute-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&root)?;
-    let cluster = Cluster::new(ClusterOptions {
-        data_dir: root.join("data"),
-        socket_dir: root.join("sock"),
-        durable: true,
-        max_connections: 100,
-    })?;
-    let scratch = Scratch { cluster: cluster.clone(), root };
-    println!("starting a throwaway PostgreSQL (fsync and synchronous_commit on, as in production)…");
-    cluster.init_if_needed()?;
-    cluster.start()?;
-    let admin = better_compute_db::pool::connect(&cluster.connection_string("postgres")).await?;
-    admin.batch_execute("CREATE DATABASE bench").await?;
-    let conn = cluster.connection_string("bench");
+    let scratch = Scratch::start(100).await?;
+    let conn = scratch.conn();
     let counter = Arc::new(Counter { seen: AtomicU64::new(0) });
     let registry = bench_registry(counter.clone())?;
     let mut db = better_compute_db::pool::connect(&conn).await?;
     better_compute_db::migrate(&mut db, &registry.migrations()).await?;
 
-    let pgbench_tps = pgbench_claim_and_delete(&cluster, &db, b.pgbench_seconds).await?;
+    let pgbench_tps = pgbench_claim_and_delete(&scratch, &db, b.pgbench_seconds).await?;
     println!("pgbench claim-and-delete (one key per transaction, 2 clients): {pgbench_tps:.0} tx/s");
 
     for processes in [1usize, 2] {
@@ -165,12 +201,11 @@ async fn runtime_bench(b: RuntimeBench) -> anyhow::Result<()> {
         println!("outbox events, {per_tx} per transaction, commit to in-process subscriber: {rate:.0}/s");
     }
     drop(db);
-    drop(admin);
     drop(scratch);
     Ok(())
 }
 
-async fn pgbench_claim_and_delete(cluster: &Cluster, db: &tokio_postgres::Client, seconds: u32) -> anyhow::Result<f64> {
+async fn pgbench_claim_and_delete(scratch: &Scratch, db: &tokio_postgres::Client, seconds: u32) -> anyhow::Result<f64> {
     db.batch_execute(
         "CREATE TABLE pgbench_work (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, shard smallint NOT NULL);
          INSERT INTO pgbench_work (shard) SELECT g % 256 FROM generate_series(1, 2000000) g;",
@@ -182,26 +217,10 @@ async fn pgbench_claim_and_delete(cluster: &Cluster, db: &tokio_postgres::Client
         &script,
         "DELETE FROM pgbench_work WHERE id = (SELECT id FROM pgbench_work ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED);\n",
     )?;
-    let bins = PgBinaries::find()?;
-    let pgbench = [bins.bindir().join("pgbench"), PathBuf::from("/usr/bin/pgbench")]
-        .into_iter()
-        .find(|p| p.is_file())
-        .context("pgbench not found; install Debian's postgresql-client package")?;
-    let out = Command::new(pgbench)
-        .args(["-n", "-c", "2", "-j", "2", "-T", &seconds.to_string(), "-U", "postgres", "-h"])
-        .arg(&cluster.options().socket_dir)
-        .arg("-f")
-        .arg(&script)
-        .arg("bench")
-        .output()?;
+    let tps = scratch.pgbench(&["-n", "-c", "2", "-j", "2", "-T", &seconds.to_string(), "-f", &script.to_string_lossy()]);
     let _ = std::fs::remove_file(&script);
-    let text = String::from_utf8_lossy(&out.stdout);
-    let tps = text
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("tps = ")?.split_whitespace().next()?.parse::<f64>().ok())
-        .with_context(|| format!("pgbench printed no tps: {text}{}", String::from_utf8_lossy(&out.stderr)))?;
     db.batch_execute("DROP TABLE pgbench_work").await?;
-    Ok(tps)
+    tps
 }
 
 async fn reconciles_per_second(db: &tokio_postgres::Client, conn: &str, keys: usize, processes: usize) -> anyhow::Result<f64> {

@@ -76,6 +76,9 @@ async fn serve(cluster: &Cluster) -> anyhow::Result<()> {
     let conn = cluster.connection_string(DEV_DATABASE);
     let mut db = better_compute_db::pool::connect(&conn).await?;
     let report = better_compute_db::migrate(&mut db, &registry.migrations()).await?;
+    if let Some(summary) = seed_demo_fleet(&mut db).await? {
+        println!("{summary}");
+    }
     drop(db);
     let pool = better_compute_db::pool::connect_pool(&conn, 16)?;
     let (stop, stopped) = tokio::sync::watch::channel(false);
@@ -89,6 +92,7 @@ async fn serve(cluster: &Cluster) -> anyhow::Result<()> {
     println!("  data       {} (kept across restarts)", cluster.options().data_dir.display());
     println!("  worker     {} running {}", worker.id(), registry.job_names().join(", "));
     println!("  jobs       DATABASE_URL='{url}' cargo run -- jobs");
+    println!("  capacity   DATABASE_URL='{url}' cargo run -- capacity");
     println!("Press Ctrl-C to stop.");
     println!("ready: DATABASE_URL={url}");
     let signal = crate::shutdown_signal().await?;
@@ -96,4 +100,61 @@ async fn serve(cluster: &Cluster) -> anyhow::Result<()> {
     stop.send(true)?;
     handle.await??;
     Ok(())
+}
+
+/// The tenant `dev` gives a quota to.
+pub const DEV_TENANT: &str = "ten_dev";
+
+/// On a fresh database, registers a demo fleet: site `dev`, pool `gpus`, 4 nodes of 8 H100s, GPU 7
+/// of node 0 in MIG (two 3g.40gb instances) and GPU 7 of node 1 time-sliced (4 slots), adopted and
+/// marked converged (simulated daemons arrive with the fleet simulator), and a quota for `ten_dev`.
+async fn seed_demo_fleet(db: &mut tokio_postgres::Client) -> anyhow::Result<Option<String>> {
+    use better_compute_nodes::inventory::{self, NewGpu, NewNode, NewPool};
+    use better_compute_nodes::layout::GpuMode;
+    if db.query_one("SELECT count(*) FROM sites", &[]).await?.get::<_, i64>(0) > 0 {
+        return Ok(None);
+    }
+    let tx = db.transaction().await?;
+    let site = inventory::create_site(&tx, "dev").await?;
+    let pool = inventory::create_pool(
+        &tx,
+        &NewPool { site_id: site, name: "gpus".into(), kind: "bare-metal".into(), vcpu_ratio: 2.0, memory_ratio: 1.0, disk_ratio: 1.0, lost_after_s: None },
+    )
+    .await?;
+    let mut nodes = Vec::new();
+    for n in 0..4 {
+        let gpus = (0..8)
+            .map(|g| NewGpu {
+                uuid: format!("GPU-dev{n}-{g}"),
+                model: "H100-80GB".into(),
+                memory_mib: 81_920,
+                mode: match (n, g) {
+                    (0, 7) => GpuMode::Mig { layout: vec!["3g.40gb".into(), "3g.40gb".into()] },
+                    (1, 7) => GpuMode::TimeSlice { slots: 4 },
+                    _ => GpuMode::Exclusive,
+                },
+            })
+            .collect();
+        let node = NewNode {
+            pool_id: pool.clone(),
+            name: format!("dev-node-{n}"),
+            labels: serde_json::Map::from_iter([("rack".to_owned(), serde_json::json!(format!("r{}", n / 2)))]),
+            vcpu: 96,
+            memory_mib: 1_048_576,
+            disk_gib: 7_000,
+            gpus,
+        };
+        let id = inventory::register_node(&tx, &node).await?;
+        inventory::adopt(&tx, &id).await?;
+        inventory::report_observed_generation(&tx, &id, 1).await?;
+        nodes.push(id);
+    }
+    better_compute_capacity::reconcilers::refresh_nodes(&tx, &nodes).await?;
+    for (resource, max) in [("gpus", 24), ("mig_instances", 4), ("gpu_slots", 8), ("vcpu", 256), ("memory_mib", 2_097_152), ("disk_gib", 10_000)] {
+        better_compute_capacity::quota::set(&tx, DEV_TENANT, resource, max).await?;
+    }
+    tx.commit().await?;
+    Ok(Some(format!(
+        "registered a demo fleet: site dev, pool gpus ({pool}), 4 nodes x 8 H100 (one GPU in MIG, one time-sliced); quota for {DEV_TENANT}"
+    )))
 }

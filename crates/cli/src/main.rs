@@ -1,6 +1,8 @@
 //! `better-compute`: one binary for every process of Better Compute.
 
 mod bench;
+mod bench_capacity;
+mod capacity;
 mod dev;
 mod jobs;
 mod server;
@@ -28,6 +30,8 @@ enum Command {
     Migrate(DatabaseArgs),
     /// Show the jobs: queue depth, oldest due key, last errors, last runs, and who holds which shard.
     Jobs(jobs::JobsArgs),
+    /// Show each pool's capacity: atoms total and idle per class, nodes, free scalars, reservations.
+    Capacity(capacity::CapacityArgs),
     /// Run a benchmark and print its figures beside a pgbench baseline from the same run.
     Bench(bench::BenchArgs),
 }
@@ -40,9 +44,9 @@ pub(crate) struct DatabaseArgs {
     database_url: String,
 }
 
-/// Every module, in registration order (merge order). Modules arrive with later issues.
+/// Every module, in registration order (merge order).
 pub(crate) fn modules() -> Vec<Arc<dyn better_compute_runtime::Module>> {
-    Vec::new()
+    vec![Arc::new(better_compute_nodes::NodesModule), Arc::new(better_compute_capacity::CapacityModule)]
 }
 
 /// The assembled registry of [`modules`].
@@ -87,6 +91,7 @@ fn main() -> std::process::ExitCode {
             Command::Server(args) => server::run(args).await,
             Command::Migrate(args) => migrate(args).await,
             Command::Jobs(args) => jobs::run(args).await,
+            Command::Capacity(args) => capacity::run(args).await,
             Command::Bench(args) => bench::run(args).await,
         }
     });

@@ -111,6 +111,20 @@ async fn dev_refuses_a_second_copy_stops_on_ctrl_c_and_keeps_data_across_restart
     }
     assert_eq!(shards, 256);
     drop(client);
+    // The demo fleet's capacity appears once the worker has rolled it up.
+    let mut rolled = false;
+    for _ in 0..600 {
+        let c = better_compute_db::pool::connect(&url).await.unwrap();
+        if c.query_one("SELECT count(*) FROM pool_capacity_rollup", &[]).await.unwrap().get::<_, i64>(0) == 1 {
+            rolled = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(rolled, "the rollup never ran");
+    let cap = Command::new(BIN).args(["capacity", "--database-url", &url]).output().unwrap();
+    let text = String::from_utf8_lossy(&cap.stdout);
+    assert!(text.contains("pool dev/gpus") && text.contains("H100-80GB: 30 of 30 idle") && text.contains("3g.40gb: 2 of 2 idle"), "{text}");
     // The operator view reads the same database.
     let jobs = Command::new(BIN).args(["jobs", "--database-url", &url]).output().unwrap();
     let text = String::from_utf8_lossy(&jobs.stdout);

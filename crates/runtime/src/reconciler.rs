@@ -13,6 +13,8 @@ pub enum ShardBy {
     Node,
     /// Keys are pool ids, spread over the same 256 shards.
     Pool,
+    /// Keys are other ids (reservation ids, say), spread over the same 256 shards by their hash.
+    Key,
     /// One worker runs every key, under `singleton:<name>`.
     None,
 }
@@ -31,7 +33,7 @@ impl Kind {
     /// The shard a key of this kind lives in: 0..255, or -1 for a singleton kind.
     pub fn shard_of(&self, key: &str) -> i16 {
         match self.shard_by {
-            ShardBy::Node | ShardBy::Pool => better_compute_core::shard::shard_of(key),
+            ShardBy::Node | ShardBy::Pool | ShardBy::Key => better_compute_core::shard::shard_of(key),
             ShardBy::None => -1,
         }
     }

@@ -13,9 +13,18 @@ use better_compute_db::DbError;
 
 use crate::reconciler::{Kind, Outcome};
 
-/// The channel that pokes workers. The payload is always empty, so PostgreSQL folds every poke of
-/// one transaction into one notification (it drops duplicates of the same channel and payload).
+/// The channel that pokes workers.
 pub const POKE_CHANNEL: &str = "better_compute_work";
+
+/// Wakes the workers early; call after the transaction that enqueued has committed. The NOTIFY
+/// runs in a transaction of its own: NOTIFY takes a database-wide lock from its statement to the
+/// end of its transaction, so inside a business transaction it would serialise every commit
+/// (fsync included) behind it. Best effort: a lost poke only delays, since workers also poll.
+pub async fn poke(db: &impl GenericClient) {
+    if let Err(e) = db.execute("SELECT pg_notify($1, '')", &[&POKE_CHANNEL]).await {
+        tracing::debug!(error = %e, "poke failed; workers will find the work by polling");
+    }
+}
 
 /// How long after SyncAgain a key runs again.
 pub const SYNC_AGAIN_AFTER: Duration = Duration::from_secs(1);
@@ -33,8 +42,8 @@ pub fn error_backoff(attempts: u32) -> Duration {
 }
 
 /// Enqueues `key` of `kind` in the caller's transaction. A key already queued gets its `gen`
-/// bumped (and becomes due now if it was waiting) instead of a second row. The poke is sent by
-/// PostgreSQL at commit, at most once per transaction.
+/// bumped (and becomes due now if it was waiting) instead of a second row. After commit, the
+/// caller may [`poke`] to wake the worker at once.
 pub async fn enqueue(tx: &impl GenericClient, kind: &Kind, key: &str) -> Result<(), DbError> {
     enqueue_many(tx, kind, &[key.to_owned()]).await
 }
@@ -57,11 +66,12 @@ async fn enqueue_keys(tx: &impl GenericClient, kind: &Kind, keys: &[String], aft
         return Ok(());
     }
     let shards: Vec<i16> = keys.iter().map(|k| kind.shard_of(k)).collect();
-    tx.query(
-        "WITH up AS (
-           INSERT INTO work_queue AS w (kind, key, shard, not_before)
-           SELECT $1, k.key, k.shard, compute_now() + make_interval(secs => $5)
+    tx.execute(
+        "INSERT INTO work_queue AS w (kind, key, shard, not_before)
+           SELECT $1, k.key, k.shard, compute_now() + make_interval(secs => $4)
              FROM unnest($2::text[], $3::int2[]) AS k(key, shard)
+            -- rows in key order, so two transactions enqueueing overlapping keys cannot deadlock
+            ORDER BY k.key
            ON CONFLICT (kind, key) DO UPDATE
               SET gen = w.gen + 1,
                   -- a key under a live claim is running: remember the time for after the run
@@ -69,10 +79,8 @@ async fn enqueue_keys(tx: &impl GenericClient, kind: &Kind, keys: &[String], aft
                                     ELSE LEAST(w.not_before, EXCLUDED.not_before) END,
                   dirty_not_before = CASE WHEN w.claimed_until > compute_now()
                                           THEN LEAST(w.dirty_not_before, EXCLUDED.not_before)
-                                          ELSE w.dirty_not_before END
-           RETURNING 1)
-         SELECT pg_notify($4, '') WHERE EXISTS (SELECT 1 FROM up)",
-        &[&kind.name, &keys, &shards, &POKE_CHANNEL, &after.as_secs_f64()],
+                                          ELSE w.dirty_not_before END",
+        &[&kind.name, &keys, &shards, &after.as_secs_f64()],
     )
     .await?;
     Ok(())

@@ -203,6 +203,9 @@ impl Worker {
             st.leases = now_held.into_iter().map(|l| (l.name().to_owned(), l)).collect();
         }
         let enqueued = self.enqueue_periodic_and_resync(&client).await?;
+        if enqueued > 0 {
+            work_queue::poke(&**client).await;
+        }
         self.save_reports(&client).await?;
         let st = self.state.lock().expect("worker state");
         Ok(MaintainReport {
@@ -220,7 +223,7 @@ impl Worker {
             (ShardGrant { shard, lease: l.name().to_owned(), epoch: l.epoch() }, l.clone())
         };
         match kind.shard_by {
-            ShardBy::Node | ShardBy::Pool => st
+            ShardBy::Node | ShardBy::Pool | ShardBy::Key => st
                 .leases
                 .iter()
                 .filter_map(|(n, l)| Some(grant(n.strip_prefix("shard:")?.parse().ok()?, l)))
@@ -376,6 +379,10 @@ impl Worker {
             }
         }
         work_queue::apply_outcomes(&**client, kind.name, &self.cfg.id, &results).await?;
+        if !results.is_empty() {
+            // Runs may have enqueued work for other shards' owners (and a dirtied key is due now).
+            work_queue::poke(&**client).await;
+        }
         Ok(report)
     }
 

@@ -1,0 +1,194 @@
+//! `better-compute bench capacity`: placements per second under contention, at two fleet sizes,
+//! beside pgbench's TPC-B on the same database.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use better_compute_capacity::reservations::{self, CreateReservation, GpuRequest};
+use better_compute_capacity::Caller;
+
+use crate::bench::Scratch;
+
+/// Options of `better-compute bench capacity`.
+#[derive(Debug, clap::Args)]
+pub struct CapacityBench {
+    /// Concurrent clients, each a tenant of its own (at most 1,024).
+    #[arg(long, default_value_t = 64)]
+    clients: usize,
+    /// Reservations created per fleet size.
+    #[arg(long, default_value_t = 4000)]
+    placements: usize,
+    /// Fleet sizes, in nodes of 8 GPUs.
+    #[arg(long, value_delimiter = ',', default_value = "1000,10000")]
+    nodes: Vec<usize>,
+    /// Seconds pgbench runs.
+    #[arg(long, default_value_t = 10)]
+    pgbench_seconds: u32,
+}
+
+const HOT_NODES: usize = 8;
+
+#[derive(Default)]
+struct Outcomes {
+    placed: AtomicUsize,
+    pending: AtomicUsize,
+    pending_on_conflicts: AtomicUsize,
+    failed: AtomicUsize,
+}
+
+async fn seed(db: &tokio_postgres::Client, nodes: usize) -> anyhow::Result<()> {
+    db.batch_execute(
+        "TRUNCATE reservations, device_bookings, node_atom_counts, pool_capacity_rollup, node_resources, devices, nodes,
+                  pools, sites, quota_usage, outbox, work_queue, idempotency_keys CASCADE",
+    )
+    .await?;
+    let n = nodes as i32;
+    db.batch_execute("INSERT INTO sites (id, name) VALUES ('site_bench', 'bench');
+                      INSERT INTO pools (id, site_id, name, kind) VALUES ('pool_bench', 'site_bench', 'bench', 'bare-metal');")
+        .await?;
+    db.execute(
+        "INSERT INTO nodes (id, pool_id, name, shard, labels, generation, observed_generation)
+         SELECT 'node_b' || g, 'pool_bench', 'n' || g, (g % 256)::int2,
+                CASE WHEN g <= $2 THEN '{\"hot\": \"yes\"}' ELSE '{}' END::jsonb, 1, 1
+           FROM generate_series(1, $1) g",
+        &[&n, &(HOT_NODES as i32)],
+    )
+    .await?;
+    db.execute(
+        "INSERT INTO devices (id, node_id, kind, index, model, memory_mib, mode)
+         SELECT 'GPU-b' || g || '-' || i, 'node_b' || g, 'gpu', i, 'H100-80GB', 81920, 'exclusive'
+           FROM generate_series(1, $1) g, generate_series(0, 7) i",
+        &[&n],
+    )
+    .await?;
+    db.execute(
+        "INSERT INTO node_resources (node_id, vcpu_allocatable, vcpu_ratio, memory_mib_allocatable, memory_ratio,
+                                     disk_gib_allocatable, disk_ratio)
+         SELECT 'node_b' || g, 128, 1, 1048576, 1, 8000, 1 FROM generate_series(1, $1) g",
+        &[&n],
+    )
+    .await?;
+    db.batch_execute(
+        "SELECT capacity_refresh_node_counts(id) FROM nodes;
+         INSERT INTO quota_usage (tenant_id, resource, max)
+         SELECT 'ten_bench' || t, r, 1000000000000
+           FROM unnest(ARRAY['gpus', 'vcpu', 'memory_mib', 'disk_gib']) r, generate_series(0, 1023) t;
+         ANALYZE;",
+    )
+    .await?;
+    Ok(())
+}
+
+fn rand_below(n: u64) -> u64 {
+    let mut b = [0u8; 8];
+    let _ = getrandom::fill(&mut b);
+    u64::from_le_bytes(b) % n
+}
+
+async fn placements_per_second(conn: &str, clients: usize, total: usize) -> anyhow::Result<(f64, Arc<Outcomes>)> {
+    let next = Arc::new(AtomicUsize::new(0));
+    let outcomes = Arc::new(Outcomes::default());
+    let mut conns = Vec::new();
+    for _ in 0..clients {
+        conns.push(better_compute_db::pool::connect(conn).await?);
+    }
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for (i, mut c) in conns.into_iter().enumerate() {
+        let (next, outcomes) = (next.clone(), outcomes.clone());
+        tasks.push(tokio::spawn(async move {
+            // One tenant per client: a tenant's reservations serialize on its quota rows (the guarded
+            // quota update holds them to commit), so one tenant measures that row, not the placer.
+            let tenant = format!("ten_bench{i}");
+            let me = Caller { tenant_id: &tenant, identity_id: "idn_bench" };
+            let mut held: std::collections::VecDeque<String> = Default::default();
+            while next.fetch_add(1, Ordering::SeqCst) < total {
+                let mut req = CreateReservation {
+                    pool_id: "pool_bench".into(),
+                    gpu: GpuRequest { kind: "gpu".into(), model: "H100-80GB".into(), profile: None, count: 1 + rand_below(2) as i32 },
+                    vcpu: 4,
+                    memory_mib: 16_384,
+                    disk_gib: 50,
+                    starts_at: None,
+                    ends_at: None,
+                    duration_s: Some(3600),
+                    node_selector: Default::default(),
+                    tolerations: vec![],
+                    idempotency_key: None,
+                };
+                // A fifth of the requests aim at the few hot nodes.
+                if rand_below(5) == 0 {
+                    req.node_selector.insert("hot".into(), serde_json::json!("yes"));
+                }
+                match reservations::create(&mut c, me, &req).await {
+                    Ok(r) if r.state == "pending" => {
+                        outcomes.pending.fetch_add(1, Ordering::Relaxed);
+                        if r.conditions.first().is_some_and(|c| c["reason"] == "Conflicts") {
+                            outcomes.pending_on_conflicts.fetch_add(1, Ordering::Relaxed);
+                        }
+                        held.push_back(r.id);
+                    }
+                    Ok(r) => {
+                        outcomes.placed.fetch_add(1, Ordering::Relaxed);
+                        held.push_back(r.id);
+                    }
+                    Err(e) => {
+                        outcomes.failed.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(error = %e, "placement failed");
+                    }
+                }
+                // Churn: each client holds at most two reservations.
+                while held.len() > 2 {
+                    let id = held.pop_front().expect("non-empty");
+                    if let Err(e) = reservations::release(&mut c, me, &id).await {
+                        tracing::warn!(error = %e, "release failed");
+                    }
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await?;
+    }
+    Ok((total as f64 / start.elapsed().as_secs_f64(), outcomes))
+}
+
+/// Runs the benchmark.
+pub async fn run(b: CapacityBench) -> anyhow::Result<()> {
+    let scratch = Scratch::start(b.clients as u32 + 40).await?;
+    let conn = scratch.conn();
+    let mut db = better_compute_db::pool::connect(&conn).await?;
+    better_compute_db::migrate(&mut db, &crate::registry()?.migrations()).await?;
+    println!("pgbench: initialising TPC-B (scale 10)…");
+    scratch.pgbench(&["-i", "-q", "-s", "10"]).ok();
+    let tpcb = scratch.pgbench(&["-n", "-c", &b.clients.to_string(), "-j", "2", "-T", &b.pgbench_seconds.to_string()])?;
+    println!("pgbench TPC-B, {} clients: {tpcb:.0} tps", b.clients);
+    let mut first: Option<f64> = None;
+    for nodes in &b.nodes {
+        println!("seeding {nodes} nodes x 8 GPUs…");
+        seed(&db, *nodes).await?;
+        let (rate, o) = placements_per_second(&conn, b.clients, b.placements).await?;
+        let failed = o.failed.load(Ordering::Relaxed);
+        let lost = o.pending_on_conflicts.load(Ordering::Relaxed);
+        println!(
+            "{nodes} nodes x 8 GPUs, {} clients, 20% aimed at {HOT_NODES} hot nodes: {rate:.0} placements/s ({:.2}x pgbench TPC-B); \
+             placed {}, pending {} ({} of them after losing every race), errors {}; conflicts ending without a placement: {:.2}%{}",
+            b.clients,
+            rate / tpcb,
+            o.placed.load(Ordering::Relaxed),
+            o.pending.load(Ordering::Relaxed),
+            lost,
+            failed,
+            100.0 * (failed + lost) as f64 / b.placements as f64,
+            match first {
+                Some(f) => format!("; {:.2}x the {}-node figure", rate / f, b.nodes[0]),
+                None => String::new(),
+            }
+        );
+        first.get_or_insert(rate);
+    }
+    drop(db);
+    drop(scratch);
+    Ok(())
+}

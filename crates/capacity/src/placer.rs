@@ -85,21 +85,60 @@ struct Candidate {
     idle: i32,
 }
 
-async fn candidates(tx: &Transaction<'_>, d: &Demand, excluded: &[String], with_idle: bool) -> Result<Vec<Candidate>, DbError> {
-    // Fast path: nodes with enough atoms free now and later, fewest first (best fit). Slow path,
-    // for ranges in the future: nodes with enough atoms at all, most idle first.
-    let (filter, order) = if with_idle { ("c.idle >= $5", "c.idle, c.node_id") } else { ("c.total >= $5", "c.idle DESC, c.node_id") };
-    let sql = format!(
-        "SELECT c.node_id, c.idle FROM node_atom_counts c JOIN nodes n ON n.id = c.node_id
-          WHERE c.pool_id = $1 AND c.kind = $2 AND c.model = $3 AND c.profile = $4 AND {filter}
-            AND NOT (c.node_id = ANY($8)) AND {}
-          ORDER BY {order} LIMIT {CANDIDATES}",
-        eligible(6, 7)
-    );
-    let rows = tx
-        .query(&sql, &[&d.pool_id, &d.kind, &d.model, &d.profile, &d.count, &d.node_selector, &d.tolerations, &excluded])
-        .await?;
-    Ok(rows.iter().map(|r| Candidate { node_id: r.get(0), idle: r.get(1) }).collect())
+/// How many `node_atom_counts` rows one candidate read looks at, widening when too few of them
+/// are eligible: the cost of a plan is bounded by the window, not by the pool's size.
+const WINDOWS: [i64; 3] = [64, 1024, i64::MAX];
+
+async fn candidates(tx: &Transaction<'_>, d: &Demand, excluded: &[String], best_fit: bool) -> Result<Vec<Candidate>, DbError> {
+    // Best fit: nodes with enough atoms free now and later, fewest first, to pack. Otherwise: nodes
+    // with enough atoms at all, most idle first (room under contention, and ranges in the future).
+    let (filter, order) = if best_fit { ("idle >= $5", "idle, node_id") } else { ("total >= $5", "idle DESC, node_id") };
+    let selective = d.node_selector.as_object().is_some_and(|m| !m.is_empty());
+    let sql = if selective {
+        // A node selector: start from the nodes that carry the labels (GIN index), then their counts.
+        format!(
+            "SELECT c.node_id, c.idle FROM nodes n JOIN node_atom_counts c ON c.node_id = n.id
+              WHERE n.pool_id = $1 AND c.kind = $2 AND c.model = $3 AND c.profile = $4 AND c.{filter}
+                AND NOT (n.id = ANY($8)) AND {} AND $9::bigint > 0
+              ORDER BY c.{} LIMIT {CANDIDATES}",
+            eligible(6, 7),
+            order.replace(", node_id", ", c.node_id")
+        )
+    } else {
+        // Otherwise walk the class's counts in order, a bounded window at a time.
+        format!(
+            "SELECT c.node_id, c.idle FROM (
+                 SELECT node_id, idle FROM node_atom_counts
+                  WHERE pool_id = $1 AND kind = $2 AND model = $3 AND profile = $4 AND {filter}
+                  ORDER BY {order} LIMIT $9) c
+               JOIN nodes n ON n.id = c.node_id
+              WHERE NOT (c.node_id = ANY($8)) AND {}
+              ORDER BY {} LIMIT {CANDIDATES}",
+            eligible(6, 7),
+            order.replace("idle", "c.idle").replace("node_id", "c.node_id")
+        )
+    };
+    for window in WINDOWS {
+        let rows = tx
+            .query(&sql, &[&d.pool_id, &d.kind, &d.model, &d.profile, &d.count, &d.node_selector, &d.tolerations, &excluded, &window])
+            .await?;
+        if rows.len() as i64 == CANDIDATES || selective || window == i64::MAX {
+            return Ok(rows.iter().map(|r| Candidate { node_id: r.get(0), idle: r.get(1) }).collect());
+        }
+        // Too few eligible in the window: are there more rows to look at?
+        let more: i64 = tx
+            .query_one(
+                &format!("SELECT count(*) FROM (SELECT 1 FROM node_atom_counts WHERE pool_id = $1 AND kind = $2 AND model = $3
+                            AND profile = $4 AND {filter} LIMIT $6) x"),
+                &[&d.pool_id, &d.kind, &d.model, &d.profile, &d.count, &(window + 1)],
+            )
+            .await?
+            .get(0);
+        if more <= window {
+            return Ok(rows.iter().map(|r| Candidate { node_id: r.get(0), idle: r.get(1) }).collect());
+        }
+    }
+    unreachable!("the last window is unbounded")
 }
 
 enum Attempt {
@@ -195,7 +234,18 @@ async fn attempt(sp: &Transaction<'_>, d: &Demand, node_id: &str, allocation_id:
     if fits == 0 {
         return Ok(Attempt::CounterConflict);
     }
-    sp.execute("SELECT capacity_refresh_node_counts($1)", &[&node_id]).await?;
+    // The atoms that had nothing else booked from now on are no longer idle. A hint: concurrent
+    // bookings of one atom's different futures can both count it, so it is floored at 0, and a full
+    // refresh (inventory changes) makes it exact again.
+    sp.execute(
+        "UPDATE node_atom_counts SET idle = GREATEST(0, idle - (
+            SELECT count(*) FROM unnest($2::text[]) a
+             WHERE NOT EXISTS (SELECT 1 FROM device_bookings b
+                                WHERE b.device_id = a AND b.allocation_id <> $3 AND upper(b.during) > compute_now())))
+          WHERE node_id = $1 AND kind = $4 AND model = $5 AND profile = $6",
+        &[&node_id, &atoms, &allocation_id, &d.kind, &d.model, &d.profile],
+    )
+    .await?;
     Ok(Attempt::Placed(atoms))
 }
 
@@ -205,19 +255,21 @@ pub async fn place(tx: &mut Transaction<'_>, d: &Demand, allocation_id: &str, du
     let mut excluded: Vec<String> = Vec::new();
     let mut tried: Vec<String> = Vec::new();
     let mut raced = false;
-    for _ in 0..=MAX_REPLANS {
-        let mut found = candidates(tx, d, &excluded, true).await?;
+    for attempt_no in 0..=MAX_REPLANS {
+        // The first plan packs: best fit. A replan means others are working the full nodes right
+        // now, so it spreads: the last replans go to the emptiest nodes, where there is room.
+        let packing = attempt_no < 2;
+        let mut found = candidates(tx, d, &excluded, packing).await?;
         if found.is_empty() {
-            found = candidates(tx, d, &excluded, false).await?;
+            found = candidates(tx, d, &excluded, !packing).await?;
         }
         if found.is_empty() {
             break;
         }
-        // Best fit (fewest idle atoms) packs reservations and leaves whole nodes free. Among nodes
-        // nearly as full as the best (within the request's size), chance spreads concurrent
-        // placements instead of queueing them all on the one fullest node's counters.
-        let near = found.iter().take_while(|c| c.idle <= found[0].idle + d.count.max(1)).count();
-        let node_id = found[pick(near)].node_id.clone();
+        // Among nodes nearly as good as the best (within the request's size), chance spreads
+        // concurrent placements instead of queueing them all on one node's counters.
+        let near = found.iter().take_while(|c| (c.idle - found[0].idle).abs() <= d.count.max(1)).count();
+        let node_id = found[pick(if attempt_no == 1 { found.len() } else { near })].node_id.clone();
         let sp = tx.savepoint("placement").await?;
         match attempt(&sp, d, &node_id, allocation_id, during).await? {
             Attempt::Placed(atoms) => {

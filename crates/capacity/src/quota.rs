@@ -30,50 +30,68 @@ impl Charge {
     }
 }
 
-/// Charges the tenant, resource by resource, in a fixed order (the order of [`RESOURCES`], so two
-/// charges never wait on each other in opposite orders). Zero rows on any resource is
-/// `QUOTA_EXCEEDED`, final for the request: the caller rolls its transaction back.
+/// Charges the tenant in one guarded statement: the rows are locked in resource order (so two
+/// charges never wait on each other in opposite orders), and each is updated only if its charge fits
+/// under max. A resource that did not fit (or has no quota line) is `QUOTA_EXCEEDED`, final for the
+/// request: the caller rolls its transaction back.
 pub async fn charge(tx: &impl GenericClient, tenant_id: &str, charge: &Charge) -> Result<(), DbError> {
-    for resource in RESOURCES {
-        let Some((_, n)) = charge.0.iter().find(|(r, _)| *r == resource) else { continue };
-        // Guarded: only if the charge fits under max.
-        let row = tx
-            .query_opt(
-                "UPDATE quota_usage SET used = used + $3 WHERE tenant_id = $1 AND resource = $2 AND used + $3 <= max
-                 RETURNING used",
-                &[&tenant_id, &resource, n],
-            )
+    if charge.0.is_empty() {
+        return Ok(());
+    }
+    let resources: Vec<&str> = charge.0.iter().map(|(r, _)| *r).collect();
+    let amounts: Vec<i64> = charge.0.iter().map(|(_, n)| *n).collect();
+    let charged: Vec<String> = tx
+        .query(
+            "UPDATE quota_usage q SET used = q.used + c.n
+               FROM (SELECT l.resource, c.n
+                       FROM (SELECT resource FROM quota_usage WHERE tenant_id = $1 AND resource = ANY($2)
+                              ORDER BY resource FOR UPDATE) l
+                       JOIN unnest($2::text[], $3::int8[]) AS c(resource, n) ON c.resource = l.resource) c
+              WHERE q.tenant_id = $1 AND q.resource = c.resource AND q.used + c.n <= q.max
+             RETURNING q.resource",
+            &[&tenant_id, &resources, &amounts],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    if let Some((resource, n)) = charge.0.iter().find(|(r, _)| !charged.iter().any(|c| c == r)) {
+        let q = tx
+            .query_opt("SELECT used, max FROM quota_usage WHERE tenant_id = $1 AND resource = $2", &[&tenant_id, resource])
             .await?;
-        if row.is_none() {
-            let q = tx
-                .query_opt("SELECT used, max FROM quota_usage WHERE tenant_id = $1 AND resource = $2", &[&tenant_id, &resource])
-                .await?;
-            let message = match q {
-                Some(q) => format!(
-                    "quota for {resource} exceeded: {} of {} used, {n} more asked; release reservations or ask an operator for more",
-                    q.get::<_, i64>(0),
-                    q.get::<_, i64>(1)
-                ),
-                None => format!("the tenant has no quota for {resource}; ask an operator to set one"),
-            };
-            return Err(Error::new(ErrorCode::QuotaExceeded, message)
-                .with_details(serde_json::json!({"resource": resource, "asked": n}))
-                .into());
-        }
+        let message = match q {
+            Some(q) => format!(
+                "quota for {resource} exceeded: {} of {} used, {n} more asked; release reservations or ask an operator for more",
+                q.get::<_, i64>(0),
+                q.get::<_, i64>(1)
+            ),
+            None => format!("the tenant has no quota for {resource}; ask an operator to set one"),
+        };
+        return Err(Error::new(ErrorCode::QuotaExceeded, message)
+            .with_details(serde_json::json!({"resource": resource, "asked": n}))
+            .into());
     }
     Ok(())
 }
 
-/// Refunds a charge (releasing refunds quota first, before anything else is touched).
+/// Refunds a charge (releasing refunds quota first, before anything else is touched), locking the
+/// rows in the same resource order as [`charge`].
 pub async fn refund(tx: &impl GenericClient, tenant_id: &str, charge: &Charge) -> Result<(), DbError> {
-    for resource in RESOURCES {
-        let Some((_, n)) = charge.0.iter().find(|(r, _)| *r == resource) else { continue };
-        tx.execute(
-            "UPDATE quota_usage SET used = used - $3 WHERE tenant_id = $1 AND resource = $2",
-            &[&tenant_id, &resource, n],
-        )
-        .await?;
+    if charge.0.is_empty() {
+        return Ok(());
     }
+    let resources: Vec<&str> = charge.0.iter().map(|(r, _)| *r).collect();
+    let amounts: Vec<i64> = charge.0.iter().map(|(_, n)| *n).collect();
+    tx.execute(
+        "UPDATE quota_usage q SET used = q.used - c.n
+           FROM (SELECT l.resource, c.n
+                   FROM (SELECT resource FROM quota_usage WHERE tenant_id = $1 AND resource = ANY($2)
+                          ORDER BY resource FOR UPDATE) l
+                   JOIN unnest($2::text[], $3::int8[]) AS c(resource, n) ON c.resource = l.resource) c
+          WHERE q.tenant_id = $1 AND q.resource = c.resource",
+        &[&tenant_id, &resources, &amounts],
+    )
+    .await?;
     Ok(())
 }
 

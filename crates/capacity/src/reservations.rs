@@ -332,8 +332,8 @@ pub async fn create(client: &mut Client, caller: Caller<'_>, req: &CreateReserva
     )
     .await
     .map_err(DbError::from)?;
-    after_change(&tx, caller.tenant_id, &id, node_id.as_deref(), if state == "placed" { "reservation.placed" } else { "reservation.pending" }).await?;
-    let v = view(&tx, caller.tenant_id, &id).await?;
+    let event = if state == "placed" { "reservation.placed" } else { "reservation.pending" };
+    let v = after_change(&tx, caller.tenant_id, &id, node_id.as_deref(), event).await?;
     if let Some(scope) = scope {
         idempotency::complete(&tx, scope, &serde_json::to_value(&v).expect("view serializes")).await?;
     }
@@ -344,14 +344,20 @@ pub async fn create(client: &mut Client, caller: Caller<'_>, req: &CreateReserva
 
 /// The shared tail of every change: the outbox event, the node's desired state, and a wake-up of
 /// the reservation's own reconciler key (which arms its timers). Callers poke after commit.
-async fn after_change(tx: &Transaction<'_>, tenant_id: &str, id: &str, node_id: Option<&str>, event_type: &str) -> Result<(), DbError> {
+async fn after_change(
+    tx: &Transaction<'_>,
+    tenant_id: &str,
+    id: &str,
+    node_id: Option<&str>,
+    event_type: &str,
+) -> Result<ReservationView, DbError> {
     let v = view(tx, tenant_id, id).await?;
     emit(tx, &v, tenant_id, event_type).await?;
     if let Some(node) = node_id {
         desired::invalidate(tx, node).await?;
     }
     work_queue::enqueue(tx, &RESERVATIONS_KIND, id).await?;
-    Ok(())
+    Ok(v)
 }
 
 /// `reservations.get`: only the caller's tenant's reservations exist for it.
@@ -471,7 +477,18 @@ async fn give_back(tx: &impl GenericClient, id: &str, tenant_id: &str, l: &Locke
             &[node, &r.get::<_, i32>(0), &r.get::<_, i64>(1), &r.get::<_, i64>(2)],
         )
         .await?;
-        tx.execute("SELECT capacity_refresh_node_counts($1)", &[node]).await?;
+        // The reservation's atoms that now have nothing booked from now on are idle again.
+        tx.execute(
+            "UPDATE node_atom_counts c SET idle = LEAST(c.total, c.idle + (
+                SELECT count(DISTINCT b.device_id) FROM device_bookings b
+                 WHERE b.allocation_id = $2
+                   AND NOT EXISTS (SELECT 1 FROM device_bookings o WHERE o.device_id = b.device_id AND upper(o.during) > compute_now())))
+               FROM reservations r
+              WHERE r.id = $2 AND c.node_id = $1 AND c.kind = r.gpu_kind AND c.model = r.gpu_model
+                AND c.profile = coalesce(r.mig_profile, '')",
+            &[node, &id],
+        )
+        .await?;
     }
     Ok(())
 }
@@ -488,8 +505,7 @@ pub async fn release(client: &mut Client, caller: Caller<'_>, id: &str) -> Resul
     }
     give_back(&tx, id, caller.tenant_id, &l).await?;
     set_state(&tx, id, &l, ReservationState::Released).await?;
-    after_change(&tx, caller.tenant_id, id, l.node_id.as_deref(), "reservation.released").await?;
-    let v = view(&tx, caller.tenant_id, id).await?;
+    let v = after_change(&tx, caller.tenant_id, id, l.node_id.as_deref(), "reservation.released").await?;
     tx.commit().await.map_err(DbError::from)?;
     work_queue::poke(&*client).await;
     Ok(v)
@@ -571,8 +587,7 @@ pub async fn extend(
     if n == 0 {
         return Err(Error::conflict(format!("reservation {id} changed concurrently; retry")));
     }
-    after_change(&tx, caller.tenant_id, id, l.node_id.as_deref(), "reservation.extended").await?;
-    let v = view(&tx, caller.tenant_id, id).await?;
+    let v = after_change(&tx, caller.tenant_id, id, l.node_id.as_deref(), "reservation.extended").await?;
     if let Some(scope) = scope {
         idempotency::complete(&tx, scope, &serde_json::to_value(&v).expect("view serializes")).await?;
     }

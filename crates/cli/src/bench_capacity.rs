@@ -25,6 +25,9 @@ pub struct CapacityBench {
     /// Seconds pgbench runs.
     #[arg(long, default_value_t = 10)]
     pgbench_seconds: u32,
+    /// Leave the throwaway PostgreSQL running afterwards (its socket is printed), to inspect it.
+    #[arg(long)]
+    keep: bool,
 }
 
 const HOT_NODES: usize = 8;
@@ -189,6 +192,9 @@ pub async fn run(b: CapacityBench) -> anyhow::Result<()> {
         first.get_or_insert(rate);
     }
     drop(db);
-    drop(scratch);
+    if b.keep {
+        println!("kept: psql -h {} -U postgres bench", scratch.cluster.options().socket_dir.display());
+        std::mem::forget(scratch);
+    }
     Ok(())
 }

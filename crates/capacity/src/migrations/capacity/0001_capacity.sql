@@ -1,3 +1,6 @@
+-- Placement by node selector starts from the nodes that carry the labels.
+CREATE INDEX nodes_labels ON nodes USING gin (labels jsonb_path_ops);
+
 -- Lock order for every transaction that takes several of these tables (reserve, release, extend,
 -- retry, mode change): reservations (the one being changed), quota_usage, pools, nodes, devices,
 -- node_resources, node_atom_counts, pool_capacity_rollup. Reserving charges quota first; releasing
@@ -66,7 +69,8 @@ CREATE TABLE node_atom_counts (
   idle integer NOT NULL CHECK (idle >= 0 AND idle <= total),
   PRIMARY KEY (node_id, kind, model, profile)
 );
-CREATE INDEX node_atom_counts_fit ON node_atom_counts (pool_id, kind, model, profile, idle);
+CREATE INDEX node_atom_counts_fit ON node_atom_counts (pool_id, kind, model, profile, idle, node_id);
+CREATE INDEX node_atom_counts_total ON node_atom_counts (pool_id, kind, model, profile, total);
 
 -- What a pool has, kept true by capacity.rollup: atoms per class, schedulable nodes, free scalars.
 CREATE TABLE pool_capacity_rollup (

@@ -92,7 +92,7 @@ const WINDOWS: [i64; 3] = [64, 1024, i64::MAX];
 async fn candidates(tx: &Transaction<'_>, d: &Demand, excluded: &[String], best_fit: bool) -> Result<Vec<Candidate>, DbError> {
     // Best fit: nodes with enough atoms free now and later, fewest first, to pack. Otherwise: nodes
     // with enough atoms at all, most idle first (room under contention, and ranges in the future).
-    let (filter, order) = if best_fit { ("idle >= $5", "idle, node_id") } else { ("total >= $5", "idle DESC, node_id") };
+    let (filter, order) = if best_fit { ("idle >= $5", "idle, node_id") } else { ("total >= $5", "idle DESC, node_id DESC") };
     let selective = d.node_selector.as_object().is_some_and(|m| !m.is_empty());
     let sql = if selective {
         // A node selector: start from the nodes that carry the labels (GIN index), then their counts.
@@ -160,7 +160,25 @@ async fn attempt(sp: &Transaction<'_>, d: &Demand, node_id: &str, allocation_id:
     if sp.query_opt(&lock_node, &[&node_id, &d.node_selector, &d.tolerations]).await?.is_none() {
         return Ok(Attempt::NodeConflict);
     }
-    // The atoms, locked FOR NO KEY UPDATE SKIP LOCKED: a stronger lock than FOR SHARE, so quarantine,
+    // For MIG instances and slots, first their GPUs, FOR SHARE and in id order (placements on sibling
+    // atoms share them; a mode change locks a GPU and then its atoms, so we take them in that order
+    // too), and only those still healthy and not quarantined under the lock.
+    let parents: Vec<String> = if d.kind == "gpu" {
+        Vec::new()
+    } else {
+        sp.query(
+            "SELECT g.id FROM devices g
+              WHERE g.node_id = $1 AND g.parent_id IS NULL AND g.model = $2 AND g.healthy AND NOT g.quarantined
+                AND EXISTS (SELECT 1 FROM devices a WHERE a.parent_id = g.id AND a.bookable AND a.kind = $3)
+              ORDER BY g.id FOR SHARE",
+            &[&node_id, &d.model, &d.kind],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+    };
+    // Then the atoms, FOR NO KEY UPDATE SKIP LOCKED: a stronger lock than FOR SHARE, so quarantine,
     // health and mode changes (updates of these rows) are ordered with us as with FOR SHARE, and
     // concurrent placements on the node skip each other's atoms instead of colliding on them.
     // Whole GPUs are taken in random order to spread placements; MIG instances and slots in order,
@@ -169,37 +187,17 @@ async fn attempt(sp: &Transaction<'_>, d: &Demand, node_id: &str, allocation_id:
         .query(
             "SELECT a.id FROM devices a JOIN devices g ON g.id = coalesce(a.parent_id, a.id)
               WHERE a.node_id = $1 AND a.bookable AND a.kind = $2 AND a.model = $3 AND coalesce(a.profile, '') = $4
-                AND g.healthy AND NOT g.quarantined
+                AND g.healthy AND NOT g.quarantined AND (a.parent_id IS NULL OR a.parent_id = ANY($7))
                 AND NOT EXISTS (SELECT 1 FROM device_bookings b WHERE b.device_id = a.id AND b.during && $6::text::tstzrange)
               ORDER BY CASE WHEN $2 = 'gpu' THEN random() ELSE 0 END, g.index, a.index
               LIMIT $5
                 FOR NO KEY UPDATE OF a SKIP LOCKED",
-            &[&node_id, &d.kind, &d.model, &d.profile, &(d.count as i64), &during],
+            &[&node_id, &d.kind, &d.model, &d.profile, &(d.count as i64), &during, &parents],
         )
         .await?
         .iter()
         .map(|r| r.get(0))
         .collect();
-    // The GPUs of MIG instances and slots, FOR SHARE (placements on sibling atoms share them), and
-    // still healthy and not quarantined under the lock.
-    if d.kind != "gpu" && !atoms.is_empty() {
-        let parents_ok = sp
-            .query(
-                "SELECT g.id FROM devices g
-                  WHERE g.id IN (SELECT parent_id FROM devices WHERE id = ANY($1)) AND g.healthy AND NOT g.quarantined
-                  ORDER BY g.id FOR SHARE",
-                &[&atoms],
-            )
-            .await?
-            .len();
-        let parents: i64 = sp
-            .query_one("SELECT count(DISTINCT parent_id) FROM devices WHERE id = ANY($1)", &[&atoms])
-            .await?
-            .get(0);
-        if parents_ok as i64 != parents {
-            return Ok(Attempt::NodeConflict);
-        }
-    }
     if atoms.len() < d.count as usize {
         return Ok(Attempt::NoRoom);
     }

@@ -43,8 +43,7 @@ CREATE TABLE nodes (
   created_at timestamptz NOT NULL DEFAULT compute_now(),
   UNIQUE (pool_id, name)
 );
-CREATE INDEX nodes_schedulable ON nodes (pool_id, id)
-  WHERE cardinality(no_schedule_reasons) = 0 AND observed_generation >= 1;
+CREATE INDEX nodes_pool ON nodes (pool_id);
 
 -- Physical GPUs (parent_id IS NULL) and their atoms: MIG instances and shared slots are child rows.
 -- The atom rule: a GPU in exclusive mode is itself the one atom; a MIG, time-slice or MPS GPU is

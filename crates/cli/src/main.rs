@@ -76,6 +76,10 @@ pub(crate) async fn shutdown_signal() -> anyhow::Result<&'static str> {
 }
 
 fn main() -> std::process::ExitCode {
+    // Output piped into `head` and closed early ends the process quietly, as with any CLI tool,
+    // instead of panicking in println!.
+    // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)

@@ -188,6 +188,10 @@ async fn attempt(sp: &Transaction<'_>, d: &Demand, node_id: &str, allocation_id:
             "SELECT a.id FROM devices a JOIN devices g ON g.id = coalesce(a.parent_id, a.id)
               WHERE a.node_id = $1 AND a.bookable AND a.kind = $2 AND a.model = $3 AND coalesce(a.profile, '') = $4
                 AND g.healthy AND NOT g.quarantined AND (a.parent_id IS NULL OR a.parent_id = ANY($7))
+                -- Rechecked on the locked row itself: when a concurrent update commits while we wait,
+                -- PostgreSQL re-evaluates the conditions on the new version of the locked row (a), but
+                -- not on the other side of the join (g), which for a whole GPU is the same row.
+                AND (a.parent_id IS NOT NULL OR (a.healthy AND NOT a.quarantined))
                 AND NOT EXISTS (SELECT 1 FROM device_bookings b WHERE b.device_id = a.id AND b.during && $6::text::tstzrange)
               ORDER BY CASE WHEN $2 = 'gpu' THEN random() ELSE 0 END, g.index, a.index
               LIMIT $5

@@ -348,3 +348,39 @@ async fn the_rollup_counts_a_pools_atoms_nodes_and_free_scalars() {
     );
     assert_eq!((row.get::<_, i32>(1), row.get::<_, i32>(2), row.get::<_, i64>(3)), (3, 2, 3 * 128 - 8));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_reservations_never_charge_past_the_quota_nor_book_an_atom_twice() {
+    let h = harness().await;
+    let f = fleet(&h, &exclusive(4), 8).await;
+    {
+        let c = h.db().client().await;
+        quota::set(&**c, TENANT, "gpus", 10).await.unwrap();
+    }
+    let mut tasks = Vec::new();
+    for _ in 0..40 {
+        let conn = h.db().connection_string().to_owned();
+        let pool = f.pool_id.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut c = better_compute_db::pool::connect(&conn).await.unwrap();
+            reservations::create(&mut c, ME, &whole(&pool, 1)).await
+        }));
+    }
+    let (mut placed, mut refused) = (0, 0);
+    for t in tasks {
+        match tokio::time::timeout(Duration::from_secs(60), t).await.expect("hung").unwrap() {
+            Ok(r) => {
+                assert_eq!(r.state, "placed");
+                placed += 1;
+            }
+            Err(e) => {
+                assert_eq!(e.code, ErrorCode::QuotaExceeded, "{}", e.message);
+                refused += 1;
+            }
+        }
+    }
+    assert_eq!((placed, refused), (10, 30));
+    assert_eq!(count(&h, "SELECT used FROM quota_usage WHERE resource = 'gpus'").await, 10);
+    assert_eq!(count(&h, "SELECT count(DISTINCT device_id) FROM device_bookings").await, 10);
+    assert_eq!(count(&h, "SELECT count(*) FROM reservations").await, 10);
+}

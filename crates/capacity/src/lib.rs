@@ -9,6 +9,7 @@ pub mod placer;
 pub mod quota;
 pub mod reconcilers;
 pub mod reservations;
+pub mod spec;
 pub mod time;
 
 use std::sync::Arc;
@@ -53,5 +54,9 @@ impl better_compute_runtime::Module for CapacityModule {
 
     fn subscribers(&self) -> Vec<Arc<dyn Sink>> {
         vec![Arc::new(reconcilers::InventoryWatcher)]
+    }
+
+    fn node_spec_parts(&self) -> Vec<Arc<dyn better_compute_runtime::nodespec::NodeSpecPart>> {
+        vec![Arc::new(spec::AllocationsPart)]
     }
 }

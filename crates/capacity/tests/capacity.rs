@@ -384,3 +384,45 @@ async fn concurrent_reservations_never_charge_past_the_quota_nor_book_an_atom_tw
     assert_eq!(count(&h, "SELECT count(DISTINCT device_id) FROM device_bookings").await, 10);
     assert_eq!(count(&h, "SELECT count(*) FROM reservations").await, 10);
 }
+
+#[tokio::test]
+async fn a_nodes_desired_state_follows_its_reservations_and_gpu_modes() {
+    let h = harness().await;
+    let f = fleet(&h, &exclusive(1), 2).await;
+    let node = f.nodes[0].clone();
+    let mut c = h.db().connect().await;
+    async fn spec_of(c: &tokio_postgres::Client, node: &str) -> (i64, i64, serde_json::Value) {
+        let r = c.query_one("SELECT generation, observed_generation, spec FROM nodes WHERE id = $1", &[&node]).await.unwrap();
+        (r.get(0), r.get(1), r.get(2))
+    }
+    // Adoption enqueued nodespec work: the first spec is generation 1.
+    h.job("nodespec").drain(5).await;
+    let (generation, observed, s) = spec_of(&c, &node).await;
+    assert_eq!((generation, observed), (1, 1));
+    assert_eq!(s["site"]["poolName"], "pool-a");
+    assert_eq!(s["gpus"]["gpus"].as_array().unwrap().len(), 2);
+    assert_eq!(s["agent"]["lanes"][0]["name"], "default");
+    assert!(s["allocations"].get("allocations").is_none(), "{s}");
+    // A reservation exposes its atoms to its allocation: one new generation.
+    let r = reservations::create(&mut c, ME, &whole(&f.pool_id, 1)).await.unwrap();
+    h.job("nodespec").drain(5).await;
+    let (generation, _, s) = spec_of(&c, &node).await;
+    assert_eq!(generation, 2);
+    assert_eq!(s["allocations"]["allocations"][0]["allocationId"], r.id.as_str());
+    assert_eq!(s["allocations"]["allocations"][0]["atoms"], serde_json::json!(r.atoms));
+    // Released: gone from the spec, one more generation.
+    reservations::release(&mut c, ME, &r.id).await.unwrap();
+    h.job("nodespec").drain(5).await;
+    assert_eq!(spec_of(&c, &node).await.0, 3);
+    // A daemon's reports only move observedGeneration up.
+    assert_eq!(better_compute_nodes::inventory::report_observed_generation(&c, &node, 3).await.unwrap(), 3);
+    assert_eq!(better_compute_nodes::inventory::report_observed_generation(&c, &node, 2).await.unwrap(), 3);
+    let v = better_compute_nodes::inventory::get_node(&c, &node).await.unwrap();
+    assert_eq!((v.generation, v.observed_generation), (3, 3));
+    // A mode change changes the gpus section.
+    mode::change_gpu_mode(&mut c, &f.gpus[0][1], &GpuMode::TimeSlice { slots: 2 }).await.unwrap();
+    h.job("nodespec").drain(5).await;
+    let (generation, _, s) = spec_of(&c, &node).await;
+    assert_eq!(generation, 4);
+    assert_eq!(s["gpus"]["gpus"][1]["mode"], "GPU_MODE_TIME_SLICE");
+}

@@ -6,6 +6,7 @@
 pub mod actions;
 pub mod inventory;
 pub mod layout;
+pub mod spec;
 
 use better_compute_db::Migration;
 
@@ -23,5 +24,9 @@ impl better_compute_runtime::Module for NodesModule {
 
     fn migrations(&self) -> &'static [Migration] {
         NODES_MIGRATIONS
+    }
+
+    fn node_spec_parts(&self) -> Vec<std::sync::Arc<dyn better_compute_runtime::nodespec::NodeSpecPart>> {
+        vec![std::sync::Arc::new(spec::SitePart), std::sync::Arc::new(spec::AgentPart), std::sync::Arc::new(spec::GpusPart)]
     }
 }

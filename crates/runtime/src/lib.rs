@@ -5,6 +5,7 @@
 pub mod desired;
 pub mod harness;
 pub mod module;
+pub mod nodespec;
 pub mod outbox;
 pub mod reconciler;
 pub mod status;

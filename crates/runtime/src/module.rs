@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use better_compute_db::Migration;
 
+use crate::nodespec::{NodeSpecController, NodeSpecPart};
 use crate::outbox::Sink;
 use crate::reconciler::Reconciler;
 
@@ -31,6 +32,11 @@ pub trait Module: Send + Sync + 'static {
 
     /// Other outbox sinks (the webhook fan-out, say), delivered by the `outbox-dispatch` job.
     fn outbox_sinks(&self) -> Vec<Arc<dyn Sink>> {
+        Vec::new()
+    }
+
+    /// Its parts of every node's desired state, merged in registration order by `nodespec`.
+    fn node_spec_parts(&self) -> Vec<Arc<dyn NodeSpecPart>> {
         Vec::new()
     }
 }
@@ -77,6 +83,7 @@ impl Registry {
         let mut jobs: HashSet<String> = [EVENT_SUBSCRIBERS_JOB, OUTBOX_DISPATCH_JOB].map(String::from).into();
         let mut sinks = HashSet::new();
         let (mut reconcilers, mut subscribers, mut outbox_sinks) = (Vec::new(), Vec::new(), Vec::new());
+        let mut parts: Vec<Arc<dyn NodeSpecPart>> = Vec::new();
         for m in &modules {
             if !names.insert(m.name()) {
                 return Err(RegistryError::DuplicateModule(m.name().to_owned()));
@@ -93,6 +100,7 @@ impl Registry {
                 }
                 reconcilers.push(r);
             }
+            parts.extend(m.node_spec_parts());
             for (list, out) in [(m.subscribers(), &mut subscribers), (m.outbox_sinks(), &mut outbox_sinks)] {
                 for s in list {
                     if !sinks.insert(s.name().to_owned()) {
@@ -101,6 +109,13 @@ impl Registry {
                     out.push(s);
                 }
             }
+        }
+        // The NodeSpec controller runs once some module contributes desired state.
+        if !parts.is_empty() {
+            if !jobs.insert(crate::desired::NODESPEC.name.to_owned()) {
+                return Err(RegistryError::DuplicateJob(crate::desired::NODESPEC.name.to_owned()));
+            }
+            reconcilers.push(Arc::new(NodeSpecController { parts }));
         }
         Ok(Registry { modules, reconcilers, subscribers, outbox_sinks })
     }

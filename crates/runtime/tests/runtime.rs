@@ -650,3 +650,111 @@ async fn a_run_can_arm_its_own_next_pass_for_a_later_time() {
     enqueue(&h, &kind, "pool_a").await;
     assert_eq!(h.job("timer").tick().await.done, 1);
 }
+
+/// A part that contributes some `site` fields, switchable between two versions.
+struct SiteFields {
+    name: &'static str,
+    fields: fn(&mut better_compute_proto::v1::SiteSection, bool),
+    changed: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait::async_trait]
+impl better_compute_runtime::nodespec::NodeSpecPart for SiteFields {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+    async fn node_spec(
+        &self,
+        _tx: &tokio_postgres::Transaction<'_>,
+        _node_id: &str,
+    ) -> Result<better_compute_proto::v1::NodeSpec, RunError> {
+        let mut s = better_compute_proto::v1::SiteSection::default();
+        (self.fields)(&mut s, self.changed.load(Ordering::SeqCst));
+        Ok(better_compute_proto::v1::NodeSpec { site: Some(s), ..Default::default() })
+    }
+}
+
+struct PartModule {
+    name: &'static str,
+    part: Arc<SiteFields>,
+}
+
+impl Module for PartModule {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+    fn node_spec_parts(&self) -> Vec<Arc<dyn better_compute_runtime::nodespec::NodeSpecPart>> {
+        vec![self.part.clone()]
+    }
+}
+
+#[tokio::test]
+async fn two_modules_site_fields_merge_in_registration_order_and_generation_moves_only_on_change() {
+    let first = Arc::new(SiteFields {
+        name: "first",
+        fields: |s, _| {
+            s.site_id = "site_1".into();
+            s.node_name = "from-first".into();
+            s.labels.insert("zone".into(), "a".into());
+        },
+        changed: false.into(),
+    });
+    let second = Arc::new(SiteFields {
+        name: "second",
+        fields: |s, changed| {
+            s.pool_id = "pool_1".into();
+            s.node_name = "from-second".into();
+            s.labels.insert("rack".into(), if changed { "r2".into() } else { "r1".into() });
+        },
+        changed: false.into(),
+    });
+    let h = Harness::new(vec![
+        Arc::new(PartModule { name: "first", part: first.clone() }),
+        Arc::new(PartModule { name: "second", part: second.clone() }),
+    ])
+    .await;
+    let c = h.db().client().await;
+    // The runtime writes nodes.spec and nodes.generation; the nodes module owns the table.
+    c.batch_execute(
+        "CREATE TABLE nodes (id text PRIMARY KEY, shard smallint NOT NULL, generation bigint NOT NULL DEFAULT 0,
+                             spec jsonb, version bigint NOT NULL DEFAULT 1);
+         INSERT INTO nodes (id, shard, generation) VALUES ('node_adopted', 0, 1), ('node_new', 0, 0);",
+    )
+    .await
+    .unwrap();
+    let nodespec = better_compute_runtime::desired::NODESPEC;
+    let spec_of = |id: &'static str| {
+        let c = &c;
+        async move {
+            let r = c.query_one("SELECT generation, spec FROM nodes WHERE id = $1", &[&id]).await.unwrap();
+            (r.get::<_, i64>(0), r.get::<_, Option<serde_json::Value>>(1))
+        }
+    };
+    for id in ["node_adopted", "node_new"] {
+        enqueue(&h, &nodespec, id).await;
+    }
+    h.job("nodespec").drain(5).await;
+    let (generation, spec) = spec_of("node_adopted").await;
+    assert_eq!(generation, 1, "the first spec is adoption's generation 1");
+    assert_eq!(
+        spec.unwrap(),
+        serde_json::json!({"site": {"siteId": "site_1", "poolId": "pool_1", "nodeName": "from-second",
+                                     "labels": {"rack": "r1", "zone": "a"}}})
+    );
+    // Not adopted: no desired state.
+    assert_eq!(spec_of("node_new").await, (0, None));
+    // Recomputing an unchanged spec does not move the generation.
+    enqueue(&h, &nodespec, "node_adopted").await;
+    h.job("nodespec").drain(5).await;
+    assert_eq!(spec_of("node_adopted").await.0, 1);
+    // A real change moves it by exactly one.
+    second.changed.store(true, Ordering::SeqCst);
+    enqueue(&h, &nodespec, "node_adopted").await;
+    h.job("nodespec").drain(5).await;
+    let (generation, spec) = spec_of("node_adopted").await;
+    assert_eq!(generation, 2);
+    assert_eq!(spec.unwrap()["site"]["labels"]["rack"], "r2");
+    enqueue(&h, &nodespec, "node_adopted").await;
+    h.job("nodespec").drain(5).await;
+    assert_eq!(spec_of("node_adopted").await.0, 2);
+}

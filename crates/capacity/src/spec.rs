@@ -1,0 +1,49 @@
+//! Capacity's part of a node's desired state: `allocations`, which atoms are exposed to which
+//! reservation, with its scalars and range.
+
+use better_compute_proto::v1::{Allocation, AllocationsSection, NodeSpec};
+use better_compute_runtime::nodespec::NodeSpecPart;
+use better_compute_runtime::RunError;
+use tokio_postgres::Transaction;
+
+use crate::time::rfc3339_sql;
+
+/// `allocations`: the node's placed and active reservations.
+pub struct AllocationsPart;
+
+#[async_trait::async_trait]
+impl NodeSpecPart for AllocationsPart {
+    fn name(&self) -> &'static str {
+        "capacity.allocations"
+    }
+
+    async fn node_spec(&self, tx: &Transaction<'_>, node_id: &str) -> Result<NodeSpec, RunError> {
+        let rows = tx
+            .query(
+                &format!(
+                    "SELECT r.id, r.tenant_id, r.vcpu, r.memory_mib, r.disk_gib, {}, {},
+                            (SELECT coalesce(array_agg(DISTINCT b.device_id ORDER BY b.device_id), '{{}}')
+                               FROM device_bookings b WHERE b.allocation_id = r.id AND upper(b.during) > compute_now())
+                       FROM reservations r WHERE r.node_id = $1 AND r.state IN ('placed', 'active') ORDER BY r.id",
+                    rfc3339_sql("lower(r.during)"),
+                    rfc3339_sql("upper(r.during)")
+                ),
+                &[&node_id],
+            )
+            .await?;
+        let allocations = rows
+            .iter()
+            .map(|r| Allocation {
+                allocation_id: r.get(0),
+                tenant_id: r.get(1),
+                vcpu: r.get::<_, i32>(2) as u32,
+                memory_mib: r.get::<_, i64>(3) as u64,
+                disk_gib: r.get::<_, i64>(4) as u64,
+                starts_at: r.get(5),
+                ends_at: r.get(6),
+                atoms: r.get(7),
+            })
+            .collect();
+        Ok(NodeSpec { allocations: Some(AllocationsSection { allocations }), ..Default::default() })
+    }
+}

@@ -1,0 +1,163 @@
+//! The NodeSpec controller: merges every module's part of a node's desired state in registration
+//! order, stores it in `nodes.spec` as the proto3 JSON of `NodeSpec`, and moves `nodes.generation`
+//! only when that JSON changes. `nodes` is the one table of another module the runtime touches: the
+//! spec says desired state lives there.
+
+use std::sync::Arc;
+
+use better_compute_proto::v1::{NodeSpec, SiteSection};
+use tokio_postgres::Transaction;
+
+use crate::desired::NODESPEC;
+use crate::reconciler::{Kind, Outcome, ReconcileContext, Reconciler, RunError};
+
+/// The channel a gateway listens on for "this node's desired state changed"; the payload is the
+/// node id. Sent after commit; gateways also poll.
+pub const NODESPEC_CHANNEL: &str = "better_compute_nodespec";
+
+/// A module's contribution to a node's desired state: the sections (or, for `site`, the fields)
+/// it owns.
+#[async_trait::async_trait]
+pub trait NodeSpecPart: Send + Sync + 'static {
+    /// A name for errors and logs.
+    fn name(&self) -> &'static str;
+
+    /// This part of `node_id`'s desired state, read inside the controller's transaction.
+    async fn node_spec(&self, tx: &Transaction<'_>, node_id: &str) -> Result<NodeSpec, RunError>;
+}
+
+fn merge_site(into: &mut SiteSection, from: SiteSection) {
+    for (to, value) in [
+        (&mut into.site_id, from.site_id),
+        (&mut into.site_name, from.site_name),
+        (&mut into.pool_id, from.pool_id),
+        (&mut into.pool_name, from.pool_name),
+        (&mut into.node_name, from.node_name),
+    ] {
+        if !value.is_empty() {
+            *to = value;
+        }
+    }
+    into.labels.extend(from.labels);
+}
+
+/// Merges parts in registration order: `site` field by field (a later part's non-empty field wins,
+/// labels key by key); every other section whole, from the last part that sets it.
+pub fn merge(parts: impl IntoIterator<Item = NodeSpec>) -> NodeSpec {
+    let mut spec = NodeSpec::default();
+    for p in parts {
+        if let Some(site) = p.site {
+            merge_site(spec.site.get_or_insert_with(SiteSection::default), site);
+        }
+        if p.agent.is_some() {
+            spec.agent = p.agent;
+        }
+        if p.gpus.is_some() {
+            spec.gpus = p.gpus;
+        }
+        if p.allocations.is_some() {
+            spec.allocations = p.allocations;
+        }
+    }
+    spec
+}
+
+/// The `nodespec` reconciler; the registry adds it with the parts of every module.
+pub struct NodeSpecController {
+    pub(crate) parts: Vec<Arc<dyn NodeSpecPart>>,
+}
+
+#[async_trait::async_trait]
+impl Reconciler for NodeSpecController {
+    fn kind(&self) -> Kind {
+        NODESPEC
+    }
+
+    async fn run(&self, ctx: &ReconcileContext, node_id: &str) -> Result<Outcome, RunError> {
+        let mut c = ctx.client().await?;
+        let tx = ctx.begin_fenced(&mut c).await?;
+        // Lock order: nodes. The node row FOR UPDATE: one computation per node at a time.
+        let Some(row) = tx
+            .query_opt("SELECT generation, spec FROM nodes WHERE id = $1 FOR UPDATE", &[&node_id])
+            .await?
+        else {
+            return Ok(Outcome::Done);
+        };
+        let (generation, stored): (i64, Option<serde_json::Value>) = (row.get(0), row.get(1));
+        if generation == 0 {
+            // Not adopted: no desired state yet.
+            return Ok(Outcome::Done);
+        }
+        let mut parts = Vec::with_capacity(self.parts.len());
+        for p in &self.parts {
+            parts.push(p.node_spec(&tx, node_id).await.map_err(|e| format!("part {}: {e}", p.name()))?);
+        }
+        let spec = serde_json::to_value(merge(parts))?;
+        if stored.as_ref() == Some(&spec) {
+            tx.commit().await?;
+            return Ok(Outcome::Done);
+        }
+        // The first spec stored is generation 1 (written by adoption); each change after moves it by one.
+        tx.execute(
+            "UPDATE nodes SET spec = $2, version = version + 1,
+                    generation = CASE WHEN spec IS NULL THEN generation ELSE generation + 1 END
+              WHERE id = $1",
+            &[&node_id, &spec],
+        )
+        .await?;
+        tx.commit().await?;
+        if let Err(e) = c.execute("SELECT pg_notify($1, $2)", &[&NODESPEC_CHANNEL, &node_id]).await {
+            tracing::debug!(error = %e, "gateway poke failed; gateways also poll");
+        }
+        Ok(Outcome::Done)
+    }
+
+    async fn keys(&self, ctx: &ReconcileContext, shards: &[i16]) -> Result<Vec<String>, RunError> {
+        let c = ctx.client().await?;
+        let rows = c.query("SELECT id FROM nodes WHERE generation > 0 AND shard = ANY($1)", &[&shards]).await?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use better_compute_proto::v1::{AgentSection, GpusSection};
+
+    fn site(f: impl FnOnce(&mut SiteSection)) -> NodeSpec {
+        let mut s = SiteSection::default();
+        f(&mut s);
+        NodeSpec { site: Some(s), ..Default::default() }
+    }
+
+    #[test]
+    fn site_merges_field_by_field_in_registration_order_and_other_sections_whole() {
+        let a = site(|s| {
+            s.site_id = "site_a".into();
+            s.node_name = "n1".into();
+            s.labels.insert("rack".into(), "r1".into());
+            s.labels.insert("zone".into(), "z1".into());
+        });
+        let b = site(|s| {
+            s.pool_id = "pool_b".into();
+            s.node_name = "n1-renamed".into();
+            s.labels.insert("zone".into(), "z2".into());
+        });
+        let gpus = NodeSpec { gpus: Some(GpusSection::default()), agent: Some(AgentSection { heartbeat_interval_ms: 5, lanes: vec![] }), ..Default::default() };
+        let merged = merge([a, b, gpus]);
+        let s = merged.site.unwrap();
+        assert_eq!((s.site_id.as_str(), s.pool_id.as_str(), s.node_name.as_str()), ("site_a", "pool_b", "n1-renamed"));
+        assert_eq!(s.labels.get("rack").map(String::as_str), Some("r1"));
+        assert_eq!(s.labels.get("zone").map(String::as_str), Some("z2"));
+        assert_eq!(merged.agent.unwrap().heartbeat_interval_ms, 5);
+    }
+
+    #[test]
+    fn the_stored_json_is_proto3_json_and_omits_defaults() {
+        let spec = merge([site(|s| s.site_id = "site_a".into())]);
+        let json = serde_json::to_value(&spec).unwrap();
+        assert_eq!(json, serde_json::json!({"site": {"siteId": "site_a"}}));
+        let back: NodeSpec = serde_json::from_value(json).unwrap();
+        assert_eq!(back, spec);
+    }
+}

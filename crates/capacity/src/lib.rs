@@ -27,14 +27,7 @@ pub const RESERVATIONS_KIND: Kind = Kind { name: "capacity.reservations", shard_
 /// Keeps a pool's `pool_capacity_rollup` true; key: pool id.
 pub const ROLLUP_KIND: Kind = Kind { name: "capacity.rollup", shard_by: ShardBy::Pool };
 
-/// Who is asking: every reservation method is scoped to the caller's tenant.
-#[derive(Debug, Clone, Copy)]
-pub struct Caller<'a> {
-    /// The caller's tenant.
-    pub tenant_id: &'a str,
-    /// The caller's identity (for idempotency keys and audit).
-    pub identity_id: &'a str,
-}
+pub use better_compute_core::Caller;
 
 /// The capacity module, for the registry.
 pub struct CapacityModule;

@@ -5,6 +5,7 @@ mod bench_capacity;
 mod capacity;
 mod dev;
 mod jobs;
+mod ops;
 mod server;
 
 use std::sync::Arc;
@@ -30,6 +31,12 @@ enum Command {
     Migrate(DatabaseArgs),
     /// Show the jobs: queue depth, oldest due key, last errors, last runs, and who holds which shard.
     Jobs(jobs::JobsArgs),
+    /// Read nodes (through the database, until the HTTP API exists).
+    Nodes(ops::NodesArgs),
+    /// Run, read and cancel node commands (through the database, until the HTTP API exists).
+    Commands(ops::CommandsArgs),
+    /// Print reference pages generated from the registry.
+    Docs(ops::DocsArgs),
     /// Show each pool's capacity: atoms total and idle per class, nodes, free scalars, reservations.
     Capacity(capacity::CapacityArgs),
     /// Run a benchmark and print its figures beside a pgbench baseline from the same run.
@@ -96,6 +103,9 @@ fn main() -> std::process::ExitCode {
             Command::Migrate(args) => migrate(args).await,
             Command::Jobs(args) => jobs::run(args).await,
             Command::Capacity(args) => capacity::run(args).await,
+            Command::Nodes(args) => ops::nodes(args).await,
+            Command::Commands(args) => ops::commands(args).await,
+            Command::Docs(args) => ops::docs(args),
             Command::Bench(args) => bench::run(args).await,
         }
     });

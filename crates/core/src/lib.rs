@@ -11,3 +11,13 @@ pub use error::{Error, ErrorCode};
 pub use id::Id;
 pub use state::{StateTable, Transition};
 pub mod shard;
+
+/// Who is asking: every tenant-facing method is scoped to the caller's tenant, and idempotency keys
+/// to its tenant and identity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Caller<'a> {
+    /// The caller's tenant.
+    pub tenant_id: &'a str,
+    /// The caller's identity (for idempotency keys and audit).
+    pub identity_id: &'a str,
+}

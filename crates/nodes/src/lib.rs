@@ -4,15 +4,20 @@
 //! whichever transaction commits second sees the first.
 
 pub mod actions;
+pub mod commands;
 pub mod inventory;
+pub mod kinds;
 pub mod layout;
 pub mod spec;
+pub mod sweeper;
 
 use better_compute_db::Migration;
 
 /// The nodes module's migrations.
-pub const NODES_MIGRATIONS: &[Migration] =
-    &[Migration { module: "nodes", name: "0001_inventory", sql: include_str!("migrations/nodes/0001_inventory.sql") }];
+pub const NODES_MIGRATIONS: &[Migration] = &[
+    Migration { module: "nodes", name: "0001_inventory", sql: include_str!("migrations/nodes/0001_inventory.sql") },
+    Migration { module: "nodes", name: "0002_commands", sql: include_str!("migrations/nodes/0002_commands.sql") },
+];
 
 /// The nodes module, for the registry.
 pub struct NodesModule;
@@ -24,6 +29,14 @@ impl better_compute_runtime::Module for NodesModule {
 
     fn migrations(&self) -> &'static [Migration] {
         NODES_MIGRATIONS
+    }
+
+    fn command_kinds(&self) -> Vec<better_compute_runtime::commands::CommandKind> {
+        kinds::command_kinds()
+    }
+
+    fn reconcilers(&self) -> Vec<std::sync::Arc<dyn better_compute_runtime::Reconciler>> {
+        vec![std::sync::Arc::new(sweeper::CommandSweeper)]
     }
 
     fn node_spec_parts(&self) -> Vec<std::sync::Arc<dyn better_compute_runtime::nodespec::NodeSpecPart>> {

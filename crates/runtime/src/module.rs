@@ -39,6 +39,11 @@ pub trait Module: Send + Sync + 'static {
     fn node_spec_parts(&self) -> Vec<Arc<dyn NodeSpecPart>> {
         Vec::new()
     }
+
+    /// The command kinds it defines.
+    fn command_kinds(&self) -> Vec<crate::commands::CommandKind> {
+        Vec::new()
+    }
 }
 
 /// Why a set of modules cannot be assembled.
@@ -50,6 +55,9 @@ pub enum RegistryError {
     /// Two reconcilers (or a reconciler and a built-in job) share a job name.
     #[error("job {0} is registered twice")]
     DuplicateJob(String),
+    /// Two command kinds share a name.
+    #[error("command kind {0} is registered twice")]
+    DuplicateCommandKind(String),
     /// Two sinks share a name.
     #[error("outbox sink {0} is registered twice")]
     DuplicateSink(String),
@@ -74,6 +82,7 @@ pub struct Registry {
     reconcilers: Vec<Arc<dyn Reconciler>>,
     subscribers: Vec<Arc<dyn Sink>>,
     outbox_sinks: Vec<Arc<dyn Sink>>,
+    command_kinds: Vec<crate::commands::CommandKind>,
 }
 
 impl Registry {
@@ -84,6 +93,7 @@ impl Registry {
         let mut sinks = HashSet::new();
         let (mut reconcilers, mut subscribers, mut outbox_sinks) = (Vec::new(), Vec::new(), Vec::new());
         let mut parts: Vec<Arc<dyn NodeSpecPart>> = Vec::new();
+        let mut command_kinds: Vec<crate::commands::CommandKind> = Vec::new();
         for m in &modules {
             if !names.insert(m.name()) {
                 return Err(RegistryError::DuplicateModule(m.name().to_owned()));
@@ -101,6 +111,12 @@ impl Registry {
                 reconcilers.push(r);
             }
             parts.extend(m.node_spec_parts());
+            for k in m.command_kinds() {
+                if command_kinds.iter().any(|c| c.name == k.name) {
+                    return Err(RegistryError::DuplicateCommandKind(k.name.to_owned()));
+                }
+                command_kinds.push(k);
+            }
             for (list, out) in [(m.subscribers(), &mut subscribers), (m.outbox_sinks(), &mut outbox_sinks)] {
                 for s in list {
                     if !sinks.insert(s.name().to_owned()) {
@@ -117,7 +133,7 @@ impl Registry {
             }
             reconcilers.push(Arc::new(NodeSpecController { parts }));
         }
-        Ok(Registry { modules, reconcilers, subscribers, outbox_sinks })
+        Ok(Registry { modules, reconcilers, subscribers, outbox_sinks, command_kinds })
     }
 
     /// Every migration set: core, the runtime, then each module's in registration order.
@@ -145,6 +161,16 @@ impl Registry {
     /// Other outbox sinks.
     pub fn outbox_sinks(&self) -> &[Arc<dyn Sink>] {
         &self.outbox_sinks
+    }
+
+    /// Every command kind, in registration order.
+    pub fn command_kinds(&self) -> &[crate::commands::CommandKind] {
+        &self.command_kinds
+    }
+
+    /// A command kind by name.
+    pub fn command_kind(&self, name: &str) -> Option<&crate::commands::CommandKind> {
+        self.command_kinds.iter().find(|k| k.name == name)
     }
 
     /// Every job name: the reconcilers', then the built-in ones.

@@ -62,10 +62,21 @@ pub async fn enqueue_after(tx: &impl GenericClient, kind: &Kind, key: &str, afte
 }
 
 async fn enqueue_keys(tx: &impl GenericClient, kind: &Kind, keys: &[String], after: Duration) -> Result<(), DbError> {
+    let shards: Vec<i16> = keys.iter().map(|k| kind.shard_of(k)).collect();
+    enqueue_stored(tx, kind.name, keys, &shards, after).await
+}
+
+/// Enqueues keys of a kind known only by name with their stored shards (a command's owner, say).
+pub async fn enqueue_stored(
+    tx: &impl GenericClient,
+    kind: &str,
+    keys: &[String],
+    shards: &[i16],
+    after: Duration,
+) -> Result<(), DbError> {
     if keys.is_empty() {
         return Ok(());
     }
-    let shards: Vec<i16> = keys.iter().map(|k| kind.shard_of(k)).collect();
     tx.execute(
         "INSERT INTO work_queue AS w (kind, key, shard, not_before)
            SELECT $1, k.key, k.shard, compute_now() + make_interval(secs => $4)
@@ -80,7 +91,7 @@ async fn enqueue_keys(tx: &impl GenericClient, kind: &Kind, keys: &[String], aft
                   dirty_not_before = CASE WHEN w.claimed_until > compute_now()
                                           THEN LEAST(w.dirty_not_before, EXCLUDED.not_before)
                                           ELSE w.dirty_not_before END",
-        &[&kind.name, &keys, &shards, &after.as_secs_f64()],
+        &[&kind, &keys, &shards, &after.as_secs_f64()],
     )
     .await?;
     Ok(())

@@ -1,0 +1,140 @@
+//! Operator subcommands that act through the database until the HTTP API exists: `nodes get`,
+//! `commands run|get|cancel`, and `docs command-kinds`.
+
+use better_compute_core::Caller;
+use better_compute_nodes::commands::{self, RunCommand};
+
+/// `better-compute nodes …`.
+#[derive(Debug, clap::Args)]
+pub struct NodesArgs {
+    #[command(flatten)]
+    db: crate::DatabaseArgs,
+    #[command(subcommand)]
+    cmd: NodesCmd,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum NodesCmd {
+    /// Print a node as JSON: labels, taints, noScheduleReasons, liveness, generation and observedGeneration.
+    Get {
+        /// The node id (node_…).
+        node_id: String,
+    },
+}
+
+/// `better-compute commands …`.
+#[derive(Debug, clap::Args)]
+pub struct CommandsArgs {
+    #[command(flatten)]
+    db: crate::DatabaseArgs,
+    /// The tenant acting (idempotency keys are scoped to tenant and identity).
+    #[arg(long, env = "BETTER_COMPUTE_TENANT", default_value = "ten_operator")]
+    tenant: String,
+    /// The identity acting.
+    #[arg(long, env = "BETTER_COMPUTE_IDENTITY", default_value = "idn_operator")]
+    identity: String,
+    #[command(subcommand)]
+    cmd: CommandsCmd,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum CommandsCmd {
+    /// Queue one of diag.nvml, inventory.refresh, logs.collect, node.reboot on a node.
+    Run {
+        /// The node id (node_…).
+        #[arg(long)]
+        node: String,
+        /// The command kind.
+        #[arg(long)]
+        kind: String,
+        /// The payload, as the kind's proto3 JSON (see docs/command-kinds.md).
+        #[arg(long, default_value = "{}")]
+        payload: String,
+        /// A key of your choosing: running again with it returns the same command.
+        #[arg(long)]
+        idempotency_key: String,
+        /// How long the node may still accept it (10 to 3600 s).
+        #[arg(long, default_value_t = 600)]
+        not_after_seconds: i64,
+    },
+    /// Print a command as JSON.
+    Get {
+        /// The node id.
+        #[arg(long)]
+        node: String,
+        /// The command id (cmd_…).
+        command_id: String,
+    },
+    /// Cancel a command: pending ones are never sent; in-flight ones get a Cancel.
+    Cancel {
+        /// The node id.
+        #[arg(long)]
+        node: String,
+        /// The command id (cmd_…).
+        command_id: String,
+    },
+}
+
+/// `better-compute docs …`.
+#[derive(Debug, clap::Args)]
+pub struct DocsArgs {
+    #[command(subcommand)]
+    page: DocsPage,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum DocsPage {
+    /// Print the command kinds reference (docs/command-kinds.md) from the registry.
+    CommandKinds,
+}
+
+fn print_json(v: &impl serde::Serialize) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(v)?);
+    Ok(())
+}
+
+/// Runs `nodes …`.
+pub async fn nodes(args: NodesArgs) -> anyhow::Result<()> {
+    let client = better_compute_db::pool::connect(&args.db.database_url).await?;
+    match args.cmd {
+        NodesCmd::Get { node_id } => {
+            let v = better_compute_nodes::inventory::get_node(&client, &node_id).await.map_err(better_compute_core::Error::from)?;
+            print_json(&v)
+        }
+    }
+}
+
+/// Runs `commands …`.
+pub async fn commands(args: CommandsArgs) -> anyhow::Result<()> {
+    let mut client = better_compute_db::pool::connect(&args.db.database_url).await?;
+    let registry = crate::registry()?;
+    let caller = Caller { tenant_id: &args.tenant, identity_id: &args.identity };
+    match args.cmd {
+        CommandsCmd::Run { node, kind, payload, idempotency_key, not_after_seconds } => {
+            let payload: serde_json::Value =
+                serde_json::from_str(&payload).map_err(|e| anyhow::anyhow!("--payload is not JSON: {e}"))?;
+            let req = RunCommand { node_id: node, kind, payload, idempotency_key: Some(idempotency_key), not_after_seconds: Some(not_after_seconds) };
+            print_json(&commands::run(&mut client, &registry, caller, &req).await?)
+        }
+        CommandsCmd::Get { node, command_id } => {
+            print_json(&commands::get(&client, &node, &command_id).await.map_err(better_compute_core::Error::from)?)
+        }
+        CommandsCmd::Cancel { node, command_id } => {
+            let tx = client.transaction().await?;
+            let v = commands::cancel(&tx, &node, &command_id).await.map_err(better_compute_core::Error::from)?;
+            tx.commit().await?;
+            commands::poke_gateway(&client, &node).await;
+            print_json(&v)
+        }
+    }
+}
+
+/// Runs `docs …`.
+pub fn docs(args: DocsArgs) -> anyhow::Result<()> {
+    match args.page {
+        DocsPage::CommandKinds => {
+            print!("{}", better_compute_runtime::commands::reference_page(crate::registry()?.command_kinds()));
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,15 @@
+//! Reference pages generated from the registry cannot drift from it.
+
+#[test]
+fn the_command_kinds_reference_page_matches_the_registry() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_better-compute")).args(["docs", "command-kinds"]).output().unwrap();
+    assert!(out.status.success());
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/command-kinds.md");
+    let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
+    assert_eq!(
+        on_disk,
+        String::from_utf8(out.stdout).unwrap(),
+        "docs/command-kinds.md drifted from the registry; regenerate it: cargo run -- docs command-kinds > docs/command-kinds.md"
+    );
+    assert!(on_disk.contains("| `node.reboot` | power | 900 s | no | yes | yes | yes | `NodeReboot` |"));
+}

@@ -1,0 +1,452 @@
+//! The command queue: one-shot actions with a deadline, written as durable rows in the caller's
+//! transaction. Lifecycle per `COMMAND_STATE_TABLE`: pending → sent → running → succeeded | failed,
+//! plus expired and cancelled. Lock order: nodes (for the seq), then commands.
+
+use std::time::Duration;
+
+use better_compute_core::id::CommandId;
+use better_compute_core::state::{CommandState, State, COMMAND_STATE_TABLE};
+use better_compute_core::{Caller, Error, ErrorCode};
+use better_compute_db::idempotency::{self, Claim, IdempotencyScope};
+use better_compute_db::DbError;
+use better_compute_runtime::{work_queue, Registry};
+use prost::Message;
+use serde::Serialize;
+use tokio_postgres::{Client, GenericClient};
+
+/// The channel a gateway listens on for "this node has commands"; the payload is the node id.
+pub const COMMANDS_CHANNEL: &str = "better_compute_commands";
+/// The longest back-off after BUSY.
+pub const BUSY_BACKOFF_MAX: Duration = Duration::from_secs(30);
+
+/// A command to enqueue.
+#[derive(Debug, Clone)]
+pub struct NewCommand<'a> {
+    /// The target node. Routing data never goes in the payload.
+    pub node_id: &'a str,
+    /// A registered kind.
+    pub kind: &'a str,
+    /// The kind's payload message as proto3 JSON (`null` for its defaults).
+    pub payload: &'a serde_json::Value,
+    /// Unique per node: a repeat returns the existing command.
+    pub idempotency_key: &'a str,
+    /// Mandatory: how long from now the daemon may still accept it.
+    pub not_after: Option<Duration>,
+    /// The generation the node must have applied first (0: none).
+    pub min_generation: i64,
+    /// The controller to wake when it ends: (kind, key, shard).
+    pub owner: Option<(&'a str, &'a str, i16)>,
+    /// Who asked, for audit.
+    pub requested_by: Option<&'a str>,
+}
+
+/// A command as operators see it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CommandView {
+    /// `cmd_…`.
+    pub id: String,
+    /// Its node.
+    pub node_id: String,
+    /// Its place in the node's order.
+    pub seq: i64,
+    /// Its kind.
+    pub kind: String,
+    /// Its payload, proto3 JSON.
+    pub payload: serde_json::Value,
+    /// Its state.
+    pub state: String,
+    /// Why it failed or expired.
+    pub reason: Option<String>,
+    /// What the daemon reported.
+    pub result: Option<serde_json::Value>,
+    /// Whether a cancel was asked for while it was in flight.
+    pub cancel_requested: bool,
+    /// The generation the node must have applied first.
+    pub min_generation: i64,
+    /// The record's version.
+    pub version: i64,
+}
+
+const VIEW: &str = "SELECT id, node_id, seq, kind, payload, state, reason, result, cancel_requested, min_generation, version FROM commands";
+
+fn to_view(r: &tokio_postgres::Row) -> CommandView {
+    CommandView {
+        id: r.get(0),
+        node_id: r.get(1),
+        seq: r.get(2),
+        kind: r.get(3),
+        payload: r.get(4),
+        state: r.get(5),
+        reason: r.get(6),
+        result: r.get(7),
+        cancel_requested: r.get(8),
+        min_generation: r.get(9),
+        version: r.get(10),
+    }
+}
+
+/// Reads a command of a node.
+pub async fn get(db: &impl GenericClient, node_id: &str, command_id: &str) -> Result<CommandView, DbError> {
+    let r = db
+        .query_opt(&format!("{VIEW} WHERE id = $1 AND node_id = $2"), &[&command_id, &node_id])
+        .await?
+        .ok_or_else(|| Error::not_found("command", command_id))?;
+    Ok(to_view(&r))
+}
+
+/// Writes a command in the caller's transaction. After commit, call [`poke_gateway`].
+pub async fn enqueue(tx: &impl GenericClient, registry: &Registry, c: NewCommand<'_>) -> Result<CommandView, DbError> {
+    let kind = registry
+        .command_kind(c.kind)
+        .ok_or_else(|| Error::new(ErrorCode::Unsupported, format!("unknown command kind {:?}", c.kind)))?;
+    let not_after = c.not_after.ok_or_else(|| Error::invalid_argument("notAfter is mandatory for every command"))?;
+    if c.idempotency_key.is_empty() || c.idempotency_key.len() > 255 {
+        return Err(Error::invalid_argument("a command's idempotency key must be 1 to 255 characters").into());
+    }
+    if c.min_generation < 0 {
+        return Err(Error::invalid_argument("minGeneration must not be negative").into());
+    }
+    let body = (kind.encode)(c.payload)?;
+    let payload = match &body.payload {
+        Some(p) => serde_json::to_value(CommandBodyJson(p)).map_err(|e| Error::internal(e.to_string()))?,
+        None => serde_json::Value::Null,
+    };
+    if let Some(r) = tx
+        .query_opt(&format!("{VIEW} WHERE node_id = $1 AND idempotency_key = $2"), &[&c.node_id, &c.idempotency_key])
+        .await?
+    {
+        return Ok(to_view(&r));
+    }
+    // The node's next seq: the row lock orders concurrent enqueues, so seq strictly increases.
+    let seq: i64 = tx
+        .query_opt("UPDATE nodes SET next_cmd_seq = next_cmd_seq + 1 WHERE id = $1 RETURNING next_cmd_seq - 1", &[&c.node_id])
+        .await?
+        .ok_or_else(|| Error::not_found("node", c.node_id))?
+        .get(0);
+    let id = CommandId::generate().to_string();
+    let (owner_kind, owner_key, owner_shard) = match c.owner {
+        Some((k, key, shard)) => (Some(k), Some(key), Some(shard)),
+        None => (None, None, None),
+    };
+    let inserted = tx
+        .query_opt(
+            &format!(
+                "INSERT INTO commands (id, node_id, seq, kind, lane, body, payload, idempotency_key, min_generation,
+                                       not_after, timeout_s, retry_safe, self_terminating, state, owner_kind, owner_key,
+                                       owner_shard, requested_by)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, compute_now() + make_interval(secs => $10), $11, $12, $13,
+                         'pending', $14, $15, $16, $17)
+                 ON CONFLICT (node_id, idempotency_key) DO NOTHING
+                 RETURNING id"
+            ),
+            &[
+                &id, &c.node_id, &seq, &kind.name, &kind.lane, &body.encode_to_vec(), &payload, &c.idempotency_key,
+                &c.min_generation, &not_after.as_secs_f64(), &(kind.timeout.as_secs() as i32), &kind.retry_safe,
+                &kind.self_terminating, &owner_kind, &owner_key, &owner_shard, &c.requested_by,
+            ],
+        )
+        .await?;
+    let id = match inserted {
+        Some(r) => r.get::<_, String>(0),
+        // A concurrent enqueue with the same key won; return its command.
+        None => tx
+            .query_one("SELECT id FROM commands WHERE node_id = $1 AND idempotency_key = $2", &[&c.node_id, &c.idempotency_key])
+            .await?
+            .get(0),
+    };
+    get(tx, c.node_id, &id).await
+}
+
+/// The payload alone, serialised as its message's proto3 JSON.
+struct CommandBodyJson<'a>(&'a better_compute_proto::v1::command_body::Payload);
+
+impl Serialize for CommandBodyJson<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use better_compute_proto::v1::command_body::Payload::*;
+        match self.0 {
+            DiagNvml(m) => m.serialize(s),
+            InventoryRefresh(m) => m.serialize(s),
+            LogsCollect(m) => m.serialize(s),
+            NodeReboot(m) => m.serialize(s),
+        }
+    }
+}
+
+/// Wakes the gateway holding the node's session, after commit; best effort (gateways also poll).
+pub async fn poke_gateway(db: &impl GenericClient, node_id: &str) {
+    let _ = db.execute("SELECT pg_notify($1, $2)", &[&COMMANDS_CHANNEL, &node_id]).await;
+}
+
+/// Moves a command to `to` if the state table allows it, waking its owner when it ends.
+async fn move_to(
+    tx: &impl GenericClient,
+    id: &str,
+    to: CommandState,
+    reason: Option<&str>,
+    result: Option<&serde_json::Value>,
+) -> Result<CommandView, DbError> {
+    let r = tx
+        .query_opt("SELECT state, version FROM commands WHERE id = $1 FOR UPDATE", &[&id])
+        .await?
+        .ok_or_else(|| Error::not_found("command", id))?;
+    let from = CommandState::parse(r.get(0)).ok_or_else(|| Error::internal("unknown command state"))?;
+    COMMAND_STATE_TABLE.check(from, to)?;
+    let terminal = COMMAND_STATE_TABLE.is_terminal(to);
+    tx.execute(
+        "UPDATE commands SET state = $3, reason = coalesce($4, reason), result = coalesce($5, result), version = version + 1,
+                sent_at = CASE WHEN $3 = 'sent' THEN compute_now() ELSE sent_at END,
+                finished_at = CASE WHEN $6 THEN compute_now() ELSE finished_at END
+          WHERE id = $1 AND version = $2",
+        &[&id, &r.get::<_, i64>(1), &to.as_str(), &reason, &result, &terminal],
+    )
+    .await?;
+    if terminal {
+        wake_owners(tx, &[id.to_owned()]).await?;
+    }
+    let node: String = tx.query_one("SELECT node_id FROM commands WHERE id = $1", &[&id]).await?.get(0);
+    get(tx, &node, id).await
+}
+
+async fn wake_owners(tx: &impl GenericClient, ids: &[String]) -> Result<(), DbError> {
+    let rows = tx
+        .query("SELECT owner_kind, owner_key, owner_shard FROM commands WHERE id = ANY($1) AND owner_kind IS NOT NULL", &[&ids])
+        .await?;
+    for r in rows {
+        let (kind, key, shard): (String, String, i16) = (r.get(0), r.get(1), r.get(2));
+        work_queue::enqueue_stored(tx, &kind, &[key], &[shard], Duration::ZERO).await?;
+    }
+    Ok(())
+}
+
+/// The gateway delivered the command to the node's session.
+pub async fn mark_sent(tx: &impl GenericClient, id: &str) -> Result<CommandView, DbError> {
+    move_to(tx, id, CommandState::Sent, None, None).await
+}
+
+/// The daemon accepted it and runs it.
+pub async fn acknowledge(tx: &impl GenericClient, id: &str) -> Result<CommandView, DbError> {
+    move_to(tx, id, CommandState::Running, None, None).await
+}
+
+/// Why a daemon refused a command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rejection {
+    /// Another node's, or an unknown or disallowed kind. Final.
+    Unsupported,
+    /// Its `minGeneration` is ahead of the applied spec (after waiting until `notAfter`). Final.
+    StaleGeneration,
+    /// Past `notAfter`. Final.
+    Expired,
+    /// No credits in its lane: back to pending, retried after 1 s doubling to 30 s.
+    Busy,
+    /// A destructive kind without a valid signature (v0.2). Final.
+    BadSignature,
+}
+
+impl Rejection {
+    fn as_str(self) -> &'static str {
+        match self {
+            Rejection::Unsupported => "UNSUPPORTED",
+            Rejection::StaleGeneration => "STALE_GENERATION",
+            Rejection::Expired => "EXPIRED",
+            Rejection::Busy => "BUSY",
+            Rejection::BadSignature => "BAD_SIGNATURE",
+        }
+    }
+}
+
+/// The daemon refused the command.
+pub async fn reject(tx: &impl GenericClient, id: &str, why: Rejection) -> Result<CommandView, DbError> {
+    match why {
+        Rejection::Busy => {
+            let view = move_to(tx, id, CommandState::Pending, None, None).await?;
+            // 1 s, 2 s, 4 s … 30 s.
+            tx.execute(
+                "UPDATE commands SET busy_count = busy_count + 1,
+                        not_before = compute_now() + make_interval(secs => LEAST($2::float8, power(2, busy_count)))
+                  WHERE id = $1",
+                &[&id, &BUSY_BACKOFF_MAX.as_secs_f64()],
+            )
+            .await?;
+            get(tx, &view.node_id, id).await
+        }
+        Rejection::Expired => move_to(tx, id, CommandState::Expired, Some(why.as_str()), None).await,
+        _ => move_to(tx, id, CommandState::Failed, Some(why.as_str()), None).await,
+    }
+}
+
+/// The daemon finished the command.
+pub async fn finish(
+    tx: &impl GenericClient,
+    id: &str,
+    succeeded: bool,
+    reason: Option<&str>,
+    result: &serde_json::Value,
+) -> Result<CommandView, DbError> {
+    if !succeeded && reason.is_none_or(str::is_empty) {
+        return Err(Error::invalid_argument("a failed command needs a reason").into());
+    }
+    let to = if succeeded { CommandState::Succeeded } else { CommandState::Failed };
+    move_to(tx, id, to, reason, Some(result)).await
+}
+
+/// Cancels: a pending command becomes cancelled and is never sent; an in-flight one is marked, and
+/// the gateway sends Cancel until the daemon settles it; a finished one is returned unchanged.
+pub async fn cancel(tx: &impl GenericClient, node_id: &str, id: &str) -> Result<CommandView, DbError> {
+    let v = get(tx, node_id, id).await?;
+    match v.state.as_str() {
+        "pending" => move_to(tx, id, CommandState::Cancelled, Some("cancelled"), None).await,
+        "sent" | "running" => {
+            tx.execute("UPDATE commands SET cancel_requested = true, version = version + 1 WHERE id = $1 AND NOT cancel_requested", &[&id])
+                .await?;
+            get(tx, node_id, id).await
+        }
+        _ => Ok(v),
+    }
+}
+
+/// What a reconnect settled.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReconnectOutcome {
+    /// Self-terminating commands settled as succeeded (new boot).
+    pub succeeded: u64,
+    /// Commands that are not retry-safe failed with `journal-lost` (new journal).
+    pub journal_lost: u64,
+}
+
+/// The database side of a node reconnecting: with a new boot id, its in-flight self-terminating
+/// commands (a reboot) succeeded; with a new journal id, its in-flight commands that are not
+/// retry-safe fail with `journal-lost` rather than run twice.
+pub async fn on_reconnect(tx: &impl GenericClient, node_id: &str, new_boot: bool, new_journal: bool) -> Result<ReconnectOutcome, DbError> {
+    let mut out = ReconnectOutcome::default();
+    let settle = |cond: &'static str, to: &'static str, reason: Option<&'static str>| {
+        format!(
+            "UPDATE commands SET state = '{to}', reason = {}, finished_at = compute_now(), version = version + 1
+              WHERE node_id = $1 AND state IN ('sent', 'running') AND {cond} RETURNING id",
+            reason.map(|r| format!("'{r}'")).unwrap_or_else(|| "reason".into())
+        )
+    };
+    if new_boot {
+        let ids: Vec<String> = tx.query(&settle("self_terminating", "succeeded", None), &[&node_id]).await?.iter().map(|r| r.get(0)).collect();
+        out.succeeded = ids.len() as u64;
+        wake_owners(tx, &ids).await?;
+    }
+    if new_journal {
+        let ids: Vec<String> =
+            tx.query(&settle("NOT retry_safe", "failed", Some("journal-lost")), &[&node_id]).await?.iter().map(|r| r.get(0)).collect();
+        out.journal_lost = ids.len() as u64;
+        wake_owners(tx, &ids).await?;
+    }
+    Ok(out)
+}
+
+/// What one sweep did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SweepOutcome {
+    /// Pending commands past `notAfter`, now expired.
+    pub expired: u64,
+    /// In-flight commands past `notAfter` plus their timeout, now failed with `timeout`.
+    pub timed_out: u64,
+}
+
+/// Expires pending commands past `notAfter` and fails in-flight ones past `notAfter` plus their
+/// kind's timeout, at most `limit` of each; wakes their owners.
+pub async fn sweep(tx: &impl GenericClient, limit: i64) -> Result<SweepOutcome, DbError> {
+    let expired: Vec<String> = tx
+        .query(
+            "UPDATE commands SET state = 'expired', reason = 'not_after passed before it was sent', finished_at = compute_now(),
+                    version = version + 1
+              WHERE id IN (SELECT id FROM commands WHERE state = 'pending' AND not_after < compute_now()
+                            ORDER BY not_after LIMIT $1 FOR UPDATE SKIP LOCKED)
+             RETURNING id",
+            &[&limit],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let timed_out: Vec<String> = tx
+        .query(
+            "UPDATE commands SET state = 'failed', reason = 'timeout', finished_at = compute_now(), version = version + 1
+              WHERE id IN (SELECT id FROM commands WHERE state IN ('sent', 'running')
+                              AND not_after + make_interval(secs => timeout_s) < compute_now()
+                            ORDER BY not_after LIMIT $1 FOR UPDATE SKIP LOCKED)
+             RETURNING id",
+            &[&limit],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    wake_owners(tx, &expired).await?;
+    wake_owners(tx, &timed_out).await?;
+    Ok(SweepOutcome { expired: expired.len() as u64, timed_out: timed_out.len() as u64 })
+}
+
+/// `commands.run`: one of the kinds allowed through the API, keyed by the caller's idempotency key.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RunCommand {
+    /// The node.
+    pub node_id: String,
+    /// The kind.
+    pub kind: String,
+    /// Its payload.
+    #[serde(default)]
+    pub payload: serde_json::Value,
+    /// Required; scoped to the caller's tenant and identity.
+    #[serde(default)]
+    pub idempotency_key: Option<String>,
+    /// Default 600, from 10 to 3600.
+    #[serde(default)]
+    pub not_after_seconds: Option<i64>,
+}
+
+/// Runs `commands.run`.
+pub async fn run(client: &mut Client, registry: &Registry, caller: Caller<'_>, req: &RunCommand) -> Result<CommandView, Error> {
+    match registry.command_kind(&req.kind) {
+        Some(k) if k.api_allowed => {}
+        _ => {
+            return Err(Error::new(
+                ErrorCode::Unsupported,
+                format!("commands.run does not run {:?}; it runs diag.nvml, inventory.refresh, logs.collect and node.reboot", req.kind),
+            ))
+        }
+    }
+    let key = req.idempotency_key.as_deref().filter(|k| !k.is_empty()).ok_or_else(|| {
+        Error::invalid_argument("idempotencyKey is required: a retry with the same key returns the same command")
+    })?;
+    let not_after_s = req.not_after_seconds.unwrap_or(600);
+    if !(10..=3600).contains(&not_after_s) {
+        return Err(Error::invalid_argument("notAfterSeconds must be between 10 and 3600"));
+    }
+    let tx = client.transaction().await.map_err(DbError::from)?;
+    let scope = IdempotencyScope { tenant_id: caller.tenant_id, identity_id: caller.identity_id, key };
+    let request = serde_json::json!({"nodeId": req.node_id, "kind": req.kind, "payload": req.payload, "notAfterSeconds": not_after_s});
+    if let Claim::Replay(v) = idempotency::claim(&tx, scope, "commands.run", &request).await? {
+        tx.commit().await.map_err(DbError::from)?;
+        return get(&*client, v["nodeId"].as_str().unwrap_or_default(), v["id"].as_str().unwrap_or_default()).await.map_err(Into::into);
+    }
+    let command_key = format!("api:{}:{}:{key}", caller.tenant_id, caller.identity_id);
+    let requested_by = format!("{}/{}", caller.tenant_id, caller.identity_id);
+    let v = enqueue(
+        &tx,
+        registry,
+        NewCommand {
+            node_id: &req.node_id,
+            kind: &req.kind,
+            payload: &req.payload,
+            idempotency_key: &command_key,
+            not_after: Some(Duration::from_secs(not_after_s as u64)),
+            min_generation: 0,
+            owner: None,
+            requested_by: Some(&requested_by),
+        },
+    )
+    .await?;
+    idempotency::complete(&tx, scope, &serde_json::to_value(&v).expect("view serializes")).await?;
+    tx.commit().await.map_err(DbError::from)?;
+    poke_gateway(&*client, &req.node_id).await;
+    Ok(v)
+}

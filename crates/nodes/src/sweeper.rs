@@ -1,0 +1,35 @@
+//! `command-sweeper`: expires pending commands past `notAfter` and fails in-flight ones past
+//! `notAfter` plus their kind's timeout, every 10 seconds.
+
+use std::time::Duration;
+
+use better_compute_runtime::{Kind, Outcome, Periodic, ReconcileContext, Reconciler, RunError, ShardBy};
+
+/// The sweeper's kind: one singleton key, `all`.
+pub const COMMAND_SWEEPER: Kind = Kind { name: "command-sweeper", shard_by: ShardBy::None };
+/// Commands settled per run; more makes the run return SyncAgain.
+const SWEEP_BATCH: i64 = 500;
+
+/// The sweeper.
+pub struct CommandSweeper;
+
+const PERIODIC: &[Periodic] = &[Periodic { key: "all", every: Duration::from_secs(10) }];
+
+#[async_trait::async_trait]
+impl Reconciler for CommandSweeper {
+    fn kind(&self) -> Kind {
+        COMMAND_SWEEPER
+    }
+
+    fn periodic(&self) -> &[Periodic] {
+        PERIODIC
+    }
+
+    async fn run(&self, ctx: &ReconcileContext, _key: &str) -> Result<Outcome, RunError> {
+        let mut c = ctx.client().await?;
+        let tx = ctx.begin_fenced(&mut c).await?;
+        let swept = crate::commands::sweep(&*tx, SWEEP_BATCH).await?;
+        tx.commit().await?;
+        Ok(if swept.expired as i64 == SWEEP_BATCH || swept.timed_out as i64 == SWEEP_BATCH { Outcome::SyncAgain } else { Outcome::Done })
+    }
+}

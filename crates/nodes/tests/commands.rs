@@ -1,0 +1,237 @@
+//! The command queue against a real PostgreSQL in simulated time: enqueue, seq, lifecycle, BUSY
+//! back-off, cancel, the sweeper, reconnect rules, commands.run, and the generated reference page.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use better_compute_core::{Caller, ErrorCode};
+use better_compute_nodes::commands::{self, NewCommand, Rejection, RunCommand};
+use better_compute_nodes::inventory::{self, NewGpu, NewNode, NewPool};
+use better_compute_nodes::layout::GpuMode;
+use better_compute_nodes::NodesModule;
+use better_compute_runtime::harness::Harness;
+
+async fn setup() -> (Harness, String) {
+    let h = Harness::new(vec![Arc::new(NodesModule)]).await;
+    let mut c = h.db().client().await;
+    let tx = c.transaction().await.unwrap();
+    let site = inventory::create_site(&*tx, "s").await.unwrap();
+    let pool = inventory::create_pool(
+        &*tx,
+        &NewPool { site_id: site, name: "p".into(), kind: "bare-metal".into(), vcpu_ratio: 1.0, memory_ratio: 1.0, disk_ratio: 1.0, lost_after_s: None },
+    )
+    .await
+    .unwrap();
+    let node = inventory::register_node(
+        &*tx,
+        &NewNode {
+            pool_id: pool,
+            name: "n".into(),
+            labels: Default::default(),
+            vcpu: 8,
+            memory_mib: 1024,
+            disk_gib: 10,
+            gpus: vec![NewGpu { uuid: "GPU-1".into(), model: "H100".into(), memory_mib: 81_920, mode: GpuMode::Exclusive }],
+        },
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    (h, node)
+}
+
+fn cmd<'a>(node: &'a str, kind: &'a str, payload: &'a serde_json::Value, key: &'a str) -> NewCommand<'a> {
+    NewCommand {
+        node_id: node,
+        kind,
+        payload,
+        idempotency_key: key,
+        not_after: Some(Duration::from_secs(600)),
+        min_generation: 0,
+        owner: None,
+        requested_by: None,
+    }
+}
+
+async fn count(h: &Harness, sql: &str) -> i64 {
+    h.db().client().await.query_one(sql, &[]).await.unwrap().get(0)
+}
+
+fn code(e: better_compute_db::DbError) -> ErrorCode {
+    better_compute_core::Error::from(e).code
+}
+
+#[tokio::test]
+async fn enqueue_is_idempotent_needs_not_after_and_refuses_unknown_kinds_and_bad_payloads() {
+    let (h, node) = setup().await;
+    let r = h.registry().clone();
+    let c = h.db().client().await;
+    let p = serde_json::json!({"sections": ["gpus"], "rescan": true});
+    let a = commands::enqueue(&**c, &r, cmd(&node, "inventory.refresh", &p, "refresh-1")).await.unwrap();
+    assert_eq!((a.seq, a.state.as_str()), (1, "pending"));
+    assert_eq!(a.payload, p);
+    let again = commands::enqueue(&**c, &r, cmd(&node, "inventory.refresh", &p, "refresh-1")).await.unwrap();
+    assert_eq!(again, a);
+    let mut no_deadline = cmd(&node, "inventory.refresh", &p, "refresh-2");
+    no_deadline.not_after = None;
+    assert_eq!(code(commands::enqueue(&**c, &r, no_deadline).await.unwrap_err()), ErrorCode::InvalidArgument);
+    assert_eq!(code(commands::enqueue(&**c, &r, cmd(&node, "disk.wipe", &p, "x")).await.unwrap_err()), ErrorCode::Unsupported);
+    let bad = serde_json::json!({"sections": ["gpus"], "rescn": true});
+    assert_eq!(code(commands::enqueue(&**c, &r, cmd(&node, "inventory.refresh", &bad, "y")).await.unwrap_err()), ErrorCode::InvalidArgument);
+    let bad = serde_json::json!({"sections": ["kernels"]});
+    assert_eq!(code(commands::enqueue(&**c, &r, cmd(&node, "inventory.refresh", &bad, "z")).await.unwrap_err()), ErrorCode::InvalidArgument);
+    assert_eq!(code(commands::enqueue(&**c, &r, cmd(&node, "node.reboot", &serde_json::Value::Null, "w")).await.unwrap_err()), ErrorCode::InvalidArgument);
+    assert_eq!(count(&h, "SELECT count(*) FROM commands").await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seq_strictly_increases_per_node_under_concurrent_enqueues() {
+    let (h, node) = setup().await;
+    let mut tasks = Vec::new();
+    for i in 0..30 {
+        let (pool, r, node) = (h.db().pool.clone(), h.registry().clone(), node.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut c = pool.get().await.unwrap();
+            let tx = c.transaction().await.unwrap();
+            let p = serde_json::json!({});
+            let v = commands::enqueue(&*tx, &r, cmd(&node, "diag.nvml", &p, &format!("k{i}"))).await.unwrap();
+            tx.commit().await.unwrap();
+            v.seq
+        }));
+    }
+    let mut seqs = Vec::new();
+    for t in tasks {
+        seqs.push(tokio::time::timeout(Duration::from_secs(30), t).await.expect("hung").unwrap());
+    }
+    seqs.sort();
+    assert_eq!(seqs, (1..=30).collect::<Vec<i64>>());
+}
+
+#[tokio::test]
+async fn busy_sends_the_command_back_with_a_back_off_from_one_to_thirty_seconds() {
+    let (h, node) = setup().await;
+    let r = h.registry().clone();
+    let c = h.db().client().await;
+    let v = commands::enqueue(&**c, &r, cmd(&node, "diag.nvml", &serde_json::json!({}), "d")).await.unwrap();
+    let mut waits = Vec::new();
+    for _ in 0..7 {
+        commands::mark_sent(&**c, &v.id).await.unwrap();
+        let back = commands::reject(&**c, &v.id, Rejection::Busy).await.unwrap();
+        assert_eq!(back.state, "pending");
+        let secs: f64 = c
+            .query_one("SELECT extract(epoch FROM not_before - compute_now())::float8 FROM commands WHERE id = $1", &[&v.id])
+            .await
+            .unwrap()
+            .get(0);
+        waits.push(secs as u64);
+    }
+    assert_eq!(waits, [1, 2, 4, 8, 16, 30, 30]);
+    // Final rejections.
+    commands::mark_sent(&**c, &v.id).await.unwrap();
+    let failed = commands::reject(&**c, &v.id, Rejection::StaleGeneration).await.unwrap();
+    assert_eq!((failed.state.as_str(), failed.reason.as_deref()), ("failed", Some("STALE_GENERATION")));
+    let e = commands::enqueue(&**c, &r, cmd(&node, "diag.nvml", &serde_json::json!({}), "e")).await.unwrap();
+    commands::mark_sent(&**c, &e.id).await.unwrap();
+    assert_eq!(commands::reject(&**c, &e.id, Rejection::Expired).await.unwrap().state, "expired");
+}
+
+#[tokio::test]
+async fn cancel_never_sends_a_pending_command_marks_an_in_flight_one_and_leaves_a_finished_one() {
+    let (h, node) = setup().await;
+    let r = h.registry().clone();
+    let c = h.db().client().await;
+    let p = serde_json::json!({});
+    let pending = commands::enqueue(&**c, &r, cmd(&node, "diag.nvml", &p, "a")).await.unwrap();
+    assert_eq!(commands::cancel(&**c, &node, &pending.id).await.unwrap().state, "cancelled");
+    assert_eq!(code(commands::mark_sent(&**c, &pending.id).await.unwrap_err()), ErrorCode::FailedPrecondition);
+    let running = commands::enqueue(&**c, &r, cmd(&node, "diag.nvml", &p, "b")).await.unwrap();
+    commands::mark_sent(&**c, &running.id).await.unwrap();
+    commands::acknowledge(&**c, &running.id).await.unwrap();
+    let marked = commands::cancel(&**c, &node, &running.id).await.unwrap();
+    assert_eq!((marked.state.as_str(), marked.cancel_requested), ("running", true));
+    let done = commands::finish(&**c, &running.id, true, None, &serde_json::json!({"ok": true})).await.unwrap();
+    assert_eq!(commands::cancel(&**c, &node, &done.id).await.unwrap(), done);
+}
+
+#[tokio::test]
+async fn the_sweeper_expires_pending_and_times_out_in_flight_commands_and_wakes_their_owners() {
+    let (h, node) = setup().await;
+    let r = h.registry().clone();
+    let c = h.db().client().await;
+    let p = serde_json::json!({});
+    let mut owned = cmd(&node, "diag.nvml", &p, "pending-one");
+    owned.owner = Some(("workflow", "wf_1", 7));
+    let pending = commands::enqueue(&**c, &r, owned).await.unwrap();
+    let in_flight = commands::enqueue(&**c, &r, cmd(&node, "diag.nvml", &p, "in-flight")).await.unwrap();
+    commands::mark_sent(&**c, &in_flight.id).await.unwrap();
+    // Not yet.
+    h.job("command-sweeper").drain(5).await;
+    assert_eq!(commands::get(&**c, &node, &pending.id).await.unwrap().state, "pending");
+    h.db().advance(Duration::from_secs(601)).await;
+    h.job("command-sweeper").drain(5).await;
+    let p2 = commands::get(&**c, &node, &pending.id).await.unwrap();
+    assert_eq!(p2.state, "expired");
+    assert_eq!(commands::get(&**c, &node, &in_flight.id).await.unwrap().state, "sent", "in flight until notAfter + its 600 s timeout");
+    assert_eq!(count(&h, "SELECT count(*) FROM work_queue WHERE kind = 'workflow' AND key = 'wf_1' AND shard = 7").await, 1);
+    h.db().advance(Duration::from_secs(600)).await;
+    h.job("command-sweeper").drain(5).await;
+    let t = commands::get(&**c, &node, &in_flight.id).await.unwrap();
+    assert_eq!((t.state.as_str(), t.reason.as_deref()), ("failed", Some("timeout")));
+}
+
+#[tokio::test]
+async fn a_reconnect_settles_a_reboot_on_a_new_boot_and_fails_unsafe_work_on_a_new_journal() {
+    let (h, node) = setup().await;
+    let r = h.registry().clone();
+    let c = h.db().client().await;
+    let reboot = commands::enqueue(&**c, &r, cmd(&node, "node.reboot", &serde_json::json!({"reason": "kernel"}), "r")).await.unwrap();
+    let diag = commands::enqueue(&**c, &r, cmd(&node, "diag.nvml", &serde_json::json!({}), "d")).await.unwrap();
+    for id in [&reboot.id, &diag.id] {
+        commands::mark_sent(&**c, id).await.unwrap();
+        commands::acknowledge(&**c, id).await.unwrap();
+    }
+    // Same boot, same journal: nothing settles.
+    assert_eq!(commands::on_reconnect(&**c, &node, false, false).await.unwrap(), Default::default());
+    // A new journal: the reboot (not retry-safe) fails rather than run twice; diag is retry-safe.
+    let out = commands::on_reconnect(&**c, &node, false, true).await.unwrap();
+    assert_eq!((out.succeeded, out.journal_lost), (0, 1));
+    let r1 = commands::get(&**c, &node, &reboot.id).await.unwrap();
+    assert_eq!((r1.state.as_str(), r1.reason.as_deref()), ("failed", Some("journal-lost")));
+    assert_eq!(commands::get(&**c, &node, &diag.id).await.unwrap().state, "running");
+    // A new boot settles an in-flight reboot as succeeded.
+    let reboot2 = commands::enqueue(&**c, &r, cmd(&node, "node.reboot", &serde_json::json!({"reason": "again"}), "r2")).await.unwrap();
+    commands::mark_sent(&**c, &reboot2.id).await.unwrap();
+    let out = commands::on_reconnect(&**c, &node, true, false).await.unwrap();
+    assert_eq!(out.succeeded, 1);
+    assert_eq!(commands::get(&**c, &node, &reboot2.id).await.unwrap().state, "succeeded");
+}
+
+#[tokio::test]
+async fn commands_run_refuses_other_kinds_bad_deadlines_and_missing_keys_and_replays_a_retry() {
+    let (h, node) = setup().await;
+    let r = h.registry().clone();
+    let mut c = h.db().connect().await;
+    let me = Caller { tenant_id: "ten_ops", identity_id: "idn_ops" };
+    let req = |kind: &str, key: Option<&str>, not_after: Option<i64>| RunCommand {
+        node_id: node.clone(),
+        kind: kind.into(),
+        payload: serde_json::json!({"sections": ["gpus"]}),
+        idempotency_key: key.map(String::from),
+        not_after_seconds: not_after,
+    };
+    assert_eq!(commands::run(&mut c, &r, me, &req("disk.wipe", Some("k"), None)).await.unwrap_err().code, ErrorCode::Unsupported);
+    for bad in [Some(9), Some(3601)] {
+        let e = commands::run(&mut c, &r, me, &req("inventory.refresh", Some("k"), bad)).await.unwrap_err();
+        assert!(e.code == ErrorCode::InvalidArgument && e.message.contains("notAfterSeconds"), "{e:?}");
+    }
+    let e = commands::run(&mut c, &r, me, &req("inventory.refresh", None, None)).await.unwrap_err();
+    assert!(e.message.contains("idempotencyKey"), "{e:?}");
+    assert_eq!(count(&h, "SELECT count(*) FROM commands").await, 0);
+    let a = commands::run(&mut c, &r, me, &req("inventory.refresh", Some("k"), None)).await.unwrap();
+    let b = commands::run(&mut c, &r, me, &req("inventory.refresh", Some("k"), None)).await.unwrap();
+    assert_eq!(a, b);
+    let other = Caller { tenant_id: "ten_ops", identity_id: "idn_other" };
+    let c2 = commands::run(&mut c, &r, other, &req("inventory.refresh", Some("k"), None)).await.unwrap();
+    assert_ne!(c2.id, a.id);
+    assert_eq!(count(&h, "SELECT count(*) FROM commands").await, 2);
+}

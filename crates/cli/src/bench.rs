@@ -36,6 +36,9 @@ enum Which {
     /// Placements per second with 64 concurrent clients on 1,000 and 10,000 nodes of 8 GPUs, 20% of
     /// requests aimed at a few hot nodes, beside pgbench's TPC-B on the same database.
     Capacity(crate::bench_capacity::CapacityBench),
+    /// Commands enqueued per second (one per transaction) and desired-state recomputations per
+    /// second for 10,000 nodes after a site-wide change, beside pgbench's TPC-B.
+    Commands(crate::bench_commands::CommandsBench),
 }
 
 #[derive(Debug, clap::Args)]
@@ -114,6 +117,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         Which::Runtime(b) => runtime_bench(b).await,
         Which::RuntimeWorker(w) => runtime_worker(w).await,
         Which::Capacity(b) => crate::bench_capacity::run(b).await,
+        Which::Commands(b) => crate::bench_commands::run(b).await,
     }
 }
 

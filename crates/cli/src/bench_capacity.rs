@@ -40,7 +40,7 @@ struct Outcomes {
     failed: AtomicUsize,
 }
 
-async fn seed(db: &tokio_postgres::Client, nodes: usize) -> anyhow::Result<()> {
+pub(crate) async fn seed(db: &tokio_postgres::Client, nodes: usize) -> anyhow::Result<()> {
     db.batch_execute(
         "TRUNCATE reservations, device_bookings, node_atom_counts, pool_capacity_rollup, node_resources, devices, nodes,
                   pools, sites, quota_usage, outbox, work_queue, idempotency_keys CASCADE",

@@ -93,6 +93,7 @@ async fn serve(cluster: &Cluster) -> anyhow::Result<()> {
     println!("  worker     {} running {}", worker.id(), registry.job_names().join(", "));
     println!("  jobs       DATABASE_URL='{url}' cargo run -- jobs");
     println!("  capacity   DATABASE_URL='{url}' cargo run -- capacity");
+    println!("  nodes      DATABASE_URL='{url}' cargo run -- nodes list   (generation and observed generation)");
     println!("Press Ctrl-C to stop.");
     println!("ready: DATABASE_URL={url}");
     let signal = crate::shutdown_signal().await?;

@@ -2,6 +2,7 @@
 
 mod bench;
 mod bench_capacity;
+mod bench_commands;
 mod capacity;
 mod dev;
 mod jobs;

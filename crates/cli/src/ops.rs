@@ -7,26 +7,30 @@ use better_compute_nodes::commands::{self, RunCommand};
 /// `better-compute nodes …`.
 #[derive(Debug, clap::Args)]
 pub struct NodesArgs {
-    #[command(flatten)]
-    db: crate::DatabaseArgs,
     #[command(subcommand)]
     cmd: NodesCmd,
 }
 
 #[derive(Debug, clap::Subcommand)]
 enum NodesCmd {
+    /// List nodes: name, pool, liveness, generation and observed generation (converging while they
+    /// differ), and why the placer skips them.
+    List {
+        #[command(flatten)]
+        db: crate::DatabaseArgs,
+    },
     /// Print a node as JSON: labels, taints, noScheduleReasons, liveness, generation and observedGeneration.
     Get {
         /// The node id (node_…).
         node_id: String,
+        #[command(flatten)]
+        db: crate::DatabaseArgs,
     },
 }
 
 /// `better-compute commands …`.
 #[derive(Debug, clap::Args)]
 pub struct CommandsArgs {
-    #[command(flatten)]
-    db: crate::DatabaseArgs,
     /// The tenant acting (idempotency keys are scoped to tenant and identity).
     #[arg(long, env = "BETTER_COMPUTE_TENANT", default_value = "ten_operator")]
     tenant: String,
@@ -56,6 +60,8 @@ enum CommandsCmd {
         /// How long the node may still accept it (10 to 3600 s).
         #[arg(long, default_value_t = 600)]
         not_after_seconds: i64,
+        #[command(flatten)]
+        db: crate::DatabaseArgs,
     },
     /// Print a command as JSON.
     Get {
@@ -64,6 +70,8 @@ enum CommandsCmd {
         node: String,
         /// The command id (cmd_…).
         command_id: String,
+        #[command(flatten)]
+        db: crate::DatabaseArgs,
     },
     /// Cancel a command: pending ones are never sent; in-flight ones get a Cancel.
     Cancel {
@@ -72,6 +80,8 @@ enum CommandsCmd {
         node: String,
         /// The command id (cmd_…).
         command_id: String,
+        #[command(flatten)]
+        db: crate::DatabaseArgs,
     },
 }
 
@@ -95,9 +105,38 @@ fn print_json(v: &impl serde::Serialize) -> anyhow::Result<()> {
 
 /// Runs `nodes …`.
 pub async fn nodes(args: NodesArgs) -> anyhow::Result<()> {
-    let client = better_compute_db::pool::connect(&args.db.database_url).await?;
+    let db = match &args.cmd {
+        NodesCmd::List { db } | NodesCmd::Get { db, .. } => db,
+    };
+    let client = better_compute_db::pool::connect(&db.database_url).await?;
     match args.cmd {
-        NodesCmd::Get { node_id } => {
+        NodesCmd::List { .. } => {
+            let rows = client
+                .query(
+                    "SELECT n.id, n.name, p.name, n.liveness, n.generation, n.observed_generation,
+                            array_to_string(n.no_schedule_reasons, ',')
+                       FROM nodes n JOIN pools p ON p.id = n.pool_id ORDER BY p.name, n.name",
+                    &[],
+                )
+                .await?;
+            println!("{:<32} {:<16} {:<10} {:<13} {:>10} {:>8}  {}", "NODE", "NAME", "POOL", "LIVENESS", "GENERATION", "OBSERVED", "NO-SCHEDULE");
+            for r in rows {
+                let (generation, observed): (i64, i64) = (r.get(4), r.get(5));
+                println!(
+                    "{:<32} {:<16} {:<10} {:<13} {:>10} {:>8}  {}{}",
+                    r.get::<_, String>(0),
+                    r.get::<_, String>(1),
+                    r.get::<_, String>(2),
+                    r.get::<_, String>(3),
+                    generation,
+                    observed,
+                    r.get::<_, String>(6),
+                    if generation > observed { " (converging)" } else { "" }
+                );
+            }
+            Ok(())
+        }
+        NodesCmd::Get { node_id, .. } => {
             let v = better_compute_nodes::inventory::get_node(&client, &node_id).await.map_err(better_compute_core::Error::from)?;
             print_json(&v)
         }
@@ -106,20 +145,23 @@ pub async fn nodes(args: NodesArgs) -> anyhow::Result<()> {
 
 /// Runs `commands …`.
 pub async fn commands(args: CommandsArgs) -> anyhow::Result<()> {
-    let mut client = better_compute_db::pool::connect(&args.db.database_url).await?;
+    let db = match &args.cmd {
+        CommandsCmd::Run { db, .. } | CommandsCmd::Get { db, .. } | CommandsCmd::Cancel { db, .. } => db,
+    };
+    let mut client = better_compute_db::pool::connect(&db.database_url).await?;
     let registry = crate::registry()?;
     let caller = Caller { tenant_id: &args.tenant, identity_id: &args.identity };
     match args.cmd {
-        CommandsCmd::Run { node, kind, payload, idempotency_key, not_after_seconds } => {
+        CommandsCmd::Run { node, kind, payload, idempotency_key, not_after_seconds, .. } => {
             let payload: serde_json::Value =
                 serde_json::from_str(&payload).map_err(|e| anyhow::anyhow!("--payload is not JSON: {e}"))?;
             let req = RunCommand { node_id: node, kind, payload, idempotency_key: Some(idempotency_key), not_after_seconds: Some(not_after_seconds) };
             print_json(&commands::run(&mut client, &registry, caller, &req).await?)
         }
-        CommandsCmd::Get { node, command_id } => {
+        CommandsCmd::Get { node, command_id, .. } => {
             print_json(&commands::get(&client, &node, &command_id).await.map_err(better_compute_core::Error::from)?)
         }
-        CommandsCmd::Cancel { node, command_id } => {
+        CommandsCmd::Cancel { node, command_id, .. } => {
             let tx = client.transaction().await?;
             let v = commands::cancel(&tx, &node, &command_id).await.map_err(better_compute_core::Error::from)?;
             tx.commit().await?;

@@ -68,12 +68,29 @@ impl Dev {
                 while let Ok(line) = self.lines.recv_timeout(Duration::from_secs(5)) {
                     self.seen.push(line);
                 }
-                return (status, self.seen);
+                return (status, std::mem::take(&mut self.seen));
             }
             std::thread::sleep(Duration::from_millis(100));
         }
         let _ = self.child.kill();
         panic!("better-compute dev did not exit; output:\n{}", self.seen.join("\n"));
+    }
+}
+
+impl Drop for Dev {
+    /// A failed assertion must not leave a dev (and its PostgreSQL) running.
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            // SAFETY: signalling our own child.
+            unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+            for _ in 0..300 {
+                if let Ok(Some(_)) = self.child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            let _ = self.child.kill();
+        }
     }
 }
 
@@ -125,6 +142,29 @@ async fn dev_refuses_a_second_copy_stops_on_ctrl_c_and_keeps_data_across_restart
     let cap = Command::new(BIN).args(["capacity", "--database-url", &url]).output().unwrap();
     let text = String::from_utf8_lossy(&cap.stdout);
     assert!(text.contains("pool dev/gpus") && text.contains("H100-80GB: 30 of 30 idle") && text.contains("3g.40gb: 2 of 2 idle"), "{text}");
+    // Every demo node is adopted and gets its desired state from the worker's nodespec job.
+    let nodes = Command::new(BIN).args(["nodes", "list", "--database-url", &url]).output().unwrap();
+    let text = String::from_utf8_lossy(&nodes.stdout);
+    assert!(text.contains("GENERATION") && text.matches("dev-node-").count() == 4, "{text}");
+    // A command through the CLI: queued for the node, and a retry with the same key is the same command.
+    let node = text.lines().find_map(|l| l.split_whitespace().next().filter(|w| w.starts_with("node_"))).unwrap().to_owned();
+    let run = |key: &str| {
+        let out = Command::new(BIN)
+            .args(["commands", "run", "--node", &node, "--kind", "inventory.refresh", "--payload", r#"{"sections":["gpus"]}"#])
+            .args(["--idempotency-key", key, "--database-url", &url])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let queued = run("refresh-1");
+    assert_eq!((queued["state"].as_str(), queued["seq"].as_i64()), (Some("pending"), Some(1)));
+    assert_eq!(run("refresh-1")["id"], queued["id"]);
+    let refused = Command::new(BIN)
+        .args(["commands", "run", "--node", &node, "--kind", "disk.wipe", "--idempotency-key", "x", "--database-url", &url])
+        .output()
+        .unwrap();
+    assert!(!refused.status.success() && String::from_utf8_lossy(&refused.stderr).contains("UNSUPPORTED"));
     // The operator view reads the same database.
     let jobs = Command::new(BIN).args(["jobs", "--database-url", &url]).output().unwrap();
     let text = String::from_utf8_lossy(&jobs.stdout);

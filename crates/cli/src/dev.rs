@@ -79,6 +79,7 @@ async fn serve(cluster: &Cluster) -> anyhow::Result<()> {
     if let Some(summary) = seed_demo_fleet(&mut db).await? {
         println!("{summary}");
     }
+    print!("{}", crate::ops::nodes_table(&db).await?);
     drop(db);
     let pool = better_compute_db::pool::connect_pool(&conn, 16)?;
     let (stop, stopped) = tokio::sync::watch::channel(false);

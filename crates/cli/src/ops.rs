@@ -111,29 +111,7 @@ pub async fn nodes(args: NodesArgs) -> anyhow::Result<()> {
     let client = better_compute_db::pool::connect(&db.database_url).await?;
     match args.cmd {
         NodesCmd::List { .. } => {
-            let rows = client
-                .query(
-                    "SELECT n.id, n.name, p.name, n.liveness, n.generation, n.observed_generation,
-                            array_to_string(n.no_schedule_reasons, ',')
-                       FROM nodes n JOIN pools p ON p.id = n.pool_id ORDER BY p.name, n.name",
-                    &[],
-                )
-                .await?;
-            println!("{:<32} {:<16} {:<10} {:<13} {:>10} {:>8}  {}", "NODE", "NAME", "POOL", "LIVENESS", "GENERATION", "OBSERVED", "NO-SCHEDULE");
-            for r in rows {
-                let (generation, observed): (i64, i64) = (r.get(4), r.get(5));
-                println!(
-                    "{:<32} {:<16} {:<10} {:<13} {:>10} {:>8}  {}{}",
-                    r.get::<_, String>(0),
-                    r.get::<_, String>(1),
-                    r.get::<_, String>(2),
-                    r.get::<_, String>(3),
-                    generation,
-                    observed,
-                    r.get::<_, String>(6),
-                    if generation > observed { " (converging)" } else { "" }
-                );
-            }
+            print!("{}", nodes_table(&client).await?);
             Ok(())
         }
         NodesCmd::Get { node_id, .. } => {
@@ -141,6 +119,37 @@ pub async fn nodes(args: NodesArgs) -> anyhow::Result<()> {
             print_json(&v)
         }
     }
+}
+
+/// The nodes with their generation and observed generation, as a table (also printed by `dev`).
+pub async fn nodes_table(client: &tokio_postgres::Client) -> anyhow::Result<String> {
+    use std::fmt::Write;
+    let rows = client
+        .query(
+            "SELECT n.id, n.name, p.name, n.liveness, n.generation, n.observed_generation,
+                    array_to_string(n.no_schedule_reasons, ',')
+               FROM nodes n JOIN pools p ON p.id = n.pool_id ORDER BY p.name, n.name",
+            &[],
+        )
+        .await?;
+    let mut out = String::new();
+    writeln!(out, "{:<32} {:<16} {:<10} {:<13} {:>10} {:>8}  {}", "NODE", "NAME", "POOL", "LIVENESS", "GENERATION", "OBSERVED", "NO-SCHEDULE")?;
+    for r in rows {
+        let (generation, observed): (i64, i64) = (r.get(4), r.get(5));
+        writeln!(
+            out,
+            "{:<32} {:<16} {:<10} {:<13} {:>10} {:>8}  {}{}",
+            r.get::<_, String>(0),
+            r.get::<_, String>(1),
+            r.get::<_, String>(2),
+            r.get::<_, String>(3),
+            generation,
+            observed,
+            r.get::<_, String>(6),
+            if generation > observed { " (converging)" } else { "" }
+        )?;
+    }
+    Ok(out)
 }
 
 /// Runs `commands …`.
@@ -156,7 +165,7 @@ pub async fn commands(args: CommandsArgs) -> anyhow::Result<()> {
             let payload: serde_json::Value =
                 serde_json::from_str(&payload).map_err(|e| anyhow::anyhow!("--payload is not JSON: {e}"))?;
             let req = RunCommand { node_id: node, kind, payload, idempotency_key: Some(idempotency_key), not_after_seconds: Some(not_after_seconds) };
-            print_json(&commands::run(&mut client, &registry, caller, &req).await?)
+            print_json(&commands::run(&mut client, &registry, &better_compute_runtime::authz::LocalOperator, caller, &req).await?)
         }
         CommandsCmd::Get { node, command_id, .. } => {
             print_json(&commands::get(&client, &node, &command_id).await.map_err(better_compute_core::Error::from)?)

@@ -9,6 +9,7 @@ use better_compute_core::state::{CommandState, State, COMMAND_STATE_TABLE};
 use better_compute_core::{Caller, Error, ErrorCode};
 use better_compute_db::idempotency::{self, Claim, IdempotencyScope};
 use better_compute_db::DbError;
+use better_compute_runtime::authz::{Authorizer, Resource};
 use better_compute_runtime::{work_queue, Registry};
 use prost::Message;
 use serde::Serialize;
@@ -403,8 +404,18 @@ pub struct RunCommand {
     pub not_after_seconds: Option<i64>,
 }
 
-/// Runs `commands.run`.
-pub async fn run(client: &mut Client, registry: &Registry, caller: Caller<'_>, req: &RunCommand) -> Result<CommandView, Error> {
+/// The permission `commands.run` and `commands.cancel` check on the node.
+pub const EXEC: &str = "compute:nodes:exec";
+
+/// Runs `commands.run`: `compute:nodes:exec` on the node first, then the checks, then the queue.
+pub async fn run(
+    client: &mut Client,
+    registry: &Registry,
+    authz: &dyn Authorizer,
+    caller: Caller<'_>,
+    req: &RunCommand,
+) -> Result<CommandView, Error> {
+    authz.check(caller, EXEC, Resource::Node(&req.node_id)).await?;
     match registry.command_kind(&req.kind) {
         Some(k) if k.api_allowed => {}
         _ => {

@@ -31,6 +31,14 @@ impl better_compute_runtime::Module for NodesModule {
         NODES_MIGRATIONS
     }
 
+    fn permissions(&self) -> Vec<better_compute_runtime::authz::Permission> {
+        use better_compute_runtime::authz::Permission;
+        vec![
+            Permission { name: "compute:nodes:read", description: "Read nodes, their desired state and their commands." },
+            Permission { name: "compute:nodes:exec", description: "Run and cancel commands on nodes (commands.run, commands.cancel)." },
+        ]
+    }
+
     fn command_kinds(&self) -> Vec<better_compute_runtime::commands::CommandKind> {
         kinds::command_kinds()
     }

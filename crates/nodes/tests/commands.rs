@@ -9,6 +9,7 @@ use better_compute_nodes::commands::{self, NewCommand, Rejection, RunCommand};
 use better_compute_nodes::inventory::{self, NewGpu, NewNode, NewPool};
 use better_compute_nodes::layout::GpuMode;
 use better_compute_nodes::NodesModule;
+use better_compute_runtime::authz::{Authorizer, LocalOperator, Resource};
 use better_compute_runtime::harness::Harness;
 
 async fn setup() -> (Harness, String) {
@@ -219,19 +220,58 @@ async fn commands_run_refuses_other_kinds_bad_deadlines_and_missing_keys_and_rep
         idempotency_key: key.map(String::from),
         not_after_seconds: not_after,
     };
-    assert_eq!(commands::run(&mut c, &r, me, &req("disk.wipe", Some("k"), None)).await.unwrap_err().code, ErrorCode::Unsupported);
+    assert_eq!(commands::run(&mut c, &r, &LocalOperator, me, &req("disk.wipe", Some("k"), None)).await.unwrap_err().code, ErrorCode::Unsupported);
     for bad in [Some(9), Some(3601)] {
-        let e = commands::run(&mut c, &r, me, &req("inventory.refresh", Some("k"), bad)).await.unwrap_err();
+        let e = commands::run(&mut c, &r, &LocalOperator, me, &req("inventory.refresh", Some("k"), bad)).await.unwrap_err();
         assert!(e.code == ErrorCode::InvalidArgument && e.message.contains("notAfterSeconds"), "{e:?}");
     }
-    let e = commands::run(&mut c, &r, me, &req("inventory.refresh", None, None)).await.unwrap_err();
+    let e = commands::run(&mut c, &r, &LocalOperator, me, &req("inventory.refresh", None, None)).await.unwrap_err();
     assert!(e.message.contains("idempotencyKey"), "{e:?}");
     assert_eq!(count(&h, "SELECT count(*) FROM commands").await, 0);
-    let a = commands::run(&mut c, &r, me, &req("inventory.refresh", Some("k"), None)).await.unwrap();
-    let b = commands::run(&mut c, &r, me, &req("inventory.refresh", Some("k"), None)).await.unwrap();
+    let a = commands::run(&mut c, &r, &LocalOperator, me, &req("inventory.refresh", Some("k"), None)).await.unwrap();
+    let b = commands::run(&mut c, &r, &LocalOperator, me, &req("inventory.refresh", Some("k"), None)).await.unwrap();
     assert_eq!(a, b);
     let other = Caller { tenant_id: "ten_ops", identity_id: "idn_other" };
-    let c2 = commands::run(&mut c, &r, other, &req("inventory.refresh", Some("k"), None)).await.unwrap();
+    let c2 = commands::run(&mut c, &r, &LocalOperator, other, &req("inventory.refresh", Some("k"), None)).await.unwrap();
     assert_ne!(c2.id, a.id);
     assert_eq!(count(&h, "SELECT count(*) FROM commands").await, 2);
+}
+
+/// Denies `compute:nodes:exec`; hides nodes other than `visible`.
+struct ReadOnly {
+    visible: String,
+}
+
+#[async_trait::async_trait]
+impl Authorizer for ReadOnly {
+    async fn check(&self, _caller: Caller<'_>, permission: &str, resource: Resource<'_>) -> Result<(), better_compute_core::Error> {
+        match resource {
+            Resource::Node(n) if n != self.visible => Err(better_compute_core::Error::not_found("node", n)),
+            _ if permission == commands::EXEC => {
+                Err(better_compute_core::Error::new(ErrorCode::PermissionDenied, "compute:nodes:exec is required on the node"))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+#[tokio::test]
+async fn commands_run_asks_for_compute_nodes_exec_on_the_node_before_anything_else() {
+    let (h, node) = setup().await;
+    let r = h.registry().clone();
+    assert!(r.permissions().iter().any(|p| p.name == commands::EXEC));
+    let mut c = h.db().connect().await;
+    let me = Caller { tenant_id: "ten_x", identity_id: "idn_x" };
+    let authz = ReadOnly { visible: node.clone() };
+    let req = |node_id: &str| RunCommand {
+        node_id: node_id.to_owned(),
+        kind: "inventory.refresh".into(),
+        payload: serde_json::json!({}),
+        idempotency_key: Some("k".into()),
+        not_after_seconds: None,
+    };
+    assert_eq!(commands::run(&mut c, &r, &authz, me, &req(&node)).await.unwrap_err().code, ErrorCode::PermissionDenied);
+    assert_eq!(commands::run(&mut c, &r, &authz, me, &req("node_hidden")).await.unwrap_err().code, ErrorCode::NotFound);
+    assert_eq!(count(&h, "SELECT count(*) FROM commands").await, 0);
+    assert_eq!(count(&h, "SELECT count(*) FROM idempotency_keys").await, 0);
 }

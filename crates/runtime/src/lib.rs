@@ -2,6 +2,7 @@
 //! through the [`work_queue`], sharded [`Worker`]s under fenced leases, and the [`outbox`] through which
 //! side effects leave. The runtime knows no module: modules register with it.
 
+pub mod authz;
 pub mod commands;
 pub mod desired;
 pub mod harness;

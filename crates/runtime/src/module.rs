@@ -44,6 +44,11 @@ pub trait Module: Send + Sync + 'static {
     fn command_kinds(&self) -> Vec<crate::commands::CommandKind> {
         Vec::new()
     }
+
+    /// The permissions its methods check, for the catalog.
+    fn permissions(&self) -> Vec<crate::authz::Permission> {
+        Vec::new()
+    }
 }
 
 /// Why a set of modules cannot be assembled.
@@ -166,6 +171,11 @@ impl Registry {
     /// Every command kind, in registration order.
     pub fn command_kinds(&self) -> &[crate::commands::CommandKind] {
         &self.command_kinds
+    }
+
+    /// The permission catalog: every module's permissions, in registration order.
+    pub fn permissions(&self) -> Vec<crate::authz::Permission> {
+        self.modules.iter().flat_map(|m| m.permissions()).collect()
     }
 
     /// A command kind by name.

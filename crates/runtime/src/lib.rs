@@ -6,6 +6,7 @@ pub mod authz;
 pub mod commands;
 pub mod desired;
 pub mod harness;
+pub mod housekeeping;
 pub mod module;
 pub mod nodespec;
 pub mod outbox;

@@ -94,7 +94,8 @@ impl Registry {
     /// Assembles modules in order, refusing duplicate names.
     pub fn new(modules: Vec<Arc<dyn Module>>) -> Result<Registry, RegistryError> {
         let mut names = HashSet::new();
-        let mut jobs: HashSet<String> = [EVENT_SUBSCRIBERS_JOB, OUTBOX_DISPATCH_JOB].map(String::from).into();
+        let mut jobs: HashSet<String> =
+            [EVENT_SUBSCRIBERS_JOB, OUTBOX_DISPATCH_JOB, crate::housekeeping::HOUSEKEEPING.name].map(String::from).into();
         let mut sinks = HashSet::new();
         let (mut reconcilers, mut subscribers, mut outbox_sinks) = (Vec::new(), Vec::new(), Vec::new());
         let mut parts: Vec<Arc<dyn NodeSpecPart>> = Vec::new();
@@ -138,6 +139,7 @@ impl Registry {
             }
             reconcilers.push(Arc::new(NodeSpecController { parts }));
         }
+        reconcilers.push(Arc::new(crate::housekeeping::Housekeeping));
         Ok(Registry { modules, reconcilers, subscribers, outbox_sinks, command_kinds })
     }
 

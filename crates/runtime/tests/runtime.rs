@@ -196,7 +196,7 @@ async fn enqueue(h: &Harness, kind: &Kind, key: &str) {
 }
 
 async fn queue_len(h: &Harness) -> i64 {
-    h.db().client().await.query_one("SELECT count(*) FROM work_queue", &[]).await.unwrap().get(0)
+    h.db().client().await.query_one("SELECT count(*) FROM work_queue WHERE kind <> 'housekeeping'", &[]).await.unwrap().get(0)
 }
 
 const NODE_KIND: &str = "probe";
@@ -208,7 +208,7 @@ async fn a_key_enqueued_100_times_while_queued_runs_once() {
     for _ in 0..100 {
         enqueue(&h, &probe.kind, "node_a").await;
     }
-    let generation: i64 = h.db().client().await.query_one("SELECT gen FROM work_queue", &[]).await.unwrap().get(0);
+    let generation: i64 = h.db().client().await.query_one("SELECT gen FROM work_queue WHERE kind = 'probe'", &[]).await.unwrap().get(0);
     assert_eq!(generation, 100);
     let r = h.job(NODE_KIND).tick().await;
     assert_eq!((r.claimed, r.done), (1, 1));
@@ -264,12 +264,13 @@ async fn errors_back_off_from_one_second_doubling_to_five_minutes_and_keep_the_l
         waited.push(expected_s);
     }
     let c = h.db().client().await;
-    let row = c.query_one("SELECT attempts, last_error FROM work_queue", &[]).await.unwrap();
+    let row = c.query_one("SELECT attempts, last_error FROM work_queue WHERE kind = 'probe'", &[]).await.unwrap();
     assert_eq!(row.get::<_, i32>(0), 12);
     assert_eq!(row.get::<_, String>(1), "planned failure");
     let queues = status::queues(&**c, &[NODE_KIND]).await.unwrap();
-    assert_eq!(queues[0].failing, 1);
-    assert_eq!(queues[0].last_error.as_deref(), Some("node_a: planned failure"));
+    let probe_queue = queues.iter().find(|q| q.job == NODE_KIND).unwrap();
+    assert_eq!(probe_queue.failing, 1);
+    assert_eq!(probe_queue.last_error.as_deref(), Some("node_a: planned failure"));
     // A success clears it.
     *probe.behave.lock().unwrap() = Behave::Done;
     h.db().advance(Duration::from_secs(300)).await;
@@ -757,4 +758,24 @@ async fn two_modules_site_fields_merge_in_registration_order_and_generation_move
     enqueue(&h, &nodespec, "node_adopted").await;
     h.job("nodespec").drain(5).await;
     assert_eq!(spec_of("node_adopted").await.0, 2);
+}
+
+#[tokio::test]
+async fn housekeeping_deletes_expired_idempotency_keys_every_minute() {
+    let probe = Arc::new(Probe::new(NODE_KIND, ShardBy::Node));
+    let h = harness_with(probe, vec![]).await;
+    {
+        let mut c = h.db().client().await;
+        let tx = c.transaction().await.unwrap();
+        let scope = better_compute_db::idempotency::IdempotencyScope { tenant_id: "ten_a", identity_id: "idn_a", key: "k" };
+        better_compute_db::idempotency::claim(&tx, scope, "m", &serde_json::json!({})).await.unwrap();
+        better_compute_db::idempotency::complete(&tx, scope, &serde_json::json!({"ok": true})).await.unwrap();
+        tx.commit().await.unwrap();
+    }
+    let keys = || async { h.db().client().await.query_one("SELECT count(*) FROM idempotency_keys", &[]).await.unwrap().get::<_, i64>(0) };
+    h.job("housekeeping").drain(5).await;
+    assert_eq!(keys().await, 1, "a live key stays");
+    h.db().advance(better_compute_db::idempotency::IDEMPOTENCY_KEY_TTL).await;
+    h.job("housekeeping").drain(5).await;
+    assert_eq!(keys().await, 0);
 }

@@ -99,7 +99,7 @@ async fn candidates(tx: &Transaction<'_>, d: &Demand, excluded: &[String], best_
         format!(
             "SELECT c.node_id, c.idle FROM nodes n JOIN node_atom_counts c ON c.node_id = n.id
               WHERE n.pool_id = $1 AND c.kind = $2 AND c.model = $3 AND c.profile = $4 AND c.{filter}
-                AND NOT (n.id = ANY($8)) AND {} AND $9::bigint > 0
+                AND NOT (n.id = ANY($8)) AND {}
               ORDER BY c.{} LIMIT {CANDIDATES}",
             eligible(6, 7),
             order.replace(", node_id", ", c.node_id")
@@ -119,9 +119,15 @@ async fn candidates(tx: &Transaction<'_>, d: &Demand, excluded: &[String], best_
         )
     };
     for window in WINDOWS {
-        let rows = tx
-            .query(&sql, &[&d.pool_id, &d.kind, &d.model, &d.profile, &d.count, &d.node_selector, &d.tolerations, &excluded, &window])
-            .await?;
+        let base: [&(dyn tokio_postgres::types::ToSql + Sync); 8] =
+            [&d.pool_id, &d.kind, &d.model, &d.profile, &d.count, &d.node_selector, &d.tolerations, &excluded];
+        let rows = if selective {
+            tx.query(&sql, &base).await?
+        } else {
+            let mut params = base.to_vec();
+            params.push(&window);
+            tx.query(&sql, &params).await?
+        };
         if rows.len() as i64 == CANDIDATES || selective || window == i64::MAX {
             return Ok(rows.iter().map(|r| Candidate { node_id: r.get(0), idle: r.get(1) }).collect());
         }

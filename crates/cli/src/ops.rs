@@ -3,6 +3,7 @@
 
 use better_compute_core::Caller;
 use better_compute_nodes::commands::{self, RunCommand};
+use better_compute_runtime::authz::LocalOperator;
 
 /// `better-compute nodes …`.
 #[derive(Debug, clap::Args)]
@@ -165,17 +166,13 @@ pub async fn commands(args: CommandsArgs) -> anyhow::Result<()> {
             let payload: serde_json::Value =
                 serde_json::from_str(&payload).map_err(|e| anyhow::anyhow!("--payload is not JSON: {e}"))?;
             let req = RunCommand { node_id: node, kind, payload, idempotency_key: Some(idempotency_key), not_after_seconds: Some(not_after_seconds) };
-            print_json(&commands::run(&mut client, &registry, &better_compute_runtime::authz::LocalOperator, caller, &req).await?)
+            print_json(&commands::run(&mut client, &registry, &LocalOperator, caller, &req).await?)
         }
         CommandsCmd::Get { node, command_id, .. } => {
-            print_json(&commands::get(&client, &node, &command_id).await.map_err(better_compute_core::Error::from)?)
+            print_json(&commands::get_as(&client, &LocalOperator, caller, &node, &command_id).await?)
         }
         CommandsCmd::Cancel { node, command_id, .. } => {
-            let tx = client.transaction().await?;
-            let v = commands::cancel(&tx, &node, &command_id).await.map_err(better_compute_core::Error::from)?;
-            tx.commit().await?;
-            commands::poke_gateway(&client, &node).await;
-            print_json(&v)
+            print_json(&commands::cancel_as(&mut client, &LocalOperator, caller, &node, &command_id).await?)
         }
     }
 }

@@ -461,3 +461,34 @@ pub async fn run(
     poke_gateway(&*client, &req.node_id).await;
     Ok(v)
 }
+
+/// `commands.cancel`: `compute:nodes:exec` on the node, then [`cancel`], then a poke.
+pub async fn cancel_as(
+    client: &mut Client,
+    authz: &dyn Authorizer,
+    caller: Caller<'_>,
+    node_id: &str,
+    command_id: &str,
+) -> Result<CommandView, Error> {
+    authz.check(caller, EXEC, Resource::Node(node_id)).await?;
+    let tx = client.transaction().await.map_err(DbError::from)?;
+    let v = cancel(&tx, node_id, command_id).await?;
+    tx.commit().await.map_err(DbError::from)?;
+    poke_gateway(&*client, node_id).await;
+    Ok(v)
+}
+
+/// `commands.get`: `compute:nodes:read` on the node, then the command.
+pub async fn get_as(
+    db: &impl GenericClient,
+    authz: &dyn Authorizer,
+    caller: Caller<'_>,
+    node_id: &str,
+    command_id: &str,
+) -> Result<CommandView, Error> {
+    authz.check(caller, READ, Resource::Node(node_id)).await?;
+    Ok(get(db, node_id, command_id).await?)
+}
+
+/// The permission reading nodes and their commands needs.
+pub const READ: &str = "compute:nodes:read";

@@ -274,4 +274,9 @@ async fn commands_run_asks_for_compute_nodes_exec_on_the_node_before_anything_el
     assert_eq!(commands::run(&mut c, &r, &authz, me, &req("node_hidden")).await.unwrap_err().code, ErrorCode::NotFound);
     assert_eq!(count(&h, "SELECT count(*) FROM commands").await, 0);
     assert_eq!(count(&h, "SELECT count(*) FROM idempotency_keys").await, 0);
+    // Cancel needs exec too; reading needs only read.
+    let queued = commands::run(&mut c, &r, &LocalOperator, me, &req(&node)).await.unwrap();
+    assert_eq!(commands::cancel_as(&mut c, &authz, me, &node, &queued.id).await.unwrap_err().code, ErrorCode::PermissionDenied);
+    assert_eq!(commands::get_as(&c, &authz, me, &node, &queued.id).await.unwrap().state, "pending");
+    assert_eq!(commands::cancel_as(&mut c, &LocalOperator, me, &node, &queued.id).await.unwrap().state, "cancelled");
 }

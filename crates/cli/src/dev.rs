@@ -83,7 +83,7 @@ async fn serve(cluster: &Cluster) -> anyhow::Result<()> {
     drop(db);
     let pool = better_compute_db::pool::connect_pool(&conn, 16)?;
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    let (worker, handle) = crate::server::start_worker(pool, registry.clone(), Some(conn), stopped).await?;
+    let (worker, handle) = crate::server::start_worker(pool, registry.clone(), Some(conn.clone()), stopped).await?;
     let url = cluster.url(DEV_DATABASE);
     println!("migrations: {} applied, {} already applied", report.applied.len(), report.already_applied);
     println!();
@@ -95,6 +95,12 @@ async fn serve(cluster: &Cluster) -> anyhow::Result<()> {
     println!("  jobs       DATABASE_URL='{url}' cargo run -- jobs");
     println!("  capacity   DATABASE_URL='{url}' cargo run -- capacity");
     println!("  nodes      DATABASE_URL='{url}' cargo run -- nodes list   (generation and observed generation)");
+    if let Some(pool) = demo_pool(&conn).await {
+        println!(
+            "  reserve    DATABASE_URL='{url}' cargo run -- reservations create \\
+               '{{\"poolId\":\"{pool}\",\"gpu\":{{\"kind\":\"gpu\",\"model\":\"H100-80GB\",\"count\":2}},\"vcpu\":16,\"memoryMib\":65536,\"durationS\":3600}}'"
+        );
+    }
     println!("Press Ctrl-C to stop.");
     println!("ready: DATABASE_URL={url}");
     let signal = crate::shutdown_signal().await?;
@@ -159,4 +165,12 @@ async fn seed_demo_fleet(db: &mut tokio_postgres::Client) -> anyhow::Result<Opti
     Ok(Some(format!(
         "registered a demo fleet: site dev, pool gpus ({pool}), 4 nodes x 8 H100 (one GPU in MIG, one time-sliced); quota for {DEV_TENANT}"
     )))
+}
+
+async fn demo_pool(conn: &str) -> Option<String> {
+    let c = better_compute_db::pool::connect(conn).await.ok()?;
+    c.query_opt("SELECT p.id FROM pools p JOIN sites s ON s.id = p.site_id WHERE s.name = 'dev' AND p.name = 'gpus'", &[])
+        .await
+        .ok()?
+        .map(|r| r.get(0))
 }

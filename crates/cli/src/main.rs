@@ -32,6 +32,8 @@ enum Command {
     Migrate(DatabaseArgs),
     /// Show the jobs: queue depth, oldest due key, last errors, last runs, and who holds which shard.
     Jobs(jobs::JobsArgs),
+    /// Create, read, extend and release reservations (through the database, until the HTTP API exists).
+    Reservations(ops::ReservationsArgs),
     /// Read nodes (through the database, until the HTTP API exists).
     Nodes(ops::NodesArgs),
     /// Run, read and cancel node commands (through the database, until the HTTP API exists).
@@ -105,6 +107,7 @@ fn main() -> std::process::ExitCode {
             Command::Jobs(args) => jobs::run(args).await,
             Command::Capacity(args) => capacity::run(args).await,
             Command::Nodes(args) => ops::nodes(args).await,
+            Command::Reservations(args) => ops::reservations(args).await,
             Command::Commands(args) => ops::commands(args).await,
             Command::Docs(args) => ops::docs(args),
             Command::Bench(args) => bench::run(args).await,

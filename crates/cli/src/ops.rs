@@ -186,3 +186,98 @@ pub fn docs(args: DocsArgs) -> anyhow::Result<()> {
         }
     }
 }
+
+/// `better-compute reservations …`.
+#[derive(Debug, clap::Args)]
+pub struct ReservationsArgs {
+    /// The tenant acting.
+    #[arg(long, env = "BETTER_COMPUTE_TENANT", default_value = crate::dev::DEV_TENANT)]
+    tenant: String,
+    /// The identity acting.
+    #[arg(long, env = "BETTER_COMPUTE_IDENTITY", default_value = "idn_dev")]
+    identity: String,
+    #[command(subcommand)]
+    cmd: ReservationsCmd,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum ReservationsCmd {
+    /// Create a reservation from its JSON request, e.g.
+    /// '{"poolId":"pool_…","gpu":{"kind":"gpu","model":"H100-80GB","count":2},"vcpu":16,"memoryMib":65536,"durationS":3600}'.
+    Create {
+        /// The request (reservations.create's JSON body; see docs/capacity.md).
+        request: String,
+        #[command(flatten)]
+        db: crate::DatabaseArgs,
+    },
+    /// Print a reservation.
+    Get {
+        /// The reservation id (res_…).
+        id: String,
+        #[command(flatten)]
+        db: crate::DatabaseArgs,
+    },
+    /// List the tenant's reservations, a page at a time.
+    List {
+        /// Only this state.
+        #[arg(long)]
+        state: Option<String>,
+        /// The cursor from the previous page.
+        #[arg(long)]
+        cursor: Option<String>,
+        /// Page size (1 to 500).
+        #[arg(long, default_value_t = 50)]
+        limit: i64,
+        #[command(flatten)]
+        db: crate::DatabaseArgs,
+    },
+    /// Move a reservation's end later.
+    Extend {
+        /// The reservation id.
+        id: String,
+        /// The new end (RFC 3339).
+        #[arg(long)]
+        ends_at: String,
+        /// Makes a retry return the first result.
+        #[arg(long)]
+        idempotency_key: Option<String>,
+        #[command(flatten)]
+        db: crate::DatabaseArgs,
+    },
+    /// End a reservation now and give back its quota, devices and scalars.
+    Release {
+        /// The reservation id.
+        id: String,
+        #[command(flatten)]
+        db: crate::DatabaseArgs,
+    },
+}
+
+/// Runs `reservations …`.
+pub async fn reservations(args: ReservationsArgs) -> anyhow::Result<()> {
+    use better_compute_capacity::reservations as r;
+    let db = match &args.cmd {
+        ReservationsCmd::Create { db, .. }
+        | ReservationsCmd::Get { db, .. }
+        | ReservationsCmd::List { db, .. }
+        | ReservationsCmd::Extend { db, .. }
+        | ReservationsCmd::Release { db, .. } => db,
+    };
+    let mut client = better_compute_db::pool::connect(&db.database_url).await?;
+    let caller = Caller { tenant_id: &args.tenant, identity_id: &args.identity };
+    match &args.cmd {
+        ReservationsCmd::Create { request, .. } => {
+            let req: r::CreateReservation =
+                serde_json::from_str(request).map_err(|e| anyhow::anyhow!("the request is not a reservations.create body: {e}"))?;
+            print_json(&r::create(&mut client, caller, &req).await?)
+        }
+        ReservationsCmd::Get { id, .. } => print_json(&r::get(&client, caller, id).await?),
+        ReservationsCmd::List { state, cursor, limit, .. } => {
+            print_json(&r::list(&client, caller, state.as_deref(), cursor.as_deref(), *limit).await?)
+        }
+        ReservationsCmd::Extend { id, ends_at, idempotency_key, .. } => {
+            print_json(&r::extend(&mut client, caller, id, ends_at, idempotency_key.as_deref()).await?)
+        }
+        ReservationsCmd::Release { id, .. } => print_json(&r::release(&mut client, caller, id).await?),
+    }
+}

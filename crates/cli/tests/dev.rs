@@ -99,6 +99,10 @@ async fn query_one_i64(url: &str, sql: &str) -> i64 {
     client.query_one(sql, &[]).await.expect(sql).get(0)
 }
 
+fn first_line_with<'a>(lines: &'a [String], needle: &str) -> Option<&'a str> {
+    lines.iter().map(String::as_str).find(|l| l.contains(needle))
+}
+
 fn scratch_dir() -> PathBuf {
     let dir = std::env::temp_dir().join(format!("bc-dev-test-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -160,6 +164,23 @@ async fn dev_refuses_a_second_copy_stops_on_ctrl_c_and_keeps_data_across_restart
     let queued = run("refresh-1");
     assert_eq!((queued["state"].as_str(), queued["seq"].as_i64()), (Some("pending"), Some(1)));
     assert_eq!(run("refresh-1")["id"], queued["id"]);
+    // A reservation through the CLI, on the demo pool dev printed: placed, and its node converges.
+    let pool = first_line_with(&first.seen, "'{\"poolId\":\"").and_then(|l| l.split('"').nth(3).map(String::from)).expect("dev printed the demo pool");
+    let request = format!(r#"{{"poolId":"{pool}","gpu":{{"kind":"gpu","model":"H100-80GB","count":2}},"vcpu":8,"durationS":3600}}"#);
+    let out = Command::new(BIN).args(["reservations", "create", &request, "--database-url", &url]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let reservation: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(reservation["state"], "placed");
+    let mut converging = false;
+    for _ in 0..600 {
+        let out = Command::new(BIN).args(["nodes", "list", "--database-url", &url]).output().unwrap();
+        if String::from_utf8_lossy(&out.stdout).contains("(converging)") {
+            converging = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(converging, "the reserved node's generation never moved");
     let refused = Command::new(BIN)
         .args(["commands", "run", "--node", &node, "--kind", "disk.wipe", "--idempotency-key", "x", "--database-url", &url])
         .output()

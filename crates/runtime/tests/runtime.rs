@@ -462,9 +462,13 @@ async fn a_poke_wakes_a_sleeping_worker_at_once() {
     .await;
     for i in 0..3 {
         enqueue(&h, &probe.kind, &format!("node_{i}")).await;
+        // The worker polls only hourly here, so only a poke can wake it. The listener connects in the
+        // background and a poke sent before it listens is lost (by design, polling covers that), so
+        // poke again until the run happens.
         within("the poked worker runs the key", async {
             while probe.total_runs() <= i {
-                tokio::task::yield_now().await;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                work_queue::poke(&**h.db().client().await).await;
             }
         })
         .await;

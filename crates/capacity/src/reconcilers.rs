@@ -11,8 +11,11 @@ use crate::reservations;
 use crate::{RESERVATIONS_KIND, ROLLUP_KIND};
 
 async fn pools_in(ctx: &ReconcileContext, shards: &[i16]) -> Result<Vec<String>, RunError> {
-    let c = ctx.client().await?;
-    let rows = c.query("SELECT id FROM pools", &[]).await?;
+    let mut c = ctx.client().await?;
+    // In a transaction, as every statement of the runtime: safe behind PgBouncer.
+    let tx = c.transaction().await?;
+    let rows = tx.query("SELECT id FROM pools", &[]).await?;
+    tx.commit().await?;
     Ok(rows
         .iter()
         .map(|r| r.get::<_, String>(0))
@@ -57,8 +60,10 @@ impl Reconciler for Reservations {
     }
 
     async fn keys(&self, ctx: &ReconcileContext, shards: &[i16]) -> Result<Vec<String>, RunError> {
-        let c = ctx.client().await?;
-        let rows = c.query("SELECT id FROM reservations WHERE state IN ('pending', 'placed', 'active')", &[]).await?;
+        let mut c = ctx.client().await?;
+        let tx = c.transaction().await?;
+        let rows = tx.query("SELECT id FROM reservations WHERE state IN ('pending', 'placed', 'active')", &[]).await?;
+        tx.commit().await?;
         Ok(rows
             .iter()
             .map(|r| r.get::<_, String>(0))

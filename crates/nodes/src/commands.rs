@@ -176,7 +176,7 @@ impl Serialize for CommandBodyJson<'_> {
 
 /// Wakes the gateway holding the node's session, after commit; best effort (gateways also poll).
 pub async fn poke_gateway(db: &impl GenericClient, node_id: &str) {
-    let _ = db.execute("SELECT pg_notify($1, $2)", &[&COMMANDS_CHANNEL, &node_id]).await;
+    work_queue::notify(db, COMMANDS_CHANNEL, node_id).await;
 }
 
 /// Moves a command to `to` if the state table allows it, waking its owner when it ends.

@@ -106,15 +106,16 @@ impl Reconciler for NodeSpecController {
         )
         .await?;
         tx.commit().await?;
-        if let Err(e) = c.execute("SELECT pg_notify($1, $2)", &[&NODESPEC_CHANNEL, &node_id]).await {
-            tracing::debug!(error = %e, "gateway poke failed; gateways also poll");
-        }
+        crate::work_queue::notify(&**c, NODESPEC_CHANNEL, node_id).await;
         Ok(Outcome::Done)
     }
 
     async fn keys(&self, ctx: &ReconcileContext, shards: &[i16]) -> Result<Vec<String>, RunError> {
-        let c = ctx.client().await?;
-        let rows = c.query("SELECT id FROM nodes WHERE generation > 0 AND shard = ANY($1)", &[&shards]).await?;
+        let mut c = ctx.client().await?;
+        // In a transaction, as every statement of the runtime: safe behind PgBouncer.
+        let tx = c.transaction().await?;
+        let rows = tx.query("SELECT id FROM nodes WHERE generation > 0 AND shard = ANY($1)", &[&shards]).await?;
+        tx.commit().await?;
         Ok(rows.iter().map(|r| r.get(0)).collect())
     }
 }

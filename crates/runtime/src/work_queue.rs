@@ -21,8 +21,16 @@ pub const POKE_CHANNEL: &str = "better_compute_work";
 /// end of its transaction, so inside a business transaction it would serialise every commit
 /// (fsync included) behind it. Best effort: a lost poke only delays, since workers also poll.
 pub async fn poke(db: &impl GenericClient) {
-    if let Err(e) = db.execute("SELECT pg_notify($1, '')", &[&POKE_CHANNEL]).await {
-        tracing::debug!(error = %e, "poke failed; workers will find the work by polling");
+    notify(db, POKE_CHANNEL, "").await;
+}
+
+/// Sends one notification, best effort, over the simple query protocol: no prepared statement, so
+/// it is safe outside a transaction behind PgBouncer in transaction pooling mode.
+pub async fn notify(db: &impl GenericClient, channel: &str, payload: &str) {
+    let quote = |s: &str| format!("'{}'", s.replace('\'', "''"));
+    let sql = format!("SELECT pg_notify({}, {})", quote(channel), quote(payload));
+    if let Err(e) = db.batch_execute(&sql).await {
+        tracing::debug!(error = %e, channel, "notify failed; listeners also poll");
     }
 }
 

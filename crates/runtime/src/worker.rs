@@ -125,9 +125,13 @@ pub fn shard_lease(shard: i16) -> String {
 impl Worker {
     /// Registers the worker and anchors its clock. It holds nothing until [`Worker::maintain`].
     pub async fn start(pool: Pool, registry: Arc<Registry>, cfg: WorkerConfig) -> Result<Worker, DbError> {
-        let client = pool.get().await?;
-        let clock = Arc::new(Clock::start(&**client).await?);
-        workers::register(&**client, &Self::info(&cfg)).await?;
+        // Every statement of the worker runs inside a transaction: behind PgBouncer in transaction
+        // pooling, a prepared statement outside one could reach another server than its Parse did.
+        let mut client = pool.get().await?;
+        let tx = client.transaction().await?;
+        let clock = Arc::new(Clock::start(&*tx).await?);
+        workers::register(&*tx, &Self::info(&cfg)).await?;
+        tx.commit().await?;
         drop(client);
         Ok(Worker { cfg, pool, registry, clock, state: Mutex::new(State::default()) })
     }
@@ -176,11 +180,12 @@ impl Worker {
     /// Heartbeats, takes and renews the leases it should hold, lets go of those that now belong to
     /// another live worker, enqueues due periodic keys and resyncs, and saves job reports.
     pub async fn maintain(&self) -> Result<MaintainReport, DbError> {
-        let client = self.pool.get().await?;
-        if !workers::heartbeat(&**client, &self.cfg.id).await? {
-            workers::register(&**client, &Self::info(&self.cfg)).await?;
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await?;
+        if !workers::heartbeat(&*tx, &self.cfg.id).await? {
+            workers::register(&*tx, &Self::info(&self.cfg)).await?;
         }
-        let mut live = workers::live(&**client).await?;
+        let mut live = workers::live(&*tx).await?;
         if !live.contains(&self.cfg.id) {
             live.push(self.cfg.id.clone());
         }
@@ -188,11 +193,11 @@ impl Worker {
         let held: Vec<Lease> = self.state.lock().expect("worker state").leases.values().cloned().collect();
         let (keep, give_up): (Vec<Lease>, Vec<Lease>) = held.into_iter().partition(|l| want.contains(l.name()));
         // Let go at once, so the new owner need not wait for expiry.
-        release_many(&**client, &give_up).await?;
+        release_many(&*tx, &give_up).await?;
         // One statement renews what we hold and takes what is free; a name missing from the answer
         // is held by someone else (for now).
         let names: Vec<String> = want.iter().cloned().collect();
-        let now_held = acquire_many(&**client, &names, &self.cfg.id, WORKER_LEASE_TTL, Some(&self.clock)).await?;
+        let now_held = acquire_many(&*tx, &names, &self.cfg.id, WORKER_LEASE_TTL, Some(&self.clock)).await?;
         for l in &keep {
             if !now_held.iter().any(|h| h.name() == l.name() && h.epoch() == l.epoch()) {
                 tracing::warn!(lease = l.name(), epoch = l.epoch(), "lease lost");
@@ -202,11 +207,14 @@ impl Worker {
             let mut st = self.state.lock().expect("worker state");
             st.leases = now_held.into_iter().map(|l| (l.name().to_owned(), l)).collect();
         }
-        let enqueued = self.enqueue_periodic_and_resync(&client).await?;
+        self.save_reports(&tx).await?;
+        tx.commit().await?;
+        // Each enqueue in a short transaction of its own: holding enqueued rows of several kinds in
+        // one long transaction would lock them in an order business transactions do not follow.
+        let enqueued = self.enqueue_periodic_and_resync(&mut client).await?;
         if enqueued > 0 {
             work_queue::poke(&**client).await;
         }
-        self.save_reports(&client).await?;
         let st = self.state.lock().expect("worker state");
         Ok(MaintainReport {
             live_workers: live.len(),
@@ -241,7 +249,7 @@ impl Worker {
         }
     }
 
-    async fn enqueue_periodic_and_resync(&self, client: &deadpool_postgres::Client) -> Result<usize, DbError> {
+    async fn enqueue_periodic_and_resync(&self, client: &mut deadpool_postgres::Client) -> Result<usize, DbError> {
         let now = self.clock.now();
         let mut enqueued = 0;
         for r in self.registry.reconcilers() {
@@ -256,7 +264,9 @@ impl Worker {
                         && st.periodic_last.get(&(kind.name, p.key)).is_none_or(|last| now >= *last + p.every)
                 };
                 if due {
-                    work_queue::enqueue(&***client, &kind, p.key).await?;
+                    let tx = client.transaction().await?;
+                    work_queue::enqueue(&*tx, &kind, p.key).await?;
+                    tx.commit().await?;
                     self.state.lock().expect("worker state").periodic_last.insert((kind.name, p.key), now);
                     enqueued += 1;
                 }
@@ -275,7 +285,11 @@ impl Worker {
                 let keys = r.keys(&self.context(any_lease), &owned).await;
                 match keys {
                     Ok(keys) => {
-                        work_queue::enqueue_many(&***client, &kind, &keys).await?;
+                        for chunk in keys.chunks(1_000) {
+                            let tx = client.transaction().await?;
+                            work_queue::enqueue_many(&*tx, &kind, chunk).await?;
+                            tx.commit().await?;
+                        }
                         enqueued += keys.len();
                     }
                     Err(e) => tracing::warn!(job = kind.name, error = %e, "listing keys for resync failed"),
@@ -286,7 +300,7 @@ impl Worker {
         Ok(enqueued)
     }
 
-    async fn save_reports(&self, client: &deadpool_postgres::Client) -> Result<(), DbError> {
+    async fn save_reports(&self, tx: &deadpool_postgres::Transaction<'_>) -> Result<(), DbError> {
         let reports: Vec<(String, i64, serde_json::Value, Option<String>)> = {
             let st = self.state.lock().expect("worker state");
             st.reports
@@ -297,8 +311,7 @@ impl Worker {
                 .collect()
         };
         for (job, ticks, report, error) in reports {
-            client
-                .execute(
+            tx.execute(
                     "INSERT INTO job_runs AS j (job, worker_id, ticks, last_tick_at, last_report, last_error, last_error_at)
                      VALUES ($1, $2, $3, compute_now(), $4, $5, CASE WHEN $5::text IS NULL THEN NULL ELSE compute_now() END)
                      ON CONFLICT (job, worker_id) DO UPDATE SET ticks = EXCLUDED.ticks, last_tick_at = EXCLUDED.last_tick_at,
@@ -345,9 +358,10 @@ impl Worker {
         }
         let leases: HashMap<i16, Lease> = grants.iter().map(|(g, l)| (g.shard, l.clone())).collect();
         let grants: Vec<ShardGrant> = grants.into_iter().map(|(g, _)| g).collect();
-        let client = self.pool.get().await?;
-        let claimed =
-            work_queue::claim(&**client, kind.name, &grants, &self.cfg.id, WORKER_LEASE_TTL, self.cfg.claim_batch).await?;
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await?;
+        let claimed = work_queue::claim(&*tx, kind.name, &grants, &self.cfg.id, WORKER_LEASE_TTL, self.cfg.claim_batch).await?;
+        tx.commit().await?;
         report.claimed = claimed.len() as u64;
         let results: Vec<(Claimed, RunResult)> = futures_util::stream::iter(claimed)
             .map(|c| {
@@ -378,7 +392,9 @@ impl Worker {
                 }
             }
         }
-        work_queue::apply_outcomes(&**client, kind.name, &self.cfg.id, &results).await?;
+        let tx = client.transaction().await?;
+        work_queue::apply_outcomes(&*tx, kind.name, &self.cfg.id, &results).await?;
+        tx.commit().await?;
         if !results.is_empty() {
             // Runs may have enqueued work for other shards' owners (and a dirtied key is due now).
             work_queue::poke(&**client).await;
@@ -417,10 +433,12 @@ impl Worker {
 
     /// Lets every lease go and removes the worker's row, so its shards move at once.
     pub async fn shutdown(&self) -> Result<(), DbError> {
-        let client = self.pool.get().await?;
+        let mut client = self.pool.get().await?;
         let held: Vec<Lease> = std::mem::take(&mut self.state.lock().expect("worker state").leases).into_values().collect();
-        release_many(&**client, &held).await?;
-        workers::deregister(&**client, &self.cfg.id).await
+        let tx = client.transaction().await?;
+        release_many(&*tx, &held).await?;
+        workers::deregister(&*tx, &self.cfg.id).await?;
+        Ok(tx.commit().await?)
     }
 
     /// Runs until `shutdown` turns true: maintains every few seconds, ticks every job while there

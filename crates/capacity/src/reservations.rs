@@ -620,14 +620,20 @@ pub async fn step(tx: &mut Transaction<'_>, id: &str) -> Result<Step, DbError> {
             "SELECT tenant_id, state, upper(during) <= compute_now(), lower(during) <= compute_now(),
                     coalesce(next_attempt_at <= compute_now(), false), during::text,
                     pool_id, gpu_kind, gpu_model, coalesce(mig_profile, ''), gpu_count, vcpu, memory_mib, disk_gib,
-                    node_selector, tolerations
+                    node_selector, tolerations, version, node_id
                FROM reservations WHERE id = $1 FOR UPDATE",
             &[&id],
         )
         .await?;
     let Some(r) = row else { return Ok(Step::Nothing) };
     let tenant_id: String = r.get(0);
-    let l = lock(&*tx, &tenant_id, id).await?;
+    let kind: String = r.get(7);
+    let l = Locked {
+        state: ReservationState::parse(r.get(1)).ok_or_else(|| Error::internal("unknown reservation state"))?,
+        version: r.get(16),
+        node_id: r.get(17),
+        charge: Charge::of(&kind, r.get::<_, i32>(10) as i64, r.get::<_, i32>(11) as i64, r.get(12), r.get(13)),
+    };
     let (ended, started, retry_due): (bool, bool, bool) = (r.get(2), r.get(3), r.get(4));
     match l.state {
         ReservationState::Placed | ReservationState::Active | ReservationState::Pending if ended => {

@@ -115,7 +115,7 @@ impl Lease {
             tx.rollback().await?;
             return Err(DbError::LeaseLost { name: self.name.clone(), epoch: self.epoch });
         }
-        Ok(FencedTransaction { tx, lease: self.name.clone(), epoch: self.epoch })
+        Ok(FencedTransaction { tx, epoch: self.epoch })
     }
 }
 
@@ -201,16 +201,10 @@ fn observe(clock: Option<&Clock>, db_time: SystemTime, sent: Instant) {
 /// [`Lease::begin_fenced`], so holding one proves the fence ran first.
 pub struct FencedTransaction<'a> {
     tx: Transaction<'a>,
-    lease: String,
     epoch: i64,
 }
 
 impl<'a> FencedTransaction<'a> {
-    /// The fencing lease's name.
-    pub fn lease_name(&self) -> &str {
-        &self.lease
-    }
-
     /// The epoch the fence checked.
     pub fn epoch(&self) -> i64 {
         self.epoch

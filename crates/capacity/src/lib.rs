@@ -52,4 +52,15 @@ impl better_compute_runtime::Module for CapacityModule {
     fn node_spec_parts(&self) -> Vec<Arc<dyn better_compute_runtime::nodespec::NodeSpecPart>> {
         vec![Arc::new(spec::AllocationsPart)]
     }
+
+    fn permissions(&self) -> Vec<better_compute_runtime::authz::Permission> {
+        use better_compute_runtime::authz::Permission;
+        vec![
+            Permission { name: "compute:reservations:create", description: "Create reservations in the tenant." },
+            Permission { name: "compute:reservations:read", description: "Read the tenant's reservations." },
+            Permission { name: "compute:reservations:write", description: "Extend and release the tenant's reservations." },
+            Permission { name: "compute:quotas:read", description: "Read quotas (the tenant's own at tenant scope, any at fleet scope)." },
+            Permission { name: "compute:quotas:write", description: "Set any tenant's quotas (fleet scope)." },
+        ]
+    }
 }

@@ -96,7 +96,7 @@ pub async fn refund(tx: &impl GenericClient, tenant_id: &str, charge: &Charge) -
 }
 
 /// One quota line.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Quota {
     /// The resource.

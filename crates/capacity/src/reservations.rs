@@ -28,7 +28,7 @@ pub const MAX_DURATION: Duration = Duration::from_secs(366 * 24 * 3600);
 pub const MAX_GPUS: i32 = 64;
 
 /// The GPUs a reservation asks for.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct GpuRequest {
     /// `gpu` (whole GPUs), `mig` (MIG instances of `profile`) or `slot` (shared slots).
@@ -43,7 +43,7 @@ pub struct GpuRequest {
 }
 
 /// A taint a reservation tolerates.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Toleration {
     /// The taint's key.
@@ -54,9 +54,12 @@ pub struct Toleration {
 }
 
 /// `reservations.create`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CreateReservation {
+    /// The caller's tenant (`BETTER_COMPUTE_TENANT`); when given it must be the token's tenant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant_id: Option<String>,
     /// The pool to place in.
     pub pool_id: String,
     /// The GPUs.
@@ -91,7 +94,7 @@ pub struct CreateReservation {
 }
 
 /// A reservation as its tenant sees it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ReservationView {
     /// `res_…`.

@@ -73,7 +73,7 @@ async fn one_op(
                 _ => ("slot", None, 1 + rng.below(3) as i32),
             };
             let start_min = rng.below(120);
-            let req = CreateReservation {
+            let req = CreateReservation { tenant_id: None,
                 pool_id: f.pool_id.clone(),
                 gpu: GpuRequest { kind: kind.into(), model: MODEL.into(), profile, count },
                 vcpu: 1 + rng.below(24) as i32,

@@ -108,7 +108,7 @@ async fn placements_per_second(conn: &str, clients: usize, total: usize) -> anyh
             let me = Caller { tenant_id: &tenant, identity_id: "idn_bench" };
             let mut held: std::collections::VecDeque<String> = Default::default();
             while next.fetch_add(1, Ordering::SeqCst) < total {
-                let mut req = CreateReservation {
+                let mut req = CreateReservation { tenant_id: None,
                     pool_id: "pool_bench".into(),
                     gpu: GpuRequest { kind: "gpu".into(), model: "H100-80GB".into(), profile: None, count: 1 + rand_below(2) as i32 },
                     vcpu: 4,

@@ -14,6 +14,9 @@ pub struct DevArgs {
     /// Where the private cluster lives. Reused on the next start; delete it to start afresh.
     #[arg(long, default_value = "./.better-compute")]
     data_dir: PathBuf,
+    /// Where the API listens (port 0 picks a free one; the URL is printed).
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    api_listen: String,
 }
 
 /// Unix socket paths are limited to 107 bytes; fall back to a short private folder in /tmp.
@@ -54,7 +57,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         }
         cluster.start()?;
     }
-    let result = serve(&cluster).await;
+    let result = serve(&cluster, &root, &args.api_listen).await;
     println!("stopping PostgreSQL…");
     let stopped = tokio::task::spawn_blocking({
         let cluster = cluster.clone();
@@ -66,7 +69,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     result
 }
 
-async fn serve(cluster: &Cluster) -> anyhow::Result<()> {
+async fn serve(cluster: &Cluster, root: &Path, api_listen: &str) -> anyhow::Result<()> {
     let admin = better_compute_db::pool::connect(&cluster.connection_string("postgres")).await?;
     if admin.query_opt("SELECT 1 FROM pg_database WHERE datname = $1", &[&DEV_DATABASE]).await?.is_none() {
         admin.batch_execute(&format!("CREATE DATABASE {DEV_DATABASE}")).await?;
@@ -76,47 +79,93 @@ async fn serve(cluster: &Cluster) -> anyhow::Result<()> {
     let conn = cluster.connection_string(DEV_DATABASE);
     let mut db = better_compute_db::pool::connect(&conn).await?;
     let report = better_compute_db::migrate(&mut db, &registry.migrations()).await?;
-    if let Some(summary) = seed_demo_fleet(&mut db).await? {
+    let admin = admin_credentials(&mut db, root).await?;
+    if let Some(summary) = seed_demo_fleet(&mut db, &admin.tenant_id).await? {
         println!("{summary}");
     }
     print!("{}", crate::ops::nodes_table(&db).await?);
     drop(db);
     let pool = better_compute_db::pool::connect_pool(&conn, 16)?;
     let (stop, stopped) = tokio::sync::watch::channel(false);
+    let (api_addr, api) = crate::server::start_api(pool.clone(), registry.clone(), api_listen, stopped.clone()).await?;
     let (worker, handle) = crate::server::start_worker(pool, registry.clone(), Some(conn.clone()), stopped).await?;
     let url = cluster.url(DEV_DATABASE);
+    let api_url = format!("http://{api_addr}");
     println!("migrations: {} applied, {} already applied", report.applied.len(), report.already_applied);
     println!();
     println!("Better Compute dev is running.");
     println!("  database   {url}");
     println!("  psql       psql -h {} -U postgres {DEV_DATABASE}", cluster.options().socket_dir.display());
     println!("  data       {} (kept across restarts)", cluster.options().data_dir.display());
+    println!("  api        {api_url}  (OpenAPI: {api_url}/v1/openapi.json, metrics: {api_url}/metrics)");
     println!("  worker     {} running {}", worker.id(), registry.job_names().join(", "));
-    println!("  jobs       DATABASE_URL='{url}' cargo run -- jobs");
-    println!("  capacity   DATABASE_URL='{url}' cargo run -- capacity");
-    println!("  nodes      DATABASE_URL='{url}' cargo run -- nodes list   (generation and observed generation)");
+    println!("  admin      {} of tenant dev ({}); token kept in {}", admin.identity, admin.tenant_id, root.join("admin-token").display());
+    println!();
+    println!("Use it from another shell:");
+    println!("  export BETTER_COMPUTE_URL={api_url} BETTER_COMPUTE_TENANT={} BETTER_COMPUTE_TOKEN={}", admin.tenant_id, admin.secret);
+    println!("  cargo run -- api --list");
+    println!("  cargo run -- api nodes.list");
     if let Some(pool) = demo_pool(&conn).await {
-        println!(
-            "  reserve    DATABASE_URL='{url}' cargo run -- reservations create \\
-               '{{\"poolId\":\"{pool}\",\"gpu\":{{\"kind\":\"gpu\",\"model\":\"H100-80GB\",\"count\":2}},\"vcpu\":16,\"memoryMib\":65536,\"durationS\":3600}}'"
-        );
+        println!("  cargo run -- api reservations.create poolId={pool} gpu.kind=gpu gpu.model=H100-80GB gpu.count:=2 vcpu:=16 memoryMib:=65536 durationS:=3600 --wait");
     }
+    println!("  cargo run -- api reservations.list");
+    println!("Operators, straight from the database:");
+    println!("  DATABASE_URL='{url}' cargo run -- jobs | capacity | nodes list");
     println!("Press Ctrl-C to stop.");
-    println!("ready: DATABASE_URL={url}");
+    println!("ready: DATABASE_URL={url} BETTER_COMPUTE_URL={api_url} BETTER_COMPUTE_TENANT={} BETTER_COMPUTE_TOKEN={}", admin.tenant_id, admin.secret);
     let signal = crate::shutdown_signal().await?;
     println!("received {signal}");
     stop.send(true)?;
     handle.await??;
+    api.await??;
     Ok(())
 }
 
-/// The tenant `dev` gives a quota to.
-pub const DEV_TENANT: &str = "ten_dev";
+/// The dev admin's token and tenant.
+struct DevAdmin {
+    tenant_id: String,
+    identity: String,
+    secret: String,
+}
+
+/// Bootstraps on the first start and keeps the admin's token in `<data>/admin-token` (0600, only
+/// on this machine: dev is for one person), so every start prints a working one.
+async fn admin_credentials(db: &mut tokio_postgres::Client, root: &Path) -> anyhow::Result<DevAdmin> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = root.join("admin-token");
+    if let Ok(text) = std::fs::read_to_string(&path) {
+        let mut parts = text.split_whitespace();
+        if let (Some(t), Some(i), Some(s)) = (parts.next(), parts.next(), parts.next()) {
+            if better_compute_iam::tokens::authenticate(&*db, s).await.is_ok() {
+                return Ok(DevAdmin { tenant_id: t.into(), identity: i.into(), secret: s.into() });
+            }
+        }
+    }
+    let existing = db.query_opt("SELECT b.tenant_id, b.identity_id FROM role_bindings b WHERE b.scope_kind = 'fleet' ORDER BY b.created_at LIMIT 1", &[]).await?;
+    let admin = match existing {
+        // Bootstrapped before, but the token file is gone or its token expired: issue another.
+        Some(r) => {
+            let (tenant_id, identity): (String, String) = (r.get(0), r.get(1));
+            let tx = db.transaction().await?;
+            let t = better_compute_iam::tokens::issue(&tx, &tenant_id, &identity, "dev", Some(better_compute_iam::tokens::MAX_TTL_S)).await?;
+            tx.commit().await?;
+            DevAdmin { tenant_id, identity, secret: t.secret }
+        }
+        None => {
+            let done = crate::admin::bootstrap_db(db, "dev", "admin").await?;
+            println!("bootstrapped tenant dev ({}) and its admin", done.tenant.id);
+            DevAdmin { tenant_id: done.tenant.id, identity: done.identity.id, secret: done.token.secret }
+        }
+    };
+    std::fs::write(&path, format!("{} {} {}\n", admin.tenant_id, admin.identity, admin.secret))?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(admin)
+}
 
 /// On a fresh database, registers a demo fleet: site `dev`, pool `gpus`, 4 nodes of 8 H100s, GPU 7
 /// of node 0 in MIG (two 3g.40gb instances) and GPU 7 of node 1 time-sliced (4 slots), adopted and
-/// marked converged (simulated daemons arrive with the fleet simulator), and a quota for `ten_dev`.
-async fn seed_demo_fleet(db: &mut tokio_postgres::Client) -> anyhow::Result<Option<String>> {
+/// marked converged (simulated daemons arrive with the fleet simulator), and a quota for the dev tenant.
+async fn seed_demo_fleet(db: &mut tokio_postgres::Client, tenant_id: &str) -> anyhow::Result<Option<String>> {
     use better_compute_nodes::inventory::{self, NewGpu, NewNode, NewPool};
     use better_compute_nodes::layout::GpuMode;
     if db.query_one("SELECT count(*) FROM sites", &[]).await?.get::<_, i64>(0) > 0 {
@@ -159,11 +208,11 @@ async fn seed_demo_fleet(db: &mut tokio_postgres::Client) -> anyhow::Result<Opti
     }
     better_compute_capacity::reconcilers::refresh_nodes(&tx, &nodes).await?;
     for (resource, max) in [("gpus", 24), ("mig_instances", 4), ("gpu_slots", 8), ("vcpu", 256), ("memory_mib", 2_097_152), ("disk_gib", 10_000)] {
-        better_compute_capacity::quota::set(&tx, DEV_TENANT, resource, max).await?;
+        better_compute_capacity::quota::set(&tx, tenant_id, resource, max).await?;
     }
     tx.commit().await?;
     Ok(Some(format!(
-        "registered a demo fleet: site dev, pool gpus ({pool}), 4 nodes x 8 H100 (one GPU in MIG, one time-sliced); quota for {DEV_TENANT}"
+        "registered a demo fleet: site dev, pool gpus ({pool}), 4 nodes x 8 H100 (one GPU in MIG, one time-sliced); quota for tenant {tenant_id}"
     )))
 }
 

@@ -1,5 +1,7 @@
 //! `better-compute`: one binary for every process of Better Compute.
 
+mod admin;
+mod api;
 mod bench;
 mod bench_capacity;
 mod bench_commands;
@@ -26,18 +28,18 @@ enum Command {
     /// Run everything on this machine: a private PostgreSQL under ./.better-compute/, migrated, and a
     /// worker running every job. Data survives restarts; Ctrl-C stops it cleanly.
     Dev(dev::DevArgs),
-    /// Run server roles against DATABASE_URL (today: `worker`). Run many for scale and failover.
+    /// Run server roles against DATABASE_URL (`api`, `worker`). Run many for scale and failover.
     Server(server::ServerArgs),
     /// Apply every pending migration to the database at DATABASE_URL, then exit.
     Migrate(DatabaseArgs),
     /// Show the jobs: queue depth, oldest due key, last errors, last runs, and who holds which shard.
     Jobs(jobs::JobsArgs),
-    /// Create, read, extend and release reservations (through the database, until the HTTP API exists).
-    Reservations(ops::ReservationsArgs),
-    /// Read nodes (through the database, until the HTTP API exists).
+    /// Call the HTTP API: `better-compute api METHOD key=value key:=json …` (`--list` lists methods).
+    Api(api::ApiArgs),
+    /// Administration through the database: `admin bootstrap` makes the first tenant, admin and token.
+    Admin(admin::AdminArgs),
+    /// Read nodes straight from the database (an operator's view; tenants use `api nodes.list`).
     Nodes(ops::NodesArgs),
-    /// Run, read and cancel node commands (through the database, until the HTTP API exists).
-    Commands(ops::CommandsArgs),
     /// Print reference pages generated from the registry.
     Docs(ops::DocsArgs),
     /// Show each pool's capacity: atoms total and idle per class, nodes, free scalars, reservations.
@@ -56,7 +58,11 @@ pub(crate) struct DatabaseArgs {
 
 /// Every module, in registration order (merge order).
 pub(crate) fn modules() -> Vec<Arc<dyn better_compute_runtime::Module>> {
-    vec![Arc::new(better_compute_nodes::NodesModule), Arc::new(better_compute_capacity::CapacityModule)]
+    vec![
+        Arc::new(better_compute_nodes::NodesModule),
+        Arc::new(better_compute_capacity::CapacityModule),
+        Arc::new(better_compute_iam::IamModule),
+    ]
 }
 
 /// The assembled registry of [`modules`].
@@ -107,8 +113,8 @@ fn main() -> std::process::ExitCode {
             Command::Jobs(args) => jobs::run(args).await,
             Command::Capacity(args) => capacity::run(args).await,
             Command::Nodes(args) => ops::nodes(args).await,
-            Command::Reservations(args) => ops::reservations(args).await,
-            Command::Commands(args) => ops::commands(args).await,
+            Command::Api(args) => api::run(args).await,
+            Command::Admin(args) => admin::run(args).await,
             Command::Docs(args) => ops::docs(args),
             Command::Bench(args) => bench::run(args).await,
         }

@@ -11,9 +11,12 @@ use better_compute_runtime::{Registry, Worker, WorkerConfig};
 pub struct ServerArgs {
     #[command(flatten)]
     db: crate::DatabaseArgs,
-    /// Roles to run, comma-separated. Available today: worker.
-    #[arg(long, value_delimiter = ',', default_value = "worker")]
+    /// Roles to run, comma-separated: api, worker.
+    #[arg(long, value_delimiter = ',', default_value = "api,worker")]
     roles: Vec<String>,
+    /// Where the api role listens.
+    #[arg(long, env = "BETTER_COMPUTE_API_LISTEN", default_value = "127.0.0.1:8080")]
+    api_listen: String,
     /// Connections in this process's pool.
     #[arg(long, default_value_t = 16)]
     pool_size: usize,
@@ -23,7 +26,7 @@ pub struct ServerArgs {
     direct_url: Option<String>,
 }
 
-const KNOWN_ROLES: &[&str] = &["worker"];
+const KNOWN_ROLES: &[&str] = &["api", "worker"];
 
 /// Starts a worker over `pool`, running until `shutdown` turns true.
 pub(crate) async fn start_worker(
@@ -39,6 +42,35 @@ pub(crate) async fn start_worker(
     Ok((worker, handle))
 }
 
+/// Starts the HTTP API on `listen` (port 0 picks one), serving until `shutdown` turns true.
+/// Returns the address it listens on.
+pub(crate) async fn start_api(
+    pool: better_compute_db::Pool,
+    registry: Arc<Registry>,
+    listen: &str,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<(std::net::SocketAddr, tokio::task::JoinHandle<std::io::Result<()>>)> {
+    {
+        let mut db = pool.get().await.context("the api role cannot reach the database")?;
+        let tx = db.transaction().await?;
+        better_compute_iam::bindings::sync_roles(&*tx, &registry.permissions()).await?;
+        tx.commit().await?;
+    }
+    let iam = Arc::new(better_compute_iam::Iam::new(pool.clone()));
+    iam.start_tail().await?;
+    let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("the api role cannot listen on {listen}"))?;
+    let addr = listener.local_addr()?;
+    let state = better_compute_api::ApiState::new(pool, iam.clone(), registry);
+    let mut tail_stop = shutdown.clone();
+    tokio::spawn(iam.run_tail(std::time::Duration::from_secs(1), async move {
+        let _ = tail_stop.wait_for(|s| *s).await;
+    }));
+    let handle = tokio::spawn(better_compute_api::serve(listener, state, async move {
+        let _ = shutdown.wait_for(|s| *s).await;
+    }));
+    Ok((addr, handle))
+}
+
 /// Runs the roles until Ctrl-C or SIGTERM.
 pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     if let Some(bad) = args.roles.iter().find(|r| !KNOWN_ROLES.contains(&r.as_str())) {
@@ -47,12 +79,28 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     let registry = crate::registry()?;
     let pool = better_compute_db::pool::connect_pool(&args.db.database_url, args.pool_size)?;
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    let listen = Some(args.direct_url.unwrap_or_else(|| args.db.database_url.clone()));
-    let (worker, handle) = start_worker(pool, registry, listen, stopped).await?;
-    println!("worker {} running; Ctrl-C stops it", worker.id());
+    let mut api = None;
+    if args.roles.iter().any(|r| r == "api") {
+        let (addr, handle) = start_api(pool.clone(), registry.clone(), &args.api_listen, stopped.clone()).await?;
+        println!("api listening on http://{addr}");
+        api = Some(handle);
+    }
+    let mut worker = None;
+    if args.roles.iter().any(|r| r == "worker") {
+        let listen = Some(args.direct_url.unwrap_or_else(|| args.db.database_url.clone()));
+        let (w, handle) = start_worker(pool, registry, listen, stopped).await?;
+        println!("worker {} running", w.id());
+        worker = Some(handle);
+    }
+    println!("Ctrl-C stops it");
     let signal = crate::shutdown_signal().await?;
     println!("received {signal}; letting leases go");
     stop.send(true)?;
-    handle.await??;
+    if let Some(h) = worker {
+        h.await??;
+    }
+    if let Some(h) = api {
+        h.await??;
+    }
     Ok(())
 }

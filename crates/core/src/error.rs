@@ -4,7 +4,7 @@ use serde::{Deserialize, Serialize};
 
 /// Stable error codes. They are part of the API: a client may match on them, so they never change
 /// meaning. Each maps to one HTTP status.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum ErrorCode {
     /// The request is malformed or a field is out of range; nothing was changed.
@@ -69,7 +69,7 @@ impl ErrorCode {
             ErrorCode::NotFound => 404,
             ErrorCode::Conflict => 409,
             ErrorCode::QuotaExceeded => 429,
-            ErrorCode::Unsupported => 501,
+            ErrorCode::Unsupported => 422,
             ErrorCode::FailedPrecondition => 412,
             ErrorCode::Unavailable => 503,
             ErrorCode::Internal => 500,
@@ -85,7 +85,7 @@ impl std::fmt::Display for ErrorCode {
 
 /// An error with a stable code, a human message, and machine-readable details.
 /// Rendered by the API as `{ code, message, details }`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema, thiserror::Error)]
 #[error("{code}: {message}")]
 pub struct Error {
     /// The stable code.

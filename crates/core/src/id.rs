@@ -173,6 +173,12 @@ id_kinds! {
     EventId, EventKind, "evt", "event";
     /// A worker process.
     WorkerId, WorkerKind, "wrk", "worker";
+    /// A bearer token (its id; the secret is never stored).
+    TokenId, TokenKind, "tok", "token";
+    /// A role binding.
+    RoleBindingId, RoleBindingKind, "rb", "role binding";
+    /// A node join token (its id; the secret is never stored).
+    JoinTokenId, JoinTokenKind, "jt", "join token";
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@
 pub mod error;
 pub mod id;
 pub mod lease;
+pub mod page;
 pub mod state;
 
 pub use error::{Error, ErrorCode};

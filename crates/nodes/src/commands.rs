@@ -42,7 +42,7 @@ pub struct NewCommand<'a> {
 }
 
 /// A command as operators see it.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct CommandView {
     /// `cmd_…`.
@@ -386,9 +386,12 @@ pub async fn sweep(tx: &impl GenericClient, limit: i64) -> Result<SweepOutcome, 
 }
 
 /// `commands.run`: one of the kinds allowed through the API, keyed by the caller's idempotency key.
-#[derive(Debug, Clone, serde::Deserialize)]
+#[derive(Debug, Clone, serde::Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RunCommand {
+    /// The caller's tenant (`BETTER_COMPUTE_TENANT`); when given it must be the token's tenant.
+    #[serde(default)]
+    pub tenant_id: Option<String>,
     /// The node.
     pub node_id: String,
     /// The kind.

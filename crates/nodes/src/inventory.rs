@@ -280,7 +280,7 @@ pub async fn report_observed_generation(tx: &impl GenericClient, node_id: &str, 
 }
 
 /// A node as operators and tenants with access see it.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeView {
     /// `node_…`.

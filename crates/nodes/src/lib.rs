@@ -8,6 +8,7 @@ pub mod commands;
 pub mod inventory;
 pub mod kinds;
 pub mod layout;
+pub mod listing;
 pub mod spec;
 pub mod sweeper;
 
@@ -17,6 +18,8 @@ use better_compute_db::Migration;
 pub const NODES_MIGRATIONS: &[Migration] = &[
     Migration { module: "nodes", name: "0001_inventory", sql: include_str!("migrations/nodes/0001_inventory.sql") },
     Migration { module: "nodes", name: "0002_commands", sql: include_str!("migrations/nodes/0002_commands.sql") },
+    Migration { module: "nodes", name: "0003_scope_path", sql: include_str!("migrations/nodes/0003_scope_path.sql") },
+    Migration { module: "nodes", name: "0004_join_tokens", sql: include_str!("migrations/nodes/0004_join_tokens.sql") },
 ];
 
 /// The nodes module, for the registry.
@@ -36,6 +39,12 @@ impl better_compute_runtime::Module for NodesModule {
         vec![
             Permission { name: "compute:nodes:read", description: "Read nodes, their desired state and their commands." },
             Permission { name: "compute:nodes:exec", description: "Run and cancel commands on nodes (commands.run, commands.cancel)." },
+            Permission { name: "compute:nodes:write", description: "Cordon, uncordon, taint and untaint nodes; issue join tokens." },
+            Permission { name: "compute:devices:write", description: "Quarantine GPUs and release them from quarantine." },
+            Permission { name: "compute:sites:read", description: "Read sites." },
+            Permission { name: "compute:sites:write", description: "Create sites." },
+            Permission { name: "compute:pools:read", description: "Read pools." },
+            Permission { name: "compute:pools:write", description: "Create pools." },
         ]
     }
 

@@ -213,7 +213,7 @@ async fn commands_run_refuses_other_kinds_bad_deadlines_and_missing_keys_and_rep
     let r = h.registry().clone();
     let mut c = h.db().connect().await;
     let me = Caller { tenant_id: "ten_ops", identity_id: "idn_ops" };
-    let req = |kind: &str, key: Option<&str>, not_after: Option<i64>| RunCommand {
+    let req = |kind: &str, key: Option<&str>, not_after: Option<i64>| RunCommand { tenant_id: None,
         node_id: node.clone(),
         kind: kind.into(),
         payload: serde_json::json!({"sections": ["gpus"]}),
@@ -263,7 +263,7 @@ async fn commands_run_asks_for_compute_nodes_exec_on_the_node_before_anything_el
     let mut c = h.db().connect().await;
     let me = Caller { tenant_id: "ten_x", identity_id: "idn_x" };
     let authz = ReadOnly { visible: node.clone() };
-    let req = |node_id: &str| RunCommand {
+    let req = |node_id: &str| RunCommand { tenant_id: None,
         node_id: node_id.to_owned(),
         kind: "inventory.refresh".into(),
         payload: serde_json::json!({}),

@@ -17,6 +17,8 @@ pub struct Permission {
 /// What a permission is asked for on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Resource<'a> {
+    /// The whole fleet (tenants, quotas of any tenant): only fleet-scope bindings grant it.
+    Fleet,
     /// The caller's tenant as a whole.
     Tenant,
     /// A site.

@@ -90,7 +90,7 @@ pub async fn settle_outbox(h: &Harness) {
 }
 
 pub fn whole(pool: &str, count: i32) -> CreateReservation {
-    CreateReservation {
+    CreateReservation { tenant_id: None,
         pool_id: pool.to_owned(),
         gpu: GpuRequest { kind: "gpu".into(), model: MODEL.into(), profile: None, count },
         vcpu: 8,

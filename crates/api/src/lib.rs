@@ -1,0 +1,175 @@
+//! The HTTP API: `POST /v1/<method>` with a JSON body, camelCase fields, errors as
+//! `{ code, message, details }` with the core's stable codes and their HTTP statuses. Every
+//! response carries an `x-request-id`, and every log line of the request names it.
+//!
+//! Also: `GET /v1/openapi.json` (generated from the handlers' own types), `GET /healthz`
+//! (the process is up), `GET /readyz` (the database answers) and `GET /metrics` (Prometheus).
+
+pub mod method;
+mod methods;
+mod metrics;
+pub mod openapi;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use better_compute_core::{Error, ErrorCode};
+use better_compute_db::Pool;
+use better_compute_iam::Iam;
+use better_compute_runtime::Registry;
+use tracing::Instrument;
+
+pub use method::{Ctx, Method};
+
+/// The largest request body accepted.
+pub const MAX_BODY_BYTES: usize = 1 << 20;
+/// The longest a method may run before the request is answered UNAVAILABLE.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What every handler shares.
+pub struct ApiState {
+    /// The database.
+    pub pool: Pool,
+    /// Authentication and decisions.
+    pub iam: Arc<Iam>,
+    /// The modules' registry (command kinds, permissions).
+    pub registry: Arc<Registry>,
+    methods: BTreeMap<&'static str, Method>,
+    metrics: metrics::Metrics,
+}
+
+impl ApiState {
+    /// The state over a pool, a resolver and a registry, with every method.
+    pub fn new(pool: Pool, iam: Arc<Iam>, registry: Arc<Registry>) -> Arc<ApiState> {
+        let methods = methods::all().into_iter().map(|m| (m.name, m)).collect();
+        Arc::new(ApiState { pool, iam, registry, methods, metrics: metrics::Metrics::default() })
+    }
+
+    /// Every method, by name.
+    pub fn methods(&self) -> impl Iterator<Item = &Method> {
+        self.methods.values()
+    }
+}
+
+/// Every method, by name (for the OpenAPI document without a server).
+pub fn all_methods() -> Vec<Method> {
+    methods::all()
+}
+
+/// The router.
+pub fn router(state: Arc<ApiState>) -> Router {
+    Router::new()
+        .route("/v1/openapi.json", get(openapi_json))
+        .route("/v1/{method}", post(call))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics_text))
+        .fallback(|| async { error_response(&Error::not_found("path", "this path; methods are POST /v1/<method>, see /v1/openapi.json"), &new_request_id()) })
+        .with_state(state)
+}
+
+/// Serves the API on `listener` until `shutdown` resolves.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: Arc<ApiState>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await
+}
+
+fn new_request_id() -> String {
+    let mut b = [0u8; 8];
+    let _ = getrandom::fill(&mut b);
+    format!("req_{}", b.iter().map(|x| format!("{x:02x}")).collect::<String>())
+}
+
+fn error_response(e: &Error, request_id: &str) -> Response {
+    let status = StatusCode::from_u16(e.code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut r = (status, axum::Json(e)).into_response();
+    if let Ok(v) = HeaderValue::from_str(request_id) {
+        r.headers_mut().insert("x-request-id", v);
+    }
+    r
+}
+
+fn bearer(headers: &HeaderMap) -> Result<&str, Error> {
+    let unauthenticated = || {
+        Error::new(ErrorCode::Unauthenticated, "send `Authorization: Bearer <token>` (BETTER_COMPUTE_TOKEN for the CLI)")
+    };
+    let v = headers.get(header::AUTHORIZATION).ok_or_else(unauthenticated)?.to_str().map_err(|_| unauthenticated())?;
+    v.strip_prefix("Bearer ").map(str::trim).filter(|t| !t.is_empty()).ok_or_else(unauthenticated)
+}
+
+async fn call(State(state): State<Arc<ApiState>>, Path(name): Path<String>, headers: HeaderMap, body: Body) -> Response {
+    let request_id = new_request_id();
+    let span = tracing::info_span!("request", request_id = %request_id, method = %name);
+    let started = Instant::now();
+    let (code, response) = async {
+        let result = handle(&state, &name, &headers, body).await;
+        match result {
+            Ok(v) => {
+                let mut r = (StatusCode::OK, axum::Json(v)).into_response();
+                r.headers_mut().insert("x-request-id", HeaderValue::from_str(&request_id).expect("ascii id"));
+                ("OK", r)
+            }
+            Err(e) => {
+                if e.code == ErrorCode::Internal {
+                    tracing::error!(error = %e, "request failed");
+                } else {
+                    tracing::info!(code = %e.code, "request refused");
+                }
+                (e.code.as_str(), error_response(&e, &request_id))
+            }
+        }
+    }
+    .instrument(span)
+    .await;
+    let known = state.methods.contains_key(name.as_str());
+    state.metrics.observe(if known { &name } else { "unknown" }, code, started.elapsed());
+    response
+}
+
+async fn handle(state: &Arc<ApiState>, name: &str, headers: &HeaderMap, body: Body) -> Result<serde_json::Value, Error> {
+    let m = state
+        .methods
+        .get(name)
+        .ok_or_else(|| Error::not_found("method", name).with_details(serde_json::json!({"see": "/v1/openapi.json"})))?
+        .clone();
+    let secret = bearer(headers)?;
+    let principal = state.iam.authenticate(secret).await?;
+    if let Some(ct) = headers.get(header::CONTENT_TYPE) {
+        if !ct.to_str().unwrap_or_default().starts_with("application/json") {
+            return Err(Error::invalid_argument("Content-Type must be application/json"));
+        }
+    }
+    let bytes = axum::body::to_bytes(body, MAX_BODY_BYTES)
+        .await
+        .map_err(|_| Error::invalid_argument(format!("the body is larger than {MAX_BODY_BYTES} bytes")))?;
+    let ctx = Ctx { state: state.clone(), principal };
+    match tokio::time::timeout(REQUEST_TIMEOUT, (m.call)(ctx, &bytes)).await {
+        Ok(r) => r,
+        Err(_) => Err(Error::new(ErrorCode::Unavailable, format!("{name} took longer than {}s; retry (with the same idempotency key)", REQUEST_TIMEOUT.as_secs()))),
+    }
+}
+
+async fn openapi_json(State(state): State<Arc<ApiState>>) -> Response {
+    axum::Json(openapi::document(state.methods.values())).into_response()
+}
+
+async fn readyz(State(state): State<Arc<ApiState>>) -> Response {
+    match state.pool.get().await {
+        Ok(db) if db.query_one("SELECT 1", &[]).await.is_ok() => (StatusCode::OK, "ready\n").into_response(),
+        _ => (StatusCode::SERVICE_UNAVAILABLE, "the database does not answer\n").into_response(),
+    }
+}
+
+async fn metrics_text(State(state): State<Arc<ApiState>>) -> Response {
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.metrics.render()).into_response()
+}

@@ -1,0 +1,112 @@
+//! A method of the API: its name, what it does, the permission it checks, its request and response
+//! types (their JSON Schemas feed the OpenAPI document, so the document cannot drift from the
+//! handlers), and the handler.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use better_compute_core::{Caller, Error};
+use better_compute_db::DbError;
+use better_compute_iam::Principal;
+use better_compute_runtime::authz::{Authorizer, Resource};
+use futures_util::future::BoxFuture;
+use schemars::{JsonSchema, Schema, SchemaGenerator};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::ApiState;
+
+/// What a handler gets: the server's state, who is calling, and the request's id.
+pub struct Ctx {
+    /// Shared state.
+    pub state: Arc<ApiState>,
+    /// The authenticated caller.
+    pub principal: Principal,
+}
+
+impl Ctx {
+    /// The caller, as the modules take it.
+    pub fn caller(&self) -> Caller<'_> {
+        self.principal.caller()
+    }
+
+    /// A pooled connection.
+    pub async fn db(&self) -> Result<deadpool_postgres::Object, Error> {
+        Ok(self.state.pool.get().await.map_err(DbError::from)?)
+    }
+
+    /// Asks IAM; NOT_FOUND or PERMISSION_DENIED as the resolver decides.
+    pub async fn check(&self, permission: &str, resource: Resource<'_>) -> Result<(), Error> {
+        self.state.iam.check(self.caller(), permission, resource).await
+    }
+
+    /// A tenant-scoped request may name its tenant (`tenantId`, as `BETTER_COMPUTE_TENANT` sets
+    /// it); any other tenant than the token's is NOT_FOUND, so nobody learns another exists.
+    pub fn own_tenant(&self, asked: Option<&str>) -> Result<(), Error> {
+        match asked {
+            Some(t) if t != self.principal.tenant_id => Err(Error::not_found("tenant", t)),
+            _ => Ok(()),
+        }
+    }
+}
+
+type Call = Arc<dyn Fn(Ctx, &[u8]) -> BoxFuture<'static, Result<serde_json::Value, Error>> + Send + Sync>;
+
+/// One API method.
+#[derive(Clone)]
+pub struct Method {
+    /// `resource.verb`, e.g. `reservations.create`.
+    pub name: &'static str,
+    /// What it does, for the document and `better-compute api METHOD --help`.
+    pub summary: &'static str,
+    /// The permission it checks, and where.
+    pub permission: &'static str,
+    /// The request body's schema.
+    pub request: fn(&mut SchemaGenerator) -> Schema,
+    /// The response body's schema.
+    pub response: fn(&mut SchemaGenerator) -> Schema,
+    pub(crate) call: Call,
+}
+
+/// Parses a request body into `T`, naming the field at fault.
+pub fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, Error> {
+    let body: &[u8] = if body.iter().all(u8::is_ascii_whitespace) { b"{}" } else { body };
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let value: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if inner.is_syntax() || inner.is_eof() {
+            Error::invalid_argument(format!("the body is not valid JSON: {inner}"))
+        } else if path == "." {
+            Error::invalid_argument(format!("the body must be a JSON object of the method's fields: {inner}"))
+        } else {
+            Error::invalid_argument(format!("{path}: {inner}")).with_details(serde_json::json!({"field": path}))
+        }
+    })?;
+    de.end().map_err(|e| Error::invalid_argument(format!("the body is not valid JSON: {e}")))?;
+    Ok(value)
+}
+
+/// Declares a method over a typed handler.
+pub fn method<Req, Resp, F, Fut>(name: &'static str, summary: &'static str, permission: &'static str, handler: F) -> Method
+where
+    Req: DeserializeOwned + JsonSchema + Send + 'static,
+    Resp: Serialize + JsonSchema + 'static,
+    F: Fn(Ctx, Req) -> Fut + Send + Sync + Copy + 'static,
+    Fut: Future<Output = Result<Resp, Error>> + Send + 'static,
+{
+    Method {
+        name,
+        summary,
+        permission,
+        request: |g| g.subschema_for::<Req>(),
+        response: |g| g.subschema_for::<Resp>(),
+        call: Arc::new(move |ctx, body| {
+            let req = parse::<Req>(body);
+            Box::pin(async move {
+                let resp = handler(ctx, req?).await?;
+                serde_json::to_value(resp).map_err(|e| Error::internal(format!("response did not serialize: {e}")))
+            })
+        }),
+    }
+}

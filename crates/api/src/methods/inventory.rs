@@ -1,0 +1,167 @@
+//! sites.*, pools.*.
+
+use better_compute_core::page::PageRequest;
+use better_compute_core::Error;
+use better_compute_db::idempotency::{self, Claim, IdempotencyScope};
+use better_compute_db::DbError;
+use better_compute_nodes::inventory::{self, NewPool};
+use better_compute_nodes::listing::{self, PoolView, SiteView};
+use better_compute_runtime::authz::Resource;
+use serde::Deserialize;
+
+use crate::method::{method, Ctx};
+use crate::Method;
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct CreateSite {
+    /// Lowercase letters, digits and dashes; unique.
+    name: String,
+    /// Optional: a retry with the same key returns the same site.
+    #[serde(default)]
+    idempotency_key: Option<String>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct SiteRef {
+    /// `site_…`.
+    site_id: String,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct ListSites {
+    /// Items per page, 1 to 500 (default 100).
+    #[serde(default)]
+    page_size: Option<i64>,
+    /// `nextPageToken` of the previous page.
+    #[serde(default)]
+    page_token: Option<String>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct CreatePool {
+    /// Its site.
+    site_id: String,
+    /// Its name, unique in the site.
+    name: String,
+    /// `bare-metal`, `provider` or `vps-host`.
+    kind: String,
+    /// vCPU overcommit, 1 to 16 (default 1).
+    #[serde(default)]
+    vcpu_ratio: Option<f64>,
+    /// Memory overcommit, 1 to 4 (default 1).
+    #[serde(default)]
+    memory_ratio: Option<f64>,
+    /// Disk overcommit, 1 to 4 (default 1).
+    #[serde(default)]
+    disk_ratio: Option<f64>,
+    /// Unreachable nodes become lost after this long (provider and vps-host pools only).
+    #[serde(default)]
+    lost_after_s: Option<i32>,
+    /// Optional: a retry with the same key returns the same pool.
+    #[serde(default)]
+    idempotency_key: Option<String>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct PoolRef {
+    /// `pool_…`.
+    pool_id: String,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct ListPools {
+    /// Only this site's pools (needed unless you hold compute:pools:read at fleet scope).
+    #[serde(default)]
+    site_id: Option<String>,
+    /// Items per page, 1 to 500 (default 100).
+    #[serde(default)]
+    page_size: Option<i64>,
+    /// `nextPageToken` of the previous page.
+    #[serde(default)]
+    page_token: Option<String>,
+}
+
+/// Runs `create` once per `(tenant, identity, key)` when a key is given: a retry returns the first
+/// result, a different request with the same key is CONFLICT.
+async fn once<T: serde::Serialize + serde::de::DeserializeOwned>(
+    ctx: &Ctx,
+    method: &str,
+    key: Option<&str>,
+    request: serde_json::Value,
+    create: impl AsyncFnOnce(&tokio_postgres::Transaction<'_>) -> Result<T, Error>,
+) -> Result<T, Error> {
+    let mut db = ctx.db().await?;
+    let tx = (**db).transaction().await.map_err(DbError::from)?;
+    let scope = key.map(|key| IdempotencyScope { tenant_id: &ctx.principal.tenant_id, identity_id: &ctx.principal.identity_id, key });
+    if let Some(scope) = scope {
+        idempotency::validate_key(scope.key)?;
+        if let Claim::Replay(v) = idempotency::claim(&tx, scope, method, &request).await? {
+            tx.commit().await.map_err(DbError::from)?;
+            return serde_json::from_value(v).map_err(|e| Error::internal(e.to_string()));
+        }
+    }
+    let v = create(&tx).await?;
+    if let Some(scope) = scope {
+        idempotency::complete(&tx, scope, &serde_json::to_value(&v).map_err(|e| Error::internal(e.to_string()))?).await?;
+    }
+    tx.commit().await.map_err(DbError::from)?;
+    Ok(v)
+}
+
+pub(super) fn methods() -> Vec<Method> {
+    vec![
+        method("sites.create", "Create a site.", "compute:sites:write at fleet scope", |ctx: Ctx, r: CreateSite| async move {
+            ctx.check("compute:sites:write", Resource::Fleet).await?;
+            let request = serde_json::json!({"name": r.name});
+            once(&ctx, "sites.create", r.idempotency_key.as_deref(), request, async |tx| -> Result<SiteView, Error> {
+                let id = inventory::create_site(tx, &r.name).await?;
+                listing::get_site(tx, &id).await
+            })
+            .await
+        }),
+        method("sites.get", "Read a site.", "compute:sites:read on the site", |ctx: Ctx, r: SiteRef| async move {
+            ctx.check("compute:sites:read", Resource::Site(&r.site_id)).await?;
+            listing::get_site(&**ctx.db().await?, &r.site_id).await
+        }),
+        method("sites.list", "List sites.", "compute:sites:read at fleet scope", |ctx: Ctx, r: ListSites| async move {
+            ctx.check("compute:sites:read", Resource::Fleet).await?;
+            listing::list_sites(&**ctx.db().await?, &PageRequest { page_size: r.page_size, page_token: r.page_token }).await
+        }),
+        method("pools.create", "Create a pool in a site.", "compute:pools:write on the site", |ctx: Ctx, r: CreatePool| async move {
+            ctx.check("compute:pools:write", Resource::Site(&r.site_id)).await?;
+            let p = NewPool {
+                site_id: r.site_id.clone(),
+                name: r.name.clone(),
+                kind: r.kind.clone(),
+                vcpu_ratio: r.vcpu_ratio.unwrap_or(1.0),
+                memory_ratio: r.memory_ratio.unwrap_or(1.0),
+                disk_ratio: r.disk_ratio.unwrap_or(1.0),
+                lost_after_s: r.lost_after_s,
+            };
+            let request = serde_json::to_value(&p).map_err(|e| Error::internal(e.to_string()))?;
+            once(&ctx, "pools.create", r.idempotency_key.as_deref(), request, async |tx| -> Result<PoolView, Error> {
+                let id = inventory::create_pool(tx, &p).await?;
+                listing::get_pool(tx, &id).await
+            })
+            .await
+        }),
+        method("pools.get", "Read a pool.", "compute:pools:read on the pool", |ctx: Ctx, r: PoolRef| async move {
+            ctx.check("compute:pools:read", Resource::Pool(&r.pool_id)).await?;
+            listing::get_pool(&**ctx.db().await?, &r.pool_id).await
+        }),
+        method("pools.list", "List pools, of one site or of the fleet.", "compute:pools:read on the site, or at fleet scope without siteId", |ctx: Ctx, r: ListPools| async move {
+            match &r.site_id {
+                Some(s) => ctx.check("compute:pools:read", Resource::Site(s)).await?,
+                None => ctx.check("compute:pools:read", Resource::Fleet).await?,
+            }
+            listing::list_pools(&**ctx.db().await?, r.site_id.as_deref(), &PageRequest { page_size: r.page_size, page_token: r.page_token }).await
+        }),
+    ]
+}
+

@@ -1,0 +1,45 @@
+//! Every method, one module per resource. Each handler checks the caller's permission, then calls
+//! the module that owns the logic; none holds business rules of its own.
+
+mod capacity;
+mod commands;
+mod iam;
+mod inventory;
+mod nodes;
+
+use better_compute_core::page::PageRequest;
+use serde::Deserialize;
+
+use crate::Method;
+
+/// Every method.
+pub(crate) fn all() -> Vec<Method> {
+    let mut v = Vec::new();
+    v.extend(iam::methods());
+    v.extend(inventory::methods());
+    v.extend(nodes::methods());
+    v.extend(capacity::methods());
+    v.extend(commands::methods());
+    v
+}
+
+/// A request with only the optional tenant and a page.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(crate) struct TenantPage {
+    /// The caller's tenant; when given it must be the token's.
+    #[serde(default)]
+    pub tenant_id: Option<String>,
+    /// Items per page, 1 to 500 (default 100).
+    #[serde(default)]
+    pub page_size: Option<i64>,
+    /// `nextPageToken` of the previous page.
+    #[serde(default)]
+    pub page_token: Option<String>,
+}
+
+impl TenantPage {
+    pub(crate) fn page(&self) -> PageRequest {
+        PageRequest { page_size: self.page_size, page_token: self.page_token.clone() }
+    }
+}

@@ -1,0 +1,176 @@
+//! nodes.*, devices.*.
+
+use better_compute_core::page::PageRequest;
+use better_compute_core::Error;
+use better_compute_db::DbError;
+use better_compute_nodes::inventory::{self, NodeView};
+use better_compute_nodes::listing::{self, IssuedJoinToken, NodeFilter};
+use better_compute_nodes::actions;
+use better_compute_runtime::authz::Resource;
+use serde::{Deserialize, Serialize};
+
+use crate::method::{method, Ctx};
+use crate::Method;
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct NodeRef {
+    /// `node_…`.
+    node_id: String,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct ListNodes {
+    /// Only this pool's nodes (needed unless you hold compute:nodes:read at fleet scope).
+    #[serde(default)]
+    pool_id: Option<String>,
+    /// Only cordoned (true) or uncordoned (false) nodes.
+    #[serde(default)]
+    cordoned: Option<bool>,
+    /// Only nodes in this liveness: connected, disconnected, unreachable or lost.
+    #[serde(default)]
+    liveness: Option<String>,
+    /// Items per page, 1 to 500 (default 100).
+    #[serde(default)]
+    page_size: Option<i64>,
+    /// `nextPageToken` of the previous page.
+    #[serde(default)]
+    page_token: Option<String>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct Taint {
+    /// `node_…`.
+    node_id: String,
+    /// The taint's key.
+    key: String,
+    /// Its value.
+    #[serde(default)]
+    value: String,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct Untaint {
+    /// `node_…`.
+    node_id: String,
+    /// The taint's key.
+    key: String,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct CreateJoinToken {
+    /// The pool the daemon joins.
+    pool_id: String,
+    /// Lifetime, 60 s to 7 days (default 1 hour).
+    #[serde(default)]
+    ttl_seconds: Option<i64>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct Quarantine {
+    /// The GPU's uuid.
+    device_id: String,
+    /// Why (required).
+    reason: String,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct DeviceRef {
+    /// The GPU's uuid.
+    device_id: String,
+}
+
+#[derive(Debug, Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+struct DeviceChanged {
+    /// The GPU's uuid.
+    device_id: String,
+    /// Its node.
+    node_id: String,
+    /// Whether it is quarantined now.
+    quarantined: bool,
+}
+
+/// Runs a change of one node in a transaction, then answers with the node.
+async fn change_node(ctx: &Ctx, node_id: &str, f: impl AsyncFnOnce(&tokio_postgres::Transaction<'_>) -> Result<(), DbError>) -> Result<NodeView, Error> {
+    ctx.check("compute:nodes:write", Resource::Node(node_id)).await?;
+    let mut db = ctx.db().await?;
+    let tx = (**db).transaction().await.map_err(DbError::from)?;
+    inventory::get_node(&tx, node_id).await?;
+    f(&tx).await?;
+    let v = inventory::get_node(&tx, node_id).await?;
+    tx.commit().await.map_err(DbError::from)?;
+    Ok(v)
+}
+
+async fn change_device(ctx: &Ctx, device_id: &str, quarantined: bool, reason: &str) -> Result<DeviceChanged, Error> {
+    let node_id = listing::node_of_device(&**ctx.db().await?, device_id).await?;
+    // Someone who cannot see the node learns nothing of the device either, not even its node.
+    ctx.check("compute:devices:write", Resource::Node(&node_id)).await.map_err(|e| {
+        if e.code == better_compute_core::ErrorCode::NotFound { Error::not_found("device", device_id) } else { e }
+    })?;
+    let mut db = ctx.db().await?;
+    let tx = (**db).transaction().await.map_err(DbError::from)?;
+    if quarantined {
+        actions::quarantine(&tx, device_id, reason).await?;
+    } else {
+        actions::release_quarantine(&tx, device_id).await?;
+    }
+    tx.commit().await.map_err(DbError::from)?;
+    Ok(DeviceChanged { device_id: device_id.to_owned(), node_id, quarantined })
+}
+
+pub(super) fn methods() -> Vec<Method> {
+    vec![
+        method("nodes.get", "Read a node.", "compute:nodes:read on the node", |ctx: Ctx, r: NodeRef| async move {
+            ctx.check("compute:nodes:read", Resource::Node(&r.node_id)).await?;
+            Ok(inventory::get_node(&**ctx.db().await?, &r.node_id).await?)
+        }),
+        method("nodes.list", "List nodes, of one pool or of the fleet, filtered.", "compute:nodes:read on the pool, or at fleet scope without poolId", |ctx: Ctx, r: ListNodes| async move {
+            match &r.pool_id {
+                Some(p) => ctx.check("compute:nodes:read", Resource::Pool(p)).await?,
+                None => ctx.check("compute:nodes:read", Resource::Fleet).await?,
+            }
+            if let Some(l) = &r.liveness {
+                if !["connected", "disconnected", "unreachable", "lost"].contains(&l.as_str()) {
+                    return Err(Error::invalid_argument("liveness must be connected, disconnected, unreachable or lost"));
+                }
+            }
+            let f = NodeFilter { pool_id: r.pool_id.as_deref(), cordoned: r.cordoned, liveness: r.liveness.as_deref() };
+            listing::list_nodes(&**ctx.db().await?, &f, &PageRequest { page_size: r.page_size, page_token: r.page_token }).await
+        }),
+        method("nodes.cordon", "Cordon a node: nothing new is placed there.", "compute:nodes:write on the node", |ctx: Ctx, r: NodeRef| async move {
+            change_node(&ctx, &r.node_id, async |tx| actions::cordon(tx, &r.node_id).await.map(|_| ())).await
+        }),
+        method("nodes.uncordon", "Uncordon a node.", "compute:nodes:write on the node", |ctx: Ctx, r: NodeRef| async move {
+            change_node(&ctx, &r.node_id, async |tx| actions::uncordon(tx, &r.node_id).await.map(|_| ())).await
+        }),
+        method("nodes.taint", "Taint a node: only reservations that tolerate key=value are placed there.", "compute:nodes:write on the node", |ctx: Ctx, r: Taint| async move {
+            change_node(&ctx, &r.node_id, async |tx| actions::taint(tx, &r.node_id, &r.key, &r.value).await).await
+        }),
+        method("nodes.untaint", "Remove a node's taint.", "compute:nodes:write on the node", |ctx: Ctx, r: Untaint| async move {
+            change_node(&ctx, &r.node_id, async |tx| actions::untaint(tx, &r.node_id, &r.key).await).await
+        }),
+        method("nodes.createJoinToken", "Issue a single-use join token for a pool. The secret is in this response only.", "compute:nodes:write on the pool", |ctx: Ctx, r: CreateJoinToken| async move {
+            ctx.check("compute:nodes:write", Resource::Pool(&r.pool_id)).await?;
+            let mut db = ctx.db().await?;
+            let tx = (**db).transaction().await.map_err(DbError::from)?;
+            let by = format!("{}/{}", ctx.principal.tenant_id, ctx.principal.identity_id);
+            let t: IssuedJoinToken = listing::create_join_token(&tx, &r.pool_id, r.ttl_seconds, &by).await?;
+            tx.commit().await.map_err(DbError::from)?;
+            Ok(t)
+        }),
+        method("devices.quarantine", "Quarantine a GPU: nothing new is placed on it; existing reservations keep it.", "compute:devices:write on its node", |ctx: Ctx, r: Quarantine| async move {
+            change_device(&ctx, &r.device_id, true, &r.reason).await
+        }),
+        method("devices.releaseQuarantine", "Release a GPU from quarantine.", "compute:devices:write on its node", |ctx: Ctx, r: DeviceRef| async move {
+            change_device(&ctx, &r.device_id, false, "").await
+        }),
+    ]
+}

@@ -1,0 +1,285 @@
+//! `better-compute api METHOD key=value key:=json …`: the API client.
+//!
+//! `key=value` sends a string, `key:=json` sends JSON (numbers, booleans, arrays, objects), and a
+//! dotted key nests (`gpu.count:=2`). `BETTER_COMPUTE_TENANT` fills `tenantId` when the method
+//! takes one. `--list` and `METHOD --help` read the server's OpenAPI document.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use serde_json::{Map, Value};
+
+/// Options of `better-compute api`.
+#[derive(Debug, clap::Args)]
+#[command(disable_help_flag = true)]
+pub struct ApiArgs {
+    /// The server.
+    #[arg(long, env = "BETTER_COMPUTE_URL", default_value = "http://127.0.0.1:8080")]
+    url: String,
+    /// A bearer token (`bct_…`).
+    #[arg(long, env = "BETTER_COMPUTE_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Your tenant, sent as `tenantId` to methods that take one.
+    #[arg(long, env = "BETTER_COMPUTE_TENANT")]
+    tenant: Option<String>,
+    /// `table` (for people) or `json` (for scripts).
+    #[arg(long, short = 'o', default_value = "table", value_parser = ["table", "json"])]
+    output: String,
+    /// List the methods.
+    #[arg(long)]
+    list: bool,
+    /// Wait until the reservation is placed or the command has finished, showing progress.
+    #[arg(long)]
+    wait: bool,
+    /// The longest `--wait` waits, in seconds.
+    #[arg(long, default_value_t = 600)]
+    wait_timeout_s: u64,
+    /// Print help (`api METHOD --help` describes the method's fields).
+    #[arg(long, short = 'h')]
+    help: bool,
+    /// The method, e.g. `reservations.create`.
+    method: Option<String>,
+    /// Fields: `key=value` (a string) or `key:=json`; dotted keys nest.
+    #[arg(allow_hyphen_values = true)]
+    fields: Vec<String>,
+}
+
+/// Builds the request body from `key=value` and `key:=json` arguments.
+pub(crate) fn body_of(fields: &[String]) -> anyhow::Result<Map<String, Value>> {
+    let mut body = Map::new();
+    for f in fields {
+        let (key, value) = if let Some((k, v)) = f.split_once(":=") {
+            (k, serde_json::from_str(v).with_context(|| format!("{k}:= takes JSON, e.g. {k}:=2 or {k}:='{{\"a\":1}}'; got {v:?}"))?)
+        } else if let Some((k, v)) = f.split_once('=') {
+            (k, Value::String(v.to_owned()))
+        } else {
+            bail!("{f:?} is neither key=value nor key:=json");
+        };
+        let parts: Vec<&str> = key.split('.').collect();
+        if parts.iter().any(|p| p.is_empty()) {
+            bail!("{key:?} is not a field name");
+        }
+        let mut obj = &mut body;
+        for p in &parts[..parts.len() - 1] {
+            let next = obj.entry(p.to_string()).or_insert_with(|| Value::Object(Map::new()));
+            obj = next.as_object_mut().with_context(|| format!("{key}: {p} is already set to a value that is not an object"))?;
+        }
+        obj.insert(parts[parts.len() - 1].to_owned(), value);
+    }
+    Ok(body)
+}
+
+struct Client {
+    http: reqwest::Client,
+    url: String,
+    token: Option<String>,
+}
+
+impl Client {
+    async fn openapi(&self) -> anyhow::Result<Value> {
+        let r = self.http.get(format!("{}/v1/openapi.json", self.url)).send().await.with_context(|| unreachable_hint(&self.url))?;
+        Ok(r.json().await?)
+    }
+
+    /// Calls a method: the response body, or the API's error as `CODE: message`.
+    async fn call(&self, method: &str, body: &Value) -> anyhow::Result<Value> {
+        let token = self.token.as_deref().context("no token: set BETTER_COMPUTE_TOKEN (dev prints one; `admin bootstrap` makes the first)")?;
+        let r = self
+            .http
+            .post(format!("{}/v1/{method}", self.url))
+            .bearer_auth(token)
+            .json(body)
+            .send()
+            .await
+            .with_context(|| unreachable_hint(&self.url))?;
+        let status = r.status();
+        let request_id = r.headers().get("x-request-id").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
+        let v: Value = r.json().await.with_context(|| format!("{method}: the server answered {status} without JSON"))?;
+        if status.is_success() {
+            return Ok(v);
+        }
+        let code = v["code"].as_str().unwrap_or("UNKNOWN");
+        let hint = match code {
+            "UNAUTHENTICATED" => "; check BETTER_COMPUTE_TOKEN",
+            "NOT_FOUND" if v["message"].as_str().is_some_and(|m| m.starts_with("method")) => "; `better-compute api --list` lists the methods",
+            "INVALID_ARGUMENT" => "; `better-compute api METHOD --help` lists the fields",
+            _ => "",
+        };
+        bail!("{code}: {}{hint} (request {request_id})", v["message"].as_str().unwrap_or(""))
+    }
+}
+
+fn unreachable_hint(url: &str) -> String {
+    format!("cannot reach the API at {url}; is `better-compute dev` running? (set BETTER_COMPUTE_URL)")
+}
+
+/// Resolves `$ref`s of the document.
+fn resolve<'a>(doc: &'a Value, schema: &'a Value) -> &'a Value {
+    match schema.get("$ref").and_then(Value::as_str) {
+        Some(r) => doc.pointer(r.trim_start_matches('#')).unwrap_or(schema),
+        None => schema,
+    }
+}
+
+fn request_schema<'a>(doc: &'a Value, method: &str) -> Option<&'a Value> {
+    let op = doc.pointer(&format!("/paths/~1v1~1{method}/post"))?;
+    Some(resolve(doc, op.pointer("/requestBody/content/application~1json/schema")?))
+}
+
+fn method_help(doc: &Value, method: &str) -> anyhow::Result<String> {
+    let op = doc.pointer(&format!("/paths/~1v1~1{method}/post")).with_context(|| format!("no method {method}; `better-compute api --list` lists them"))?;
+    let schema = request_schema(doc, method).cloned().unwrap_or(Value::Null);
+    let required: Vec<&str> = schema["required"].as_array().map(|a| a.iter().filter_map(Value::as_str).collect()).unwrap_or_default();
+    let mut out = format!("{method}: {}\n\nFields:\n", op["description"].as_str().unwrap_or(""));
+    if let Some(props) = schema["properties"].as_object() {
+        for (name, p) in props {
+            let p = resolve(doc, p);
+            let ty = p["type"].as_str().unwrap_or(if p.get("properties").is_some() { "object" } else { "json" });
+            let req = if required.contains(&name.as_str()) { " (required)" } else { "" };
+            let how = if ty == "string" { format!("{name}=…") } else { format!("{name}:=…") };
+            out.push_str(&format!("  {how:<28} {ty}{req}: {}\n", p["description"].as_str().unwrap_or("").replace('\n', " ")));
+        }
+    }
+    out.push_str(&format!("\nExample: better-compute api {method} key=value key:=json\n"));
+    Ok(out)
+}
+
+fn scalar(v: &Value) -> String {
+    match v {
+        Value::Null => "-".into(),
+        Value::String(s) => s.clone(),
+        Value::Array(a) if a.iter().all(|x| !x.is_object() && !x.is_array()) => a.iter().map(scalar).collect::<Vec<_>>().join(","),
+        other => other.to_string(),
+    }
+}
+
+/// A person's view: a table for lists, `key  value` lines for one object.
+pub(crate) fn table(v: &Value) -> String {
+    if let Some(items) = v.get("items").and_then(Value::as_array) {
+        let cols: Vec<String> = items.first().and_then(Value::as_object).map(|o| o.keys().cloned().collect()).unwrap_or_default();
+        let cols: Vec<String> = ["id", "name"].iter().map(|s| s.to_string()).filter(|c| cols.contains(c)).chain(cols.iter().filter(|c| *c != "id" && *c != "name").cloned()).take(8).collect();
+        let rows: Vec<Vec<String>> = items.iter().map(|i| cols.iter().map(|c| scalar(&i[c])).collect()).collect();
+        let widths: Vec<usize> = cols.iter().enumerate().map(|(n, c)| rows.iter().map(|r| r[n].len()).chain([c.len()]).max().unwrap_or(0).min(48)).collect();
+        let mut out = String::new();
+        let line = |cells: Vec<String>| cells.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect::<Vec<_>>().join("  ").trim_end().to_owned() + "\n";
+        out.push_str(&line(cols.iter().map(|c| c.to_uppercase()).collect()));
+        for r in rows {
+            out.push_str(&line(r));
+        }
+        if let Some(next) = v.get("nextPageToken").and_then(Value::as_str) {
+            out.push_str(&format!("(more: pageToken={next})\n"));
+        }
+        return out;
+    }
+    match v.as_object() {
+        Some(o) => o.iter().map(|(k, x)| format!("{k:<20} {}\n", scalar(x))).collect(),
+        None => format!("{v}\n"),
+    }
+}
+
+fn finished(method: &str, v: &Value) -> Option<bool> {
+    let state = v["state"].as_str()?;
+    Some(if method.starts_with("reservations.") {
+        state != "pending"
+    } else {
+        matches!(state, "succeeded" | "failed" | "expired" | "cancelled")
+    })
+}
+
+/// Runs `api`.
+pub async fn run(mut args: ApiArgs) -> anyhow::Result<()> {
+    // Flags written after the fields arrive among them.
+    let mut fields = Vec::new();
+    let mut it = std::mem::take(&mut args.fields).into_iter();
+    while let Some(f) = it.next() {
+        match f.as_str() {
+            "--wait" => args.wait = true,
+            "--help" | "-h" => args.help = true,
+            "--output" | "-o" => args.output = it.next().context("--output takes table or json")?,
+            _ if f.starts_with("--output=") => args.output = f["--output=".len()..].to_owned(),
+            _ => fields.push(f),
+        }
+    }
+    if !["table", "json"].contains(&args.output.as_str()) {
+        bail!("--output takes table or json");
+    }
+    args.fields = fields;
+    let client = Client { http: reqwest::Client::builder().timeout(Duration::from_secs(60)).build()?, url: args.url.trim_end_matches('/').to_owned(), token: args.token.clone() };
+    if args.list {
+        let doc = client.openapi().await?;
+        let mut out = String::new();
+        for (path, item) in doc["paths"].as_object().into_iter().flatten() {
+            out.push_str(&format!("{:<28} {}\n", path.trim_start_matches("/v1/"), item["post"]["summary"].as_str().unwrap_or("")));
+        }
+        print!("{out}");
+        return Ok(());
+    }
+    let Some(method) = args.method.clone() else {
+        println!("usage: better-compute api METHOD key=value key:=json … [--output json] [--wait]\n       better-compute api --list\n       better-compute api METHOD --help");
+        return if args.help { Ok(()) } else { bail!("name a method; `better-compute api --list` lists them") };
+    };
+    if args.help {
+        print!("{}", method_help(&client.openapi().await?, &method)?);
+        return Ok(());
+    }
+    let mut body = body_of(&args.fields)?;
+    if let Some(t) = &args.tenant {
+        if !body.contains_key("tenantId") {
+            let doc = client.openapi().await?;
+            if request_schema(&doc, &method).is_some_and(|s| s["properties"].get("tenantId").is_some()) {
+                body.insert("tenantId".into(), Value::String(t.clone()));
+            }
+        }
+    }
+    let mut v = client.call(&method, &Value::Object(body.clone())).await?;
+    if args.wait && finished(&method, &v) == Some(false) {
+        let started = Instant::now();
+        let (get, key) = if method.starts_with("reservations.") {
+            ("reservations.get", serde_json::json!({"reservationId": v["id"]}))
+        } else {
+            ("commands.get", serde_json::json!({"nodeId": v["nodeId"], "commandId": v["id"]}))
+        };
+        let mut key = key.as_object().cloned().unwrap_or_default();
+        if let Some(t) = &args.tenant {
+            key.insert("tenantId".into(), Value::String(t.clone()));
+        }
+        while finished(&method, &v) == Some(false) {
+            if started.elapsed() > Duration::from_secs(args.wait_timeout_s) {
+                eprintln!();
+                bail!("{} is still {} after {} s; read it later with `better-compute api {get}`", v["id"], v["state"], args.wait_timeout_s);
+            }
+            eprint!("\rwaiting for {}: {} ({} s)   ", v["id"].as_str().unwrap_or(""), v["state"].as_str().unwrap_or(""), started.elapsed().as_secs());
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            v = client.call(get, &Value::Object(key.clone())).await?;
+        }
+        eprintln!("\r{}: {} after {} s        ", v["id"].as_str().unwrap_or(""), v["state"].as_str().unwrap_or(""), started.elapsed().as_secs());
+    }
+    if args.output == "json" {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        print!("{}", table(&v));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fields_become_a_nested_body() {
+        let f: Vec<String> = ["poolId=pool_1", "gpu.kind=gpu", "gpu.count:=2", "payload:={\"a\":[1]}"].iter().map(|s| s.to_string()).collect();
+        let b = body_of(&f).unwrap();
+        assert_eq!(Value::Object(b), serde_json::json!({"poolId": "pool_1", "gpu": {"kind": "gpu", "count": 2}, "payload": {"a": [1]}}));
+        assert!(body_of(&["x:=nope".to_string()]).is_err());
+        assert!(body_of(&["novalue".to_string()]).is_err());
+        assert!(body_of(&["a=1".to_string(), "a.b=2".to_string()]).is_err());
+    }
+
+    #[test]
+    fn a_page_prints_as_a_table_and_an_object_as_lines() {
+        let t = table(&serde_json::json!({"items": [{"id": "a", "state": "placed"}, {"id": "b", "state": null}], "nextPageToken": "b"}));
+        assert_eq!(t, "ID  STATE\na   placed\nb   -\n(more: pageToken=b)\n");
+        assert_eq!(table(&serde_json::json!({"id": "x"})), format!("{:<20} x\n", "id"));
+    }
+}

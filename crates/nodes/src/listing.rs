@@ -1,0 +1,233 @@
+//! Reads for the API: sites, pools and nodes by id and in pages, a GPU's node, a node's commands,
+//! and join tokens.
+
+use base64::Engine;
+use better_compute_core::id::JoinTokenId;
+use better_compute_core::page::{Page, PageRequest};
+use better_compute_core::Error;
+use better_compute_db::DbError;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use tokio_postgres::GenericClient;
+
+use crate::commands::CommandView;
+use crate::inventory::NodeView;
+
+fn ts(col: &str) -> String {
+    format!("to_char({col} AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')")
+}
+
+/// A site.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SiteView {
+    /// `site_…`.
+    pub id: String,
+    /// Its name.
+    pub name: String,
+    /// The record's version.
+    pub version: i64,
+    /// RFC 3339.
+    pub created_at: String,
+}
+
+/// A pool.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolView {
+    /// `pool_…`.
+    pub id: String,
+    /// Its site.
+    pub site_id: String,
+    /// Its name, unique in the site.
+    pub name: String,
+    /// `bare-metal`, `provider` or `vps-host`.
+    pub kind: String,
+    /// vCPU overcommit.
+    pub vcpu_ratio: f64,
+    /// Memory overcommit.
+    pub memory_ratio: f64,
+    /// Disk overcommit.
+    pub disk_ratio: f64,
+    /// Unreachable nodes become lost after this long.
+    pub lost_after_s: Option<i32>,
+    /// The record's version.
+    pub version: i64,
+}
+
+fn site(r: &tokio_postgres::Row) -> SiteView {
+    SiteView { id: r.get(0), name: r.get(1), version: r.get(2), created_at: r.get(3) }
+}
+
+fn pool(r: &tokio_postgres::Row) -> PoolView {
+    PoolView {
+        id: r.get(0),
+        site_id: r.get(1),
+        name: r.get(2),
+        kind: r.get(3),
+        vcpu_ratio: r.get(4),
+        memory_ratio: r.get(5),
+        disk_ratio: r.get(6),
+        lost_after_s: r.get(7),
+        version: r.get(8),
+    }
+}
+
+const POOL: &str = "SELECT id, site_id, name, kind, vcpu_ratio, memory_ratio, disk_ratio, lost_after_s, version FROM pools";
+
+/// One site.
+pub async fn get_site(db: &impl GenericClient, id: &str) -> Result<SiteView, Error> {
+    let r = db
+        .query_opt(&format!("SELECT id, name, version, {} FROM sites WHERE id = $1", ts("created_at")), &[&id])
+        .await
+        .map_err(DbError::from)?
+        .ok_or_else(|| Error::not_found("site", id))?;
+    Ok(site(&r))
+}
+
+/// Sites, a page at a time.
+pub async fn list_sites(db: &impl GenericClient, page: &PageRequest) -> Result<Page<SiteView>, Error> {
+    let (size, after) = page.bounds()?;
+    let rows = db
+        .query(&format!("SELECT id, name, version, {} FROM sites WHERE id > $1 ORDER BY id LIMIT $2", ts("created_at")), &[&after, &(size + 1)])
+        .await
+        .map_err(DbError::from)?;
+    Ok(Page::from_rows(rows.iter().map(site).collect(), size, |s: &SiteView| s.id.clone()))
+}
+
+/// One pool.
+pub async fn get_pool(db: &impl GenericClient, id: &str) -> Result<PoolView, Error> {
+    let r = db
+        .query_opt(&format!("{POOL} WHERE id = $1"), &[&id])
+        .await
+        .map_err(DbError::from)?
+        .ok_or_else(|| Error::not_found("pool", id))?;
+    Ok(pool(&r))
+}
+
+/// Pools, optionally of one site, a page at a time.
+pub async fn list_pools(db: &impl GenericClient, site_id: Option<&str>, page: &PageRequest) -> Result<Page<PoolView>, Error> {
+    let (size, after) = page.bounds()?;
+    let rows = db
+        .query(
+            &format!("{POOL} WHERE ($1::text IS NULL OR site_id = $1) AND id > $2 ORDER BY id LIMIT $3"),
+            &[&site_id, &after, &(size + 1)],
+        )
+        .await
+        .map_err(DbError::from)?;
+    Ok(Page::from_rows(rows.iter().map(pool).collect(), size, |p: &PoolView| p.id.clone()))
+}
+
+/// Filters of `nodes.list`.
+#[derive(Debug, Clone, Default)]
+pub struct NodeFilter<'a> {
+    /// Only this pool's nodes.
+    pub pool_id: Option<&'a str>,
+    /// Only cordoned (true) or only uncordoned (false) nodes.
+    pub cordoned: Option<bool>,
+    /// Only nodes in this liveness.
+    pub liveness: Option<&'a str>,
+}
+
+/// Nodes, filtered, a page at a time.
+pub async fn list_nodes(db: &impl GenericClient, f: &NodeFilter<'_>, page: &PageRequest) -> Result<Page<NodeView>, Error> {
+    let (size, after) = page.bounds()?;
+    let rows = db
+        .query(
+            "SELECT id FROM nodes
+              WHERE ($1::text IS NULL OR pool_id = $1) AND ($2::bool IS NULL OR ('cordoned' = ANY(no_schedule_reasons)) = $2)
+                AND ($3::text IS NULL OR liveness = $3) AND id > $4
+              ORDER BY id LIMIT $5",
+            &[&f.pool_id, &f.cordoned, &f.liveness, &after, &(size + 1)],
+        )
+        .await
+        .map_err(DbError::from)?;
+    let mut items = Vec::with_capacity(rows.len());
+    for r in &rows {
+        items.push(crate::inventory::get_node(db, r.get(0)).await?);
+    }
+    Ok(Page::from_rows(items, size, |n: &NodeView| n.id.clone()))
+}
+
+/// The node of a GPU (by uuid), or NOT_FOUND.
+pub async fn node_of_device(db: &impl GenericClient, uuid: &str) -> Result<String, Error> {
+    Ok(db
+        .query_opt("SELECT node_id FROM devices WHERE id = $1 AND parent_id IS NULL", &[&uuid])
+        .await
+        .map_err(DbError::from)?
+        .ok_or_else(|| Error::not_found("device", uuid))?
+        .get(0))
+}
+
+/// A node's commands requested by one tenant, a page at a time.
+pub async fn list_commands(db: &impl GenericClient, node_id: &str, tenant_id: &str, page: &PageRequest) -> Result<Page<CommandView>, Error> {
+    let (size, after) = page.bounds()?;
+    let ids: Vec<String> = db
+        .query(
+            "SELECT id FROM commands WHERE node_id = $1 AND split_part(requested_by, '/', 1) = $2 AND id > $3 ORDER BY id LIMIT $4",
+            &[&node_id, &tenant_id, &after, &(size + 1)],
+        )
+        .await
+        .map_err(DbError::from)?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let mut items = Vec::with_capacity(ids.len());
+    for id in &ids {
+        items.push(crate::commands::get(db, node_id, id).await?);
+    }
+    Ok(Page::from_rows(items, size, |c: &CommandView| c.id.clone()))
+}
+
+/// Whether a command was requested by the tenant (commands are the requesting tenant's to see).
+pub async fn command_is_tenants(db: &impl GenericClient, node_id: &str, command_id: &str, tenant_id: &str) -> Result<bool, Error> {
+    Ok(db
+        .query_opt(
+            "SELECT 1 FROM commands WHERE id = $1 AND node_id = $2 AND split_part(requested_by, '/', 1) = $3",
+            &[&command_id, &node_id, &tenant_id],
+        )
+        .await
+        .map_err(DbError::from)?
+        .is_some())
+}
+
+/// A join token just issued: the only time its secret is seen.
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct IssuedJoinToken {
+    /// `jt_…`.
+    pub id: String,
+    /// The pool a daemon joins with it.
+    pub pool_id: String,
+    /// The secret (`bcj_…`), single use: give it to `better-compute daemon --join-token`.
+    pub secret: String,
+    /// RFC 3339.
+    pub expires_at: String,
+}
+
+/// Issues a single-use join token for a pool, valid `ttl_s` (60 s to 7 days, default 1 hour).
+pub async fn create_join_token(tx: &impl GenericClient, pool_id: &str, ttl_s: Option<i64>, created_by: &str) -> Result<IssuedJoinToken, Error> {
+    let ttl_s = ttl_s.unwrap_or(3600);
+    if !(60..=7 * 24 * 3600).contains(&ttl_s) {
+        return Err(Error::invalid_argument("ttlSeconds must be between 60 and 604800 (7 days)"));
+    }
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes).expect("the operating system's random source works");
+    let secret = format!("bcj_{}", base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes));
+    let hash: [u8; 32] = Sha256::digest(secret.as_bytes()).into();
+    let id = JoinTokenId::generate().to_string();
+    let row = tx
+        .query_opt(
+            &format!(
+                "INSERT INTO join_tokens (id, pool_id, secret_sha256, expires_at, created_by)
+                 SELECT $1, p.id, $3, compute_now() + make_interval(secs => $4), $5 FROM pools p WHERE p.id = $2
+                 RETURNING {}",
+                ts("expires_at")
+            ),
+            &[&id, &pool_id, &hash.as_slice(), &(ttl_s as f64), &created_by],
+        )
+        .await
+        .map_err(DbError::from)?
+        .ok_or_else(|| Error::not_found("pool", pool_id))?;
+    Ok(IssuedJoinToken { id, pool_id: pool_id.to_owned(), secret, expires_at: row.get(0) })
+}

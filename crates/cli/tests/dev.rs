@@ -21,6 +21,7 @@ impl Dev {
             .arg("dev")
             .arg("--data-dir")
             .arg(dir)
+            .args(["--api-listen", "127.0.0.1:0"])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -54,7 +55,16 @@ impl Dev {
     }
 
     fn database_url(&mut self) -> String {
-        self.wait_for("ready: DATABASE_URL=").trim_start_matches("ready: DATABASE_URL=").to_owned()
+        self.ready().0
+    }
+
+    /// The database URL and the API's environment (`BETTER_COMPUTE_URL`, `_TENANT`, `_TOKEN`).
+    fn ready(&mut self) -> (String, Vec<(String, String)>) {
+        let line = self.wait_for("ready: DATABASE_URL=");
+        let mut words = line.trim_start_matches("ready: ").split_whitespace();
+        let url = words.next().unwrap().trim_start_matches("DATABASE_URL=").to_owned();
+        let env = words.filter_map(|w| w.split_once('=')).map(|(k, v)| (k.to_owned(), v.to_owned())).collect();
+        (url, env)
     }
 
     fn signal(&self, sig: i32) {
@@ -114,7 +124,11 @@ async fn dev_refuses_a_second_copy_stops_on_ctrl_c_and_keeps_data_across_restart
     let dir = scratch_dir();
 
     let mut first = Dev::start(&dir);
-    let url = first.database_url();
+    let (url, env) = first.ready();
+    let api = |args: &[&str]| {
+        let out = Command::new(BIN).arg("api").args(args).envs(env.iter().map(|(k, v)| (k, v))).output().unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
     let client = better_compute_db::pool::connect(&url).await.unwrap();
     client.batch_execute("CREATE TABLE kept (n int); INSERT INTO kept VALUES (42);").await.unwrap();
     // dev runs a worker: it registers and, within moments, holds every shard.
@@ -150,27 +164,36 @@ async fn dev_refuses_a_second_copy_stops_on_ctrl_c_and_keeps_data_across_restart
     let nodes = Command::new(BIN).args(["nodes", "list", "--database-url", &url]).output().unwrap();
     let text = String::from_utf8_lossy(&nodes.stdout);
     assert!(text.contains("GENERATION") && text.matches("dev-node-").count() == 4, "{text}");
-    // A command through the CLI: queued for the node, and a retry with the same key is the same command.
+    // A command through the API client: queued for the node, and a retry with the same key is the
+    // same command.
     let node = text.lines().find_map(|l| l.split_whitespace().next().filter(|w| w.starts_with("node_"))).unwrap().to_owned();
     let run = |key: &str| {
-        let out = Command::new(BIN)
-            .args(["commands", "run", "--node", &node, "--kind", "inventory.refresh", "--payload", r#"{"sections":["gpus"]}"#])
-            .args(["--idempotency-key", key, "--database-url", &url])
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+        let node_arg = format!("nodeId={node}");
+        let key_arg = format!("idempotencyKey={key}");
+        let (ok, out, err) = api(&["commands.run", &node_arg, "kind=inventory.refresh", r#"payload:={"sections":["gpus"]}"#, &key_arg, "-o", "json"]);
+        assert!(ok, "{err}");
+        serde_json::from_str::<serde_json::Value>(&out).unwrap()
     };
     let queued = run("refresh-1");
     assert_eq!((queued["state"].as_str(), queued["seq"].as_i64()), (Some("pending"), Some(1)));
     assert_eq!(run("refresh-1")["id"], queued["id"]);
-    // A reservation through the CLI, on the demo pool dev printed: placed, and its node converges.
-    let pool = first_line_with(&first.seen, "'{\"poolId\":\"").and_then(|l| l.split('"').nth(3).map(String::from)).expect("dev printed the demo pool");
-    let request = format!(r#"{{"poolId":"{pool}","gpu":{{"kind":"gpu","model":"H100-80GB","count":2}},"vcpu":8,"durationS":3600}}"#);
-    let out = Command::new(BIN).args(["reservations", "create", &request, "--database-url", &url]).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let reservation: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let node_arg = format!("nodeId={node}");
+    let cmd_arg = format!("commandId={}", queued["id"].as_str().unwrap());
+    let (ok, out, err) = api(&["commands.get", &node_arg, &cmd_arg]);
+    assert!(ok && out.contains("inventory.refresh"), "{out}{err}");
+    // A reservation through the API client, on the demo pool dev printed: placed (--wait shows
+    // progress until it is), read back, and its node converges.
+    let pool = first_line_with(&first.seen, "poolId=pool_").and_then(|l| l.split("poolId=").nth(1)).and_then(|r| r.split_whitespace().next()).expect("dev printed the demo pool").to_owned();
+    let pool_arg = format!("poolId={pool}");
+    let (ok, out, err) = api(&["reservations.create", &pool_arg, "gpu.kind=gpu", "gpu.model=H100-80GB", "gpu.count:=2", "vcpu:=8", "durationS:=3600", "--wait", "-o", "json"]);
+    assert!(ok, "{err}");
+    let reservation: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(reservation["state"], "placed");
+    let res_arg = format!("reservationId={}", reservation["id"].as_str().unwrap());
+    let (ok, out, _) = api(&["reservations.get", &res_arg]);
+    assert!(ok && out.contains("placed"), "{out}");
+    let (ok, out, _) = api(&["reservations.list"]);
+    assert!(ok && out.starts_with("ID ") && out.contains(reservation["id"].as_str().unwrap()), "{out}");
     let mut converging = false;
     for _ in 0..600 {
         let out = Command::new(BIN).args(["nodes", "list", "--database-url", &url]).output().unwrap();
@@ -181,11 +204,12 @@ async fn dev_refuses_a_second_copy_stops_on_ctrl_c_and_keeps_data_across_restart
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(converging, "the reserved node's generation never moved");
-    let refused = Command::new(BIN)
-        .args(["commands", "run", "--node", &node, "--kind", "disk.wipe", "--idempotency-key", "x", "--database-url", &url])
-        .output()
-        .unwrap();
-    assert!(!refused.status.success() && String::from_utf8_lossy(&refused.stderr).contains("UNSUPPORTED"));
+    let (ok, _, err) = api(&["commands.run", &node_arg, "kind=disk.wipe", "idempotencyKey=x"]);
+    assert!(!ok && err.contains("UNSUPPORTED"), "{err}");
+    let (ok, _, err) = api(&["reservations.create", &pool_arg, "nonsense=1"]);
+    assert!(!ok && err.contains("INVALID_ARGUMENT") && err.contains("nonsense"), "{err}");
+    let (ok, out, _) = api(&["--list"]);
+    assert!(ok && out.contains("reservations.create") && out.contains("commands.run"), "{out}");
     // The operator view reads the same database.
     let jobs = Command::new(BIN).args(["jobs", "--database-url", &url]).output().unwrap();
     let text = String::from_utf8_lossy(&jobs.stdout);

@@ -83,15 +83,29 @@ pub async fn sync_roles(tx: &impl GenericClient, catalog: &[Permission]) -> Resu
     Ok(changed)
 }
 
+/// Which permissions a binding at a scope kind confers, in SQL over `$perm` and `$kind`: a tenant
+/// binding confers the tenant's own permissions (reservations, quotas read, identities, bindings);
+/// a fleet, site, pool or node binding confers the others (quotas read at fleet scope too).
+fn applies_sql(perm: &str, kind: &str) -> String {
+    format!(
+        "(CASE WHEN {kind} = 'tenant'
+               THEN {perm} LIKE 'compute:reservations:%' OR {perm} = 'compute:quotas:read' OR {perm} LIKE 'iam:identities:%' OR {perm} LIKE 'iam:bindings:%'
+               ELSE NOT ({perm} LIKE 'compute:reservations:%' OR {perm} LIKE 'iam:identities:%' OR {perm} LIKE 'iam:bindings:%') END)"
+    )
+}
+
 /// Rewrites an identity's projection from its bindings, and records the change for the caches.
 /// Callers hold the identity's row lock (taken by [`bind`] and [`unbind`]).
 pub async fn project(tx: &impl GenericClient, identity_id: &str) -> Result<(), DbError> {
     tx.execute("DELETE FROM authz_projection WHERE identity_id = $1", &[&identity_id]).await?;
     tx.execute(
-        "INSERT INTO authz_projection (identity_id, permission, scope_kind, scope_id)
-         SELECT DISTINCT b.identity_id, p, b.scope_kind, b.scope_id
-           FROM role_bindings b JOIN roles r ON r.name = b.role, unnest(r.permissions) p
-          WHERE b.identity_id = $1",
+        &format!(
+            "INSERT INTO authz_projection (identity_id, permission, scope_kind, scope_id)
+             SELECT DISTINCT b.identity_id, p, b.scope_kind, b.scope_id
+               FROM role_bindings b JOIN roles r ON r.name = b.role, unnest(r.permissions) p
+              WHERE b.identity_id = $1 AND {}",
+            applies_sql("p", "b.scope_kind")
+        ),
         &[&identity_id],
     )
     .await?;
@@ -209,9 +223,10 @@ pub async fn bind(tx: &impl GenericClient, b: &NewBinding<'_>) -> Result<RoleBin
         .query(
             &format!(
                 "SELECT p FROM unnest($4::text[]) p
-                  WHERE NOT EXISTS (SELECT 1 FROM authz_projection a JOIN {path} s ON (s.scope_kind, s.scope_id) = (a.scope_kind, a.scope_id)
+                  WHERE {} AND NOT EXISTS (SELECT 1 FROM authz_projection a JOIN {path} s ON (s.scope_kind, s.scope_id) = (a.scope_kind, a.scope_id)
                                      WHERE a.identity_id = $5 AND a.permission = p)
-                  ORDER BY p"
+                  ORDER BY p",
+                applies_sql("p", "$1::text")
             ),
             &[&b.scope_kind, &scope_id, &b.tenant_id, &perms, &b.granter_id],
         )

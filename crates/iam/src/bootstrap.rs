@@ -10,8 +10,9 @@ use crate::bindings::{project, sync_roles};
 use crate::directory::{create_identity, create_tenant, IdentityView, TenantView};
 use crate::tokens::{issue, IssuedToken};
 
-/// What bootstrap made.
-#[derive(Debug, Clone)]
+/// What bootstrap (or `tenants.create`) made.
+#[derive(Debug, Clone, serde::Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
 pub struct Bootstrapped {
     /// The operators' tenant.
     pub tenant: TenantView,
@@ -37,9 +38,20 @@ pub async fn bootstrap(tx: &impl GenericClient, catalog: &[Permission], tenant_n
             "already bootstrapped; an admin issues new tokens with `better-compute api tokens.create`",
         ));
     }
+    tenant_with_admin(tx, tenant_name, admin_name, true).await
+}
+
+/// Creates a tenant with its first admin (`admin` at tenant scope, and `fleet-admin` at fleet scope
+/// when `fleet`) and a token for it: how an operator hands a new tenant its keys
+/// (`tenants.create`). Only bootstrap passes `fleet`.
+pub async fn tenant_with_admin(tx: &impl GenericClient, tenant_name: &str, admin_name: &str, fleet: bool) -> Result<Bootstrapped, Error> {
     let tenant = create_tenant(tx, tenant_name).await?;
     let identity = create_identity(tx, &tenant.id, admin_name, "person").await?;
-    for (role, kind, scope) in [("fleet-admin", "fleet", ""), ("admin", "tenant", tenant.id.as_str())] {
+    let mut roles = vec![("admin", "tenant", tenant.id.as_str())];
+    if fleet {
+        roles.push(("fleet-admin", "fleet", ""));
+    }
+    for (role, kind, scope) in roles {
         tx.execute(
             "INSERT INTO role_bindings (id, tenant_id, identity_id, role, scope_kind, scope_id) VALUES ($1, $2, $3, $4, $5, $6)",
             &[&RoleBindingId::generate().to_string(), &tenant.id, &identity.id, &role, &kind, &scope],
@@ -48,6 +60,6 @@ pub async fn bootstrap(tx: &impl GenericClient, catalog: &[Permission], tenant_n
         .map_err(DbError::from)?;
     }
     project(tx, &identity.id).await?;
-    let token = issue(tx, &tenant.id, &identity.id, "bootstrap", Some(crate::tokens::MAX_TTL_S)).await?;
+    let token = issue(tx, &tenant.id, &identity.id, "first admin", Some(crate::tokens::MAX_TTL_S)).await?;
     Ok(Bootstrapped { tenant, identity, token })
 }

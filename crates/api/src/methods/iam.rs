@@ -4,6 +4,7 @@ use better_compute_core::page::PageRequest;
 use better_compute_core::Error;
 use better_compute_db::DbError;
 use better_compute_iam::bindings::{self, NewBinding, RoleBindingView, RoleView};
+use better_compute_iam::bootstrap::tenant_with_admin;
 use better_compute_iam::directory;
 use better_compute_iam::tokens::{self, IssuedToken, TokenView};
 use better_compute_iam::{BINDINGS_READ, BINDINGS_WRITE, IDENTITIES_READ, IDENTITIES_WRITE, TENANTS_READ, TENANTS_WRITE};
@@ -19,6 +20,9 @@ use crate::Method;
 struct CreateTenant {
     /// Lowercase letters, digits and dashes.
     name: String,
+    /// The name of the tenant's first admin identity (default `admin`).
+    #[serde(default)]
+    admin_name: Option<String>,
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -155,9 +159,10 @@ async fn tx_do<T>(ctx: &Ctx, f: impl AsyncFnOnce(&tokio_postgres::Transaction<'_
 
 pub(super) fn methods() -> Vec<Method> {
     vec![
-        method("tenants.create", "Create a tenant.", "iam:tenants:write at fleet scope", |ctx: Ctx, r: CreateTenant| async move {
+        method("tenants.create", "Create a tenant with its first admin and a token for it (the secret is in this response only).", "iam:tenants:write at fleet scope", |ctx: Ctx, r: CreateTenant| async move {
             ctx.check(TENANTS_WRITE, Resource::Fleet).await?;
-            tx_do(&ctx, async |tx| directory::create_tenant(tx, &r.name).await).await
+            let admin = r.admin_name.clone().unwrap_or_else(|| "admin".into());
+            tx_do(&ctx, async |tx| tenant_with_admin(tx, &r.name, &admin, false).await).await
         }),
         method("tenants.get", "Read a tenant: your own, or any with iam:tenants:read at fleet scope.", "none for your own tenant; iam:tenants:read at fleet scope for others", |ctx: Ctx, r: TenantRef| async move {
             if r.tenant_id != ctx.principal.tenant_id && ctx.check(TENANTS_READ, Resource::Fleet).await.is_err() {
@@ -206,7 +211,7 @@ pub(super) fn methods() -> Vec<Method> {
             ctx.own_tenant(r.tenant_id.as_deref())?;
             ctx.check(BINDINGS_WRITE, Resource::Tenant).await?;
             let scope_id = r.scope_id.clone().unwrap_or_default();
-            tx_do(&ctx, async |tx| -> Result<RoleBindingView, Error> {
+            let v = tx_do(&ctx, async |tx| -> Result<RoleBindingView, Error> {
                 bindings::bind(
                     tx,
                     &NewBinding {
@@ -220,7 +225,9 @@ pub(super) fn methods() -> Vec<Method> {
                 )
                 .await
             })
-            .await
+            .await?;
+            let _ = ctx.state.iam.apply_changes().await;
+            Ok(v)
         }),
         method("roleBindings.list", "List your tenant's role bindings.", "iam:bindings:read at tenant scope", |ctx: Ctx, r: ListByIdentity| async move {
             ctx.own_tenant(r.tenant_id.as_deref())?;

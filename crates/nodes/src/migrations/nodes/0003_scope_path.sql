@@ -7,11 +7,11 @@ LANGUAGE sql STABLE AS $$
   UNION ALL
   SELECT s.k, s.v FROM (
     SELECT n.id AS node_id, p.id AS pool_id, p.site_id FROM nodes n JOIN pools p ON p.id = n.pool_id
-     WHERE kind = 'node' AND n.id = inventory_scope_path.id
+     WHERE inventory_scope_path.kind = 'node' AND n.id = inventory_scope_path.id
     UNION ALL
-    SELECT NULL, p.id, p.site_id FROM pools p WHERE kind = 'pool' AND p.id = inventory_scope_path.id
+    SELECT NULL, p.id, p.site_id FROM pools p WHERE inventory_scope_path.kind = 'pool' AND p.id = inventory_scope_path.id
     UNION ALL
-    SELECT NULL, NULL, s.id FROM sites s WHERE kind = 'site' AND s.id = inventory_scope_path.id
+    SELECT NULL, NULL, s.id FROM sites s WHERE inventory_scope_path.kind = 'site' AND s.id = inventory_scope_path.id
   ) x, LATERAL (VALUES ('site', x.site_id), ('pool', x.pool_id), ('node', x.node_id)) s(k, v)
   WHERE s.v IS NOT NULL
 $$;

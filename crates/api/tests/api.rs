@@ -1,0 +1,404 @@
+//! The HTTP API against a real PostgreSQL: tenant isolation on every method, token revocation,
+//! idempotency through HTTP, and bad input on every method.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use better_compute_api::ApiState;
+use better_compute_iam::Iam;
+use better_compute_nodes::inventory::{self, NewGpu, NewNode, NewPool};
+use better_compute_nodes::layout::GpuMode;
+use better_compute_runtime::harness::Harness;
+use serde_json::{json, Value};
+
+struct Api {
+    h: Harness,
+    url: String,
+    http: reqwest::Client,
+    op: String,
+    pool: String,
+    node: String,
+    _stop: tokio::sync::watch::Sender<bool>,
+}
+
+struct Tenant {
+    id: String,
+    token: String,
+    identity: String,
+}
+
+impl Api {
+    async fn start() -> Api {
+        let h = Harness::new(vec![
+            Arc::new(better_compute_nodes::NodesModule),
+            Arc::new(better_compute_capacity::CapacityModule),
+            Arc::new(better_compute_iam::IamModule),
+        ])
+        .await;
+        let mut c = h.db().connect().await;
+        let tx = c.transaction().await.unwrap();
+        let op = better_compute_iam::bootstrap::bootstrap(&tx, &h.registry().permissions(), "operators", "admin").await.unwrap();
+        let site = inventory::create_site(&tx, "s").await.unwrap();
+        let pool = inventory::create_pool(
+            &tx,
+            &NewPool { site_id: site, name: "p".into(), kind: "bare-metal".into(), vcpu_ratio: 1.0, memory_ratio: 1.0, disk_ratio: 1.0, lost_after_s: None },
+        )
+        .await
+        .unwrap();
+        let gpus = (0..4).map(|i| NewGpu { uuid: format!("GPU-{i}"), model: "H100".into(), memory_mib: 81_920, mode: GpuMode::Exclusive }).collect();
+        let node = inventory::register_node(
+            &tx,
+            &NewNode { pool_id: pool.clone(), name: "n".into(), labels: Default::default(), vcpu: 64, memory_mib: 1 << 20, disk_gib: 1000, gpus },
+        )
+        .await
+        .unwrap();
+        inventory::adopt(&tx, &node).await.unwrap();
+        inventory::report_observed_generation(&tx, &node, 1).await.unwrap();
+        better_compute_capacity::reconcilers::refresh_nodes(&tx, std::slice::from_ref(&node)).await.unwrap();
+        tx.commit().await.unwrap();
+        let pg = better_compute_db::pool::connect_pool(h.db().connection_string(), 8).unwrap();
+        let iam = Arc::new(Iam::new(pg.clone()));
+        iam.start_tail().await.unwrap();
+        let state = ApiState::new(pg, iam, h.registry().clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let (stop, mut stopped) = tokio::sync::watch::channel(false);
+        tokio::spawn(better_compute_api::serve(listener, state, async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        }));
+        Api { h, url, http: reqwest::Client::new(), op: op.token.secret, pool, node, _stop: stop }
+    }
+
+    async fn raw(&self, token: &str, method: &str, body: impl Into<reqwest::Body>) -> (u16, Value) {
+        let r = self
+            .http
+            .post(format!("{}/v1/{method}", self.url))
+            .bearer_auth(token)
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        assert!(r.headers().contains_key("x-request-id"), "{method}: no request id");
+        (status, r.json().await.unwrap_or(Value::Null))
+    }
+
+    async fn call(&self, token: &str, method: &str, body: Value) -> (u16, Value) {
+        self.raw(token, method, body.to_string()).await
+    }
+
+    async fn ok(&self, token: &str, method: &str, body: Value) -> Value {
+        let (s, v) = self.call(token, method, body.clone()).await;
+        assert_eq!(s, 200, "{method} {body}: {v}");
+        v
+    }
+
+    /// A tenant made by the operator, with a quota.
+    async fn tenant(&self, name: &str) -> Tenant {
+        let t = self.ok(&self.op, "tenants.create", json!({"name": name})).await;
+        let id = t["tenant"]["id"].as_str().unwrap().to_owned();
+        for (resource, max) in [("gpus", 8), ("vcpu", 64), ("memory_mib", 1 << 20), ("disk_gib", 1000)] {
+            self.ok(&self.op, "quotas.set", json!({"tenantId": id, "resource": resource, "max": max})).await;
+        }
+        Tenant { id, token: t["token"]["secret"].as_str().unwrap().to_owned(), identity: t["identity"]["id"].as_str().unwrap().to_owned() }
+    }
+
+    async fn openapi(&self) -> Value {
+        self.http.get(format!("{}/v1/openapi.json", self.url)).send().await.unwrap().json().await.unwrap()
+    }
+
+    async fn count(&self, table: &str) -> i64 {
+        self.h.db().connect().await.query_one(&format!("SELECT count(*) FROM {table}"), &[]).await.unwrap().get(0)
+    }
+}
+
+fn reservation(pool: &str, key: Option<&str>) -> Value {
+    let mut v = json!({"poolId": pool, "gpu": {"kind": "gpu", "model": "H100", "count": 1}, "vcpu": 2, "durationS": 3600});
+    if let Some(k) = key {
+        v["idempotencyKey"] = json!(k);
+    }
+    v
+}
+
+/// Replaces every `{name}` in a body template.
+fn fill(template: &Value, ids: &[(&str, String)]) -> Value {
+    let mut s = template.to_string();
+    for (k, v) in ids {
+        s = s.replace(&format!("{{{k}}}"), v);
+    }
+    serde_json::from_str(&s).unwrap()
+}
+
+/// A body for every method, naming tenant B's resources (or the fleet's, which C may not touch).
+fn bodies() -> Vec<(&'static str, Value)> {
+    vec![
+        ("tenants.get", json!({"tenantId": "{ten}"})),
+        ("tenants.list", json!({})),
+        ("tenants.create", json!({"name": "intruder"})),
+        ("identities.create", json!({"tenantId": "{ten}", "name": "x", "kind": "person"})),
+        ("identities.get", json!({"tenantId": "{ten}", "identityId": "{idn}"})),
+        ("identities.list", json!({"tenantId": "{ten}"})),
+        ("tokens.create", json!({"tenantId": "{ten}", "identityId": "{idn}"})),
+        ("tokens.list", json!({"tenantId": "{ten}"})),
+        ("tokens.revoke", json!({"tenantId": "{ten}", "tokenId": "{tok}"})),
+        ("roleBindings.create", json!({"tenantId": "{ten}", "identityId": "{idn}", "role": "viewer", "scopeKind": "tenant"})),
+        ("roleBindings.list", json!({"tenantId": "{ten}"})),
+        ("roleBindings.delete", json!({"tenantId": "{ten}", "roleBindingId": "{rb}"})),
+        ("sites.create", json!({"name": "intruder"})),
+        ("sites.get", json!({"siteId": "{site}"})),
+        ("sites.list", json!({})),
+        ("pools.create", json!({"siteId": "{site}", "name": "intruder", "kind": "bare-metal"})),
+        ("pools.get", json!({"poolId": "{pool}"})),
+        ("pools.list", json!({"siteId": "{site}"})),
+        ("nodes.get", json!({"nodeId": "{node}"})),
+        ("nodes.list", json!({"poolId": "{pool}"})),
+        ("nodes.cordon", json!({"nodeId": "{node}"})),
+        ("nodes.uncordon", json!({"nodeId": "{node}"})),
+        ("nodes.taint", json!({"nodeId": "{node}", "key": "k", "value": "v"})),
+        ("nodes.untaint", json!({"nodeId": "{node}", "key": "k"})),
+        ("nodes.createJoinToken", json!({"poolId": "{pool}"})),
+        ("devices.quarantine", json!({"deviceId": "{gpu}", "reason": "x"})),
+        ("devices.releaseQuarantine", json!({"deviceId": "{gpu}"})),
+        ("quotas.set", json!({"tenantId": "{ten}", "resource": "gpus", "max": 100})),
+        ("quotas.get", json!({"tenantId": "{ten}"})),
+        ("reservations.create", json!({"tenantId": "{ten}", "poolId": "{pool}", "gpu": {"kind": "gpu", "model": "H100", "count": 1}, "durationS": 60})),
+        ("reservations.get", json!({"tenantId": "{ten}", "reservationId": "{res}"})),
+        ("reservations.list", json!({"tenantId": "{ten}"})),
+        ("reservations.extend", json!({"tenantId": "{ten}", "reservationId": "{res}", "endsAt": "2031-01-01T00:00:00Z"})),
+        ("reservations.release", json!({"tenantId": "{ten}", "reservationId": "{res}"})),
+        ("commands.run", json!({"tenantId": "{ten}", "nodeId": "{node}", "kind": "diag.nvml", "idempotencyKey": "k"})),
+        ("commands.get", json!({"tenantId": "{ten}", "nodeId": "{node}", "commandId": "{cmd}"})),
+        ("commands.list", json!({"tenantId": "{ten}", "nodeId": "{node}"})),
+        ("commands.cancel", json!({"tenantId": "{ten}", "nodeId": "{node}", "commandId": "{cmd}"})),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_tenant_can_neither_read_nor_change_nor_learn_of_anything_of_a_tenant() {
+    let api = Api::start().await;
+    let b = api.tenant("tenant-b").await;
+    let c = api.tenant("tenant-c").await;
+    // Tenant B's things: a reservation, an identity with a token and a binding; a command the
+    // operator ran on the fleet's node.
+    let res = api.ok(&b.token, "reservations.create", reservation(&api.pool, Some("b-1"))).await;
+    assert_eq!(res["state"], "placed", "{res}");
+    let idn = api.ok(&b.token, "identities.create", json!({"name": "robot", "kind": "service"})).await;
+    let tok = api.ok(&b.token, "tokens.create", json!({"identityId": idn["id"]})).await;
+    let rb = api.ok(&b.token, "roleBindings.create", json!({"identityId": idn["id"], "role": "viewer", "scopeKind": "tenant"})).await;
+    let cmd = api.ok(&api.op, "commands.run", json!({"nodeId": api.node, "kind": "diag.nvml", "idempotencyKey": "op-1"})).await;
+    let site = api.ok(&api.op, "pools.get", json!({"poolId": api.pool})).await["siteId"].as_str().unwrap().to_owned();
+    let real = [
+        ("ten", b.id.clone()),
+        ("idn", idn["id"].as_str().unwrap().to_owned()),
+        ("tok", tok["token"]["id"].as_str().unwrap().to_owned()),
+        ("rb", rb["id"].as_str().unwrap().to_owned()),
+        ("res", res["id"].as_str().unwrap().to_owned()),
+        ("cmd", cmd["id"].as_str().unwrap().to_owned()),
+        ("site", site),
+        ("pool", api.pool.clone()),
+        ("node", api.node.clone()),
+        ("gpu", "GPU-0".to_owned()),
+    ];
+    // Ids of the same kinds that do not exist.
+    let fake: Vec<(&str, String)> = real
+        .iter()
+        .map(|(k, v)| (*k, if *k == "gpu" { "GPU-nope".to_owned() } else { format!("{}_01aaaaaaaaaaaaaaaaaaaaaaaa", v.split('_').next().unwrap()) }))
+        .collect();
+    let before = (api.count("reservations").await, api.count("identities").await, api.count("tokens").await, api.count("role_bindings").await);
+    let before_nodes = api.ok(&api.op, "nodes.get", json!({"nodeId": api.node})).await;
+    let methods: Vec<String> = api.openapi().await["paths"].as_object().unwrap().keys().map(|p| p.trim_start_matches("/v1/").to_owned()).collect();
+    let bodies = bodies();
+    for m in &methods {
+        assert!(m == "roles.list" || bodies.iter().any(|(n, _)| n == m), "the isolation sweep misses {m}");
+    }
+    for (method, template) in &bodies {
+        let (status, v) = api.call(&c.token, method, fill(template, &real)).await;
+        assert!(status >= 400, "{method}: tenant C succeeded on tenant B's or the fleet's resource: {v}");
+        let (fake_status, fake_v) = api.call(&c.token, method, fill(template, &fake)).await;
+        // Not yours and does not exist look the same (ids aside).
+        let mut msg = v["message"].as_str().unwrap_or("").to_owned();
+        for ((_, r), (_, f)) in real.iter().zip(&fake) {
+            msg = msg.replace(r.as_str(), f.as_str());
+        }
+        assert_eq!((status, v["code"].clone(), msg), (fake_status, fake_v["code"].clone(), fake_v["message"].as_str().unwrap_or("").to_owned()), "{method}: {v} vs {fake_v}");
+    }
+    let after = (api.count("reservations").await, api.count("identities").await, api.count("tokens").await, api.count("role_bindings").await);
+    assert_eq!(before, after, "tenant C's attempts wrote something");
+    assert_eq!(api.ok(&api.op, "nodes.get", json!({"nodeId": api.node})).await["version"], before_nodes["version"]);
+    // B's reservation is untouched and B still sees it.
+    assert_eq!(api.ok(&b.token, "reservations.get", json!({"reservationId": res["id"]})).await["state"], "placed");
+    // C's own view has none of B's.
+    assert_eq!(api.ok(&c.token, "reservations.list", json!({})).await["items"], json!([]));
+    let _ = c.identity;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_token_stops_working_and_no_secret_is_ever_returned_again() {
+    let api = Api::start().await;
+    let b = api.tenant("tenant-b").await;
+    let idn = api.ok(&b.token, "identities.create", json!({"name": "ci", "kind": "service"})).await;
+    let issued = api.ok(&b.token, "tokens.create", json!({"identityId": idn["id"], "name": "ci"})).await;
+    let secret = issued["secret"].as_str().unwrap().to_owned();
+    assert!(secret.starts_with("bct_"));
+    // The new identity holds no role: authenticated, but nothing of the tenant.
+    let (s, v) = api.call(&secret, "reservations.list", json!({})).await;
+    assert_eq!((s, v["code"].as_str()), (403, Some("PERMISSION_DENIED")));
+    api.ok(&b.token, "roleBindings.create", json!({"identityId": idn["id"], "role": "member", "scopeKind": "tenant"})).await;
+    api.ok(&secret, "reservations.list", json!({})).await;
+    // Nothing lists or reads the secret again, and the database holds only its hash.
+    for (m, body) in [("tokens.list", json!({})), ("identities.get", json!({"identityId": idn["id"]}))] {
+        let v = api.ok(&b.token, m, body).await;
+        assert!(!v.to_string().contains(&secret), "{m} returned a secret");
+    }
+    let stored: i64 = api.h.db().connect().await.query_one("SELECT count(*) FROM tokens WHERE position($1 in encode(secret_sha256, 'escape')) > 0", &[&secret]).await.unwrap().get(0);
+    assert_eq!(stored, 0);
+    // A member cannot grant itself more than it holds.
+    let (s, v) = api.call(&secret, "roleBindings.create", json!({"identityId": idn["id"], "role": "fleet-admin", "scopeKind": "fleet"})).await;
+    assert_eq!((s, v["code"].as_str()), (403, Some("PERMISSION_DENIED")), "{v}");
+    let (s, v) = api.call(&b.token, "roleBindings.create", json!({"identityId": idn["id"], "role": "operator", "scopeKind": "fleet"})).await;
+    assert_eq!((s, v["code"].as_str()), (403, Some("PERMISSION_DENIED")), "a tenant admin made someone an operator: {v}");
+    // Revoked through the API: refused at once on this server.
+    api.ok(&b.token, "tokens.revoke", json!({"tokenId": issued["token"]["id"]})).await;
+    let (s, v) = api.call(&secret, "reservations.list", json!({})).await;
+    assert_eq!((s, v["code"].as_str()), (401, Some("UNAUTHENTICATED")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_process_drops_a_revoked_token_on_its_next_tail_or_after_the_30_s_cache_at_most() {
+    let api = Api::start().await;
+    let b = api.tenant("tenant-b").await;
+    let pg = better_compute_db::pool::connect_pool(api.h.db().connection_string(), 4).unwrap();
+    let now_ms = Arc::new(AtomicU64::new(0));
+    let clock = now_ms.clone();
+    // Two other API processes: one tails authz_changes, one never does.
+    let tailing = Iam::with_clock(pg.clone(), Arc::new({ let c = clock.clone(); move || c.load(Ordering::SeqCst) }));
+    let stalled = Iam::with_clock(pg, Arc::new(move || clock.load(Ordering::SeqCst)));
+    tailing.start_tail().await.unwrap();
+    assert_eq!(tailing.authenticate(&b.token).await.unwrap().tenant_id, b.id);
+    assert_eq!(stalled.authenticate(&b.token).await.unwrap().tenant_id, b.id);
+    let tokens = api.ok(&b.token, "tokens.list", json!({})).await;
+    let id = tokens["items"][0]["id"].as_str().unwrap().to_owned();
+    api.ok(&api.op, "tenants.get", json!({"tenantId": b.id})).await;
+    api.ok(&b.token, "tokens.revoke", json!({"tokenId": id})).await;
+    // Both still trust their cache…
+    assert!(tailing.authenticate(&b.token).await.is_ok());
+    assert!(stalled.authenticate(&b.token).await.is_ok());
+    // …until the tail applies the change,
+    assert!(tailing.apply_changes().await.unwrap() >= 1);
+    assert_eq!(tailing.authenticate(&b.token).await.unwrap_err().code, better_compute_core::ErrorCode::Unauthenticated);
+    // or, without a tail, until the 30 s cache expires.
+    now_ms.store(29_999, Ordering::SeqCst);
+    assert!(stalled.authenticate(&b.token).await.is_ok());
+    now_ms.store(30_000, Ordering::SeqCst);
+    assert_eq!(stalled.authenticate(&b.token).await.unwrap_err().code, better_compute_core::ErrorCode::Unauthenticated);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idempotency_keys_replay_refuse_a_changed_body_and_belong_to_one_identity() {
+    let api = Api::start().await;
+    let b = api.tenant("tenant-b").await;
+    let first = api.ok(&b.token, "reservations.create", reservation(&api.pool, Some("same"))).await;
+    let again = api.ok(&b.token, "reservations.create", reservation(&api.pool, Some("same"))).await;
+    assert_eq!(first, again);
+    let mut changed = reservation(&api.pool, Some("same"));
+    changed["vcpu"] = json!(4);
+    let (s, v) = api.call(&b.token, "reservations.create", changed).await;
+    assert_eq!((s, v["code"].as_str()), (409, Some("CONFLICT")), "{v}");
+    // Another identity of the same tenant, same key: its own reservation.
+    let idn = api.ok(&b.token, "identities.create", json!({"name": "other", "kind": "person"})).await;
+    api.ok(&b.token, "roleBindings.create", json!({"identityId": idn["id"], "role": "member", "scopeKind": "tenant"})).await;
+    let other = api.ok(&b.token, "tokens.create", json!({"identityId": idn["id"]})).await["secret"].as_str().unwrap().to_owned();
+    let theirs = api.ok(&other, "reservations.create", reservation(&api.pool, Some("same"))).await;
+    assert_ne!(theirs["id"], first["id"]);
+    assert_eq!(api.ok(&b.token, "reservations.list", json!({})).await["items"].as_array().unwrap().len(), 2);
+    // commands.run through HTTP: the same key is the same command.
+    let c1 = api.ok(&api.op, "commands.run", json!({"nodeId": api.node, "kind": "inventory.refresh", "idempotencyKey": "r"})).await;
+    let c2 = api.ok(&api.op, "commands.run", json!({"nodeId": api.node, "kind": "inventory.refresh", "idempotencyKey": "r"})).await;
+    assert_eq!(c1["id"], c2["id"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_on_every_method_is_a_clear_4xx_with_a_stable_code_and_writes_nothing() {
+    let api = Api::start().await;
+    let doc = api.openapi().await;
+    let tables = ["tenants", "identities", "tokens", "role_bindings", "sites", "pools", "reservations", "commands", "join_tokens", "quota_usage", "outbox"];
+    let mut before = Vec::new();
+    for t in tables {
+        before.push(api.count(t).await);
+    }
+    let big = format!("{{\"name\": \"{}\"}}", "x".repeat(better_compute_api::MAX_BODY_BYTES + 1));
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        let m = path.trim_start_matches("/v1/");
+        let schema_ref = item["post"]["requestBody"]["content"]["application/json"]["schema"]["$ref"].as_str().unwrap();
+        let schema = doc.pointer(schema_ref.trim_start_matches('#')).unwrap();
+        let required: Vec<&str> = schema["required"].as_array().map(|a| a.iter().filter_map(Value::as_str).collect()).unwrap_or_default();
+        let mut cases: Vec<(&str, String)> = vec![
+            ("unknown field", json!({"surelyNotAField": 1}).to_string()),
+            ("malformed JSON", "{\"a\": ".to_owned()),
+            ("not an object", "[1, 2]".to_owned()),
+            ("oversized", big.clone()),
+        ];
+        if let Some(field) = required.first() {
+            cases.push(("missing required", "{}".to_owned()));
+            cases.push(("wrong type", json!({*field: {"nested": [true]}}).to_string()));
+        }
+        for (what, body) in cases {
+            let (s, v) = api.raw(&api.op, m, body).await;
+            assert_eq!((s, v["code"].as_str()), (400, Some("INVALID_ARGUMENT")), "{m}, {what}: {v}");
+            assert!(!v["message"].as_str().unwrap_or("").is_empty(), "{m}, {what}: no message");
+        }
+    }
+    // Without a token, or with a wrong one: 401, for any method.
+    let r = api.http.post(format!("{}/v1/nodes.get", api.url)).body("{}").send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 401);
+    let (s, v) = api.call("bct_forged", "nodes.get", json!({"nodeId": api.node})).await;
+    assert_eq!((s, v["code"].as_str()), (401, Some("UNAUTHENTICATED")));
+    let (s, v) = api.call(&api.op, "nodes.explode", json!({})).await;
+    assert_eq!((s, v["code"].as_str()), (404, Some("NOT_FOUND")));
+    for (i, t) in tables.iter().enumerate() {
+        assert_eq!(api.count(t).await, before[i], "bad input wrote to {t}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operators_run_the_fleet_through_explicit_roles_and_pages_walk_every_item() {
+    let api = Api::start().await;
+    let site = api.ok(&api.op, "sites.create", json!({"name": "east", "idempotencyKey": "site-east"})).await;
+    assert_eq!(api.ok(&api.op, "sites.create", json!({"name": "east", "idempotencyKey": "site-east"})).await["id"], site["id"]);
+    let (s, v) = api.call(&api.op, "sites.create", json!({"name": "east"})).await;
+    assert_eq!((s, v["code"].as_str()), (409, Some("CONFLICT")));
+    for i in 0..5 {
+        api.ok(&api.op, "pools.create", json!({"siteId": site["id"], "name": format!("p{i}"), "kind": "bare-metal"})).await;
+    }
+    let mut seen = Vec::new();
+    let mut token: Option<String> = None;
+    loop {
+        let mut body = json!({"siteId": site["id"], "pageSize": 2});
+        if let Some(t) = &token {
+            body["pageToken"] = json!(t);
+        }
+        let page = api.ok(&api.op, "pools.list", body).await;
+        seen.extend(page["items"].as_array().unwrap().iter().map(|p| p["name"].as_str().unwrap().to_owned()));
+        match page["nextPageToken"].as_str() {
+            Some(t) => token = Some(t.to_owned()),
+            None => break,
+        }
+    }
+    assert_eq!(seen, ["p0", "p1", "p2", "p3", "p4"]);
+    let cordoned = api.ok(&api.op, "nodes.cordon", json!({"nodeId": api.node})).await;
+    assert_eq!(cordoned["noScheduleReasons"], json!(["cordoned"]));
+    assert_eq!(api.ok(&api.op, "nodes.list", json!({"cordoned": true})).await["items"].as_array().unwrap().len(), 1);
+    let jt = api.ok(&api.op, "nodes.createJoinToken", json!({"poolId": api.pool, "ttlSeconds": 600})).await;
+    assert!(jt["secret"].as_str().unwrap().starts_with("bcj_"));
+    // A tenant admin with a node-scope operator binding? Only the operator can grant it: the
+    // operator binds its own colleague at node scope, who then cordons that node and no other.
+    let colleague = api.ok(&api.op, "identities.create", json!({"name": "oncall", "kind": "person"})).await;
+    api.ok(&api.op, "roleBindings.create", json!({"identityId": colleague["id"], "role": "operator", "scopeKind": "node", "scopeId": api.node})).await;
+    let secret = api.ok(&api.op, "tokens.create", json!({"identityId": colleague["id"]})).await["secret"].as_str().unwrap().to_owned();
+    api.ok(&secret, "nodes.uncordon", json!({"nodeId": api.node})).await;
+    let (s, _) = api.call(&secret, "sites.create", json!({"name": "west"})).await;
+    assert_eq!(s, 403);
+    tokio::time::timeout(Duration::from_secs(5), async { let _ = api.h.db().now().await; }).await.unwrap();
+}

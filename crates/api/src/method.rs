@@ -68,9 +68,19 @@ pub struct Method {
     pub(crate) call: Call,
 }
 
+/// Whether a JSON text has a `\u0000` escape (a NUL in a string), which PostgreSQL's text cannot hold.
+fn has_nul_escape(body: &[u8]) -> bool {
+    body.windows(6).enumerate().any(|(i, w)| {
+        w == b"\\u0000" && body[..i].iter().rev().take_while(|b| **b == b'\\').count() % 2 == 0
+    })
+}
+
 /// Parses a request body into `T`, naming the field at fault.
 pub fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, Error> {
     let body: &[u8] = if body.iter().all(u8::is_ascii_whitespace) { b"{}" } else { body };
+    if has_nul_escape(body) {
+        return Err(Error::invalid_argument("strings may not contain NUL (\\u0000)"));
+    }
     let mut de = serde_json::Deserializer::from_slice(body);
     let value: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();
@@ -108,5 +118,19 @@ where
                 serde_json::to_value(resp).map_err(|e| Error::internal(format!("response did not serialize: {e}")))
             })
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_nul_in_a_string_is_refused_but_an_escaped_backslash_before_u0000_is_not() {
+        assert!(has_nul_escape(br#"{"a": "x\u0000"}"#));
+        assert!(has_nul_escape(br#"{"a": "\\\u0000"}"#));
+        assert!(!has_nul_escape(br#"{"a": "\\u0000"}"#));
+        assert_eq!(parse::<serde_json::Value>(br#"{"a": "\u0000"}"#).unwrap_err().code, better_compute_core::ErrorCode::InvalidArgument);
+        assert_eq!(parse::<serde_json::Value>(br#"{"a": "\\u0000"}"#).unwrap()["a"], "\\u0000");
     }
 }

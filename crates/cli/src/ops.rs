@@ -1,4 +1,4 @@
-//! Operator subcommands that read the database directly: `nodes list|get`, and `docs command-kinds`.
+//! Operator subcommands that read the database directly: `nodes list|get`, and `docs command-kinds|api`.
 
 
 /// `better-compute nodes …`.
@@ -36,6 +36,8 @@ pub struct DocsArgs {
 enum DocsPage {
     /// Print the command kinds reference (docs/command-kinds.md) from the registry.
     CommandKinds,
+    /// Print the API reference (docs/api.md) from the OpenAPI document.
+    Api,
 }
 
 fn print_json(v: &impl serde::Serialize) -> anyhow::Result<()> {
@@ -97,6 +99,10 @@ pub fn docs(args: DocsArgs) -> anyhow::Result<()> {
     match args.page {
         DocsPage::CommandKinds => {
             print!("{}", better_compute_runtime::commands::reference_page(crate::registry()?.command_kinds()));
+            Ok(())
+        }
+        DocsPage::Api => {
+            print!("{}", better_compute_api::openapi::reference_page(&better_compute_api::all_methods()));
             Ok(())
         }
     }

@@ -13,3 +13,13 @@ fn the_command_kinds_reference_page_matches_the_registry() {
     );
     assert!(on_disk.contains("| `node.reboot` | power | 900 s | no | yes | yes | yes | `NodeReboot` |"));
 }
+
+#[test]
+fn the_api_reference_page_matches_the_openapi_document() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_better-compute")).args(["docs", "api"]).output().unwrap();
+    assert!(out.status.success());
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/api.md");
+    let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
+    assert_eq!(on_disk, String::from_utf8(out.stdout).unwrap(), "docs/api.md drifted from the API; regenerate it: cargo run -- docs api > docs/api.md");
+    assert!(on_disk.contains("## `reservations.create`") && on_disk.contains("| `idempotencyKey` | string | no |"));
+}

@@ -59,6 +59,9 @@ impl From<DbError> for Error {
                 Some(c) if *c == SqlState::T_R_SERIALIZATION_FAILURE || *c == SqlState::T_R_DEADLOCK_DETECTED => {
                     Error::conflict("a concurrent change interfered; retry")
                 }
+                Some(c) if *c == SqlState::CHARACTER_NOT_IN_REPERTOIRE || *c == SqlState::UNTRANSLATABLE_CHARACTER => {
+                    Error::invalid_argument("a text field holds a character the database cannot store (NUL, or invalid UTF-8)")
+                }
                 None => Error::new(ErrorCode::Unavailable, "the database is unavailable; retry shortly"),
                 Some(_) => Error::internal("unexpected database error"),
             },

@@ -39,6 +39,9 @@ enum Which {
     /// Commands enqueued per second (one per transaction) and desired-state recomputations per
     /// second for 10,000 nodes after a site-wide change, beside pgbench's TPC-B.
     Commands(crate::bench_commands::CommandsBench),
+    /// nodes.get and reservations.create over HTTP with 64 concurrent clients, requests/s and
+    /// p50/p99, beside the same operations called in-process.
+    Api(crate::bench_api::ApiBench),
 }
 
 #[derive(Debug, clap::Args)]
@@ -118,6 +121,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         Which::RuntimeWorker(w) => runtime_worker(w).await,
         Which::Capacity(b) => crate::bench_capacity::run(b).await,
         Which::Commands(b) => crate::bench_commands::run(b).await,
+        Which::Api(b) => crate::bench_api::run(b).await,
     }
 }
 

@@ -1,0 +1,157 @@
+//! `better-compute bench api`: `nodes.get` and `reservations.create` over HTTP with concurrent
+//! clients, beside the same operations called in-process, in the same run.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use better_compute_capacity::reservations::{self, CreateReservation, GpuRequest};
+use better_compute_core::Caller;
+
+use crate::bench::Scratch;
+
+/// Options of `better-compute bench api`.
+#[derive(Debug, clap::Args)]
+pub struct ApiBench {
+    /// Concurrent clients.
+    #[arg(long, default_value_t = 64)]
+    clients: usize,
+    /// Requests per figure.
+    #[arg(long, default_value_t = 4000)]
+    requests: usize,
+    /// Nodes of 8 GPUs in the fleet.
+    #[arg(long, default_value_t = 1000)]
+    nodes: usize,
+}
+
+/// Runs `total` calls of `op` over `clients` tasks; returns requests/s and sorted latencies.
+async fn measure<F, Fut>(clients: usize, total: usize, op: F) -> (f64, Vec<Duration>)
+where
+    F: Fn(usize, usize) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = bool> + Send,
+{
+    let op = Arc::new(op);
+    let next = Arc::new(AtomicUsize::new(0));
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for c in 0..clients {
+        let (op, next) = (op.clone(), next.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Vec::new();
+            loop {
+                let i = next.fetch_add(1, Ordering::SeqCst);
+                if i >= total {
+                    return lat;
+                }
+                let t = Instant::now();
+                assert!(op(c, i).await, "request {i} failed");
+                lat.push(t.elapsed());
+            }
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.expect("client task"));
+    }
+    let rate = total as f64 / start.elapsed().as_secs_f64();
+    all.sort();
+    (rate, all)
+}
+
+fn pct(l: &[Duration], p: f64) -> f64 {
+    l.get(((l.len() as f64 - 1.0) * p) as usize).map(|d| d.as_secs_f64() * 1000.0).unwrap_or(0.0)
+}
+
+fn line(what: &str, (rate, l): &(f64, Vec<Duration>)) {
+    println!("{what:<40} {rate:>8.0} req/s   p50 {:>6.2} ms   p99 {:>6.2} ms", pct(l, 0.5), pct(l, 0.99));
+}
+
+fn request(tenant: &str) -> CreateReservation {
+    CreateReservation {
+        tenant_id: Some(tenant.to_owned()),
+        pool_id: "pool_bench".into(),
+        gpu: GpuRequest { kind: "gpu".into(), model: "H100-80GB".into(), profile: None, count: 1 },
+        vcpu: 1,
+        memory_mib: 1024,
+        disk_gib: 1,
+        starts_at: None,
+        ends_at: None,
+        duration_s: Some(3600),
+        node_selector: Default::default(),
+        tolerations: vec![],
+        idempotency_key: None,
+    }
+}
+
+/// Runs the benchmark.
+pub async fn run(b: ApiBench) -> anyhow::Result<()> {
+    let scratch = Scratch::start(b.clients as u32 * 2 + 40).await?;
+    let conn = scratch.conn();
+    let mut db = better_compute_db::pool::connect(&conn).await?;
+    let registry = crate::registry()?;
+    better_compute_db::migrate(&mut db, &registry.migrations()).await?;
+    println!("seeding {} nodes x 8 GPUs…", b.nodes);
+    crate::bench_capacity::seed(&db, b.nodes).await?;
+    let admin = crate::admin::bootstrap_db(&mut db, "bench", "admin").await?;
+    let tenant = admin.tenant.id.clone();
+    for r in ["gpus", "vcpu", "memory_mib", "disk_gib"] {
+        db.execute("INSERT INTO quota_usage (tenant_id, resource, max) VALUES ($1, $2, 1000000000)", &[&tenant, &r]).await?;
+    }
+    let identity = admin.identity.id.clone();
+    let pool = better_compute_db::pool::connect_pool(&conn, b.clients)?;
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let (addr, _server) = crate::server::start_api(pool.clone(), registry, "127.0.0.1:0", stopped).await?;
+    let url = format!("http://{addr}");
+    let http = reqwest::Client::builder().pool_max_idle_per_host(b.clients).build()?;
+    let token = admin.token.secret.clone();
+    let fleet = b.nodes;
+    let node = move |i: usize| format!("node_b{}", 1 + i % fleet);
+
+    println!("{} clients, {} requests per figure (in-process: the module's function on a pooled connection)", b.clients, b.requests);
+    let p = pool.clone();
+    let nodes = b.nodes;
+    let in_get = measure(b.clients, b.requests, move |_, i| {
+        let p = p.clone();
+        async move {
+            let db = p.get().await.expect("pool");
+            better_compute_nodes::inventory::get_node(&**db, &format!("node_b{}", 1 + i % nodes)).await.is_ok()
+        }
+    })
+    .await;
+    line("nodes.get in-process", &in_get);
+    let (h, u, t) = (http.clone(), url.clone(), token.clone());
+    let http_get = measure(b.clients, b.requests, move |_, i| {
+        let (h, u, t, n) = (h.clone(), u.clone(), t.clone(), node(i));
+        async move {
+            let r = h.post(format!("{u}/v1/nodes.get")).bearer_auth(t).json(&serde_json::json!({"nodeId": n})).send().await;
+            r.is_ok_and(|r| r.status().is_success())
+        }
+    })
+    .await;
+    line("nodes.get over HTTP", &http_get);
+    println!("  HTTP/in-process: {:.2}x", http_get.0 / in_get.0);
+
+    let (p, tn, idn) = (pool.clone(), tenant.clone(), identity.clone());
+    let in_create = measure(b.clients, b.requests / 4, move |_, _| {
+        let (p, tn, idn) = (p.clone(), tn.clone(), idn.clone());
+        async move {
+            let mut db = p.get().await.expect("pool");
+            reservations::create(&mut db, Caller { tenant_id: &tn, identity_id: &idn }, &request(&tn)).await.is_ok()
+        }
+    })
+    .await;
+    line("reservations.create in-process", &in_create);
+    let (h, u, t, tn) = (http.clone(), url.clone(), token.clone(), tenant.clone());
+    let http_create = measure(b.clients, b.requests / 4, move |_, _| {
+        let (h, u, t, body) = (h.clone(), u.clone(), t.clone(), request(&tn));
+        async move {
+            let r = h.post(format!("{u}/v1/reservations.create")).bearer_auth(t).json(&body).send().await;
+            r.is_ok_and(|r| r.status().is_success())
+        }
+    })
+    .await;
+    line("reservations.create over HTTP", &http_create);
+    println!("  HTTP/in-process: {:.2}x", http_create.0 / in_create.0);
+    stop.send(true)?;
+    Ok(())
+}

@@ -35,6 +35,15 @@ impl Ctx {
         Ok(self.state.pool.get().await.map_err(DbError::from)?)
     }
 
+    /// Runs `f` in a transaction on a pooled connection, committing when it succeeds.
+    pub async fn in_tx<T>(&self, f: impl AsyncFnOnce(&tokio_postgres::Transaction<'_>) -> Result<T, Error>) -> Result<T, Error> {
+        let mut db = self.db().await?;
+        let tx = (**db).transaction().await.map_err(DbError::from)?;
+        let v = f(&tx).await?;
+        tx.commit().await.map_err(DbError::from)?;
+        Ok(v)
+    }
+
     /// Asks IAM; NOT_FOUND or PERMISSION_DENIED as the resolver decides.
     pub async fn check(&self, permission: &str, resource: Resource<'_>) -> Result<(), Error> {
         self.state.iam.check(self.caller(), permission, resource).await

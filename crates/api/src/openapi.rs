@@ -52,7 +52,8 @@ pub fn document<'a>(methods: impl IntoIterator<Item = &'a Method>) -> Value {
     })
 }
 
-fn resolve<'a>(doc: &'a Value, schema: &'a Value) -> &'a Value {
+/// A schema with its `$ref` (if any) followed within `doc`.
+pub fn resolve<'a>(doc: &'a Value, schema: &'a Value) -> &'a Value {
     match schema.get("$ref").and_then(Value::as_str) {
         Some(r) => doc.pointer(r.trim_start_matches('#')).unwrap_or(schema),
         None => schema,

@@ -44,10 +44,7 @@ pub fn check_rfc3339(field: &str, s: &str) -> Result<(), Error> {
     }
 }
 
-/// SQL that renders a `timestamptz` expression as RFC 3339 in UTC.
-pub fn rfc3339_sql(expr: &str) -> String {
-    format!("to_char(({expr}) AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')")
-}
+pub use better_compute_db::clock::rfc3339_sql;
 
 #[cfg(test)]
 mod tests {

@@ -7,6 +7,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+use better_compute_api::openapi::resolve;
 use serde_json::{Map, Value};
 
 /// Options of `better-compute api`.
@@ -111,14 +112,6 @@ impl Client {
 
 fn unreachable_hint(url: &str) -> String {
     format!("cannot reach the API at {url}; is `better-compute dev` running? (set BETTER_COMPUTE_URL)")
-}
-
-/// Resolves `$ref`s of the document.
-fn resolve<'a>(doc: &'a Value, schema: &'a Value) -> &'a Value {
-    match schema.get("$ref").and_then(Value::as_str) {
-        Some(r) => doc.pointer(r.trim_start_matches('#')).unwrap_or(schema),
-        None => schema,
-    }
 }
 
 fn request_schema<'a>(doc: &'a Value, method: &str) -> Option<&'a Value> {

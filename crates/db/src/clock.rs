@@ -248,3 +248,9 @@ mod tests {
         assert_eq!(clock.now(), sim_epoch());
     }
 }
+
+/// SQL that renders a `timestamptz` expression as RFC 3339 in UTC, with microseconds: how every
+/// time leaves the database for the API.
+pub fn rfc3339_sql(expr: &str) -> String {
+    format!("to_char(({expr}) AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')")
+}

@@ -160,8 +160,9 @@ pub async fn list_roles(db: &impl GenericClient) -> Result<Vec<RoleView>, Error>
     Ok(rows.iter().map(|r| RoleView { name: r.get(0), description: r.get(1), permissions: r.get(2) }).collect())
 }
 
-const SELECT: &str = "SELECT id, identity_id, role, scope_kind, scope_id,
-                             to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') FROM role_bindings";
+fn select() -> String {
+    format!("SELECT id, identity_id, role, scope_kind, scope_id, {} FROM role_bindings", better_compute_db::clock::rfc3339_sql("created_at"))
+}
 
 fn view(r: &tokio_postgres::Row) -> RoleBindingView {
     RoleBindingView { id: r.get(0), identity_id: r.get(1), role: r.get(2), scope_kind: r.get(3), scope_id: r.get(4), created_at: r.get(5) }
@@ -252,7 +253,7 @@ pub async fn bind(tx: &impl GenericClient, b: &NewBinding<'_>) -> Result<RoleBin
     project(tx, b.identity_id).await?;
     let row = tx
         .query_one(
-            &format!("{SELECT} WHERE identity_id = $1 AND role = $2 AND scope_kind = $3 AND scope_id = $4"),
+            &format!("{} WHERE identity_id = $1 AND role = $2 AND scope_kind = $3 AND scope_id = $4", select()),
             &[&b.identity_id, &b.role, &b.scope_kind, &scope_id],
         )
         .await
@@ -263,7 +264,7 @@ pub async fn bind(tx: &impl GenericClient, b: &NewBinding<'_>) -> Result<RoleBin
 /// Removes a binding of the tenant; the change reaches every cache through `authz_changes`.
 pub async fn unbind(tx: &impl GenericClient, tenant_id: &str, binding_id: &str) -> Result<RoleBindingView, Error> {
     let row = tx
-        .query_opt(&format!("{SELECT} WHERE id = $1 AND tenant_id = $2"), &[&binding_id, &tenant_id])
+        .query_opt(&format!("{} WHERE id = $1 AND tenant_id = $2", select()), &[&binding_id, &tenant_id])
         .await
         .map_err(DbError::from)?
         .ok_or_else(|| Error::not_found("role binding", binding_id))?;
@@ -279,7 +280,7 @@ pub async fn list(db: &impl GenericClient, tenant_id: &str, identity_id: Option<
     let (size, after) = page.bounds()?;
     let rows = db
         .query(
-            &format!("{SELECT} WHERE tenant_id = $1 AND ($2::text IS NULL OR identity_id = $2) AND id > $3 ORDER BY id LIMIT $4"),
+            &format!("{} WHERE tenant_id = $1 AND ($2::text IS NULL OR identity_id = $2) AND id > $3 ORDER BY id LIMIT $4", select()),
             &[&tenant_id, &identity_id, &after, &(size + 1)],
         )
         .await

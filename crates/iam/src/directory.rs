@@ -35,7 +35,10 @@ pub struct IdentityView {
     pub created_at: String,
 }
 
-const TS: &str = "to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')";
+/// `created_at` as RFC 3339.
+fn created_at() -> String {
+    better_compute_db::clock::rfc3339_sql("created_at")
+}
 
 fn check_name(field: &str, name: &str, extra: &str) -> Result<(), Error> {
     let ok = !name.is_empty()
@@ -72,7 +75,7 @@ pub async fn create_tenant(tx: &impl GenericClient, name: &str) -> Result<Tenant
 /// One tenant.
 pub async fn get_tenant(db: &impl GenericClient, id: &str) -> Result<TenantView, Error> {
     let row = db
-        .query_opt(&format!("SELECT id, name, {TS} FROM tenants WHERE id = $1"), &[&id])
+        .query_opt(&format!("SELECT id, name, {} FROM tenants WHERE id = $1", created_at()), &[&id])
         .await
         .map_err(DbError::from)?
         .ok_or_else(|| Error::not_found("tenant", id))?;
@@ -83,7 +86,7 @@ pub async fn get_tenant(db: &impl GenericClient, id: &str) -> Result<TenantView,
 pub async fn list_tenants(db: &impl GenericClient, page: &PageRequest) -> Result<Page<TenantView>, Error> {
     let (size, after) = page.bounds()?;
     let rows = db
-        .query(&format!("SELECT id, name, {TS} FROM tenants WHERE id > $1 ORDER BY id LIMIT $2"), &[&after, &(size + 1)])
+        .query(&format!("SELECT id, name, {} FROM tenants WHERE id > $1 ORDER BY id LIMIT $2", created_at()), &[&after, &(size + 1)])
         .await
         .map_err(DbError::from)?;
     let items = rows.iter().map(|r| TenantView { id: r.get(0), name: r.get(1), created_at: r.get(2) }).collect();
@@ -110,7 +113,7 @@ fn identity(r: &tokio_postgres::Row) -> IdentityView {
 /// One identity of the tenant; another tenant's is NOT_FOUND.
 pub async fn get_identity(db: &impl GenericClient, tenant_id: &str, id: &str) -> Result<IdentityView, Error> {
     let row = db
-        .query_opt(&format!("SELECT id, tenant_id, name, kind, {TS} FROM identities WHERE id = $1 AND tenant_id = $2"), &[&id, &tenant_id])
+        .query_opt(&format!("SELECT id, tenant_id, name, kind, {} FROM identities WHERE id = $1 AND tenant_id = $2", created_at()), &[&id, &tenant_id])
         .await
         .map_err(DbError::from)?
         .ok_or_else(|| Error::not_found("identity", id))?;
@@ -122,7 +125,7 @@ pub async fn list_identities(db: &impl GenericClient, tenant_id: &str, page: &Pa
     let (size, after) = page.bounds()?;
     let rows = db
         .query(
-            &format!("SELECT id, tenant_id, name, kind, {TS} FROM identities WHERE tenant_id = $1 AND id > $2 ORDER BY id LIMIT $3"),
+            &format!("SELECT id, tenant_id, name, kind, {} FROM identities WHERE tenant_id = $1 AND id > $2 ORDER BY id LIMIT $3", created_at()),
             &[&tenant_id, &after, &(size + 1)],
         )
         .await

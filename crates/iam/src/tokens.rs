@@ -5,6 +5,7 @@ use base64::Engine;
 use better_compute_core::id::TokenId;
 use better_compute_core::page::{Page, PageRequest};
 use better_compute_core::{Error, ErrorCode};
+use better_compute_db::clock::rfc3339_sql as rfc3339;
 use better_compute_db::DbError;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -54,10 +55,6 @@ fn new_secret() -> String {
     let mut bytes = [0u8; 32];
     getrandom::fill(&mut bytes).expect("the operating system's random source works");
     format!("{SECRET_PREFIX}{}", base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes))
-}
-
-fn rfc3339(col: &str) -> String {
-    format!("to_char({col} AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')")
 }
 
 fn select() -> String {

@@ -69,9 +69,9 @@ pub struct CommandView {
     pub version: i64,
 }
 
-const VIEW: &str = "SELECT id, node_id, seq, kind, payload, state, reason, result, cancel_requested, min_generation, version FROM commands";
+pub(crate) const VIEW: &str = "SELECT id, node_id, seq, kind, payload, state, reason, result, cancel_requested, min_generation, version FROM commands";
 
-fn to_view(r: &tokio_postgres::Row) -> CommandView {
+pub(crate) fn to_view(r: &tokio_postgres::Row) -> CommandView {
     CommandView {
         id: r.get(0),
         node_id: r.get(1),

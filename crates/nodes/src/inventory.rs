@@ -305,17 +305,22 @@ pub struct NodeView {
     pub version: i64,
 }
 
+/// The columns of a [`NodeView`], in [`node_view`]'s order.
+pub(crate) const NODE_VIEW: &str =
+    "SELECT id, pool_id, name, labels, taints, no_schedule_reasons, liveness, generation, observed_generation, version FROM nodes";
+
 /// Reads a node.
 pub async fn get_node(db: &impl GenericClient, node_id: &str) -> Result<NodeView, DbError> {
     let r = db
-        .query_opt(
-            "SELECT id, pool_id, name, labels, taints, no_schedule_reasons, liveness, generation, observed_generation, version
-               FROM nodes WHERE id = $1",
-            &[&node_id],
-        )
+        .query_opt(&format!("{NODE_VIEW} WHERE id = $1"), &[&node_id])
         .await?
         .ok_or_else(|| Error::not_found("node", node_id))?;
-    Ok(NodeView {
+    Ok(node_view(&r))
+}
+
+/// A [`NODE_VIEW`] row as a [`NodeView`].
+pub(crate) fn node_view(r: &tokio_postgres::Row) -> NodeView {
+    NodeView {
         id: r.get(0),
         pool_id: r.get(1),
         name: r.get(2),
@@ -326,5 +331,5 @@ pub async fn get_node(db: &impl GenericClient, node_id: &str) -> Result<NodeView
         generation: r.get(7),
         observed_generation: r.get(8),
         version: r.get(9),
-    })
+    }
 }

@@ -5,17 +5,14 @@ use base64::Engine;
 use better_compute_core::id::JoinTokenId;
 use better_compute_core::page::{Page, PageRequest};
 use better_compute_core::Error;
+use better_compute_db::clock::rfc3339_sql as ts;
 use better_compute_db::DbError;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tokio_postgres::GenericClient;
 
-use crate::commands::CommandView;
-use crate::inventory::NodeView;
-
-fn ts(col: &str) -> String {
-    format!("to_char({col} AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')")
-}
+use crate::commands::{to_view, CommandView, VIEW};
+use crate::inventory::{node_view, NodeView, NODE_VIEW};
 
 /// A site.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -134,19 +131,17 @@ pub async fn list_nodes(db: &impl GenericClient, f: &NodeFilter<'_>, page: &Page
     let (size, after) = page.bounds()?;
     let rows = db
         .query(
-            "SELECT id FROM nodes
-              WHERE ($1::text IS NULL OR pool_id = $1) AND ($2::bool IS NULL OR ('cordoned' = ANY(no_schedule_reasons)) = $2)
-                AND ($3::text IS NULL OR liveness = $3) AND id > $4
-              ORDER BY id LIMIT $5",
+            &format!(
+                "{NODE_VIEW}
+                  WHERE ($1::text IS NULL OR pool_id = $1) AND ($2::bool IS NULL OR ('cordoned' = ANY(no_schedule_reasons)) = $2)
+                    AND ($3::text IS NULL OR liveness = $3) AND id > $4
+                  ORDER BY id LIMIT $5"
+            ),
             &[&f.pool_id, &f.cordoned, &f.liveness, &after, &(size + 1)],
         )
         .await
         .map_err(DbError::from)?;
-    let mut items = Vec::with_capacity(rows.len());
-    for r in &rows {
-        items.push(crate::inventory::get_node(db, r.get(0)).await?);
-    }
-    Ok(Page::from_rows(items, size, |n: &NodeView| n.id.clone()))
+    Ok(Page::from_rows(rows.iter().map(node_view).collect(), size, |n: &NodeView| n.id.clone()))
 }
 
 /// The node of a GPU (by uuid), or NOT_FOUND.
@@ -162,21 +157,14 @@ pub async fn node_of_device(db: &impl GenericClient, uuid: &str) -> Result<Strin
 /// A node's commands requested by one tenant, a page at a time.
 pub async fn list_commands(db: &impl GenericClient, node_id: &str, tenant_id: &str, page: &PageRequest) -> Result<Page<CommandView>, Error> {
     let (size, after) = page.bounds()?;
-    let ids: Vec<String> = db
+    let rows = db
         .query(
-            "SELECT id FROM commands WHERE node_id = $1 AND split_part(requested_by, '/', 1) = $2 AND id > $3 ORDER BY id LIMIT $4",
+            &format!("{VIEW} WHERE node_id = $1 AND split_part(requested_by, '/', 1) = $2 AND id > $3 ORDER BY id LIMIT $4"),
             &[&node_id, &tenant_id, &after, &(size + 1)],
         )
         .await
-        .map_err(DbError::from)?
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    let mut items = Vec::with_capacity(ids.len());
-    for id in &ids {
-        items.push(crate::commands::get(db, node_id, id).await?);
-    }
-    Ok(Page::from_rows(items, size, |c: &CommandView| c.id.clone()))
+        .map_err(DbError::from)?;
+    Ok(Page::from_rows(rows.iter().map(to_view).collect(), size, |c: &CommandView| c.id.clone()))
 }
 
 /// Whether a command was requested by the tenant (commands are the requesting tenant's to see).

@@ -2,9 +2,8 @@
 
 use better_compute_capacity::quota::{self, Quota};
 use better_compute_capacity::reservations::{self, CreateReservation, ReservationView};
-use better_compute_core::page::{Page, PageRequest};
+use better_compute_core::page::Page;
 use better_compute_core::Error;
-use better_compute_db::DbError;
 use better_compute_runtime::authz::Resource;
 use serde::{Deserialize, Serialize};
 
@@ -106,11 +105,7 @@ pub(super) fn methods() -> Vec<Method> {
                 // Tenant-scope bindings never set quotas, even one's own.
                 ctx.check("compute:quotas:write", Resource::Fleet).await?;
             }
-            let mut db = ctx.db().await?;
-            let tx = (**db).transaction().await.map_err(DbError::from)?;
-            let q = quota::set(&tx, &tenant, &r.resource, r.max).await?;
-            tx.commit().await.map_err(DbError::from)?;
-            Ok(q)
+            ctx.in_tx(async |tx| -> Result<Quota, Error> { Ok(quota::set(tx, &tenant, &r.resource, r.max).await?) }).await
         }),
         method("quotas.get", "Read a tenant's quotas.", "compute:quotas:read at tenant scope (your own) or fleet scope", |ctx: Ctx, r: GetQuotas| async move {
             let tenant = quota_tenant(&ctx, r.tenant_id.as_deref(), "compute:quotas:read").await?;
@@ -137,7 +132,7 @@ pub(super) fn methods() -> Vec<Method> {
         method("reservations.list", "List your tenant's reservations.", "compute:reservations:read at tenant scope", |ctx: Ctx, r: ListReservations| async move {
             ctx.own_tenant(r.tenant_id.as_deref())?;
             ctx.check("compute:reservations:read", Resource::Tenant).await?;
-            let (size, _) = PageRequest { page_size: r.page_size, page_token: None }.bounds()?;
+            let (size, _) = super::page(r.page_size, None).bounds()?;
             let p = reservations::list(&**ctx.db().await?, ctx.caller(), r.state.as_deref(), r.page_token.as_deref(), size).await?;
             Ok(Page::<ReservationView> { items: p.items, next_page_token: p.next_cursor })
         }),

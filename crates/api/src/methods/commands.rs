@@ -66,7 +66,7 @@ pub(super) fn methods() -> Vec<Method> {
         method("commands.list", "List the commands your tenant ran on a node.", "compute:nodes:read on the node", |ctx: Ctx, r: ListCommands| async move {
             ctx.own_tenant(r.tenant_id.as_deref())?;
             ctx.check(READ, Resource::Node(&r.node_id)).await?;
-            let page = better_compute_core::page::PageRequest { page_size: r.page_size, page_token: r.page_token };
+            let page = super::page(r.page_size, r.page_token);
             listing::list_commands(&**ctx.db().await?, &r.node_id, &ctx.principal.tenant_id, &page).await
         }),
         method("commands.cancel", "Cancel a command your tenant ran: pending ones never run, in-flight ones are told to stop.", "compute:nodes:exec on the node", |ctx: Ctx, r: CommandRef| async move {

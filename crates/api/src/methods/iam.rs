@@ -1,8 +1,6 @@
 //! tenants.*, identities.*, tokens.*, roleBindings.*, roles.list.
 
-use better_compute_core::page::PageRequest;
 use better_compute_core::Error;
-use better_compute_db::DbError;
 use better_compute_iam::bindings::{self, NewBinding, RoleBindingView, RoleView};
 use better_compute_iam::bootstrap::tenant_with_admin;
 use better_compute_iam::directory;
@@ -11,7 +9,7 @@ use better_compute_iam::{BINDINGS_READ, BINDINGS_WRITE, IDENTITIES_READ, IDENTIT
 use better_compute_runtime::authz::Resource;
 use serde::{Deserialize, Serialize};
 
-use super::TenantPage;
+use super::{page, TenantPage};
 use crate::method::{method, Ctx};
 use crate::Method;
 
@@ -145,24 +143,12 @@ struct Roles {
 #[serde(deny_unknown_fields)]
 struct Empty {}
 
-fn page(size: Option<i64>, token: Option<String>) -> PageRequest {
-    PageRequest { page_size: size, page_token: token }
-}
-
-async fn tx_do<T>(ctx: &Ctx, f: impl AsyncFnOnce(&tokio_postgres::Transaction<'_>) -> Result<T, Error>) -> Result<T, Error> {
-    let mut db = ctx.db().await?;
-    let tx = (**db).transaction().await.map_err(DbError::from)?;
-    let v = f(&tx).await?;
-    tx.commit().await.map_err(DbError::from)?;
-    Ok(v)
-}
-
 pub(super) fn methods() -> Vec<Method> {
     vec![
         method("tenants.create", "Create a tenant with its first admin and a token for it (the secret is in this response only).", "iam:tenants:write at fleet scope", |ctx: Ctx, r: CreateTenant| async move {
             ctx.check(TENANTS_WRITE, Resource::Fleet).await?;
             let admin = r.admin_name.clone().unwrap_or_else(|| "admin".into());
-            tx_do(&ctx, async |tx| tenant_with_admin(tx, &r.name, &admin, false).await).await
+            ctx.in_tx(async |tx| tenant_with_admin(tx, &r.name, &admin, false).await).await
         }),
         method("tenants.get", "Read a tenant: your own, or any with iam:tenants:read at fleet scope.", "none for your own tenant; iam:tenants:read at fleet scope for others", |ctx: Ctx, r: TenantRef| async move {
             if r.tenant_id != ctx.principal.tenant_id && ctx.check(TENANTS_READ, Resource::Fleet).await.is_err() {
@@ -177,7 +163,7 @@ pub(super) fn methods() -> Vec<Method> {
         method("identities.create", "Create a person or service account in your tenant.", "iam:identities:write at tenant scope", |ctx: Ctx, r: CreateIdentity| async move {
             ctx.own_tenant(r.tenant_id.as_deref())?;
             ctx.check(IDENTITIES_WRITE, Resource::Tenant).await?;
-            tx_do(&ctx, async |tx| directory::create_identity(tx, &ctx.principal.tenant_id, &r.name, &r.kind).await).await
+            ctx.in_tx(async |tx| directory::create_identity(tx, &ctx.principal.tenant_id, &r.name, &r.kind).await).await
         }),
         method("identities.get", "Read an identity of your tenant.", "iam:identities:read at tenant scope", |ctx: Ctx, r: IdentityRef| async move {
             ctx.own_tenant(r.tenant_id.as_deref())?;
@@ -192,7 +178,7 @@ pub(super) fn methods() -> Vec<Method> {
         method("tokens.create", "Issue a bearer token for an identity of your tenant. The secret is in this response only.", "iam:identities:write at tenant scope", |ctx: Ctx, r: CreateToken| async move {
             ctx.own_tenant(r.tenant_id.as_deref())?;
             ctx.check(IDENTITIES_WRITE, Resource::Tenant).await?;
-            tx_do(&ctx, async |tx| -> Result<IssuedToken, Error> { tokens::issue(tx, &ctx.principal.tenant_id, &r.identity_id, &r.name, r.ttl_seconds).await }).await
+            ctx.in_tx(async |tx| -> Result<IssuedToken, Error> { tokens::issue(tx, &ctx.principal.tenant_id, &r.identity_id, &r.name, r.ttl_seconds).await }).await
         }),
         method("tokens.list", "List your tenant's tokens (never their secrets).", "iam:identities:read at tenant scope", |ctx: Ctx, r: ListByIdentity| async move {
             ctx.own_tenant(r.tenant_id.as_deref())?;
@@ -202,7 +188,7 @@ pub(super) fn methods() -> Vec<Method> {
         method("tokens.revoke", "Revoke a token of your tenant; it stops working within a second (30 s at most).", "iam:identities:write at tenant scope", |ctx: Ctx, r: TokenRef| async move {
             ctx.own_tenant(r.tenant_id.as_deref())?;
             ctx.check(IDENTITIES_WRITE, Resource::Tenant).await?;
-            let v: TokenView = tx_do(&ctx, async |tx| tokens::revoke(tx, &ctx.principal.tenant_id, &r.token_id).await).await?;
+            let v: TokenView = ctx.in_tx(async |tx| tokens::revoke(tx, &ctx.principal.tenant_id, &r.token_id).await).await?;
             // This process drops it at once; the others on their next tail.
             let _ = ctx.state.iam.apply_changes().await;
             Ok(v)
@@ -211,7 +197,7 @@ pub(super) fn methods() -> Vec<Method> {
             ctx.own_tenant(r.tenant_id.as_deref())?;
             ctx.check(BINDINGS_WRITE, Resource::Tenant).await?;
             let scope_id = r.scope_id.clone().unwrap_or_default();
-            let v = tx_do(&ctx, async |tx| -> Result<RoleBindingView, Error> {
+            let v = ctx.in_tx(async |tx| -> Result<RoleBindingView, Error> {
                 bindings::bind(
                     tx,
                     &NewBinding {
@@ -237,7 +223,7 @@ pub(super) fn methods() -> Vec<Method> {
         method("roleBindings.delete", "Remove a role binding of your tenant.", "iam:bindings:write at tenant scope", |ctx: Ctx, r: BindingRef| async move {
             ctx.own_tenant(r.tenant_id.as_deref())?;
             ctx.check(BINDINGS_WRITE, Resource::Tenant).await?;
-            let v = tx_do(&ctx, async |tx| bindings::unbind(tx, &ctx.principal.tenant_id, &r.role_binding_id).await).await?;
+            let v = ctx.in_tx(async |tx| bindings::unbind(tx, &ctx.principal.tenant_id, &r.role_binding_id).await).await?;
             let _ = ctx.state.iam.apply_changes().await;
             Ok(v)
         }),

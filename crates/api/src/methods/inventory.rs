@@ -1,9 +1,7 @@
 //! sites.*, pools.*.
 
-use better_compute_core::page::PageRequest;
 use better_compute_core::Error;
 use better_compute_db::idempotency::{self, Claim, IdempotencyScope};
-use better_compute_db::DbError;
 use better_compute_nodes::inventory::{self, NewPool};
 use better_compute_nodes::listing::{self, PoolView, SiteView};
 use better_compute_runtime::authz::Resource;
@@ -96,22 +94,24 @@ async fn once<T: serde::Serialize + serde::de::DeserializeOwned>(
     request: serde_json::Value,
     create: impl AsyncFnOnce(&tokio_postgres::Transaction<'_>) -> Result<T, Error>,
 ) -> Result<T, Error> {
-    let mut db = ctx.db().await?;
-    let tx = (**db).transaction().await.map_err(DbError::from)?;
     let scope = key.map(|key| IdempotencyScope { tenant_id: &ctx.principal.tenant_id, identity_id: &ctx.principal.identity_id, key });
     if let Some(scope) = scope {
         idempotency::validate_key(scope.key)?;
-        if let Claim::Replay(v) = idempotency::claim(&tx, scope, method, &request).await? {
-            tx.commit().await.map_err(DbError::from)?;
-            return serde_json::from_value(v).map_err(|e| Error::internal(e.to_string()));
+    }
+    ctx.in_tx(async |tx| {
+        if let Some(scope) = scope {
+            // A replay commits nothing new: the claim found the first result.
+            if let Claim::Replay(v) = idempotency::claim(tx, scope, method, &request).await? {
+                return serde_json::from_value(v).map_err(|e| Error::internal(e.to_string()));
+            }
         }
-    }
-    let v = create(&tx).await?;
-    if let Some(scope) = scope {
-        idempotency::complete(&tx, scope, &serde_json::to_value(&v).map_err(|e| Error::internal(e.to_string()))?).await?;
-    }
-    tx.commit().await.map_err(DbError::from)?;
-    Ok(v)
+        let v = create(tx).await?;
+        if let Some(scope) = scope {
+            idempotency::complete(tx, scope, &serde_json::to_value(&v).map_err(|e| Error::internal(e.to_string()))?).await?;
+        }
+        Ok(v)
+    })
+    .await
 }
 
 pub(super) fn methods() -> Vec<Method> {
@@ -131,7 +131,7 @@ pub(super) fn methods() -> Vec<Method> {
         }),
         method("sites.list", "List sites.", "compute:sites:read at fleet scope", |ctx: Ctx, r: ListSites| async move {
             ctx.check("compute:sites:read", Resource::Fleet).await?;
-            listing::list_sites(&**ctx.db().await?, &PageRequest { page_size: r.page_size, page_token: r.page_token }).await
+            listing::list_sites(&**ctx.db().await?, &super::page(r.page_size, r.page_token)).await
         }),
         method("pools.create", "Create a pool in a site.", "compute:pools:write on the site", |ctx: Ctx, r: CreatePool| async move {
             ctx.check("compute:pools:write", Resource::Site(&r.site_id)).await?;
@@ -160,7 +160,7 @@ pub(super) fn methods() -> Vec<Method> {
                 Some(s) => ctx.check("compute:pools:read", Resource::Site(s)).await?,
                 None => ctx.check("compute:pools:read", Resource::Fleet).await?,
             }
-            listing::list_pools(&**ctx.db().await?, r.site_id.as_deref(), &PageRequest { page_size: r.page_size, page_token: r.page_token }).await
+            listing::list_pools(&**ctx.db().await?, r.site_id.as_deref(), &super::page(r.page_size, r.page_token)).await
         }),
     ]
 }

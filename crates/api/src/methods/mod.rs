@@ -40,6 +40,11 @@ pub(crate) struct TenantPage {
 
 impl TenantPage {
     pub(crate) fn page(&self) -> PageRequest {
-        PageRequest { page_size: self.page_size, page_token: self.page_token.clone() }
+        page(self.page_size, self.page_token.clone())
     }
+}
+
+/// A page request from a method's `pageSize` and `pageToken`.
+pub(crate) fn page(size: Option<i64>, token: Option<String>) -> PageRequest {
+    PageRequest { page_size: size, page_token: token }
 }

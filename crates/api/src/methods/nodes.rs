@@ -1,6 +1,5 @@
 //! nodes.*, devices.*.
 
-use better_compute_core::page::PageRequest;
 use better_compute_core::Error;
 use better_compute_db::DbError;
 use better_compute_nodes::inventory::{self, NodeView};
@@ -100,13 +99,12 @@ struct DeviceChanged {
 /// Runs a change of one node in a transaction, then answers with the node.
 async fn change_node(ctx: &Ctx, node_id: &str, f: impl AsyncFnOnce(&tokio_postgres::Transaction<'_>) -> Result<(), DbError>) -> Result<NodeView, Error> {
     ctx.check("compute:nodes:write", Resource::Node(node_id)).await?;
-    let mut db = ctx.db().await?;
-    let tx = (**db).transaction().await.map_err(DbError::from)?;
-    inventory::get_node(&tx, node_id).await?;
-    f(&tx).await?;
-    let v = inventory::get_node(&tx, node_id).await?;
-    tx.commit().await.map_err(DbError::from)?;
-    Ok(v)
+    ctx.in_tx(async |tx| {
+        inventory::get_node(tx, node_id).await?;
+        f(tx).await?;
+        Ok(inventory::get_node(tx, node_id).await?)
+    })
+    .await
 }
 
 async fn change_device(ctx: &Ctx, device_id: &str, quarantined: bool, reason: &str) -> Result<DeviceChanged, Error> {
@@ -115,14 +113,15 @@ async fn change_device(ctx: &Ctx, device_id: &str, quarantined: bool, reason: &s
     ctx.check("compute:devices:write", Resource::Node(&node_id)).await.map_err(|e| {
         if e.code == better_compute_core::ErrorCode::NotFound { Error::not_found("device", device_id) } else { e }
     })?;
-    let mut db = ctx.db().await?;
-    let tx = (**db).transaction().await.map_err(DbError::from)?;
-    if quarantined {
-        actions::quarantine(&tx, device_id, reason).await?;
-    } else {
-        actions::release_quarantine(&tx, device_id).await?;
-    }
-    tx.commit().await.map_err(DbError::from)?;
+    ctx.in_tx(async |tx| {
+        if quarantined {
+            actions::quarantine(tx, device_id, reason).await?;
+        } else {
+            actions::release_quarantine(tx, device_id).await?;
+        }
+        Ok(())
+    })
+    .await?;
     Ok(DeviceChanged { device_id: device_id.to_owned(), node_id, quarantined })
 }
 
@@ -143,7 +142,7 @@ pub(super) fn methods() -> Vec<Method> {
                 }
             }
             let f = NodeFilter { pool_id: r.pool_id.as_deref(), cordoned: r.cordoned, liveness: r.liveness.as_deref() };
-            listing::list_nodes(&**ctx.db().await?, &f, &PageRequest { page_size: r.page_size, page_token: r.page_token }).await
+            listing::list_nodes(&**ctx.db().await?, &f, &super::page(r.page_size, r.page_token)).await
         }),
         method("nodes.cordon", "Cordon a node: nothing new is placed there.", "compute:nodes:write on the node", |ctx: Ctx, r: NodeRef| async move {
             change_node(&ctx, &r.node_id, async |tx| actions::cordon(tx, &r.node_id).await.map(|_| ())).await
@@ -159,12 +158,8 @@ pub(super) fn methods() -> Vec<Method> {
         }),
         method("nodes.createJoinToken", "Issue a single-use join token for a pool. The secret is in this response only.", "compute:nodes:write on the pool", |ctx: Ctx, r: CreateJoinToken| async move {
             ctx.check("compute:nodes:write", Resource::Pool(&r.pool_id)).await?;
-            let mut db = ctx.db().await?;
-            let tx = (**db).transaction().await.map_err(DbError::from)?;
             let by = format!("{}/{}", ctx.principal.tenant_id, ctx.principal.identity_id);
-            let t: IssuedJoinToken = listing::create_join_token(&tx, &r.pool_id, r.ttl_seconds, &by).await?;
-            tx.commit().await.map_err(DbError::from)?;
-            Ok(t)
+            ctx.in_tx(async |tx| -> Result<IssuedJoinToken, Error> { listing::create_join_token(tx, &r.pool_id, r.ttl_seconds, &by).await }).await
         }),
         method("devices.quarantine", "Quarantine a GPU: nothing new is placed on it; existing reservations keep it.", "compute:devices:write on its node", |ctx: Ctx, r: Quarantine| async move {
             change_device(&ctx, &r.device_id, true, &r.reason).await

@@ -163,10 +163,10 @@ fn bodies() -> Vec<(&'static str, Value)> {
         ("devices.releaseQuarantine", json!({"deviceId": "{gpu}"})),
         ("quotas.set", json!({"tenantId": "{ten}", "resource": "gpus", "max": 100})),
         ("quotas.get", json!({"tenantId": "{ten}"})),
-        ("reservations.create", json!({"tenantId": "{ten}", "poolId": "{pool}", "gpu": {"kind": "gpu", "model": "H100", "count": 1}, "durationS": 60})),
+        ("reservations.create", json!({"tenantId": "{ten}", "poolId": "{pool}", "gpu": {"kind": "gpu", "model": "H100", "count": 1}, "durationS": 60, "idempotencyKey": "k"})),
         ("reservations.get", json!({"tenantId": "{ten}", "reservationId": "{res}"})),
         ("reservations.list", json!({"tenantId": "{ten}"})),
-        ("reservations.extend", json!({"tenantId": "{ten}", "reservationId": "{res}", "endsAt": "2031-01-01T00:00:00Z"})),
+        ("reservations.extend", json!({"tenantId": "{ten}", "reservationId": "{res}", "endsAt": "2031-01-01T00:00:00Z", "idempotencyKey": "k"})),
         ("reservations.release", json!({"tenantId": "{ten}", "reservationId": "{res}"})),
         ("commands.run", json!({"tenantId": "{ten}", "nodeId": "{node}", "kind": "diag.nvml", "idempotencyKey": "k"})),
         ("commands.get", json!({"tenantId": "{ten}", "nodeId": "{node}", "commandId": "{cmd}"})),
@@ -299,6 +299,16 @@ async fn another_process_drops_a_revoked_token_on_its_next_tail_or_after_the_30_
 async fn idempotency_keys_replay_refuse_a_changed_body_and_belong_to_one_identity() {
     let api = Api::start().await;
     let b = api.tenant("tenant-b").await;
+    // The key is required where the spec requires it.
+    for (m, body) in [
+        ("reservations.create", reservation(&api.pool, None)),
+        ("reservations.extend", json!({"reservationId": "res_01aaaaaaaaaaaaaaaaaaaaaaaa", "endsAt": "2031-01-01T00:00:00Z"})),
+        ("commands.run", json!({"nodeId": api.node, "kind": "diag.nvml"})),
+    ] {
+        let (s, v) = api.call(&b.token, m, body).await;
+        assert_eq!((s, v["code"].as_str()), (400, Some("INVALID_ARGUMENT")), "{m}: {v}");
+        assert!(v["message"].as_str().unwrap().contains("idempotencyKey"), "{m}: {v}");
+    }
     let first = api.ok(&b.token, "reservations.create", reservation(&api.pool, Some("same"))).await;
     let again = api.ok(&b.token, "reservations.create", reservation(&api.pool, Some("same"))).await;
     assert_eq!(first, again);

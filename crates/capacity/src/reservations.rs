@@ -88,7 +88,8 @@ pub struct CreateReservation {
     /// Taints tolerated.
     #[serde(default)]
     pub tolerations: Vec<Toleration>,
-    /// Makes a retry return the first result instead of booking twice.
+    /// Makes a retry return the first result instead of booking twice. Required by
+    /// `reservations.create` in the API (scoped to the caller's tenant and identity).
     #[serde(default)]
     pub idempotency_key: Option<String>,
 }

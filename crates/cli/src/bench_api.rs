@@ -66,7 +66,8 @@ fn line(what: &str, (rate, l): &(f64, Vec<Duration>)) {
     println!("{what:<40} {rate:>8.0} req/s   p50 {:>6.2} ms   p99 {:>6.2} ms", pct(l, 0.5), pct(l, 0.99));
 }
 
-fn request(tenant: &str) -> CreateReservation {
+/// A reservation request; both paths carry an idempotency key, as the API requires.
+fn request(tenant: &str, key: String) -> CreateReservation {
     CreateReservation {
         tenant_id: Some(tenant.to_owned()),
         pool_id: "pool_bench".into(),
@@ -79,7 +80,7 @@ fn request(tenant: &str) -> CreateReservation {
         duration_s: Some(3600),
         node_selector: Default::default(),
         tolerations: vec![],
-        idempotency_key: None,
+        idempotency_key: Some(key),
     }
 }
 
@@ -132,18 +133,18 @@ pub async fn run(b: ApiBench) -> anyhow::Result<()> {
     println!("  HTTP/in-process: {:.2}x", http_get.0 / in_get.0);
 
     let (p, tn, idn) = (pool.clone(), tenant.clone(), identity.clone());
-    let in_create = measure(b.clients, b.requests / 4, move |_, _| {
+    let in_create = measure(b.clients, b.requests / 4, move |_, i| {
         let (p, tn, idn) = (p.clone(), tn.clone(), idn.clone());
         async move {
             let mut db = p.get().await.expect("pool");
-            reservations::create(&mut db, Caller { tenant_id: &tn, identity_id: &idn }, &request(&tn)).await.is_ok()
+            reservations::create(&mut db, Caller { tenant_id: &tn, identity_id: &idn }, &request(&tn, format!("in-{i}"))).await.is_ok()
         }
     })
     .await;
     line("reservations.create in-process", &in_create);
     let (h, u, t, tn) = (http.clone(), url.clone(), token.clone(), tenant.clone());
-    let http_create = measure(b.clients, b.requests / 4, move |_, _| {
-        let (h, u, t, body) = (h.clone(), u.clone(), t.clone(), request(&tn));
+    let http_create = measure(b.clients, b.requests / 4, move |_, i| {
+        let (h, u, t, body) = (h.clone(), u.clone(), t.clone(), request(&tn, format!("http-{i}")));
         async move {
             let r = h.post(format!("{u}/v1/reservations.create")).bearer_auth(t).json(&body).send().await;
             r.is_ok_and(|r| r.status().is_success())

@@ -106,7 +106,7 @@ async fn serve(cluster: &Cluster, root: &Path, api_listen: &str) -> anyhow::Resu
     println!("  cargo run -- api --list");
     println!("  cargo run -- api nodes.list");
     if let Some(pool) = demo_pool(&conn).await {
-        println!("  cargo run -- api reservations.create poolId={pool} gpu.kind=gpu gpu.model=H100-80GB gpu.count:=2 vcpu:=16 memoryMib:=65536 durationS:=3600 --wait");
+        println!("  cargo run -- api reservations.create poolId={pool} gpu.kind=gpu gpu.model=H100-80GB gpu.count:=2 vcpu:=16 memoryMib:=65536 durationS:=3600 idempotencyKey=first --wait");
     }
     println!("  cargo run -- api reservations.list");
     println!("Operators, straight from the database:");

@@ -185,7 +185,7 @@ async fn dev_refuses_a_second_copy_stops_on_ctrl_c_and_keeps_data_across_restart
     // progress until it is), read back, and its node converges.
     let pool = first_line_with(&first.seen, "poolId=pool_").and_then(|l| l.split("poolId=").nth(1)).and_then(|r| r.split_whitespace().next()).expect("dev printed the demo pool").to_owned();
     let pool_arg = format!("poolId={pool}");
-    let (ok, out, err) = api(&["reservations.create", &pool_arg, "gpu.kind=gpu", "gpu.model=H100-80GB", "gpu.count:=2", "vcpu:=8", "durationS:=3600", "--wait", "-o", "json"]);
+    let (ok, out, err) = api(&["reservations.create", &pool_arg, "gpu.kind=gpu", "gpu.model=H100-80GB", "gpu.count:=2", "vcpu:=8", "durationS:=3600", "idempotencyKey=first", "--wait", "-o", "json"]);
     assert!(ok, "{err}");
     let reservation: serde_json::Value = serde_json::from_str(&out).unwrap();
     // Placed, and active as soon as the worker sees its start has come.

@@ -75,9 +75,8 @@ struct ExtendReservation {
     reservation_id: String,
     /// The new end (RFC 3339), later than the current one.
     ends_at: String,
-    /// Makes a retry return the first result.
-    #[serde(default)]
-    idempotency_key: Option<String>,
+    /// Required: a retry with the same key returns the first result.
+    idempotency_key: String,
 }
 
 /// Whose quotas: your own tenant's with a tenant binding; another's only with a fleet binding, and
@@ -118,9 +117,7 @@ pub(super) fn methods() -> Vec<Method> {
         method("reservations.create", "Reserve GPUs (whole, MIG instances or shared slots) with vCPU, memory and disk for a time range.", "compute:reservations:create at tenant scope", |ctx: Ctx, mut r: CreateReservation| async move {
             ctx.own_tenant(r.tenant_id.take().as_deref())?;
             ctx.check("compute:reservations:create", Resource::Tenant).await?;
-            if let Some(k) = &r.idempotency_key {
-                better_compute_db::idempotency::validate_key(k)?;
-            }
+            super::required_key(r.idempotency_key.as_deref(), "reservations.create")?;
             let mut db = ctx.db().await?;
             reservations::create(&mut db, ctx.caller(), &r).await
         }),
@@ -139,11 +136,9 @@ pub(super) fn methods() -> Vec<Method> {
         method("reservations.extend", "Move a reservation's end later, on the same atoms.", "compute:reservations:write at tenant scope", |ctx: Ctx, r: ExtendReservation| async move {
             ctx.own_tenant(r.tenant_id.as_deref())?;
             ctx.check("compute:reservations:write", Resource::Tenant).await?;
-            if let Some(k) = &r.idempotency_key {
-                better_compute_db::idempotency::validate_key(k)?;
-            }
+            let key = super::required_key(Some(&r.idempotency_key), "reservations.extend")?;
             let mut db = ctx.db().await?;
-            reservations::extend(&mut db, ctx.caller(), &r.reservation_id, &r.ends_at, r.idempotency_key.as_deref()).await
+            reservations::extend(&mut db, ctx.caller(), &r.reservation_id, &r.ends_at, Some(key)).await
         }),
         method("reservations.release", "End a reservation now; its quota, GPUs and scalars return.", "compute:reservations:write at tenant scope", |ctx: Ctx, r: ReservationRef| async move {
             ctx.own_tenant(r.tenant_id.as_deref())?;

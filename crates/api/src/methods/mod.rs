@@ -44,6 +44,18 @@ impl TenantPage {
     }
 }
 
+/// The key a method requires (`reservations.create`, `reservations.extend`, `commands.run`),
+/// checked before anything is read or written.
+pub(crate) fn required_key<'a>(key: Option<&'a str>, method: &str) -> Result<&'a str, better_compute_core::Error> {
+    let key = key.ok_or_else(|| {
+        better_compute_core::Error::invalid_argument(format!(
+            "idempotencyKey is required on {method}: a retry with the same key returns the first result instead of acting twice"
+        ))
+    })?;
+    better_compute_db::idempotency::validate_key(key)?;
+    Ok(key)
+}
+
 /// A page request from a method's `pageSize` and `pageToken`.
 pub(crate) fn page(size: Option<i64>, token: Option<String>) -> PageRequest {
     PageRequest { page_size: size, page_token: token }

@@ -42,14 +42,14 @@ pub struct ApiState {
     /// The modules' registry (command kinds, permissions).
     pub registry: Arc<Registry>,
     methods: BTreeMap<&'static str, Method>,
-    metrics: metrics::Metrics,
 }
 
 impl ApiState {
     /// The state over a pool, a resolver and a registry, with every method.
     pub fn new(pool: Pool, iam: Arc<Iam>, registry: Arc<Registry>) -> Arc<ApiState> {
         let methods = methods::all().into_iter().map(|m| (m.name, m)).collect();
-        Arc::new(ApiState { pool, iam, registry, methods, metrics: metrics::Metrics::default() })
+        metrics::install();
+        Arc::new(ApiState { pool, iam, registry, methods })
     }
 
     /// Every method, by name.
@@ -132,7 +132,7 @@ async fn call(State(state): State<Arc<ApiState>>, Path(name): Path<String>, head
     .instrument(span)
     .await;
     let known = state.methods.contains_key(name.as_str());
-    state.metrics.observe(if known { &name } else { "unknown" }, code, started.elapsed());
+    metrics::observe(if known { &name } else { "unknown" }, code, started.elapsed());
     response
 }
 
@@ -170,6 +170,6 @@ async fn readyz(State(state): State<Arc<ApiState>>) -> Response {
     }
 }
 
-async fn metrics_text(State(state): State<Arc<ApiState>>) -> Response {
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.metrics.render()).into_response()
+async fn metrics_text() -> Response {
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], metrics::render()).into_response()
 }

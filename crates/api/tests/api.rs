@@ -285,8 +285,15 @@ async fn another_process_drops_a_revoked_token_on_its_next_tail_or_after_the_30_
     // Both still trust their cache…
     assert!(tailing.authenticate(&b.token).await.is_ok());
     assert!(stalled.authenticate(&b.token).await.is_ok());
-    // …until the tail applies the change,
-    assert!(tailing.apply_changes().await.unwrap() >= 1);
+    // …until the tail applies the change. The tail only reads changes older than every running
+    // transaction of the cluster (other tests' too), so it may take a few polls.
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while tailing.apply_changes().await.unwrap() == 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the tail never saw the revocation");
     assert_eq!(tailing.authenticate(&b.token).await.unwrap_err().code, better_compute_core::ErrorCode::Unauthenticated);
     // or, without a tail, until the 30 s cache expires.
     now_ms.store(29_999, Ordering::SeqCst);
@@ -411,4 +418,69 @@ async fn operators_run_the_fleet_through_explicit_roles_and_pages_walk_every_ite
     let (s, _) = api.call(&secret, "sites.create", json!({"name": "west"})).await;
     assert_eq!(s, 403);
     tokio::time::timeout(Duration::from_secs(5), async { let _ = api.h.db().now().await; }).await.unwrap();
+}
+
+/// A `tracing` writer into a shared buffer.
+#[derive(Clone, Default)]
+struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_token_secret_reaches_the_logs_even_at_trace_level() {
+    let logs = Captured::default();
+    let writer = logs.clone();
+    // Every target, every level: the server, axum, hyper and tokio-postgres (which logs statements).
+    // (try_init also forwards the `log` records of tokio-postgres.)
+    use tracing_subscriber::util::SubscriberInitExt;
+    tracing_subscriber::fmt().with_max_level(tracing::Level::TRACE).with_ansi(false).with_writer(move || writer.clone()).finish().try_init().unwrap();
+    let api = Api::start().await;
+    let b = api.tenant("tenant-b").await;
+    let idn = api.ok(&b.token, "identities.create", json!({"name": "ci", "kind": "service"})).await;
+    let issued = api.ok(&b.token, "tokens.create", json!({"identityId": idn["id"]})).await;
+    let secret = issued["secret"].as_str().unwrap().to_owned();
+    let (s, _) = api.call(&secret, "reservations.list", json!({})).await;
+    assert_eq!(s, 403);
+    api.ok(&b.token, "tokens.revoke", json!({"tokenId": issued["token"]["id"]})).await;
+    let (s, _) = api.call(&secret, "reservations.list", json!({})).await;
+    assert_eq!(s, 401);
+    let text = String::from_utf8_lossy(&logs.0.lock().unwrap()).into_owned();
+    assert!(text.contains("request_id=req_"), "the capture saw no request logs:\n{text}");
+    for s in [&secret, &b.token, &api.op] {
+        assert!(!text.contains(s.as_str()), "a token secret was logged");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operators_see_health_readiness_and_per_method_metrics() {
+    let api = Api::start().await;
+    api.ok(&api.op, "nodes.get", json!({"nodeId": api.node})).await;
+    let (s, _) = api.call(&api.op, "nodes.get", json!({"nodeId": "node_01aaaaaaaaaaaaaaaaaaaaaaaa"})).await;
+    assert_eq!(s, 404);
+    let get = |path: &'static str| {
+        let (h, u) = (api.http.clone(), api.url.clone());
+        async move {
+            let r = h.get(format!("{u}{path}")).send().await.unwrap();
+            (r.status().as_u16(), r.text().await.unwrap())
+        }
+    };
+    assert_eq!(get("/healthz").await.0, 200);
+    assert_eq!(get("/readyz").await.0, 200);
+    let (s, text) = get("/metrics").await;
+    assert_eq!(s, 200);
+    for line in [
+        "better_compute_api_requests_total{method=\"nodes.get\",code=\"OK\"} 1",
+        "better_compute_api_requests_total{method=\"nodes.get\",code=\"NOT_FOUND\"} 1",
+        "better_compute_api_request_seconds_bucket{method=\"nodes.get\",code=\"OK\",le=\"+Inf\"} 1",
+    ] {
+        assert!(text.lines().any(|l| l == line), "no {line:?} in:\n{text}");
+    }
 }

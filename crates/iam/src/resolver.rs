@@ -131,6 +131,15 @@ impl Iam {
         Ok((row.get(0), row.get(1)))
     }
 
+    /// Drops this process's cached entries of an identity (and of one of its tokens) at once: the
+    /// process that committed a revocation or an unbinding calls it, so the change holds here
+    /// before the answer leaves; other processes learn it from the tail.
+    pub fn forget(&self, identity_id: &str, token_id: Option<&str>) {
+        let mut c = self.caches();
+        c.auth.retain(|_, (p, _)| p.identity_id != identity_id && Some(p.token_id.as_str()) != token_id);
+        c.decisions.retain(|k, _| k.0 != identity_id);
+    }
+
     /// Reads `authz_changes` past the cursor and drops the cached entries they touch. Returns how
     /// many changes it applied.
     pub async fn apply_changes(&self) -> Result<usize, DbError> {
@@ -146,13 +155,9 @@ impl Iam {
                     &[&cursor.0, &cursor.1, &TAIL_BATCH],
                 )
                 .await?;
-            let mut c = self.caches();
             for r in &rows {
-                let identity: String = r.get(2);
-                let token: Option<String> = r.get(3);
-                c.auth.retain(|_, (p, _)| p.identity_id != identity && Some(&p.token_id) != token.as_ref());
-                c.decisions.retain(|k, _| k.0 != identity);
-                c.cursor = (r.get(0), r.get(1));
+                self.forget(r.get(2), r.get(3));
+                self.caches().cursor = (r.get(0), r.get(1));
             }
             applied += rows.len();
             if (rows.len() as i64) < TAIL_BATCH {

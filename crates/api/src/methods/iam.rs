@@ -190,7 +190,7 @@ pub(super) fn methods() -> Vec<Method> {
             ctx.check(IDENTITIES_WRITE, Resource::Tenant).await?;
             let v: TokenView = ctx.in_tx(async |tx| tokens::revoke(tx, &ctx.principal.tenant_id, &r.token_id).await).await?;
             // This process drops it at once; the others on their next tail.
-            let _ = ctx.state.iam.apply_changes().await;
+            ctx.state.iam.forget(&v.identity_id, Some(&v.id));
             Ok(v)
         }),
         method("roleBindings.create", "Bind a role to an identity of your tenant at a scope; you cannot grant what you do not hold there.", "iam:bindings:write at tenant scope, and every permission of the role at the scope", |ctx: Ctx, r: CreateBinding| async move {
@@ -212,7 +212,7 @@ pub(super) fn methods() -> Vec<Method> {
                 .await
             })
             .await?;
-            let _ = ctx.state.iam.apply_changes().await;
+            ctx.state.iam.forget(&v.identity_id, None);
             Ok(v)
         }),
         method("roleBindings.list", "List your tenant's role bindings.", "iam:bindings:read at tenant scope", |ctx: Ctx, r: ListByIdentity| async move {
@@ -224,7 +224,7 @@ pub(super) fn methods() -> Vec<Method> {
             ctx.own_tenant(r.tenant_id.as_deref())?;
             ctx.check(BINDINGS_WRITE, Resource::Tenant).await?;
             let v = ctx.in_tx(async |tx| bindings::unbind(tx, &ctx.principal.tenant_id, &r.role_binding_id).await).await?;
-            let _ = ctx.state.iam.apply_changes().await;
+            ctx.state.iam.forget(&v.identity_id, None);
             Ok(v)
         }),
         method("roles.list", "List the roles and their permissions.", "any authenticated identity", |ctx: Ctx, _r: Empty| async move {

@@ -484,3 +484,24 @@ async fn operators_see_health_readiness_and_per_method_metrics() {
         assert!(text.lines().any(|l| l == line), "no {line:?} in:\n{text}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_expires_on_the_database_clock_and_bootstrap_happens_once() {
+    let api = Api::start().await;
+    let b = api.tenant("tenant-b").await;
+    let idn = api.ok(&b.token, "identities.create", json!({"name": "short", "kind": "service"})).await;
+    let issued = api.ok(&b.token, "tokens.create", json!({"identityId": idn["id"], "ttlSeconds": 60})).await;
+    let secret = issued["secret"].as_str().unwrap().to_owned();
+    let pg = better_compute_db::pool::connect_pool(api.h.db().connection_string(), 2).unwrap();
+    let fresh = || Iam::with_clock(pg.clone(), Arc::new(|| 0));
+    assert!(fresh().authenticate(&secret).await.is_ok());
+    api.h.db().advance(Duration::from_secs(61)).await;
+    assert_eq!(fresh().authenticate(&secret).await.unwrap_err().code, better_compute_core::ErrorCode::Unauthenticated);
+    let (s, v) = api.call(&b.token, "tokens.create", json!({"identityId": idn["id"], "ttlSeconds": 5})).await;
+    assert_eq!((s, v["code"].as_str()), (400, Some("INVALID_ARGUMENT")));
+    // The first admin comes from bootstrap, once.
+    let mut c = api.h.db().connect().await;
+    let tx = c.transaction().await.unwrap();
+    let again = better_compute_iam::bootstrap::bootstrap(&tx, &api.h.registry().permissions(), "again", "admin").await.unwrap_err();
+    assert_eq!(again.code, better_compute_core::ErrorCode::FailedPrecondition);
+}

@@ -211,6 +211,8 @@ async fn dev_refuses_a_second_copy_stops_on_ctrl_c_and_keeps_data_across_restart
     assert!(!ok && err.contains("INVALID_ARGUMENT") && err.contains("nonsense"), "{err}");
     let (ok, out, _) = api(&["--list"]);
     assert!(ok && out.contains("reservations.create") && out.contains("commands.run"), "{out}");
+    let (ok, out, _) = api(&["reservations.create", "--help"]);
+    assert!(ok && out.contains("poolId=") && out.contains("(required)") && out.contains("compute:reservations:create"), "{out}");
     // The operator view reads the same database.
     let jobs = Command::new(BIN).args(["jobs", "--database-url", &url]).output().unwrap();
     let text = String::from_utf8_lossy(&jobs.stdout);

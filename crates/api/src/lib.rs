@@ -2,13 +2,15 @@
 //! `{ code, message, details }` with the core's stable codes and their HTTP statuses. Every
 //! response carries an `x-request-id`, and every log line of the request names it.
 //!
-//! Also: `GET /v1/openapi.json` (generated from the handlers' own types), `GET /healthz`
+//! Also: `GET /v1/watch` (the caller's events as Server-Sent Events, see [`watch`]),
+//! `GET /v1/openapi.json` (generated from the handlers' own types), `GET /healthz`
 //! (the process is up), `GET /readyz` (the database answers) and `GET /metrics` (Prometheus).
 
 pub mod method;
 mod methods;
 mod metrics;
 pub mod openapi;
+pub mod watch;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -42,6 +44,8 @@ pub struct ApiState {
     /// The modules' registry (command kinds, permissions).
     pub registry: Arc<Registry>,
     methods: BTreeMap<&'static str, Method>,
+    /// The outbox's visible head, published by [`watch::poll_head`] for the watch streams.
+    head: tokio::sync::watch::Sender<better_compute_runtime::outbox::Cursor>,
 }
 
 impl ApiState {
@@ -49,7 +53,8 @@ impl ApiState {
     pub fn new(pool: Pool, iam: Arc<Iam>, registry: Arc<Registry>) -> Arc<ApiState> {
         let methods = methods::all().into_iter().map(|m| (m.name, m)).collect();
         metrics::install();
-        Arc::new(ApiState { pool, iam, registry, methods })
+        let (head, _) = tokio::sync::watch::channel(better_compute_runtime::outbox::Cursor::START);
+        Arc::new(ApiState { pool, iam, registry, methods, head })
     }
 
     /// Every method, by name.
@@ -67,6 +72,7 @@ pub fn all_methods() -> Vec<Method> {
 pub fn router(state: Arc<ApiState>) -> Router {
     Router::new()
         .route("/v1/openapi.json", get(openapi_json))
+        .route("/v1/watch", get(watch::watch))
         .route("/v1/{method}", post(call))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
@@ -81,6 +87,7 @@ pub async fn serve(
     state: Arc<ApiState>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    tokio::spawn(watch::poll_head(Arc::downgrade(&state)));
     axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await
 }
 

@@ -505,3 +505,92 @@ async fn a_token_expires_on_the_database_clock_and_bootstrap_happens_once() {
     let again = better_compute_iam::bootstrap::bootstrap(&tx, &api.h.registry().permissions(), "again", "admin").await.unwrap_err();
     assert_eq!(again.code, better_compute_core::ErrorCode::FailedPrecondition);
 }
+
+/// Reads SSE events from `resp` until `want` arrive or `quiet` passes without any; returns
+/// `(cursor id, event id)` pairs.
+async fn sse_events(resp: &mut reqwest::Response, want: usize, quiet: Duration) -> Vec<(String, String)> {
+    let mut buf = String::new();
+    let mut out = Vec::new();
+    while out.len() < want {
+        let Ok(Ok(Some(chunk))) = tokio::time::timeout(quiet, resp.chunk()).await else { break };
+        buf.push_str(&String::from_utf8_lossy(&chunk));
+        while let Some(end) = buf.find("\n\n") {
+            let block: String = buf.drain(..end + 2).collect();
+            let field = |name: &str| block.lines().find_map(|l| l.strip_prefix(name)).map(|v| v.trim_start().to_owned());
+            if let (Some(id), Some(data)) = (field("id:"), field("data:")) {
+                let v: Value = serde_json::from_str(&data).unwrap();
+                out.push((id, v["id"].as_str().unwrap().to_owned()));
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_watch_stream_resumes_after_a_thousand_forced_reconnects_with_no_gap_and_no_duplicate() {
+    let api = Api::start().await;
+    let b = api.tenant("tenant-b").await;
+    let c = api.tenant("tenant-c").await;
+    // A writer commits events of both tenants while the reader keeps reconnecting.
+    let writer = {
+        let conn = api.h.db().connection_string().to_owned();
+        let (tb, tc) = (b.id.clone(), c.id.clone());
+        tokio::spawn(async move {
+            let mut db = better_compute_db::pool::connect(&conn).await.unwrap();
+            for i in 0..1200 {
+                let tx = db.transaction().await.unwrap();
+                for k in 0..(1 + i % 3) {
+                    let subject = format!("s{i}-{k}");
+                    let e = better_compute_runtime::outbox::NewEvent { event_type: "test.event", tenant_id: Some(&tb), subject: &subject, data: json!({"i": i}) };
+                    better_compute_runtime::outbox::emit(&tx, e).await.unwrap();
+                }
+                if i % 4 == 0 {
+                    let e = better_compute_runtime::outbox::NewEvent { event_type: "test.event", tenant_id: Some(&tc), subject: "other", data: json!({}) };
+                    better_compute_runtime::outbox::emit(&tx, e).await.unwrap();
+                }
+                tx.commit().await.unwrap();
+            }
+        })
+    };
+    let mut received: Vec<String> = Vec::new();
+    let mut last = "0-0".to_owned();
+    let mut reconnects = 0;
+    let total_b = 1200 / 3 * (1 + 2 + 3);
+    let done = tokio::time::timeout(Duration::from_secs(240), async {
+        while received.len() < total_b {
+            let mut resp = api
+                .http
+                .get(format!("{}/v1/watch", api.url))
+                .bearer_auth(&b.token)
+                .header("Last-Event-ID", &last)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(resp.status().as_u16(), 200);
+            // Take one to three events, then cut the connection.
+            for (cursor, id) in sse_events(&mut resp, 1 + reconnects % 3, Duration::from_secs(2)).await {
+                last = cursor;
+                received.push(id);
+            }
+            drop(resp);
+            reconnects += 1;
+        }
+    })
+    .await;
+    writer.await.unwrap();
+    assert!(done.is_ok(), "stuck after {} of {total_b} events and {reconnects} reconnects", received.len());
+    assert!(reconnects >= 1000, "only {reconnects} reconnects");
+    let db = api.h.db().connect().await;
+    let expected: Vec<String> =
+        db.query("SELECT id FROM outbox WHERE tenant_id = $1 ORDER BY txid, seq", &[&b.id]).await.unwrap().iter().map(|r| r.get(0)).collect();
+    assert_eq!(expected.len(), total_b);
+    assert_eq!(received, expected, "gaps, duplicates, order or another tenant's events");
+    // Filters, and a bad cursor.
+    let mut resp = api.http.get(format!("{}/v1/watch?types=test.event&subject=s7-1", api.url)).bearer_auth(&b.token).header("Last-Event-ID", "0-0").send().await.unwrap();
+    let only = sse_events(&mut resp, 2, Duration::from_secs(2)).await;
+    assert_eq!(only.len(), 1);
+    let r = api.http.get(format!("{}/v1/watch", api.url)).bearer_auth(&b.token).header("Last-Event-ID", "nonsense").send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    let r = api.http.get(format!("{}/v1/watch", api.url)).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 401);
+}

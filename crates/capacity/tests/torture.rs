@@ -14,6 +14,7 @@ use std::time::{Duration, SystemTime};
 
 use better_compute_capacity::reservations::{self, CreateReservation, GpuRequest};
 use better_compute_capacity::{mode, quota, Caller};
+use better_compute_core::time::{parse_rfc3339, rfc3339};
 use better_compute_core::ErrorCode;
 use better_compute_nodes::actions;
 use better_compute_nodes::layout::GpuMode;
@@ -100,7 +101,7 @@ async fn one_op(
             let Some((t, id)) = pick_live(live, rng) else { return Ok("noop") };
             let caller = Caller { tenant_id: TENANTS[t], identity_id: "idn_torture" };
             let cur = reservations::get(&*c, caller, &id).await?;
-            let end = parse_rfc3339(&cur.ends_at) + Duration::from_secs(600 + rng.below(7200));
+            let end = parse_rfc3339(&cur.ends_at).expect("the API writes RFC 3339") + Duration::from_secs(600 + rng.below(7200));
             reservations::extend(c, caller, &id, &rfc3339(end), None).await?;
             Ok("extend")
         }
@@ -167,37 +168,6 @@ fn db(e: tokio_postgres::Error) -> better_compute_core::Error {
 fn pick_live(live: &Mutex<Vec<(usize, String)>>, rng: &mut Rng) -> Option<(usize, String)> {
     let l = live.lock().unwrap();
     (!l.is_empty()).then(|| l[rng.below(l.len() as u64) as usize].clone())
-}
-
-fn rfc3339(t: SystemTime) -> String {
-    let s = t.duration_since(SystemTime::UNIX_EPOCH).unwrap().as_secs() as i64;
-    let (days, rem) = (s.div_euclid(86_400), s.rem_euclid(86_400));
-    // Civil from days (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + if m <= 2 { 1 } else { 0 };
-    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem / 60 % 60, rem % 60)
-}
-
-fn parse_rfc3339(s: &str) -> SystemTime {
-    let y: i64 = s[0..4].parse().unwrap();
-    let m: i64 = s[5..7].parse().unwrap();
-    let d: i64 = s[8..10].parse().unwrap();
-    let secs: i64 = s[11..13].parse::<i64>().unwrap() * 3600 + s[14..16].parse::<i64>().unwrap() * 60 + s[17..19].parse::<i64>().unwrap();
-    let y2 = if m <= 2 { y - 1 } else { y };
-    let era = y2.div_euclid(400);
-    let yoe = y2 - era * 400;
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    SystemTime::UNIX_EPOCH + Duration::from_secs((days * 86_400 + secs) as u64)
 }
 
 async fn torture(seed: u64, ops: usize) {
@@ -426,11 +396,4 @@ async fn torture_seeds_from_env() {
     for seed in a.parse::<u64>().unwrap()..=b.parse::<u64>().unwrap() {
         torture(seed, 1000).await;
     }
-}
-
-#[test]
-fn timestamps_round_trip() {
-    let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_893_456_000 + 86_400 * 59 + 3723);
-    assert_eq!(rfc3339(t), "2030-03-01T01:02:03Z");
-    assert_eq!(parse_rfc3339(&rfc3339(t)), t);
 }

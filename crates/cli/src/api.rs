@@ -211,6 +211,13 @@ pub async fn run(mut args: ApiArgs) -> anyhow::Result<()> {
         println!("usage: better-compute api METHOD key=value key:=json … [--output json] [--wait]\n       better-compute api --list\n       better-compute api METHOD --help");
         return if args.help { Ok(()) } else { bail!("name a method; `better-compute api --list` lists them") };
     };
+    if method == "watch" {
+        if args.help {
+            println!("watch: print your tenant's events as they happen (GET /v1/watch, Server-Sent Events).\n\nFields:\n  types=a,b         only these event types\n  subject=…         only events about this subject\n  lastEventId=…     resume after this event id (printed with -o json)\n\nRuns until Ctrl-C; reconnects by itself, resuming where it stopped.");
+            return Ok(());
+        }
+        return watch(&client, &args.fields, &args.output).await;
+    }
     if args.help {
         print!("{}", method_help(&client.openapi().await?, &method)?);
         return Ok(());
@@ -253,6 +260,61 @@ pub async fn run(mut args: ApiArgs) -> anyhow::Result<()> {
         print!("{}", table(&v));
     }
     Ok(())
+}
+
+/// `api watch`: streams events, reconnecting with `Last-Event-ID` after a cut.
+async fn watch(client: &Client, fields: &[String], output: &str) -> anyhow::Result<()> {
+    let token = client.token.as_deref().context("no token: set BETTER_COMPUTE_TOKEN")?;
+    let body = body_of(fields)?;
+    let mut last = body.get("lastEventId").and_then(Value::as_str).map(String::from);
+    let mut query: Vec<(String, String)> = Vec::new();
+    for (k, v) in &body {
+        match k.as_str() {
+            "types" | "subject" => query.push((k.clone(), v.as_str().map(String::from).unwrap_or_else(|| v.to_string()))),
+            "lastEventId" | "tenantId" => {}
+            other => bail!("watch takes types=, subject= and lastEventId=, not {other}"),
+        }
+    }
+    let http = reqwest::Client::new();
+    let mut failures = 0u32;
+    loop {
+        let mut req = http.get(format!("{}/v1/watch", client.url)).bearer_auth(token).query(&query);
+        if let Some(l) = &last {
+            req = req.header("Last-Event-ID", l);
+        }
+        let mut resp = match req.send().await {
+            Ok(r) if r.status().is_success() => r,
+            Ok(r) => {
+                let v: Value = r.json().await.unwrap_or(Value::Null);
+                bail!("{}: {}", v["code"].as_str().unwrap_or("ERROR"), v["message"].as_str().unwrap_or(""));
+            }
+            Err(e) if failures < 10 => {
+                failures += 1;
+                eprintln!("watch: {e}; reconnecting…");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+            Err(e) => return Err(e).with_context(|| unreachable_hint(&client.url)),
+        };
+        failures = 0;
+        let mut buf = String::new();
+        while let Ok(Some(chunk)) = resp.chunk().await {
+            buf.push_str(&String::from_utf8_lossy(&chunk));
+            while let Some(end) = buf.find("\n\n") {
+                let block: String = buf.drain(..end + 2).collect();
+                let field = |name: &str| block.lines().find_map(|l| l.strip_prefix(name)).map(|v| v.trim_start().to_owned());
+                let (Some(id), Some(data)) = (field("id:"), field("data:")) else { continue };
+                last = Some(id.clone());
+                if output == "json" {
+                    println!("{data}");
+                } else {
+                    let v: Value = serde_json::from_str(&data).unwrap_or(Value::Null);
+                    println!("{}  {:<28} {:<34} {}", scalar(&v["time"]), scalar(&v["type"]), scalar(&v["subject"]), v["data"]);
+                }
+            }
+        }
+        eprintln!("watch: stream ended; resuming after {}", last.as_deref().unwrap_or("now"));
+    }
 }
 
 #[cfg(test)]

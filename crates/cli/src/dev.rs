@@ -109,6 +109,7 @@ async fn serve(cluster: &Cluster, root: &Path, api_listen: &str) -> anyhow::Resu
         println!("  cargo run -- api reservations.create poolId={pool} gpu.kind=gpu gpu.model=H100-80GB gpu.count:=2 vcpu:=16 memoryMib:=65536 durationS:=3600 idempotencyKey=first --wait");
     }
     println!("  cargo run -- api reservations.list");
+    println!("  cargo run -- api watch        (your events, live; Ctrl-C stops)");
     println!("Operators, straight from the database:");
     println!("  DATABASE_URL='{url}' cargo run -- jobs | capacity | nodes list");
     println!("Press Ctrl-C to stop.");

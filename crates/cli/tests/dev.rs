@@ -193,6 +193,34 @@ async fn dev_refuses_a_second_copy_stops_on_ctrl_c_and_keeps_data_across_restart
     let res_arg = format!("reservationId={}", reservation["id"].as_str().unwrap());
     let (ok, out, _) = api(&["reservations.get", &res_arg]);
     assert!(ok && (out.contains("placed") || out.contains("active")) && out.contains(reservation["id"].as_str().unwrap()), "{out}");
+    // The events, live: `api watch` from the start shows the reservation's placement.
+    let mut watch = Command::new(BIN)
+        .args(["api", "watch", "lastEventId=0-0", "-o", "json"])
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let (wtx, wrx) = mpsc::channel();
+    let wout = watch.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(wout).lines().map_while(Result::ok) {
+            if wtx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let wanted = format!("\"subject\":\"{}\"", reservation["id"].as_str().unwrap());
+    let mut seen_placed = false;
+    while let Ok(line) = wrx.recv_timeout(Duration::from_secs(30)) {
+        if line.contains("\"type\":\"reservation.placed\"") && line.contains(&wanted) {
+            seen_placed = true;
+            break;
+        }
+    }
+    let _ = watch.kill();
+    let _ = watch.wait();
+    assert!(seen_placed, "api watch never showed the reservation's placement");
     let (ok, out, _) = api(&["reservations.list"]);
     assert!(ok && out.starts_with("ID ") && out.contains(reservation["id"].as_str().unwrap()), "{out}");
     let mut converging = false;

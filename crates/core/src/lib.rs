@@ -7,6 +7,7 @@ pub mod id;
 pub mod lease;
 pub mod page;
 pub mod state;
+pub mod time;
 
 pub use error::{Error, ErrorCode};
 pub use id::Id;

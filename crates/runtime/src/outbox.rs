@@ -91,17 +91,38 @@ pub async fn emit(tx: &impl GenericClient, event: NewEvent<'_>) -> Result<String
     Ok(id)
 }
 
+/// Which events a reader wants: everything by default.
+#[derive(Debug, Clone, Default)]
+pub struct EventFilter {
+    /// Only this tenant's events (`None`: every tenant's).
+    pub tenant_id: Option<String>,
+    /// With `tenant_id`, also the fleet's own events (those with no tenant).
+    pub include_fleet: bool,
+    /// Only these types (empty: all).
+    pub types: Vec<String>,
+    /// Only events about this subject.
+    pub subject: Option<String>,
+}
+
 /// Up to `limit` events after `after`, in order, from transactions that can no longer commit
 /// behind it.
 pub async fn read_after(db: &impl GenericClient, after: Cursor, limit: i64) -> Result<Vec<Event>, DbError> {
+    read_matching(db, after, limit, &EventFilter::default()).await
+}
+
+/// [`read_after`], only the events `filter` selects (the cursor rule is the same).
+pub async fn read_matching(db: &impl GenericClient, after: Cursor, limit: i64, filter: &EventFilter) -> Result<Vec<Event>, DbError> {
     let rows = db
         .query(
             "SELECT id, type, tenant_id, subject, data, time, txid::text, seq FROM outbox o
               WHERE o.txid < pg_snapshot_xmin(pg_current_snapshot())
                 AND (o.txid, o.seq) > ($1::text::xid8, $2)
+                AND ($4::text IS NULL OR o.tenant_id = $4 OR ($5 AND o.tenant_id IS NULL))
+                AND (cardinality($6::text[]) = 0 OR o.type = ANY($6))
+                AND ($7::text IS NULL OR o.subject = $7)
               ORDER BY o.txid, o.seq
               LIMIT $3",
-            &[&after.txid.to_string(), &after.seq, &limit],
+            &[&after.txid.to_string(), &after.seq, &limit, &filter.tenant_id, &filter.include_fleet, &filter.types, &filter.subject],
         )
         .await?;
     rows.iter()
@@ -121,6 +142,21 @@ pub async fn read_after(db: &impl GenericClient, after: Cursor, limit: i64) -> R
             })
         })
         .collect()
+}
+
+/// The position of the newest event a reader may take now ([`Cursor::START`] when none): where a
+/// reader that wants only what happens from now on starts.
+pub async fn visible_head(db: &impl GenericClient) -> Result<Cursor, DbError> {
+    let row = db
+        .query_opt(
+            "SELECT txid::text, seq FROM outbox WHERE txid < pg_snapshot_xmin(pg_current_snapshot()) ORDER BY txid DESC, seq DESC LIMIT 1",
+            &[],
+        )
+        .await?;
+    Ok(match row {
+        Some(r) => Cursor { txid: r.get::<_, String>(0).parse().map_err(|_| better_compute_core::Error::internal("bad txid"))?, seq: r.get(1) },
+        None => Cursor::START,
+    })
 }
 
 /// A sink's saved cursor ([`Cursor::START`] when it has none).

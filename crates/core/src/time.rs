@@ -1,0 +1,59 @@
+//! RFC 3339 for `SystemTime`, in UTC, without a calendar crate (Howard Hinnant's civil-date
+//! algorithms), for the few places that format a time outside SQL.
+
+use std::time::{Duration, SystemTime};
+
+/// `2030-01-01T12:00:00.000001Z`: seconds and microseconds, as the database renders times.
+pub fn rfc3339(t: SystemTime) -> String {
+    let since = t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+    let s = since.as_secs() as i64;
+    let (days, rem) = (s.div_euclid(86_400), s.rem_euclid(86_400));
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + if m <= 2 { 1 } else { 0 };
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:06}Z", rem / 3600, rem / 60 % 60, rem % 60, since.subsec_micros())
+}
+
+/// Parses what [`rfc3339`] writes (UTC, `Z`, optional fraction); `None` for anything else.
+pub fn parse_rfc3339(s: &str) -> Option<SystemTime> {
+    let b = s.as_bytes();
+    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || b[10] != b'T' || b[13] != b':' || b[16] != b':' || !s.ends_with('Z') {
+        return None;
+    }
+    let n = |r: std::ops::Range<usize>| s.get(r)?.parse::<i64>().ok();
+    let (y, m, d) = (n(0..4)?, n(5..7)?, n(8..10)?);
+    let secs = n(11..13)? * 3600 + n(14..16)? * 60 + n(17..19)?;
+    let micros = match s.get(19..s.len() - 1)? {
+        "" => 0,
+        f => format!("{:0<6}", f.strip_prefix('.')?).get(..6)?.parse::<u64>().ok()?,
+    };
+    let y2 = if m <= 2 { y - 1 } else { y };
+    let era = y2.div_euclid(400);
+    let yoe = y2 - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some(SystemTime::UNIX_EPOCH + Duration::from_secs((days * 86_400 + secs) as u64) + Duration::from_micros(micros))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_round_trip_through_rfc3339() {
+        let t = SystemTime::UNIX_EPOCH + Duration::from_micros(1_893_456_000_123_456);
+        assert_eq!(rfc3339(t), "2030-01-01T00:00:00.123456Z");
+        assert_eq!(parse_rfc3339(&rfc3339(t)), Some(t));
+        assert_eq!(parse_rfc3339("2030-01-01T00:00:00Z"), Some(SystemTime::UNIX_EPOCH + Duration::from_secs(1_893_456_000)));
+        assert_eq!(rfc3339(SystemTime::UNIX_EPOCH + Duration::from_secs(951_782_400)), "2000-02-29T00:00:00.000000Z");
+        assert!(parse_rfc3339("2030-01-01 00:00:00Z").is_none());
+    }
+}

@@ -53,6 +53,32 @@ impl better_compute_runtime::Module for CapacityModule {
         vec![Arc::new(spec::AllocationsPart)]
     }
 
+    fn event_types(&self) -> Vec<better_compute_runtime::events::EventType> {
+        use better_compute_runtime::events::EventType;
+        const RESERVATION: &[(&str, &str)] = &[
+            ("state", "the reservation's state after the change"),
+            ("nodeId", "its node, once placed"),
+            ("atoms", "the atoms booked"),
+            ("version", "the reservation's version"),
+        ];
+        let r = |name, description| EventType { name, version: 1, audience: "tenant", description, data: RESERVATION };
+        vec![
+            r("reservation.placed", "A reservation was placed: its atoms, vCPU, memory and disk are booked."),
+            r("reservation.pending", "A reservation could not be placed now; it is retried every 30 s."),
+            r("reservation.active", "A reservation's start has come."),
+            r("reservation.extended", "A reservation's end moved later."),
+            r("reservation.released", "A reservation was released; its quota, atoms and scalars returned."),
+            r("reservation.expired", "A reservation's end has come."),
+            EventType {
+                name: "device.mode_changed",
+                version: 1,
+                audience: "fleet",
+                description: "A GPU's mode or MIG layout changed; its atoms were replaced.",
+                data: &[("nodeId", "the GPU's node"), ("mode", "the new mode and layout")],
+            },
+        ]
+    }
+
     fn permissions(&self) -> Vec<better_compute_runtime::authz::Permission> {
         use better_compute_runtime::authz::Permission;
         vec![

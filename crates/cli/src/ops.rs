@@ -1,4 +1,4 @@
-//! Operator subcommands that read the database directly: `nodes list|get`, and `docs command-kinds|api`.
+//! Operator subcommands that read the database directly: `nodes list|get`, and `docs command-kinds|api|events`.
 
 
 /// `better-compute nodes …`.
@@ -38,6 +38,8 @@ enum DocsPage {
     CommandKinds,
     /// Print the API reference (docs/api.md) from the OpenAPI document.
     Api,
+    /// Print the event catalogue (docs/events.md) from the registry.
+    Events,
 }
 
 fn print_json(v: &impl serde::Serialize) -> anyhow::Result<()> {
@@ -99,6 +101,10 @@ pub fn docs(args: DocsArgs) -> anyhow::Result<()> {
     match args.page {
         DocsPage::CommandKinds => {
             print!("{}", better_compute_runtime::commands::reference_page(crate::registry()?.command_kinds()));
+            Ok(())
+        }
+        DocsPage::Events => {
+            print!("{}", better_compute_runtime::events::reference_page(&crate::registry()?.event_types()));
             Ok(())
         }
         DocsPage::Api => {

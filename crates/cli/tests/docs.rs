@@ -23,3 +23,13 @@ fn the_api_reference_page_matches_the_openapi_document() {
     assert_eq!(on_disk, String::from_utf8(out.stdout).unwrap(), "docs/api.md drifted from the API; regenerate it: cargo run -- docs api > docs/api.md");
     assert!(on_disk.contains("## `reservations.create`") && on_disk.contains("| `idempotencyKey` | string | no |"));
 }
+
+#[test]
+fn the_event_catalogue_page_matches_the_registry() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_better-compute")).args(["docs", "events"]).output().unwrap();
+    assert!(out.status.success());
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/events.md");
+    let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
+    assert_eq!(on_disk, String::from_utf8(out.stdout).unwrap(), "docs/events.md drifted from the registry; regenerate it: cargo run -- docs events > docs/events.md");
+    assert!(on_disk.contains("| `reservation.placed` | 1 | tenant |"));
+}

@@ -48,6 +48,28 @@ impl better_compute_runtime::Module for NodesModule {
         ]
     }
 
+    fn event_types(&self) -> Vec<better_compute_runtime::events::EventType> {
+        use better_compute_runtime::events::EventType;
+        const NODE: &[(&str, &str)] = &[];
+        const DEVICE: &[(&str, &str)] = &[("nodeId", "the GPU's node")];
+        let node = |name, description| EventType { name, version: 1, audience: "fleet", description, data: NODE };
+        vec![
+            EventType { name: "node.registered", version: 1, audience: "fleet", description: "A node joined a pool.", data: &[("poolId", "its pool"), ("name", "its name")] },
+            node("node.cordoned", "A node was cordoned: nothing new is placed there."),
+            node("node.uncordoned", "A node was uncordoned."),
+            EventType { name: "node.tainted", version: 1, audience: "fleet", description: "A node was tainted.", data: &[("key", "the taint's key"), ("value", "its value")] },
+            EventType { name: "node.untainted", version: 1, audience: "fleet", description: "A node's taint was removed.", data: &[("key", "the taint's key")] },
+            node("node.connected", "A node's daemon is connected."),
+            node("node.disconnected", "A node's daemon went away (within its grace)."),
+            node("node.unreachable", "A node is unreachable: nothing new is placed there; nothing is released."),
+            node("node.lost", "A node of a provider or vps-host pool stayed unreachable past lostAfter."),
+            EventType { name: "device.healthy", version: 1, audience: "fleet", description: "A GPU reported healthy again.", data: DEVICE },
+            EventType { name: "device.unhealthy", version: 1, audience: "fleet", description: "A GPU reported unhealthy: it leaves placement.", data: DEVICE },
+            EventType { name: "device.quarantined", version: 1, audience: "fleet", description: "A GPU was quarantined.", data: &[("nodeId", "the GPU's node"), ("reason", "why")] },
+            EventType { name: "device.released", version: 1, audience: "fleet", description: "A GPU was released from quarantine.", data: DEVICE },
+        ]
+    }
+
     fn command_kinds(&self) -> Vec<better_compute_runtime::commands::CommandKind> {
         kinds::command_kinds()
     }

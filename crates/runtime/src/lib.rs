@@ -5,6 +5,7 @@
 pub mod authz;
 pub mod commands;
 pub mod desired;
+pub mod events;
 pub mod harness;
 pub mod housekeeping;
 pub mod module;

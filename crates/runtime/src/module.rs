@@ -49,6 +49,11 @@ pub trait Module: Send + Sync + 'static {
     fn permissions(&self) -> Vec<crate::authz::Permission> {
         Vec::new()
     }
+
+    /// The event types it writes to the outbox, for the catalogue.
+    fn event_types(&self) -> Vec<crate::events::EventType> {
+        Vec::new()
+    }
 }
 
 /// Why a set of modules cannot be assembled.
@@ -63,6 +68,9 @@ pub enum RegistryError {
     /// Two command kinds share a name.
     #[error("command kind {0} is registered twice")]
     DuplicateCommandKind(String),
+    /// Two modules declare the same event type.
+    #[error("event type {0} is declared twice")]
+    DuplicateEventType(String),
     /// Two sinks share a name.
     #[error("outbox sink {0} is registered twice")]
     DuplicateSink(String),
@@ -132,6 +140,10 @@ impl Registry {
                 }
             }
         }
+        let mut event_types = HashSet::new();
+        if let Some(dup) = modules.iter().flat_map(|m| m.event_types()).find(|t| !event_types.insert(t.name)) {
+            return Err(RegistryError::DuplicateEventType(dup.name.to_owned()));
+        }
         // The NodeSpec controller runs once some module contributes desired state.
         if !parts.is_empty() {
             if !jobs.insert(crate::desired::NODESPEC.name.to_owned()) {
@@ -175,6 +187,11 @@ impl Registry {
         &self.command_kinds
     }
 
+    /// The event catalogue: every module's event types, in registration order.
+    pub fn event_types(&self) -> Vec<crate::events::EventType> {
+        self.modules.iter().flat_map(|m| m.event_types()).collect()
+    }
+
     /// The permission catalog: every module's permissions, in registration order.
     pub fn permissions(&self) -> Vec<crate::authz::Permission> {
         self.modules.iter().flat_map(|m| m.permissions()).collect()
@@ -191,5 +208,33 @@ impl Registry {
         names.push(EVENT_SUBSCRIBERS_JOB);
         names.push(OUTBOX_DISPATCH_JOB);
         names
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::events::EventType;
+
+    struct Declares(&'static str, &'static str);
+
+    impl Module for Declares {
+        fn name(&self) -> &'static str {
+            self.0
+        }
+
+        fn event_types(&self) -> Vec<EventType> {
+            vec![EventType { name: self.1, version: 1, audience: "tenant", description: "", data: &[] }]
+        }
+    }
+
+    #[test]
+    fn modules_assemble_in_order_and_refuse_duplicates() {
+        let r = Registry::new(vec![Arc::new(Declares("a", "x.one")), Arc::new(Declares("b", "x.two"))]).unwrap();
+        assert_eq!(r.event_types().iter().map(|t| t.name).collect::<Vec<_>>(), ["x.one", "x.two"]);
+        let dup = Registry::new(vec![Arc::new(Declares("a", "x.one")), Arc::new(Declares("b", "x.one"))]).err();
+        assert_eq!(dup, Some(RegistryError::DuplicateEventType("x.one".into())));
+        let dup = Registry::new(vec![Arc::new(Declares("a", "x.one")), Arc::new(Declares("a", "x.two"))]).err();
+        assert_eq!(dup, Some(RegistryError::DuplicateModule("a".into())));
     }
 }

@@ -116,11 +116,7 @@ async fn open(
                 continue;
             }
             for e in events {
-                let body = serde_json::json!({
-                    "id": e.id, "type": e.event_type, "tenantId": e.tenant_id, "subject": e.subject, "data": e.data,
-                    "time": better_compute_core::time::rfc3339(e.time),
-                });
-                let ev = SseEvent::default().id(e.cursor.to_string()).event(&e.event_type).data(body.to_string());
+                let ev = SseEvent::default().id(e.cursor.to_string()).event(&e.event_type).data(e.envelope().to_string());
                 if tx.send_timeout(Ok(ev), SLOW_CLIENT_TIMEOUT).await.is_err() {
                     tracing::info!("watch client gone or too slow; dropped");
                     return;

@@ -34,6 +34,7 @@ impl Api {
             Arc::new(better_compute_nodes::NodesModule),
             Arc::new(better_compute_capacity::CapacityModule),
             Arc::new(better_compute_iam::IamModule),
+            Arc::new(better_compute_events::EventsModule::default()),
         ])
         .await;
         let mut c = h.db().connect().await;
@@ -172,6 +173,15 @@ fn bodies() -> Vec<(&'static str, Value)> {
         ("commands.get", json!({"tenantId": "{ten}", "nodeId": "{node}", "commandId": "{cmd}"})),
         ("commands.list", json!({"tenantId": "{ten}", "nodeId": "{node}"})),
         ("commands.cancel", json!({"tenantId": "{ten}", "nodeId": "{node}", "commandId": "{cmd}"})),
+        ("webhooks.create", json!({"tenantId": "{ten}", "url": "https://example.com/hook"})),
+        ("webhooks.get", json!({"tenantId": "{ten}", "webhookId": "{wh}"})),
+        ("webhooks.list", json!({"tenantId": "{ten}"})),
+        ("webhooks.update", json!({"tenantId": "{ten}", "webhookId": "{wh}", "description": "mine now"})),
+        ("webhooks.delete", json!({"tenantId": "{ten}", "webhookId": "{wh}"})),
+        ("webhooks.rotateSecret", json!({"tenantId": "{ten}", "webhookId": "{wh}"})),
+        ("webhooks.test", json!({"tenantId": "{ten}", "webhookId": "{wh}"})),
+        ("webhooks.deadLetters.list", json!({"tenantId": "{ten}"})),
+        ("webhooks.deadLetters.replay", json!({"tenantId": "{ten}", "deliveryId": "{dlv}"})),
     ]
 }
 
@@ -188,6 +198,8 @@ async fn another_tenant_can_neither_read_nor_change_nor_learn_of_anything_of_a_t
     let tok = api.ok(&b.token, "tokens.create", json!({"identityId": idn["id"]})).await;
     let rb = api.ok(&b.token, "roleBindings.create", json!({"identityId": idn["id"], "role": "viewer", "scopeKind": "tenant"})).await;
     let cmd = api.ok(&api.op, "commands.run", json!({"nodeId": api.node, "kind": "diag.nvml", "idempotencyKey": "op-1"})).await;
+    let wh = api.ok(&b.token, "webhooks.create", json!({"url": "https://example.com/b", "eventTypes": ["reservation.placed"]})).await;
+    let dlv = api.ok(&b.token, "webhooks.test", json!({"webhookId": wh["webhook"]["id"]})).await;
     let site = api.ok(&api.op, "pools.get", json!({"poolId": api.pool})).await["siteId"].as_str().unwrap().to_owned();
     let real = [
         ("ten", b.id.clone()),
@@ -200,13 +212,15 @@ async fn another_tenant_can_neither_read_nor_change_nor_learn_of_anything_of_a_t
         ("pool", api.pool.clone()),
         ("node", api.node.clone()),
         ("gpu", "GPU-0".to_owned()),
+        ("wh", wh["webhook"]["id"].as_str().unwrap().to_owned()),
+        ("dlv", dlv["id"].as_str().unwrap().to_owned()),
     ];
     // Ids of the same kinds that do not exist.
     let fake: Vec<(&str, String)> = real
         .iter()
         .map(|(k, v)| (*k, if *k == "gpu" { "GPU-nope".to_owned() } else { format!("{}_01aaaaaaaaaaaaaaaaaaaaaaaa", v.split('_').next().unwrap()) }))
         .collect();
-    let before = (api.count("reservations").await, api.count("identities").await, api.count("tokens").await, api.count("role_bindings").await);
+    let before = (api.count("reservations").await, api.count("identities").await, api.count("tokens").await, api.count("role_bindings").await, api.count("webhooks").await, api.count("webhook_deliveries").await);
     let before_nodes = api.ok(&api.op, "nodes.get", json!({"nodeId": api.node})).await;
     let methods: Vec<String> = api.openapi().await["paths"].as_object().unwrap().keys().map(|p| p.trim_start_matches("/v1/").to_owned()).collect();
     let bodies = bodies();
@@ -224,7 +238,7 @@ async fn another_tenant_can_neither_read_nor_change_nor_learn_of_anything_of_a_t
         }
         assert_eq!((status, v["code"].clone(), msg), (fake_status, fake_v["code"].clone(), fake_v["message"].as_str().unwrap_or("").to_owned()), "{method}: {v} vs {fake_v}");
     }
-    let after = (api.count("reservations").await, api.count("identities").await, api.count("tokens").await, api.count("role_bindings").await);
+    let after = (api.count("reservations").await, api.count("identities").await, api.count("tokens").await, api.count("role_bindings").await, api.count("webhooks").await, api.count("webhook_deliveries").await);
     assert_eq!(before, after, "tenant C's attempts wrote something");
     assert_eq!(api.ok(&api.op, "nodes.get", json!({"nodeId": api.node})).await["version"], before_nodes["version"]);
     // B's reservation is untouched and B still sees it.

@@ -63,6 +63,7 @@ pub(crate) fn modules() -> Vec<Arc<dyn better_compute_runtime::Module>> {
         Arc::new(better_compute_nodes::NodesModule),
         Arc::new(better_compute_capacity::CapacityModule),
         Arc::new(better_compute_iam::IamModule),
+        Arc::new(better_compute_events::EventsModule { config: better_compute_events::EventsConfig::from_env() }),
     ]
 }
 

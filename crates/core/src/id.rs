@@ -179,6 +179,10 @@ id_kinds! {
     RoleBindingId, RoleBindingKind, "rb", "role binding";
     /// A node join token (its id; the secret is never stored).
     JoinTokenId, JoinTokenKind, "jt", "join token";
+    /// A webhook endpoint.
+    WebhookId, WebhookKind, "wh", "webhook";
+    /// One delivery of one event to one webhook.
+    DeliveryId, DeliveryKind, "dlv", "delivery";
 }
 
 #[cfg(test)]

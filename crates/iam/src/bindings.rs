@@ -38,8 +38,14 @@ pub const BUILTIN_ROLES: &[BuiltinRole] = &[
     },
     BuiltinRole {
         name: "admin",
-        description: "Administer a tenant: its reservations, identities, tokens and role bindings.",
-        holds: |p| p.starts_with("compute:reservations:") || p == "compute:quotas:read" || p.starts_with("iam:identities:") || p.starts_with("iam:bindings:"),
+        description: "Administer a tenant: its reservations, webhooks, identities, tokens and role bindings.",
+        holds: |p| {
+            p.starts_with("compute:reservations:")
+                || p.starts_with("compute:webhooks:")
+                || p == "compute:quotas:read"
+                || p.starts_with("iam:identities:")
+                || p.starts_with("iam:bindings:")
+        },
     },
     BuiltinRole {
         name: "member",
@@ -84,13 +90,16 @@ pub async fn sync_roles(tx: &impl GenericClient, catalog: &[Permission]) -> Resu
 }
 
 /// Which permissions a binding at a scope kind confers, in SQL over `$perm` and `$kind`: a tenant
-/// binding confers the tenant's own permissions (reservations, quotas read, identities, bindings);
+/// binding confers the tenant's own permissions (reservations, webhooks, quotas read, identities,
+/// bindings);
 /// a fleet, site, pool or node binding confers the others (quotas read at fleet scope too).
 fn applies_sql(perm: &str, kind: &str) -> String {
     format!(
         "(CASE WHEN {kind} = 'tenant'
-               THEN {perm} LIKE 'compute:reservations:%' OR {perm} = 'compute:quotas:read' OR {perm} LIKE 'iam:identities:%' OR {perm} LIKE 'iam:bindings:%'
-               ELSE NOT ({perm} LIKE 'compute:reservations:%' OR {perm} LIKE 'iam:identities:%' OR {perm} LIKE 'iam:bindings:%') END)"
+               THEN {perm} LIKE 'compute:reservations:%' OR {perm} LIKE 'compute:webhooks:%' OR {perm} = 'compute:quotas:read'
+                    OR {perm} LIKE 'iam:identities:%' OR {perm} LIKE 'iam:bindings:%'
+               ELSE NOT ({perm} LIKE 'compute:reservations:%' OR {perm} LIKE 'compute:webhooks:%' OR {perm} LIKE 'iam:identities:%'
+                         OR {perm} LIKE 'iam:bindings:%') END)"
     )
 }
 

@@ -51,6 +51,17 @@ pub struct Event {
     pub cursor: Cursor,
 }
 
+impl Event {
+    /// The event as it leaves the system (webhooks, the watch stream):
+    /// `{ id, type, tenantId, subject, data, time }`.
+    pub fn envelope(&self) -> serde_json::Value {
+        serde_json::json!({
+            "id": self.id, "type": self.event_type, "tenantId": self.tenant_id, "subject": self.subject,
+            "data": self.data, "time": better_compute_core::time::rfc3339(self.time),
+        })
+    }
+}
+
 /// A position in the outbox: everything at or before it has been delivered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
 pub struct Cursor {

@@ -6,6 +6,7 @@ mod commands;
 mod iam;
 mod inventory;
 mod nodes;
+mod webhooks;
 
 use better_compute_core::page::PageRequest;
 use serde::Deserialize;
@@ -20,6 +21,7 @@ pub(crate) fn all() -> Vec<Method> {
     v.extend(nodes::methods());
     v.extend(capacity::methods());
     v.extend(commands::methods());
+    v.extend(webhooks::methods());
     v
 }
 

@@ -1,0 +1,210 @@
+//! `events.deliver`: sends due deliveries, signed, and records what happened.
+//!
+//! A run claims up to [`BATCH`] due rows (pushing their `next_attempt_at` past [`CLAIM_S`], so a
+//! crashed sender's rows come back), sends them concurrently without holding a transaction, then
+//! records each outcome: 2xx delivered; 410 Gone disables the endpoint; anything else (an error
+//! status, a timeout, a refused address) is retried on [`SCHEDULE_S`] with ±10% jitter, later if
+//! the receiver's `Retry-After` asks, and after the last retry the delivery is a dead letter. Then
+//! the run arms its own next wake-up at the earliest pending attempt.
+
+use std::time::Duration;
+
+use better_compute_runtime::{work_queue, Kind, Outcome, Periodic, ReconcileContext, Reconciler, RunError};
+
+use crate::signing;
+use crate::ssrf::{check_url, client, EgressPolicy};
+use crate::DELIVER;
+
+/// Delays before each retry, in seconds: 5 s, 5 min, 30 min, 2 h, 5 h, 10 h, 14 h, 20 h, 24 h:
+/// ten attempts over about three days and four hours.
+pub const SCHEDULE_S: [u64; 9] = [5, 300, 1800, 7200, 18_000, 36_000, 50_400, 72_000, 86_400];
+/// Deliveries claimed per run.
+pub const BATCH: i64 = 32;
+/// How long a claim holds a delivery away from other senders.
+pub const CLAIM_S: f64 = 60.0;
+/// The longest `Retry-After` honoured.
+pub const MAX_RETRY_AFTER_S: u64 = 86_400;
+
+/// The delay before the retry after `attempts` failed attempts, with jitter from `seed`, at least
+/// `retry_after_s`. `None` once the schedule is exhausted.
+pub fn retry_delay_s(attempts: usize, seed: &str, retry_after_s: Option<u64>) -> Option<f64> {
+    let base = *SCHEDULE_S.get(attempts.checked_sub(1)?)? as f64;
+    // Deterministic jitter in [-10%, +10%]: spreads retries of many deliveries, replays exactly.
+    let h = better_compute_core::shard::stable_hash(format!("{seed}/{attempts}").as_bytes());
+    let jitter = ((h % 2001) as f64 / 1000.0 - 1.0) * 0.1;
+    let delay = base * (1.0 + jitter);
+    Some(delay.max(retry_after_s.unwrap_or(0).min(MAX_RETRY_AFTER_S) as f64))
+}
+
+enum Sent {
+    Delivered(u16),
+    Gone,
+    Failed { status: Option<u16>, retry_after_s: Option<u64>, error: String },
+}
+
+/// The deliverer.
+pub struct Deliverer {
+    /// Where deliveries may go.
+    pub policy: EgressPolicy,
+    /// Per request.
+    pub timeout: Duration,
+}
+
+const PERIODIC: &[Periodic] = &[Periodic { key: "all", every: Duration::from_secs(60) }];
+
+struct Claimed {
+    id: String,
+    event_id: String,
+    payload: String,
+    url: String,
+    secrets: Vec<String>,
+    timestamp: i64,
+}
+
+impl Deliverer {
+    async fn send(&self, http: &reqwest::Client, d: &Claimed) -> Sent {
+        // Checked again at every attempt: the policy may have changed, and an IP literal never
+        // reaches the resolver.
+        if let Err(e) = check_url(&d.url, self.policy) {
+            return Sent::Failed { status: None, retry_after_s: None, error: e.message };
+        }
+        let secrets: Vec<&str> = d.secrets.iter().map(String::as_str).collect();
+        let r = http
+            .post(&d.url)
+            .header("content-type", "application/json")
+            .header("webhook-id", &d.event_id)
+            .header("webhook-timestamp", d.timestamp.to_string())
+            .header("webhook-signature", signing::header(&secrets, &d.event_id, d.timestamp, d.payload.as_bytes()))
+            .body(d.payload.clone())
+            .send()
+            .await;
+        match r {
+            Ok(r) if r.status().is_success() => Sent::Delivered(r.status().as_u16()),
+            Ok(r) if r.status().as_u16() == 410 => Sent::Gone,
+            Ok(r) => Sent::Failed {
+                status: Some(r.status().as_u16()),
+                retry_after_s: r.headers().get("retry-after").and_then(|v| v.to_str().ok()?.trim().parse().ok()),
+                error: format!("the endpoint answered {}", r.status()),
+            },
+            Err(e) if e.is_timeout() => Sent::Failed { status: None, retry_after_s: None, error: format!("no answer within {:?}", self.timeout) },
+            Err(e) => {
+                // The whole chain: the resolver's refusal sits a few sources down.
+                let mut error = e.to_string();
+                let mut source = std::error::Error::source(&e);
+                while let Some(s) = source {
+                    error.push_str(&format!(": {s}"));
+                    source = s.source();
+                }
+                Sent::Failed { status: None, retry_after_s: None, error }
+            }
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Reconciler for Deliverer {
+    fn kind(&self) -> Kind {
+        DELIVER
+    }
+
+    fn periodic(&self) -> &[Periodic] {
+        PERIODIC
+    }
+
+    async fn run(&self, ctx: &ReconcileContext, _key: &str) -> Result<Outcome, RunError> {
+        let mut c = ctx.client().await?;
+        let tx = ctx.begin_fenced(&mut c).await?;
+        let rows = tx
+            .query(
+                "WITH due AS (SELECT id FROM webhook_deliveries
+                               WHERE state = 'pending' AND next_attempt_at <= compute_now()
+                               ORDER BY next_attempt_at LIMIT $1 FOR UPDATE SKIP LOCKED)
+                 UPDATE webhook_deliveries d SET next_attempt_at = compute_now() + make_interval(secs => $2)
+                   FROM due, webhooks w
+                  WHERE d.id = due.id AND w.id = d.webhook_id
+                 RETURNING d.id, d.event_id, d.payload::text, w.url, w.secret,
+                           CASE WHEN w.previous_valid_until > compute_now() THEN w.previous_secret END,
+                           extract(epoch FROM compute_now())::int8, w.disabled_at IS NOT NULL",
+                &[&BATCH, &CLAIM_S],
+            )
+            .await?;
+        tx.commit().await?;
+        let mut claimed = Vec::new();
+        let mut disabled = Vec::new();
+        for r in &rows {
+            if r.get::<_, bool>(7) {
+                disabled.push(r.get::<_, String>(0));
+                continue;
+            }
+            let mut secrets = vec![r.get::<_, String>(4)];
+            secrets.extend(r.get::<_, Option<String>>(5));
+            claimed.push(Claimed { id: r.get(0), event_id: r.get(1), payload: r.get(2), url: r.get(3), secrets, timestamp: r.get(6) });
+        }
+        let http = client(self.policy, self.timeout);
+        let sent = futures_util::future::join_all(claimed.iter().map(|d| self.send(&http, d))).await;
+        let tx = ctx.begin_fenced(&mut c).await?;
+        for id in &disabled {
+            tx.execute(
+                "UPDATE webhook_deliveries SET state = 'dead', next_attempt_at = NULL, finished_at = compute_now(),
+                        last_error = 'the endpoint is disabled; enable it, then replay' WHERE id = $1",
+                &[id],
+            )
+            .await?;
+        }
+        for (d, s) in claimed.iter().zip(sent) {
+            match s {
+                Sent::Delivered(status) => {
+                    tx.execute(
+                        "UPDATE webhook_deliveries SET state = 'delivered', attempts = attempts + 1, next_attempt_at = NULL,
+                                finished_at = compute_now(), last_status = $2, last_error = NULL WHERE id = $1",
+                        &[&d.id, &(status as i32)],
+                    )
+                    .await?;
+                }
+                Sent::Gone => {
+                    tx.execute(
+                        "UPDATE webhooks SET disabled_at = coalesce(disabled_at, compute_now()), version = version + 1,
+                                disabled_reason = 'the endpoint answered 410 Gone'
+                          WHERE id = (SELECT webhook_id FROM webhook_deliveries WHERE id = $1)",
+                        &[&d.id],
+                    )
+                    .await?;
+                    tx.execute(
+                        "UPDATE webhook_deliveries SET state = 'dead', attempts = attempts + 1, next_attempt_at = NULL,
+                                finished_at = compute_now(), last_status = 410, last_error = 'the endpoint answered 410 Gone; it is disabled'
+                          WHERE id = $1",
+                        &[&d.id],
+                    )
+                    .await?;
+                }
+                Sent::Failed { status, retry_after_s, error } => {
+                    let attempts: i32 = tx.query_one("SELECT attempts + 1 FROM webhook_deliveries WHERE id = $1", &[&d.id]).await?.get(0);
+                    let delay = retry_delay_s(attempts as usize, &d.id, retry_after_s);
+                    tx.execute(
+                        "UPDATE webhook_deliveries
+                            SET attempts = $2, last_status = $3, last_error = $4,
+                                state = CASE WHEN $5::float8 IS NULL THEN 'dead' ELSE 'pending' END,
+                                next_attempt_at = compute_now() + make_interval(secs => $5),
+                                finished_at = CASE WHEN $5::float8 IS NULL THEN compute_now() END
+                          WHERE id = $1",
+                        &[&d.id, &attempts, &status.map(i32::from), &error, &delay],
+                    )
+                    .await?;
+                }
+            }
+        }
+        // Arm the next wake-up at the earliest pending attempt.
+        let next: Option<f64> = tx
+            .query_one(
+                "SELECT extract(epoch FROM min(next_attempt_at) - compute_now())::float8 FROM webhook_deliveries WHERE state = 'pending'",
+                &[],
+            )
+            .await?
+            .get(0);
+        if let Some(s) = next {
+            work_queue::enqueue_after(&*tx, &DELIVER, "all", Duration::from_secs_f64(s.max(0.0))).await?;
+        }
+        tx.commit().await?;
+        Ok(if rows.len() as i64 == BATCH { Outcome::SyncAgain } else { Outcome::Done })
+    }
+}

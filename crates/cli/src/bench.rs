@@ -42,6 +42,9 @@ enum Which {
     /// nodes.get and reservations.create over HTTP with 64 concurrent clients, requests/s and
     /// p50/p99, beside the same operations called in-process.
     Api(crate::bench_api::ApiBench),
+    /// Events per second from commit to watch-stream (SSE) clients with 100 subscribers, and
+    /// commit-to-delivery p50/p99, beside pgbench's TPC-B.
+    Events(crate::bench_events::EventsBench),
 }
 
 #[derive(Debug, clap::Args)]
@@ -122,6 +125,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         Which::Capacity(b) => crate::bench_capacity::run(b).await,
         Which::Commands(b) => crate::bench_commands::run(b).await,
         Which::Api(b) => crate::bench_api::run(b).await,
+        Which::Events(b) => crate::bench_events::run(b).await,
     }
 }
 

@@ -4,6 +4,7 @@ mod admin;
 mod api;
 mod bench;
 mod bench_api;
+mod bench_events;
 mod bench_capacity;
 mod bench_commands;
 mod capacity;

@@ -203,13 +203,38 @@ async fn move_to(
     )
     .await?;
     if terminal {
-        wake_owners(tx, &[id.to_owned()]).await?;
+        settled(tx, &[id.to_owned()]).await?;
     }
     let node: String = tx.query_one("SELECT node_id FROM commands WHERE id = $1", &[&id]).await?.get(0);
     get(tx, &node, id).await
 }
 
-async fn wake_owners(tx: &impl GenericClient, ids: &[String]) -> Result<(), DbError> {
+/// Every end of a command: wakes its owner (the controller that enqueued it) and writes
+/// `command.<state>` to the outbox for the tenant that ran it (a fleet event for the system's own).
+async fn settled(tx: &impl GenericClient, ids: &[String]) -> Result<(), DbError> {
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let ended = tx
+        .query(
+            "SELECT id, node_id, kind, state, reason, nullif(split_part(requested_by, '/', 1), '') FROM commands WHERE id = ANY($1) ORDER BY id",
+            &[&ids],
+        )
+        .await?;
+    for r in &ended {
+        let (id, node, kind, state, reason, tenant): (String, String, String, String, Option<String>, Option<String>) =
+            (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5));
+        better_compute_runtime::outbox::emit(
+            tx,
+            better_compute_runtime::NewEvent {
+                event_type: &format!("command.{state}"),
+                tenant_id: tenant.as_deref(),
+                subject: &id,
+                data: serde_json::json!({"nodeId": node, "kind": kind, "reason": reason}),
+            },
+        )
+        .await?;
+    }
     let rows = tx
         .query("SELECT owner_kind, owner_key, owner_shard FROM commands WHERE id = ANY($1) AND owner_kind IS NOT NULL", &[&ids])
         .await?;
@@ -331,13 +356,13 @@ pub async fn on_reconnect(tx: &impl GenericClient, node_id: &str, new_boot: bool
     if new_boot {
         let ids: Vec<String> = tx.query(&settle("self_terminating", "succeeded", None), &[&node_id]).await?.iter().map(|r| r.get(0)).collect();
         out.succeeded = ids.len() as u64;
-        wake_owners(tx, &ids).await?;
+        settled(tx, &ids).await?;
     }
     if new_journal {
         let ids: Vec<String> =
             tx.query(&settle("NOT retry_safe", "failed", Some("journal-lost")), &[&node_id]).await?.iter().map(|r| r.get(0)).collect();
         out.journal_lost = ids.len() as u64;
-        wake_owners(tx, &ids).await?;
+        settled(tx, &ids).await?;
     }
     Ok(out)
 }
@@ -380,8 +405,8 @@ pub async fn sweep(tx: &impl GenericClient, limit: i64) -> Result<SweepOutcome, 
         .iter()
         .map(|r| r.get(0))
         .collect();
-    wake_owners(tx, &expired).await?;
-    wake_owners(tx, &timed_out).await?;
+    settled(tx, &expired).await?;
+    settled(tx, &timed_out).await?;
     Ok(SweepOutcome { expired: expired.len() as u64, timed_out: timed_out.len() as u64 })
 }
 

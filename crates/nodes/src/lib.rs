@@ -53,6 +53,9 @@ impl better_compute_runtime::Module for NodesModule {
         const NODE: &[(&str, &str)] = &[];
         const DEVICE: &[(&str, &str)] = &[("nodeId", "the GPU's node")];
         let node = |name, description| EventType { name, version: 1, audience: "fleet", description, data: NODE };
+        const COMMAND: &[(&str, &str)] = &[("nodeId", "the command's node"), ("kind", "its kind"), ("reason", "why it ended so, if not a success")];
+        // The tenant that ran it gets it; the system's own commands are fleet events.
+        let command = |name, description| EventType { name, version: 1, audience: "tenant", description, data: COMMAND };
         vec![
             EventType { name: "node.registered", version: 1, audience: "fleet", description: "A node joined a pool.", data: &[("poolId", "its pool"), ("name", "its name")] },
             node("node.cordoned", "A node was cordoned: nothing new is placed there."),
@@ -67,6 +70,10 @@ impl better_compute_runtime::Module for NodesModule {
             EventType { name: "device.unhealthy", version: 1, audience: "fleet", description: "A GPU reported unhealthy: it leaves placement.", data: DEVICE },
             EventType { name: "device.quarantined", version: 1, audience: "fleet", description: "A GPU was quarantined.", data: &[("nodeId", "the GPU's node"), ("reason", "why")] },
             EventType { name: "device.released", version: 1, audience: "fleet", description: "A GPU was released from quarantine.", data: DEVICE },
+            command("command.succeeded", "A command finished successfully."),
+            command("command.failed", "A command failed (its reason says why: the daemon's error, timeout, journal-lost, …)."),
+            command("command.expired", "A command's notAfter passed before it was sent; it never ran."),
+            command("command.cancelled", "A command was cancelled."),
         ]
     }
 

@@ -152,6 +152,15 @@ async fn cancel_never_sends_a_pending_command_marks_an_in_flight_one_and_leaves_
     assert_eq!((marked.state.as_str(), marked.cancel_requested), ("running", true));
     let done = commands::finish(&**c, &running.id, true, None, &serde_json::json!({"ok": true})).await.unwrap();
     assert_eq!(commands::cancel(&**c, &node, &done.id).await.unwrap(), done);
+    // Each end was written to the outbox once, about its command.
+    let ends: Vec<(String, String)> = c
+        .query("SELECT type, subject FROM outbox WHERE type LIKE 'command.%' ORDER BY txid, seq", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(ends, [("command.cancelled".to_owned(), pending.id.clone()), ("command.succeeded".to_owned(), running.id.clone())]);
 }
 
 #[tokio::test]

@@ -44,8 +44,8 @@ pub struct ApiState {
     /// The modules' registry (command kinds, permissions).
     pub registry: Arc<Registry>,
     methods: BTreeMap<&'static str, Method>,
-    /// The outbox's visible head, published by [`watch::poll_head`] for the watch streams.
-    head: tokio::sync::watch::Sender<better_compute_runtime::outbox::Cursor>,
+    /// Every event [`watch::tail_outbox`] reads, for the watch streams.
+    feed: tokio::sync::broadcast::Sender<Arc<watch::FeedItem>>,
 }
 
 impl ApiState {
@@ -53,8 +53,8 @@ impl ApiState {
     pub fn new(pool: Pool, iam: Arc<Iam>, registry: Arc<Registry>) -> Arc<ApiState> {
         let methods = methods::all().into_iter().map(|m| (m.name, m)).collect();
         metrics::install();
-        let (head, _) = tokio::sync::watch::channel(better_compute_runtime::outbox::Cursor::START);
-        Arc::new(ApiState { pool, iam, registry, methods, head })
+        let (feed, _) = tokio::sync::broadcast::channel(watch::FEED_CAPACITY);
+        Arc::new(ApiState { pool, iam, registry, methods, feed })
     }
 
     /// Every method, by name.
@@ -87,7 +87,7 @@ pub async fn serve(
     state: Arc<ApiState>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    tokio::spawn(watch::poll_head(Arc::downgrade(&state)));
+    tokio::spawn(watch::tail_outbox(Arc::downgrade(&state)));
     axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await
 }
 

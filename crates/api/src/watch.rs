@@ -4,9 +4,11 @@
 //! the outbox's own rule (only rows older than every running transaction, in cursor order), so a
 //! client that reconnects with `Last-Event-ID` resumes exactly after the last event it saw: no gap,
 //! no duplicate. A tenant sees its own events, and the fleet's (events with no tenant) only with
-//! `compute:nodes:read` at fleet scope. `?types=a,b` and `?subject=x` filter. One poller per API
-//! process publishes the outbox's visible head; streams read when it moves. A client that does not
-//! take what is sent for [`SLOW_CLIENT_TIMEOUT`] is dropped instead of buffered.
+//! `compute:nodes:read` at fleet scope. `?types=a,b` and `?subject=x` filter. One reader per API
+//! process tails the outbox and broadcasts each event to every stream, which filters in memory; a
+//! stream that resumes from further back, or falls behind the broadcast, catches up from the
+//! outbox with its own query and then rejoins. A client that does not take what is sent for
+//! [`SLOW_CLIENT_TIMEOUT`] is dropped instead of buffered.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -30,8 +32,11 @@ pub const WATCH_BUFFER: usize = 256;
 pub const SLOW_CLIENT_TIMEOUT: Duration = Duration::from_secs(10);
 /// The interval of the keep-alive comment.
 pub const KEEP_ALIVE: Duration = Duration::from_secs(15);
-/// How often the process's poller reads the outbox's visible head.
-pub const HEAD_POLL: Duration = Duration::from_millis(100);
+/// How often the process's reader polls the outbox.
+pub const TAIL_POLL: Duration = Duration::from_millis(50);
+/// Events the broadcast holds for streams that are behind; further behind, they catch up from
+/// the outbox.
+pub const FEED_CAPACITY: usize = 4096;
 /// Events read per query.
 const BATCH: i64 = 500;
 
@@ -50,18 +55,54 @@ pub(crate) struct WatchQuery {
     last_event_id: Option<String>,
 }
 
-/// Publishes the outbox's visible head every [`HEAD_POLL`] until the state is dropped.
-pub(crate) async fn poll_head(state: std::sync::Weak<ApiState>) {
+/// One event of the process's reader, with the reader's position before it: a stream that is
+/// not at `prev` has missed something and catches up from the outbox first.
+pub(crate) struct FeedItem {
+    prev: Cursor,
+    event: outbox::Event,
+}
+
+/// The process's outbox reader: broadcasts every event after its start, in order, each with the
+/// position before it, until the state is dropped.
+pub(crate) async fn tail_outbox(state: std::sync::Weak<ApiState>) {
+    let mut cursor = None;
     loop {
         let Some(s) = state.upgrade() else { return };
+        let mut more = false;
         if let Ok(db) = s.pool.get().await {
-            if let Ok(head) = outbox::visible_head(&**db).await {
-                s.head.send_if_modified(|h| std::mem::replace(h, head) != head);
+            let start = match cursor {
+                Some(c) => Ok(c),
+                None => outbox::visible_head(&**db).await,
+            };
+            if let Ok(at) = start {
+                cursor = Some(at);
+                if let Ok(events) = outbox::read_after(&**db, at, BATCH).await {
+                    more = events.len() as i64 == BATCH;
+                    let mut prev = at;
+                    for event in events {
+                        let at = event.cursor;
+                        // No receivers is fine: nobody is watching.
+                        let _ = s.feed.send(Arc::new(FeedItem { prev, event }));
+                        prev = at;
+                    }
+                    cursor = Some(prev);
+                }
             }
         }
         drop(s);
-        tokio::time::sleep(HEAD_POLL).await;
+        if !more {
+            tokio::time::sleep(TAIL_POLL).await;
+        }
     }
+}
+
+fn matches(f: &EventFilter, e: &outbox::Event) -> bool {
+    let tenant_ok = match (&f.tenant_id, &e.tenant_id) {
+        (None, _) => true,
+        (Some(t), Some(et)) => t == et,
+        (Some(_), None) => f.include_fleet,
+    };
+    tenant_ok && (f.types.is_empty() || f.types.contains(&e.event_type)) && f.subject.as_ref().is_none_or(|s| *s == e.subject)
 }
 
 pub(crate) async fn watch(State(state): State<Arc<ApiState>>, headers: HeaderMap, query: Result<Query<WatchQuery>, axum::extract::rejection::QueryRejection>) -> Response {
@@ -87,7 +128,7 @@ async fn open(
         subject: q.subject.clone(),
     };
     let last = headers.get("last-event-id").and_then(|v| v.to_str().ok()).map(String::from).or(q.last_event_id);
-    let mut head = state.head.subscribe();
+    let mut feed = state.feed.subscribe();
     let start = match last {
         Some(id) => id.parse::<Cursor>()?,
         // From now on: everything visible already is history.
@@ -96,28 +137,54 @@ async fn open(
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<SseEvent, Infallible>>(WATCH_BUFFER);
     let pool = state.pool.clone();
     tokio::spawn(async move {
-        let mut cursor = start;
-        loop {
-            head.borrow_and_update();
-            let events = match pool.get().await {
-                Ok(db) => outbox::read_matching(&**db, cursor, BATCH, &filter).await,
-                Err(e) => Err(e.into()),
-            };
-            let Ok(events) = events else {
-                // The client reconnects with its Last-Event-ID and loses nothing.
-                return;
-            };
-            if events.is_empty() {
-                tokio::select! {
-                    _ = head.changed() => {}
-                    _ = tokio::time::sleep(KEEP_ALIVE) => {}
-                    _ = tx.closed() => return,
+        let send = |e: &outbox::Event| {
+            let ev = SseEvent::default().id(e.cursor.to_string()).event(&e.event_type).data(e.envelope().to_string());
+            let tx = tx.clone();
+            async move { tx.send_timeout(Ok(ev), SLOW_CLIENT_TIMEOUT).await.is_ok() }
+        };
+        // Everything after `cursor` that matches has yet to be sent; `upto` is a position the
+        // outbox has been read to (rows up to it can no longer appear).
+        let catch_up = async |cursor: &mut Cursor, upto: Cursor| -> bool {
+            loop {
+                let events = match pool.get().await {
+                    Ok(db) => outbox::read_matching(&**db, *cursor, BATCH, &filter).await,
+                    Err(e) => Err(e.into()),
+                };
+                // On a failure the client reconnects with its Last-Event-ID and loses nothing.
+                let Ok(events) = events else { return false };
+                for e in &events {
+                    if !send(e).await {
+                        return false;
+                    }
+                    *cursor = e.cursor;
                 }
-                continue;
+                if (events.len() as i64) < BATCH {
+                    *cursor = (*cursor).max(upto);
+                    return true;
+                }
             }
-            for e in events {
-                let ev = SseEvent::default().id(e.cursor.to_string()).event(&e.event_type).data(e.envelope().to_string());
-                if tx.send_timeout(Ok(ev), SLOW_CLIENT_TIMEOUT).await.is_err() {
+        };
+        let mut cursor = start;
+        if !catch_up(&mut cursor, start).await {
+            return;
+        }
+        loop {
+            let item = tokio::select! {
+                item = feed.recv() => item,
+                _ = tx.closed() => return,
+            };
+            let item = match item {
+                Ok(item) => item,
+                // Behind the broadcast: the next item's `prev` shows the gap, filled below.
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+            };
+            if item.prev > cursor && !catch_up(&mut cursor, item.prev).await {
+                return;
+            }
+            let e = &item.event;
+            if e.cursor > cursor {
+                if matches(&filter, e) && !send(e).await {
                     tracing::info!("watch client gone or too slow; dropped");
                     return;
                 }

@@ -44,6 +44,9 @@ pub struct ApiState {
     /// The modules' registry (command kinds, permissions).
     pub registry: Arc<Registry>,
     methods: BTreeMap<&'static str, Method>,
+    /// How long a watch client may leave a full buffer untaken before it is dropped
+    /// ([`watch::SLOW_CLIENT_TIMEOUT`]; tests shorten it).
+    pub watch_slow_client_timeout: std::time::Duration,
     /// Every event [`watch::tail_outbox`] reads, for the watch streams.
     feed: tokio::sync::broadcast::Sender<Arc<watch::FeedItem>>,
 }
@@ -54,7 +57,7 @@ impl ApiState {
         let methods = methods::all().into_iter().map(|m| (m.name, m)).collect();
         metrics::install();
         let (feed, _) = tokio::sync::broadcast::channel(watch::FEED_CAPACITY);
-        Arc::new(ApiState { pool, iam, registry, methods, feed })
+        Arc::new(ApiState { pool, iam, registry, methods, watch_slow_client_timeout: watch::SLOW_CLIENT_TIMEOUT, feed })
     }
 
     /// Every method, by name.

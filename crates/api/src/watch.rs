@@ -135,12 +135,12 @@ async fn open(
         None => outbox::visible_head(&**state.pool.get().await.map_err(DbError::from)?).await?,
     };
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<SseEvent, Infallible>>(WATCH_BUFFER);
-    let pool = state.pool.clone();
+    let (pool, patience) = (state.pool.clone(), state.watch_slow_client_timeout);
     tokio::spawn(async move {
         let send = |e: &outbox::Event| {
             let ev = SseEvent::default().id(e.cursor.to_string()).event(&e.event_type).data(e.envelope().to_string());
             let tx = tx.clone();
-            async move { tx.send_timeout(Ok(ev), SLOW_CLIENT_TIMEOUT).await.is_ok() }
+            async move { tx.send_timeout(Ok(ev), patience).await.is_ok() }
         };
         // Everything after `cursor` that matches has yet to be sent; `upto` is a position the
         // outbox has been read to (rows up to it can no longer appear).
@@ -154,6 +154,7 @@ async fn open(
                 let Ok(events) = events else { return false };
                 for e in &events {
                     if !send(e).await {
+                        tracing::info!("watch client gone or too slow; dropped");
                         return false;
                     }
                     *cursor = e.cursor;

@@ -30,6 +30,11 @@ struct Tenant {
 
 impl Api {
     async fn start() -> Api {
+        Api::start_with(|_| {}).await
+    }
+
+    /// [`Api::start`], with the server's state adjusted first.
+    async fn start_with(adjust: impl FnOnce(&mut ApiState)) -> Api {
         let h = Harness::new(vec![
             Arc::new(better_compute_nodes::NodesModule),
             Arc::new(better_compute_capacity::CapacityModule),
@@ -61,7 +66,8 @@ impl Api {
         let pg = better_compute_db::pool::connect_pool(h.db().connection_string(), 8).unwrap();
         let iam = Arc::new(Iam::new(pg.clone()));
         iam.start_tail().await.unwrap();
-        let state = ApiState::new(pg, iam, h.registry().clone());
+        let mut state = ApiState::new(pg, iam, h.registry().clone());
+        adjust(Arc::get_mut(&mut state).expect("not shared yet"));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let (stop, mut stopped) = tokio::sync::watch::channel(false);
@@ -607,4 +613,35 @@ async fn the_watch_stream_resumes_after_a_thousand_forced_reconnects_with_no_gap
     assert_eq!(r.status().as_u16(), 400);
     let r = api.http.get(format!("{}/v1/watch", api.url)).send().await.unwrap();
     assert_eq!(r.status().as_u16(), 401);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_client_that_stops_reading_is_dropped_instead_of_buffered() {
+    let api = Api::start_with(|s| s.watch_slow_client_timeout = Duration::from_millis(200)).await;
+    let b = api.tenant("tenant-b").await;
+    // Far more than the stream's buffer and the sockets' buffers hold.
+    let mut db = api.h.db().connect().await;
+    for batch in 0..40 {
+        let tx = db.transaction().await.unwrap();
+        for i in 0..1000 {
+            let subject = format!("s{batch}-{i}");
+            let e = better_compute_runtime::outbox::NewEvent { event_type: "test.event", tenant_id: Some(&b.id), subject: &subject, data: json!({"pad": "x".repeat(200)}) };
+            better_compute_runtime::outbox::emit(&tx, e).await.unwrap();
+        }
+        tx.commit().await.unwrap();
+    }
+    let mut resp = api.http.get(format!("{}/v1/watch", api.url)).bearer_auth(&b.token).header("Last-Event-ID", "0-0").send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    // Take nothing for a while: the server's buffer fills, and it gives up on us.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let got = tokio::time::timeout(Duration::from_secs(60), async {
+        let mut n = 0;
+        while let Ok(Some(chunk)) = resp.chunk().await {
+            n += String::from_utf8_lossy(&chunk).matches("\ndata:").count();
+        }
+        n
+    })
+    .await
+    .expect("the stream never ended");
+    assert!(got > 0 && got < 40_000, "the server buffered the slow client's whole backlog, or sent nothing ({got} events)");
 }

@@ -352,3 +352,26 @@ async fn pruning_never_removes_a_row_a_cursor_still_needs() {
     expected.push(recent);
     assert_eq!(left, expected);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_rotation_both_secrets_sign_until_the_grace_ends() {
+    let h = harness(DEV).await;
+    let (rx, addr) = Receiver::start(vec![]).await;
+    let wh = hook(&h, &format!("http://{addr}/hook"), DEV).await;
+    let c = h.db().connect().await;
+    let rotated = webhooks::rotate_secret(&c, TENANT, &wh.webhook.id, 3600).await.unwrap();
+    assert_ne!(rotated.secret, wh.secret);
+    assert!(rotated.webhook.previous_secret_valid_until.is_some());
+    webhooks::send_test(&c, TENANT, &wh.webhook.id).await.unwrap();
+    h.job("events.deliver").tick().await;
+    h.db().advance(Duration::from_secs(3601)).await;
+    webhooks::send_test(&c, TENANT, &wh.webhook.id).await.unwrap();
+    h.job("events.deliver").tick().await;
+    let seen = rx.seen.lock().unwrap();
+    assert_eq!(seen.len(), 2);
+    let (during, after) = (&seen[0], &seen[1]);
+    let ts = |h: &HeaderMap| h["webhook-timestamp"].to_str().unwrap().parse::<i64>().unwrap();
+    assert!(verify(&rotated.secret, &during.0, &during.1, ts(&during.0)) && verify(&wh.secret, &during.0, &during.1, ts(&during.0)));
+    assert!(verify(&rotated.secret, &after.0, &after.1, ts(&after.0)));
+    assert!(!verify(&wh.secret, &after.0, &after.1, ts(&after.0)), "the old secret still signs after its grace");
+}

@@ -49,6 +49,13 @@ impl Ctx {
         self.state.iam.check(self.caller(), permission, resource).await
     }
 
+    /// The check of every tenant-scoped method: the tenant asked for is the caller's
+    /// ([`Ctx::own_tenant`]) and the caller holds `permission` there.
+    pub async fn in_tenant(&self, asked: Option<&str>, permission: &str) -> Result<(), Error> {
+        self.own_tenant(asked)?;
+        self.check(permission, Resource::Tenant).await
+    }
+
     /// A tenant-scoped request may name its tenant (`tenantId`, as `BETTER_COMPUTE_TENANT` sets
     /// it); any other tenant than the token's is NOT_FOUND, so nobody learns another exists.
     pub fn own_tenant(&self, asked: Option<&str>) -> Result<(), Error> {

@@ -621,11 +621,11 @@ async fn a_watch_client_that_stops_reading_is_dropped_instead_of_buffered() {
     let b = api.tenant("tenant-b").await;
     // Far more than the stream's buffer and the sockets' buffers hold.
     let mut db = api.h.db().connect().await;
-    for batch in 0..40 {
+    for batch in 0..10 {
         let tx = db.transaction().await.unwrap();
         for i in 0..1000 {
             let subject = format!("s{batch}-{i}");
-            let e = better_compute_runtime::outbox::NewEvent { event_type: "test.event", tenant_id: Some(&b.id), subject: &subject, data: json!({"pad": "x".repeat(200)}) };
+            let e = better_compute_runtime::outbox::NewEvent { event_type: "test.event", tenant_id: Some(&b.id), subject: &subject, data: json!({"pad": "x".repeat(4000)}) };
             better_compute_runtime::outbox::emit(&tx, e).await.unwrap();
         }
         tx.commit().await.unwrap();
@@ -634,7 +634,7 @@ async fn a_watch_client_that_stops_reading_is_dropped_instead_of_buffered() {
     assert_eq!(resp.status().as_u16(), 200);
     // Take nothing for a while: the server's buffer fills, and it gives up on us.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let got = tokio::time::timeout(Duration::from_secs(60), async {
+    let got = tokio::time::timeout(Duration::from_secs(180), async {
         let mut n = 0;
         while let Ok(Some(chunk)) = resp.chunk().await {
             n += String::from_utf8_lossy(&chunk).matches("\ndata:").count();
@@ -643,5 +643,5 @@ async fn a_watch_client_that_stops_reading_is_dropped_instead_of_buffered() {
     })
     .await
     .expect("the stream never ended");
-    assert!(got > 0 && got < 40_000, "the server buffered the slow client's whole backlog, or sent nothing ({got} events)");
+    assert!(got > 0 && got < 10_000, "the server buffered the slow client's whole backlog, or sent nothing ({got} events)");
 }

@@ -9,6 +9,7 @@ pub mod idempotency;
 pub mod launcher;
 pub mod lease;
 pub mod migrate;
+pub mod paging;
 pub mod pool;
 pub mod testing;
 pub mod workers;

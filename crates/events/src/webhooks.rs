@@ -6,6 +6,7 @@ use better_compute_core::id::{DeliveryId, EventId, WebhookId};
 use better_compute_core::page::{Page, PageRequest};
 use better_compute_core::Error;
 use better_compute_db::clock::rfc3339_sql;
+use better_compute_db::paging::read_page;
 use better_compute_db::DbError;
 use better_compute_runtime::work_queue;
 use serde::{Deserialize, Serialize};
@@ -130,12 +131,7 @@ pub async fn get(db: &impl GenericClient, tenant_id: &str, id: &str) -> Result<W
 
 /// The tenant's webhooks, a page at a time.
 pub async fn list(db: &impl GenericClient, tenant_id: &str, page: &PageRequest) -> Result<Page<WebhookView>, Error> {
-    let (size, after) = page.bounds()?;
-    let rows = db
-        .query(&format!("{} WHERE tenant_id = $1 AND id > $2 ORDER BY id LIMIT $3", webhook_select()), &[&tenant_id, &after, &(size + 1)])
-        .await
-        .map_err(DbError::from)?;
-    Ok(Page::from_rows(rows.iter().map(webhook_view).collect(), size, |w: &WebhookView| w.id.clone()))
+    read_page(db, &webhook_select(), "tenant_id = $1", &[&tenant_id], page, webhook_view, |w: &WebhookView| w.id.clone()).await
 }
 
 /// Creates an endpoint for the tenant's events of `event_types` (empty: all). `catalogue` is the
@@ -296,18 +292,8 @@ pub async fn delivery_view(db: &impl GenericClient, tenant_id: &str, id: &str) -
 
 /// The tenant's dead letters, optionally of one endpoint, a page at a time.
 pub async fn dead_letters(db: &impl GenericClient, tenant_id: &str, webhook_id: Option<&str>, page: &PageRequest) -> Result<Page<DeliveryView>, Error> {
-    let (size, after) = page.bounds()?;
-    let rows = db
-        .query(
-            &format!(
-                "{} WHERE tenant_id = $1 AND state = 'dead' AND ($2::text IS NULL OR webhook_id = $2) AND id > $3 ORDER BY id LIMIT $4",
-                delivery_select()
-            ),
-            &[&tenant_id, &webhook_id, &after, &(size + 1)],
-        )
-        .await
-        .map_err(DbError::from)?;
-    Ok(Page::from_rows(rows.iter().map(delivery_row).collect(), size, |d: &DeliveryView| d.id.clone()))
+    let filter = "tenant_id = $1 AND state = 'dead' AND ($2::text IS NULL OR webhook_id = $2)";
+    read_page(db, &delivery_select(), filter, &[&tenant_id, &webhook_id], page, delivery_row, |d: &DeliveryView| d.id.clone()).await
 }
 
 /// Sends a dead letter again from the start of the schedule. FAILED_PRECONDITION unless it is dead.

@@ -9,6 +9,7 @@
 use better_compute_core::id::RoleBindingId;
 use better_compute_core::page::{Page, PageRequest};
 use better_compute_core::{Error, ErrorCode};
+use better_compute_db::paging::read_page;
 use better_compute_db::DbError;
 use better_compute_runtime::authz::Permission;
 use serde::{Deserialize, Serialize};
@@ -286,13 +287,6 @@ pub async fn unbind(tx: &impl GenericClient, tenant_id: &str, binding_id: &str) 
 
 /// The tenant's bindings, optionally of one identity, a page at a time.
 pub async fn list(db: &impl GenericClient, tenant_id: &str, identity_id: Option<&str>, page: &PageRequest) -> Result<Page<RoleBindingView>, Error> {
-    let (size, after) = page.bounds()?;
-    let rows = db
-        .query(
-            &format!("{} WHERE tenant_id = $1 AND ($2::text IS NULL OR identity_id = $2) AND id > $3 ORDER BY id LIMIT $4", select()),
-            &[&tenant_id, &identity_id, &after, &(size + 1)],
-        )
-        .await
-        .map_err(DbError::from)?;
-    Ok(Page::from_rows(rows.iter().map(view).collect(), size, |b: &RoleBindingView| b.id.clone()))
+    let filter = "tenant_id = $1 AND ($2::text IS NULL OR identity_id = $2)";
+    read_page(db, &select(), filter, &[&tenant_id, &identity_id], page, view, |b: &RoleBindingView| b.id.clone()).await
 }

@@ -3,6 +3,7 @@
 use better_compute_core::id::{IdentityId, TenantId};
 use better_compute_core::page::{Page, PageRequest};
 use better_compute_core::Error;
+use better_compute_db::paging::read_page;
 use better_compute_db::DbError;
 use serde::{Deserialize, Serialize};
 use tokio_postgres::GenericClient;
@@ -84,13 +85,8 @@ pub async fn get_tenant(db: &impl GenericClient, id: &str) -> Result<TenantView,
 
 /// Every tenant, a page at a time.
 pub async fn list_tenants(db: &impl GenericClient, page: &PageRequest) -> Result<Page<TenantView>, Error> {
-    let (size, after) = page.bounds()?;
-    let rows = db
-        .query(&format!("SELECT id, name, {} FROM tenants WHERE id > $1 ORDER BY id LIMIT $2", created_at()), &[&after, &(size + 1)])
-        .await
-        .map_err(DbError::from)?;
-    let items = rows.iter().map(|r| TenantView { id: r.get(0), name: r.get(1), created_at: r.get(2) }).collect();
-    Ok(Page::from_rows(items, size, |t: &TenantView| t.id.clone()))
+    let select = format!("SELECT id, name, {} FROM tenants", created_at());
+    read_page(db, &select, "true", &[], page, |r| TenantView { id: r.get(0), name: r.get(1), created_at: r.get(2) }, |t: &TenantView| t.id.clone()).await
 }
 
 /// Creates an identity in a tenant.
@@ -122,13 +118,6 @@ pub async fn get_identity(db: &impl GenericClient, tenant_id: &str, id: &str) ->
 
 /// The tenant's identities, a page at a time.
 pub async fn list_identities(db: &impl GenericClient, tenant_id: &str, page: &PageRequest) -> Result<Page<IdentityView>, Error> {
-    let (size, after) = page.bounds()?;
-    let rows = db
-        .query(
-            &format!("SELECT id, tenant_id, name, kind, {} FROM identities WHERE tenant_id = $1 AND id > $2 ORDER BY id LIMIT $3", created_at()),
-            &[&tenant_id, &after, &(size + 1)],
-        )
-        .await
-        .map_err(DbError::from)?;
-    Ok(Page::from_rows(rows.iter().map(identity).collect(), size, |i: &IdentityView| i.id.clone()))
+    let select = format!("SELECT id, tenant_id, name, kind, {} FROM identities", created_at());
+    read_page(db, &select, "tenant_id = $1", &[&tenant_id], page, identity, |i: &IdentityView| i.id.clone()).await
 }

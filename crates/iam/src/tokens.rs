@@ -6,6 +6,7 @@ use better_compute_core::id::TokenId;
 use better_compute_core::page::{Page, PageRequest};
 use better_compute_core::{Error, ErrorCode};
 use better_compute_db::clock::rfc3339_sql as rfc3339;
+use better_compute_db::paging::read_page;
 use better_compute_db::DbError;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -150,13 +151,6 @@ pub async fn revoke(tx: &impl GenericClient, tenant_id: &str, token_id: &str) ->
 
 /// The tenant's tokens (metadata only), optionally of one identity, a page at a time.
 pub async fn list(db: &impl GenericClient, tenant_id: &str, identity_id: Option<&str>, page: &PageRequest) -> Result<Page<TokenView>, Error> {
-    let (size, after) = page.bounds()?;
-    let rows = db
-        .query(
-            &format!("{} WHERE tenant_id = $1 AND ($2::text IS NULL OR identity_id = $2) AND id > $3 ORDER BY id LIMIT $4", select()),
-            &[&tenant_id, &identity_id, &after, &(size + 1)],
-        )
-        .await
-        .map_err(DbError::from)?;
-    Ok(Page::from_rows(rows.iter().map(view).collect(), size, |t: &TokenView| t.id.clone()))
+    let filter = "tenant_id = $1 AND ($2::text IS NULL OR identity_id = $2)";
+    read_page(db, &select(), filter, &[&tenant_id, &identity_id], page, view, |t: &TokenView| t.id.clone()).await
 }

@@ -6,6 +6,7 @@ use better_compute_core::id::JoinTokenId;
 use better_compute_core::page::{Page, PageRequest};
 use better_compute_core::Error;
 use better_compute_db::clock::rfc3339_sql as ts;
+use better_compute_db::paging::read_page;
 use better_compute_db::DbError;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -84,12 +85,8 @@ pub async fn get_site(db: &impl GenericClient, id: &str) -> Result<SiteView, Err
 
 /// Sites, a page at a time.
 pub async fn list_sites(db: &impl GenericClient, page: &PageRequest) -> Result<Page<SiteView>, Error> {
-    let (size, after) = page.bounds()?;
-    let rows = db
-        .query(&format!("SELECT id, name, version, {} FROM sites WHERE id > $1 ORDER BY id LIMIT $2", ts("created_at")), &[&after, &(size + 1)])
-        .await
-        .map_err(DbError::from)?;
-    Ok(Page::from_rows(rows.iter().map(site).collect(), size, |s: &SiteView| s.id.clone()))
+    let select = format!("SELECT id, name, version, {} FROM sites", ts("created_at"));
+    read_page(db, &select, "true", &[], page, site, |s: &SiteView| s.id.clone()).await
 }
 
 /// One pool.
@@ -104,15 +101,7 @@ pub async fn get_pool(db: &impl GenericClient, id: &str) -> Result<PoolView, Err
 
 /// Pools, optionally of one site, a page at a time.
 pub async fn list_pools(db: &impl GenericClient, site_id: Option<&str>, page: &PageRequest) -> Result<Page<PoolView>, Error> {
-    let (size, after) = page.bounds()?;
-    let rows = db
-        .query(
-            &format!("{POOL} WHERE ($1::text IS NULL OR site_id = $1) AND id > $2 ORDER BY id LIMIT $3"),
-            &[&site_id, &after, &(size + 1)],
-        )
-        .await
-        .map_err(DbError::from)?;
-    Ok(Page::from_rows(rows.iter().map(pool).collect(), size, |p: &PoolView| p.id.clone()))
+    read_page(db, POOL, "$1::text IS NULL OR site_id = $1", &[&site_id], page, pool, |p: &PoolView| p.id.clone()).await
 }
 
 /// Filters of `nodes.list`.
@@ -128,20 +117,9 @@ pub struct NodeFilter<'a> {
 
 /// Nodes, filtered, a page at a time.
 pub async fn list_nodes(db: &impl GenericClient, f: &NodeFilter<'_>, page: &PageRequest) -> Result<Page<NodeView>, Error> {
-    let (size, after) = page.bounds()?;
-    let rows = db
-        .query(
-            &format!(
-                "{NODE_VIEW}
-                  WHERE ($1::text IS NULL OR pool_id = $1) AND ($2::bool IS NULL OR ('cordoned' = ANY(no_schedule_reasons)) = $2)
-                    AND ($3::text IS NULL OR liveness = $3) AND id > $4
-                  ORDER BY id LIMIT $5"
-            ),
-            &[&f.pool_id, &f.cordoned, &f.liveness, &after, &(size + 1)],
-        )
-        .await
-        .map_err(DbError::from)?;
-    Ok(Page::from_rows(rows.iter().map(node_view).collect(), size, |n: &NodeView| n.id.clone()))
+    let filter = "($1::text IS NULL OR pool_id = $1) AND ($2::bool IS NULL OR ('cordoned' = ANY(no_schedule_reasons)) = $2)
+                  AND ($3::text IS NULL OR liveness = $3)";
+    read_page(db, NODE_VIEW, filter, &[&f.pool_id, &f.cordoned, &f.liveness], page, node_view, |n: &NodeView| n.id.clone()).await
 }
 
 /// The node of a GPU (by uuid), or NOT_FOUND.
@@ -156,15 +134,8 @@ pub async fn node_of_device(db: &impl GenericClient, uuid: &str) -> Result<Strin
 
 /// A node's commands requested by one tenant, a page at a time.
 pub async fn list_commands(db: &impl GenericClient, node_id: &str, tenant_id: &str, page: &PageRequest) -> Result<Page<CommandView>, Error> {
-    let (size, after) = page.bounds()?;
-    let rows = db
-        .query(
-            &format!("{VIEW} WHERE node_id = $1 AND split_part(requested_by, '/', 1) = $2 AND id > $3 ORDER BY id LIMIT $4"),
-            &[&node_id, &tenant_id, &after, &(size + 1)],
-        )
-        .await
-        .map_err(DbError::from)?;
-    Ok(Page::from_rows(rows.iter().map(to_view).collect(), size, |c: &CommandView| c.id.clone()))
+    let filter = "node_id = $1 AND split_part(requested_by, '/', 1) = $2";
+    read_page(db, VIEW, filter, &[&node_id, &tenant_id], page, to_view, |c: &CommandView| c.id.clone()).await
 }
 
 /// Whether a command was requested by the tenant (commands are the requesting tenant's to see).

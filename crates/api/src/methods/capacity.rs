@@ -122,27 +122,23 @@ pub(super) fn methods() -> Vec<Method> {
             reservations::create(&mut db, ctx.caller(), &r).await
         }),
         method("reservations.get", "Read a reservation of your tenant.", "compute:reservations:read at tenant scope", |ctx: Ctx, r: ReservationRef| async move {
-            ctx.own_tenant(r.tenant_id.as_deref())?;
-            ctx.check("compute:reservations:read", Resource::Tenant).await?;
+            ctx.in_tenant(r.tenant_id.as_deref(), "compute:reservations:read").await?;
             reservations::get(&**ctx.db().await?, ctx.caller(), &r.reservation_id).await
         }),
         method("reservations.list", "List your tenant's reservations.", "compute:reservations:read at tenant scope", |ctx: Ctx, r: ListReservations| async move {
-            ctx.own_tenant(r.tenant_id.as_deref())?;
-            ctx.check("compute:reservations:read", Resource::Tenant).await?;
+            ctx.in_tenant(r.tenant_id.as_deref(), "compute:reservations:read").await?;
             let (size, _) = super::page(r.page_size, None).bounds()?;
             let p = reservations::list(&**ctx.db().await?, ctx.caller(), r.state.as_deref(), r.page_token.as_deref(), size).await?;
             Ok(Page::<ReservationView> { items: p.items, next_page_token: p.next_cursor })
         }),
         method("reservations.extend", "Move a reservation's end later, on the same atoms.", "compute:reservations:write at tenant scope", |ctx: Ctx, r: ExtendReservation| async move {
-            ctx.own_tenant(r.tenant_id.as_deref())?;
-            ctx.check("compute:reservations:write", Resource::Tenant).await?;
+            ctx.in_tenant(r.tenant_id.as_deref(), "compute:reservations:write").await?;
             let key = super::required_key(Some(&r.idempotency_key), "reservations.extend")?;
             let mut db = ctx.db().await?;
             reservations::extend(&mut db, ctx.caller(), &r.reservation_id, &r.ends_at, Some(key)).await
         }),
         method("reservations.release", "End a reservation now; its quota, GPUs and scalars return.", "compute:reservations:write at tenant scope", |ctx: Ctx, r: ReservationRef| async move {
-            ctx.own_tenant(r.tenant_id.as_deref())?;
-            ctx.check("compute:reservations:write", Resource::Tenant).await?;
+            ctx.in_tenant(r.tenant_id.as_deref(), "compute:reservations:write").await?;
             let mut db = ctx.db().await?;
             reservations::release(&mut db, ctx.caller(), &r.reservation_id).await
         }),

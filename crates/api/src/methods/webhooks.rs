@@ -3,7 +3,6 @@
 use better_compute_core::Error;
 use better_compute_events::webhooks::{self, DeliveryView, WebhookChange, WebhookView, WebhookWithSecret};
 use better_compute_events::{EgressPolicy, WEBHOOKS_READ, WEBHOOKS_WRITE};
-use better_compute_runtime::authz::Resource;
 use serde::Deserialize;
 
 use super::{page, TenantPage};
@@ -104,8 +103,7 @@ fn catalogue(ctx: &Ctx) -> Vec<&'static str> {
 }
 
 async fn write<T>(ctx: &Ctx, tenant: Option<&str>, f: impl AsyncFnOnce(&tokio_postgres::Transaction<'_>) -> Result<T, Error>) -> Result<T, Error> {
-    ctx.own_tenant(tenant)?;
-    ctx.check(WEBHOOKS_WRITE, Resource::Tenant).await?;
+    ctx.in_tenant(tenant, WEBHOOKS_WRITE).await?;
     ctx.in_tx(f).await
 }
 
@@ -119,13 +117,11 @@ pub(super) fn methods() -> Vec<Method> {
             .await
         }),
         method("webhooks.get", "Read a webhook endpoint.", "compute:webhooks:read at tenant scope", |ctx: Ctx, r: WebhookRef| async move {
-            ctx.own_tenant(r.tenant_id.as_deref())?;
-            ctx.check(WEBHOOKS_READ, Resource::Tenant).await?;
+            ctx.in_tenant(r.tenant_id.as_deref(), WEBHOOKS_READ).await?;
             webhooks::get(&**ctx.db().await?, &ctx.principal.tenant_id, &r.webhook_id).await
         }),
         method("webhooks.list", "List your tenant's webhook endpoints.", "compute:webhooks:read at tenant scope", |ctx: Ctx, r: TenantPage| async move {
-            ctx.own_tenant(r.tenant_id.as_deref())?;
-            ctx.check(WEBHOOKS_READ, Resource::Tenant).await?;
+            ctx.in_tenant(r.tenant_id.as_deref(), WEBHOOKS_READ).await?;
             webhooks::list(&**ctx.db().await?, &ctx.principal.tenant_id, &r.page()).await
         }),
         method("webhooks.update", "Change a webhook endpoint's URL, event types or note; enable or disable it.", "compute:webhooks:write at tenant scope", |ctx: Ctx, r: UpdateWebhook| async move {
@@ -151,8 +147,7 @@ pub(super) fn methods() -> Vec<Method> {
             Ok(d)
         }),
         method("webhooks.deadLetters.list", "List deliveries that exhausted their retries (or met a disabled endpoint).", "compute:webhooks:read at tenant scope", |ctx: Ctx, r: ListDeadLetters| async move {
-            ctx.own_tenant(r.tenant_id.as_deref())?;
-            ctx.check(WEBHOOKS_READ, Resource::Tenant).await?;
+            ctx.in_tenant(r.tenant_id.as_deref(), WEBHOOKS_READ).await?;
             webhooks::dead_letters(&**ctx.db().await?, &ctx.principal.tenant_id, r.webhook_id.as_deref(), &page(r.page_size, r.page_token)).await
         }),
         method("webhooks.deadLetters.replay", "Send a dead letter again, from the start of the retry schedule.", "compute:webhooks:write at tenant scope", |ctx: Ctx, r: DeliveryRef| async move {

@@ -69,7 +69,11 @@ pub(crate) async fn tail_outbox(state: std::sync::Weak<ApiState>) {
     loop {
         let Some(s) = state.upgrade() else { return };
         let mut more = false;
-        if let Ok(db) = s.pool.get().await {
+        if s.feed.receiver_count() == 0 {
+            // Nobody watches: read nothing, and start from the present when someone does (a new
+            // stream catches up from its own position, so nothing is lost).
+            cursor = None;
+        } else if let Ok(db) = s.pool.get().await {
             let start = match cursor {
                 Some(c) => Ok(c),
                 None => outbox::visible_head(&**db).await,

@@ -6,9 +6,12 @@
 pub mod actions;
 pub mod commands;
 pub mod inventory;
+pub mod join;
 pub mod kinds;
 pub mod layout;
+pub mod liveness;
 pub mod listing;
+pub mod session;
 pub mod spec;
 pub mod sweeper;
 
@@ -20,6 +23,7 @@ pub const NODES_MIGRATIONS: &[Migration] = &[
     Migration { module: "nodes", name: "0002_commands", sql: include_str!("migrations/nodes/0002_commands.sql") },
     Migration { module: "nodes", name: "0003_scope_path", sql: include_str!("migrations/nodes/0003_scope_path.sql") },
     Migration { module: "nodes", name: "0004_join_tokens", sql: include_str!("migrations/nodes/0004_join_tokens.sql") },
+    Migration { module: "nodes", name: "0005_sessions", sql: include_str!("migrations/nodes/0005_sessions.sql") },
 ];
 
 /// The nodes module, for the registry.
@@ -82,7 +86,7 @@ impl better_compute_runtime::Module for NodesModule {
     }
 
     fn reconcilers(&self) -> Vec<std::sync::Arc<dyn better_compute_runtime::Reconciler>> {
-        vec![std::sync::Arc::new(sweeper::CommandSweeper)]
+        vec![std::sync::Arc::new(sweeper::CommandSweeper), std::sync::Arc::new(liveness::LivenessJob)]
     }
 
     fn node_spec_parts(&self) -> Vec<std::sync::Arc<dyn better_compute_runtime::nodespec::NodeSpecPart>> {

@@ -1,0 +1,625 @@
+//! The daemon's session loop and command execution. One session at a time; reconnects with
+//! exponential back-off and jitter. Commands are checked in the spec's order (UNSUPPORTED,
+//! STALE_GENERATION after waiting until notAfter, EXPIRED, BUSY), written to the journal before they
+//! are acknowledged, run in their lane, and their outcome journaled before it is reported.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use better_compute_proto::v1::gateway_client::GatewayClient;
+use better_compute_proto::v1::{
+    command_body::Payload, daemon_message, gateway_message, Command, CommandAck, CommandReject, CommandResult, DaemonMessage, GatewayMessage,
+    Health, Heartbeat, Hello, JoinRequest, NodeSpec, RejectReason, RotateCertificateRequest, SpecStatus,
+};
+use prost::Message;
+use tokio::sync::{mpsc, watch};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
+
+use crate::backend::GpuBackend;
+use crate::converge::{self, Applied};
+use crate::identity::{self, Identity};
+use crate::journal::{Journal, Outcome};
+use crate::logs::LogRing;
+use crate::{DaemonConfig, DaemonError, RebootHook};
+
+/// The kinds this daemon runs.
+pub const KINDS: &[&str] = &["diag.nvml", "inventory.refresh", "logs.collect", "node.reboot"];
+/// Messages queued to the gateway.
+const OUTBOUND_QUEUE: usize = 256;
+
+struct Waiting {
+    cmd: Command,
+    deadline: Instant,
+}
+
+#[derive(Default)]
+struct State {
+    applied_generation: i64,
+    applied: Option<Applied>,
+    /// A spec not yet fully converged, retried every heartbeat.
+    pending: Option<(i64, NodeSpec)>,
+    in_lane: HashMap<String, u32>,
+    running: HashMap<String, (String, tokio::task::AbortHandle, bool)>,
+    waiting: Vec<Waiting>,
+    last_health: Vec<(String, bool)>,
+    inventory_sent: bool,
+}
+
+/// The node agent.
+pub struct Daemon {
+    cfg: DaemonConfig,
+    backend: Arc<dyn GpuBackend>,
+    journal: Arc<Journal>,
+    logs: Arc<LogRing>,
+    identity: Mutex<Identity>,
+    run_id: String,
+    state: Mutex<State>,
+    out: Mutex<Option<mpsc::Sender<DaemonMessage>>>,
+}
+
+fn msg(m: daemon_message::Msg) -> DaemonMessage {
+    DaemonMessage { msg: Some(m) }
+}
+
+fn unix_now() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
+}
+
+fn random_hex(n: usize) -> String {
+    let mut b = vec![0u8; n];
+    getrandom::fill(&mut b).expect("the operating system's random source works");
+    hex::encode(b)
+}
+
+fn kind_of(p: &Payload) -> &'static str {
+    match p {
+        Payload::DiagNvml(_) => "diag.nvml",
+        Payload::InventoryRefresh(_) => "inventory.refresh",
+        Payload::LogsCollect(_) => "logs.collect",
+        Payload::NodeReboot(_) => "node.reboot",
+    }
+}
+
+async fn endpoint(cfg: &DaemonConfig, ca_pem: &str, identity: Option<&Identity>) -> Result<Channel, DaemonError> {
+    let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca_pem)).domain_name(cfg.server_name.clone());
+    if let Some(id) = identity {
+        tls = tls.identity(tonic::transport::Identity::from_pem(&id.cert_pem, &id.key_pem));
+    }
+    let ep = Endpoint::from_shared(cfg.gateway_url.clone())
+        .map_err(|e| DaemonError::Config(format!("gateway URL {:?}: {e}", cfg.gateway_url)))?
+        .tls_config(tls)
+        .map_err(|e| DaemonError::Config(format!("TLS: {e}")))?
+        .connect_timeout(Duration::from_secs(5))
+        // With the gateway's own pings, a dead link is noticed within 20 s.
+        .http2_keep_alive_interval(Duration::from_secs(10))
+        .keep_alive_timeout(Duration::from_secs(10))
+        .keep_alive_while_idle(true)
+        .tcp_nodelay(true);
+    ep.connect().await.map_err(|e| DaemonError::Transport(format!("connect to {}: {e:?}", cfg.gateway_url)))
+}
+
+impl Daemon {
+    /// Opens the journal, joins if the node has no identity yet, and converges the desired state
+    /// the journal holds (a node that restarted must expose exactly what it did).
+    pub async fn start(cfg: DaemonConfig, backend: Arc<dyn GpuBackend>) -> Result<Arc<Daemon>, DaemonError> {
+        std::fs::create_dir_all(&cfg.state_dir).map_err(|e| DaemonError::Config(format!("state folder {}: {e}", cfg.state_dir.display())))?;
+        let journal = Arc::new(Journal::open(&cfg.state_dir.join("journal.redb")).map_err(|e| DaemonError::Journal(e.to_string()))?);
+        let identity = match Identity::load(&cfg.state_dir).map_err(|e| DaemonError::Config(e.to_string()))? {
+            Some(id) => id,
+            None => Self::join(&cfg, backend.as_ref()).await?,
+        };
+        let d = Arc::new(Daemon {
+            cfg,
+            backend,
+            journal,
+            logs: Arc::new(LogRing::default()),
+            identity: Mutex::new(identity),
+            run_id: random_hex(8),
+            state: Mutex::new(State::default()),
+            out: Mutex::new(None),
+        });
+        if let Some((generation, bytes)) = d.journal.applied_spec().map_err(|e| DaemonError::Journal(e.to_string()))? {
+            if let Ok(spec) = NodeSpec::decode(bytes.as_slice()) {
+                d.apply_spec(generation, spec).await;
+            }
+        }
+        d.logs.line(format!("daemon started: node {}, journal {}, boot {}", d.node_id(), d.journal.id(), d.cfg.boot_id));
+        Ok(d)
+    }
+
+    async fn join(cfg: &DaemonConfig, backend: &dyn GpuBackend) -> Result<Identity, DaemonError> {
+        let token = cfg.join_token.clone().ok_or_else(|| {
+            DaemonError::Config(format!("{} holds no node identity: pass --join-token (and --ca-cert) to join", cfg.state_dir.display()))
+        })?;
+        let ca = cfg.ca_pem.clone().ok_or_else(|| DaemonError::Config("joining needs the control plane's CA certificate (--ca-cert)".into()))?;
+        let req = identity::request(&cfg.node_name).map_err(|e| DaemonError::Config(e.to_string()))?;
+        let mut inv = backend.inventory().map_err(|e| DaemonError::Backend(e.to_string()))?;
+        cfg.host.fill(&mut inv);
+        let mut client = GatewayClient::new(endpoint(cfg, &ca, None).await?);
+        let r = client
+            .join(JoinRequest { join_token: token, csr_pem: req.csr_pem.clone(), node_name: cfg.node_name.clone(), labels: cfg.labels.clone(), inventory: Some(inv) })
+            .await
+            .map_err(|s| DaemonError::Refused(s.message().to_owned()))?
+            .into_inner();
+        let grant = r.certificate.ok_or_else(|| DaemonError::Transport("join answered without a certificate".into()))?;
+        let id = Identity::from_grant(&r.node_id, req, grant);
+        id.save(&cfg.state_dir).map_err(|e| DaemonError::Config(e.to_string()))?;
+        Ok(id)
+    }
+
+    /// The node's id.
+    pub fn node_id(&self) -> String {
+        self.identity.lock().expect("identity").node_id.clone()
+    }
+
+    /// The journal's id.
+    pub fn journal_id(&self) -> &str {
+        self.journal.id()
+    }
+
+    /// The generation this daemon has applied.
+    pub fn applied_generation(&self) -> i64 {
+        self.state.lock().expect("state").applied_generation
+    }
+
+    /// The allocations it holds now (id → atoms).
+    pub fn allocations(&self) -> std::collections::BTreeMap<String, Vec<String>> {
+        self.state.lock().expect("state").applied.as_ref().map(|a| a.allocations.clone()).unwrap_or_default()
+    }
+
+    /// The certificate's validity end (Unix seconds).
+    pub fn certificate_not_after(&self) -> i64 {
+        self.identity.lock().expect("identity").not_after_unix_s
+    }
+
+    /// Holds sessions until `shutdown` turns true, reconnecting with back-off and jitter.
+    pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+        let mut attempt = 0u32;
+        while !*shutdown.borrow() {
+            let welcomed = match self.session(&mut shutdown).await {
+                Ok(w) => w,
+                Err(e) => {
+                    self.logs.line(format!("session ended: {e}"));
+                    false
+                }
+            };
+            attempt = if welcomed { 0 } else { attempt.saturating_add(1) };
+            let wait = backoff(self.cfg.backoff_min, self.cfg.backoff_max, attempt);
+            tokio::select! {
+                _ = stopped(&mut shutdown) => break,
+                _ = tokio::time::sleep(wait) => {}
+            }
+        }
+    }
+
+    /// Rotates the certificate now: a new key and CSR over the current mTLS identity.
+    pub async fn rotate_certificate(&self) -> Result<(), DaemonError> {
+        let current = self.identity.lock().expect("identity").clone();
+        let mut client = GatewayClient::new(endpoint(&self.cfg, &current.ca_pem, Some(&current)).await?);
+        let req = identity::request(&self.cfg.node_name).map_err(|e| DaemonError::Config(e.to_string()))?;
+        let grant = client
+            .rotate_certificate(RotateCertificateRequest { csr_pem: req.csr_pem.clone() })
+            .await
+            .map_err(|s| DaemonError::Refused(s.message().to_owned()))?
+            .into_inner();
+        let id = Identity::from_grant(&current.node_id, req, grant);
+        id.save(&self.cfg.state_dir).map_err(|e| DaemonError::Config(e.to_string()))?;
+        *self.identity.lock().expect("identity") = id;
+        self.logs.line("certificate rotated");
+        Ok(())
+    }
+
+    /// One session; `Ok(true)` when the gateway welcomed it.
+    async fn session(self: &Arc<Self>, shutdown: &mut watch::Receiver<bool>) -> Result<bool, DaemonError> {
+        if self.identity.lock().expect("identity").rotation_due(unix_now()) {
+            if let Err(e) = self.rotate_certificate().await {
+                self.logs.line(format!("certificate rotation failed (trying again later): {e}"));
+            }
+        }
+        let id = self.identity.lock().expect("identity").clone();
+        let mut client = GatewayClient::new(endpoint(&self.cfg, &id.ca_pem, Some(&id)).await?);
+        let (tx, rx) = mpsc::channel(OUTBOUND_QUEUE);
+        let hello = Hello {
+            node_id: id.node_id.clone(),
+            boot_id: self.cfg.boot_id.clone(),
+            journal_id: self.journal.id().to_owned(),
+            observed_generation: self.applied_generation(),
+            daemon_version: env!("CARGO_PKG_VERSION").to_owned(),
+            inventory_digest: String::new(),
+        };
+        tx.send(msg(daemon_message::Msg::Hello(hello))).await.map_err(|_| DaemonError::Transport("session closed".into()))?;
+        let mut inbound = client
+            .session(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+            .map_err(|s| DaemonError::Refused(format!("{}: {}", s.code(), s.message())))?
+            .into_inner();
+        *self.out.lock().expect("out") = Some(tx.clone());
+        let mut welcomed = false;
+        let heartbeat_ms = self.state.lock().expect("state").applied.as_ref().map(|a| a.heartbeat_ms).unwrap_or(5_000);
+        let mut beat = tokio::time::interval(Duration::from_millis(heartbeat_ms as u64));
+        beat.tick().await;
+        let result = loop {
+            tokio::select! {
+                _ = stopped(shutdown) => break Ok(welcomed),
+                m = inbound.message() => match m {
+                    Ok(Some(m)) => {
+                        if matches!(m.msg, Some(gateway_message::Msg::Welcome(_))) {
+                            welcomed = true;
+                        }
+                        self.handle(m, &tx).await;
+                    }
+                    Ok(None) => break Ok(welcomed),
+                    Err(s) => break Err(DaemonError::Transport(format!("{}: {}", s.code(), s.message()))),
+                },
+                _ = beat.tick() => self.tick(&tx).await,
+            }
+        };
+        *self.out.lock().expect("out") = None;
+        result
+    }
+
+    async fn send(&self, m: daemon_message::Msg) {
+        let out = self.out.lock().expect("out").clone();
+        if let Some(out) = out {
+            // A closed session loses nothing: outcomes are in the journal and the gateway sends
+            // in-flight commands again on the next session.
+            let _ = out.send(msg(m)).await;
+        }
+    }
+
+    /// Every heartbeat: say so, report health changes, retry a pending spec, expire waiting commands.
+    async fn tick(self: &Arc<Self>, tx: &mpsc::Sender<DaemonMessage>) {
+        let _ = tx.send(msg(daemon_message::Msg::Heartbeat(Heartbeat {}))).await;
+        self.report_health(false).await;
+        let pending = self.state.lock().expect("state").pending.clone();
+        if let Some((generation, spec)) = pending {
+            self.apply_spec(generation, spec).await;
+        }
+        let now = Instant::now();
+        let expired: Vec<Command> = {
+            let mut st = self.state.lock().expect("state");
+            let (gone, keep) = std::mem::take(&mut st.waiting).into_iter().partition(|w| w.deadline <= now);
+            st.waiting = keep;
+            gone.into_iter().map(|w: Waiting| w.cmd).collect()
+        };
+        for c in expired {
+            self.reject(&c.command_id, RejectReason::StaleGeneration, "its minGeneration was not applied before notAfter").await;
+        }
+    }
+
+    async fn report_health(&self, always: bool) {
+        let backend = self.backend.clone();
+        let Ok(Ok(gpus)) = tokio::task::spawn_blocking(move || backend.health()).await else { return };
+        let summary: Vec<(String, bool)> = gpus.iter().map(|g| (g.uuid.clone(), g.healthy)).collect();
+        let changed = {
+            let mut st = self.state.lock().expect("state");
+            let changed = st.last_health != summary;
+            st.last_health = summary;
+            changed
+        };
+        if changed || always {
+            for g in gpus.iter().filter(|g| !g.healthy) {
+                self.logs.line(format!("GPU {} unhealthy: {}", g.uuid, g.reason));
+            }
+            self.send(daemon_message::Msg::Health(Health { gpus })).await;
+        }
+    }
+
+    async fn handle(self: &Arc<Self>, m: GatewayMessage, _tx: &mpsc::Sender<DaemonMessage>) {
+        let Some(m) = m.msg else { return };
+        match m {
+            gateway_message::Msg::Welcome(w) => {
+                self.logs.line(format!("session {} open; generation {}", w.session_epoch, w.generation));
+                let first = !std::mem::replace(&mut self.state.lock().expect("state").inventory_sent, true);
+                if first {
+                    self.send_inventory().await;
+                    self.report_health(true).await;
+                }
+                // The database may have missed our last report: say again what is applied.
+                self.report_spec_status(None).await;
+            }
+            gateway_message::Msg::DesiredState(d) => {
+                if let Some(spec) = d.spec {
+                    self.apply_spec(d.generation, spec).await;
+                }
+            }
+            gateway_message::Msg::Command(c) => self.clone().command(c).await,
+            gateway_message::Msg::Cancel(c) => self.cancel(&c.command_id).await,
+        }
+    }
+
+    async fn send_inventory(&self) {
+        let backend = self.backend.clone();
+        if let Ok(Ok(mut inv)) = tokio::task::spawn_blocking(move || backend.inventory()).await {
+            self.cfg.host.fill(&mut inv);
+            self.send(daemon_message::Msg::Inventory(inv)).await;
+        }
+    }
+
+    async fn report_spec_status(&self, sections: Option<(i64, Vec<better_compute_proto::v1::SectionStatus>)>) {
+        let applied = self.applied_generation();
+        if applied == 0 && sections.is_none() {
+            return;
+        }
+        let (generation, sections) = sections.unwrap_or((applied, Vec::new()));
+        self.send(daemon_message::Msg::SpecStatus(SpecStatus { generation, sections, observed_generation: applied })).await;
+    }
+
+    /// Converges `spec`; the generation counts as applied only when no section is pending.
+    async fn apply_spec(self: &Arc<Self>, generation: i64, spec: NodeSpec) {
+        let held = {
+            let st = self.state.lock().expect("state");
+            if generation < st.applied_generation {
+                return; // an older spec, delivered late
+            }
+            st.applied.clone().unwrap_or_else(Applied::initial)
+        };
+        let backend = self.backend.clone();
+        let s = spec.clone();
+        let Ok(c) = tokio::task::spawn_blocking(move || converge::converge(&s, backend.as_ref(), &held)).await else { return };
+        {
+            let mut st = self.state.lock().expect("state");
+            st.applied = Some(c.applied.clone());
+            if c.done {
+                st.applied_generation = st.applied_generation.max(generation);
+                st.pending = None;
+            } else {
+                st.pending = Some((generation, spec.clone()));
+            }
+        }
+        if c.done {
+            if let Err(e) = self.journal.set_applied_spec(generation, &spec.encode_to_vec()) {
+                self.logs.line(format!("cannot journal the applied spec: {e}"));
+            }
+        }
+        self.report_spec_status(Some((generation, c.sections))).await;
+        // Commands waiting for this generation may go now.
+        let ready: Vec<Command> = {
+            let mut st = self.state.lock().expect("state");
+            let applied = st.applied_generation;
+            let (ready, keep) = std::mem::take(&mut st.waiting).into_iter().partition(|w| w.cmd.min_generation <= applied);
+            st.waiting = keep;
+            ready
+                .into_iter()
+                .map(|w: Waiting| {
+                    let mut c = w.cmd;
+                    c.expires_in_ms = w.deadline.saturating_duration_since(Instant::now()).as_millis() as i64;
+                    c
+                })
+                .collect()
+        };
+        for c in ready {
+            Box::pin(self.clone().command(c)).await;
+        }
+    }
+
+    async fn reject(&self, id: &str, why: RejectReason, message: &str) {
+        self.send(daemon_message::Msg::CommandReject(CommandReject { command_id: id.to_owned(), reason: why as i32, message: message.to_owned() })).await;
+    }
+
+    async fn report(&self, id: &str, o: &Outcome) {
+        self.send(daemon_message::Msg::CommandResult(CommandResult {
+            command_id: id.to_owned(),
+            succeeded: o.succeeded,
+            reason: o.reason.clone(),
+            result_json: o.result_json.clone(),
+        }))
+        .await;
+    }
+
+    /// A command from the gateway: the journal first (a repeat is answered from it), then the
+    /// checks in order, then accept, acknowledge and run.
+    async fn command(self: Arc<Self>, c: Command) {
+        match self.journal.get(&c.command_id) {
+            Err(e) => {
+                self.logs.line(format!("journal read failed for {}: {e}", c.command_id));
+                return;
+            }
+            Ok(Some(entry)) => match entry.outcome {
+                Some(o) => return self.report(&c.command_id, &o).await,
+                None if entry.run_id == self.run_id => {
+                    if self.state.lock().expect("state").running.contains_key(&c.command_id) {
+                        self.send(daemon_message::Msg::CommandAck(CommandAck { command_id: c.command_id.clone() })).await;
+                    }
+                    return;
+                }
+                None if !entry.retry_safe => {
+                    let o = Outcome {
+                        succeeded: false,
+                        reason: "interrupted: the daemon restarted while it ran; it is not retry-safe, so it is not run again".into(),
+                        result_json: "null".into(),
+                    };
+                    if self.journal.finish(&c.command_id, o.clone()).is_ok() {
+                        self.logs.line(format!("command {} ({}) was interrupted by a restart; not running it again", c.command_id, c.kind));
+                        self.report(&c.command_id, &o).await;
+                    }
+                    return;
+                }
+                None => {} // retry-safe: run it again
+            },
+            Ok(None) => {}
+        }
+        // UNSUPPORTED: another node's, an unknown kind, or a body that is not the kind's.
+        let payload = c.body.as_ref().and_then(|b| b.payload.clone());
+        let supported = c.node_id == self.node_id() && KINDS.contains(&c.kind.as_str()) && payload.as_ref().is_some_and(|p| kind_of(p) == c.kind);
+        if !supported {
+            return self.reject(&c.command_id, RejectReason::Unsupported, "another node's command, or a kind this daemon does not run").await;
+        }
+        // STALE_GENERATION: wait (until notAfter) for the spec it presupposes.
+        if c.min_generation > self.applied_generation() {
+            if c.expires_in_ms <= 0 {
+                return self.reject(&c.command_id, RejectReason::StaleGeneration, "its minGeneration is not applied").await;
+            }
+            let deadline = Instant::now() + Duration::from_millis(c.expires_in_ms as u64);
+            self.state.lock().expect("state").waiting.push(Waiting { cmd: c, deadline });
+            return;
+        }
+        // EXPIRED.
+        if c.expires_in_ms <= 0 {
+            return self.reject(&c.command_id, RejectReason::Expired, "past notAfter").await;
+        }
+        // BUSY: no credit left in its lane.
+        let admitted = {
+            let mut st = self.state.lock().expect("state");
+            let credits = st.applied.as_ref().map(|a| a.lanes.clone()).unwrap_or_else(|| Applied::initial().lanes).get(&c.lane).copied().unwrap_or(1);
+            let used = st.in_lane.entry(c.lane.clone()).or_default();
+            if *used >= credits {
+                false
+            } else {
+                *used += 1;
+                true
+            }
+        };
+        if !admitted {
+            return self.reject(&c.command_id, RejectReason::Busy, "no credits left in the lane").await;
+        }
+        if let Err(e) = self.journal.accept(&c.command_id, &c.kind, c.seq, c.retry_safe, &self.run_id) {
+            self.logs.line(format!("cannot journal {}: {e}; not running it", c.command_id));
+            self.release_lane(&c.lane);
+            return;
+        }
+        self.logs.line(format!("running command {} ({})", c.command_id, c.kind));
+        let me = self.clone();
+        let id = c.command_id.clone();
+        let lane = c.lane.clone();
+        let payload = payload.expect("checked above");
+        let cancellable = c.retry_safe;
+        {
+            // Registered before the task can finish and remove itself.
+            let mut st = self.state.lock().expect("state");
+            let task = tokio::spawn(async move {
+                let outcome = me.execute(payload).await;
+                me.finish(&id, &lane, outcome).await;
+            });
+            st.running.insert(c.command_id.clone(), (c.lane.clone(), task.abort_handle(), cancellable));
+        }
+        self.send(daemon_message::Msg::CommandAck(CommandAck { command_id: c.command_id })).await;
+    }
+
+    fn release_lane(&self, lane: &str) {
+        let mut st = self.state.lock().expect("state");
+        if let Some(n) = st.in_lane.get_mut(lane) {
+            *n = n.saturating_sub(1);
+        }
+    }
+
+    async fn finish(&self, id: &str, lane: &str, outcome: Option<Outcome>) {
+        self.state.lock().expect("state").running.remove(id);
+        self.release_lane(lane);
+        // None: the node is going down (a reboot); the reconnect with a new boot id settles it.
+        let Some(o) = outcome else { return };
+        if let Err(e) = self.journal.finish(id, o.clone()) {
+            self.logs.line(format!("cannot journal the outcome of {id}: {e}"));
+        }
+        self.logs.line(format!("command {id} {}", if o.succeeded { "succeeded".to_owned() } else { format!("failed: {}", o.reason) }));
+        self.report(id, &o).await;
+    }
+
+    async fn cancel(&self, id: &str) {
+        let task = self.state.lock().expect("state").running.get(id).cloned();
+        let Some((lane, handle, cancellable)) = task else { return };
+        if !cancellable {
+            return; // a reboot under way cannot be taken back
+        }
+        handle.abort();
+        self.finish(id, &lane, Some(Outcome { succeeded: false, reason: "cancelled".into(), result_json: "null".into() })).await;
+    }
+
+    async fn execute(&self, p: Payload) -> Option<Outcome> {
+        let ok = |v: serde_json::Value| Some(Outcome { succeeded: true, reason: String::new(), result_json: v.to_string() });
+        let fail = |r: String| Some(Outcome { succeeded: false, reason: r, result_json: "null".into() });
+        match p {
+            Payload::DiagNvml(req) => {
+                let backend = self.backend.clone();
+                match tokio::task::spawn_blocking(move || backend.diag(&req)).await {
+                    Ok(Ok(report)) => ok(report),
+                    Ok(Err(e)) => fail(e.to_string()),
+                    Err(e) => fail(format!("diagnostics crashed: {e}")),
+                }
+            }
+            Payload::InventoryRefresh(req) => {
+                let backend = self.backend.clone();
+                let inv = match tokio::task::spawn_blocking(move || backend.inventory()).await {
+                    Ok(Ok(mut inv)) => {
+                        self.cfg.host.fill(&mut inv);
+                        inv
+                    }
+                    Ok(Err(e)) => return fail(e.to_string()),
+                    Err(e) => return fail(format!("inventory crashed: {e}")),
+                };
+                self.send(daemon_message::Msg::Inventory(inv.clone())).await;
+                let all = req.sections.is_empty();
+                let want = |s: &str| all || req.sections.iter().any(|x| x == s);
+                let mut report = serde_json::Map::new();
+                if want("gpus") {
+                    report.insert("gpus".into(), serde_json::to_value(&inv.gpus).unwrap_or_default());
+                }
+                if want("cpus") {
+                    report.insert("cpus".into(), serde_json::json!({"vcpu": inv.vcpu}));
+                }
+                if want("memory") {
+                    report.insert("memory".into(), serde_json::json!({"memoryMib": inv.memory_mib}));
+                }
+                if want("disks") {
+                    report.insert("disks".into(), serde_json::json!({"diskGib": inv.disk_gib}));
+                }
+                if want("network") {
+                    report.insert("network".into(), serde_json::json!({}));
+                }
+                ok(serde_json::json!({"rescanned": req.rescan, "backend": inv.backend, "sections": report}))
+            }
+            Payload::LogsCollect(req) => ok(crate::collect_logs(&self.logs, &req).await),
+            Payload::NodeReboot(req) => {
+                self.logs.line(format!("rebooting in {} s: {}", req.grace_seconds, req.reason));
+                tokio::time::sleep(Duration::from_secs(req.grace_seconds as u64)).await;
+                match &self.cfg.reboot {
+                    RebootHook::Disabled => {
+                        fail("reboot is not enabled on this daemon: start it with --reboot-command or --allow-systemctl-reboot".into())
+                    }
+                    RebootHook::Callback(f) => {
+                        f(&req.reason);
+                        None
+                    }
+                    RebootHook::Command(argv) => {
+                        let Some((prog, args)) = argv.split_first() else { return fail("empty reboot command".into()) };
+                        match tokio::process::Command::new(prog).args(args).status().await {
+                            Ok(s) if s.success() => None,
+                            Ok(s) => fail(format!("reboot command exited with {s}")),
+                            Err(e) => fail(format!("reboot command: {e}")),
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+async fn stopped(shutdown: &mut watch::Receiver<bool>) {
+    let _ = shutdown.wait_for(|s| *s).await;
+}
+
+/// Exponential back-off with jitter: `min·2^attempt`, capped at `max`, then a random point in
+/// its upper half, so a fleet that lost its gateway does not come back in one wave.
+pub fn backoff(min: Duration, max: Duration, attempt: u32) -> Duration {
+    let base = min.saturating_mul(1u32 << attempt.min(16)).min(max);
+    let mut b = [0u8; 4];
+    getrandom::fill(&mut b).expect("the operating system's random source works");
+    let frac = u32::from_le_bytes(b) as f64 / u32::MAX as f64;
+    base.mul_f64(0.5 + 0.5 * frac)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_its_cap_with_jitter_in_the_upper_half() {
+        let (min, max) = (Duration::from_millis(500), Duration::from_secs(30));
+        for attempt in 0..20 {
+            let d = backoff(min, max, attempt);
+            let base = min.saturating_mul(1 << attempt.min(16)).min(max);
+            assert!(d >= base / 2 && d <= base, "attempt {attempt}: {d:?}");
+        }
+    }
+}

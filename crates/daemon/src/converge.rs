@@ -1,0 +1,177 @@
+//! Converging a node on its NodeSpec, section by section, with an idempotent plan and apply:
+//! `site` (recorded), `agent` (command lanes and their credits), `allocations` (which atoms each
+//! allocation gets; an assignment that overlaps one already held is refused and reported failed),
+//! and `gpus` (mode and MIG layout, through the backend; a GPU an allocation holds changes only
+//! once it is free). The generation counts as applied only when no section is still pending.
+
+use std::collections::{BTreeMap, HashMap};
+
+use better_compute_proto::v1::{NodeSpec, SectionState, SectionStatus};
+
+use crate::backend::{GpuApply, GpuBackend};
+
+/// Lanes and credits when the spec names none.
+pub const DEFAULT_LANES: &[(&str, u32)] = &[("default", 4), ("diag", 1), ("power", 1)];
+
+/// What the node holds after converging.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Applied {
+    /// Command lanes and their credits.
+    pub lanes: HashMap<String, u32>,
+    /// Allocations held: id → atoms.
+    pub allocations: BTreeMap<String, Vec<String>>,
+    /// Heartbeat interval.
+    pub heartbeat_ms: u32,
+}
+
+impl Applied {
+    /// Before any spec: the default lanes, nothing allocated.
+    pub fn initial() -> Applied {
+        Applied { lanes: DEFAULT_LANES.iter().map(|(n, c)| (n.to_string(), *c)).collect(), allocations: BTreeMap::new(), heartbeat_ms: 5_000 }
+    }
+}
+
+/// One pass's outcome.
+#[derive(Debug, Clone)]
+pub struct Convergence {
+    /// Each section's state.
+    pub sections: Vec<SectionStatus>,
+    /// Whether every section converged or failed terminally.
+    pub done: bool,
+    /// What the node now holds.
+    pub applied: Applied,
+}
+
+fn section(name: &str, state: SectionState, message: impl Into<String>) -> SectionStatus {
+    SectionStatus { section: name.to_owned(), state: state as i32, message: message.into() }
+}
+
+fn owns(gpus: &[String], atom: &str) -> Option<String> {
+    gpus.iter().find(|g| atom == g.as_str() || atom.strip_prefix(g.as_str()).is_some_and(|r| r.starts_with('/'))).cloned()
+}
+
+/// Converges `spec` from what is `held` now.
+pub fn converge(spec: &NodeSpec, backend: &dyn GpuBackend, held: &Applied) -> Convergence {
+    let mut sections = Vec::new();
+    let mut applied = held.clone();
+
+    sections.push(section("site", SectionState::Converged, ""));
+
+    if let Some(agent) = &spec.agent {
+        if !agent.lanes.is_empty() {
+            applied.lanes = agent.lanes.iter().map(|l| (l.name.clone(), l.credits)).collect();
+        }
+        if agent.heartbeat_interval_ms > 0 {
+            applied.heartbeat_ms = agent.heartbeat_interval_ms.clamp(500, 60_000);
+        }
+    }
+    sections.push(section("agent", SectionState::Converged, ""));
+
+    let local_gpus: Vec<String> = match backend.inventory() {
+        Ok(inv) => inv.gpus.into_iter().map(|g| g.uuid).collect(),
+        Err(e) => {
+            sections.push(section("allocations", SectionState::Pending, e.to_string()));
+            sections.push(section("gpus", SectionState::Pending, e.to_string()));
+            return Convergence { sections, done: false, applied };
+        }
+    };
+
+    // Allocations: keep those still wanted unchanged; release the rest; then take new ones unless
+    // they overlap what is held.
+    let wanted: BTreeMap<&str, &better_compute_proto::v1::Allocation> = spec
+        .allocations
+        .iter()
+        .flat_map(|s| s.allocations.iter())
+        .map(|a| (a.allocation_id.as_str(), a))
+        .collect();
+    applied.allocations.retain(|id, atoms| wanted.get(id.as_str()).is_some_and(|a| &a.atoms == atoms));
+    let mut failures = Vec::new();
+    for (id, a) in &wanted {
+        if applied.allocations.contains_key(*id) {
+            continue;
+        }
+        if let Some(bad) = a.atoms.iter().find(|atom| owns(&local_gpus, atom).is_none()) {
+            failures.push(format!("allocation {id}: atom {bad} is not on this node"));
+            continue;
+        }
+        let overlap = applied.allocations.iter().find_map(|(other, atoms)| a.atoms.iter().find(|x| atoms.contains(x)).map(|x| (other.clone(), x.clone())));
+        if let Some((other, atom)) = overlap {
+            failures.push(format!("allocation {id}: atom {atom} is already assigned to allocation {other}"));
+            continue;
+        }
+        applied.allocations.insert(id.to_string(), a.atoms.clone());
+    }
+    sections.push(if failures.is_empty() {
+        section("allocations", SectionState::Converged, "")
+    } else {
+        section("allocations", SectionState::Failed, failures.join("; "))
+    });
+
+    // GPUs: a GPU any held allocation uses is busy.
+    let busy: Vec<String> = applied.allocations.values().flatten().filter_map(|atom| owns(&local_gpus, atom)).collect();
+    let gpus = match &spec.gpus {
+        None => section("gpus", SectionState::Converged, ""),
+        Some(g) => match backend.apply_gpus(g, &busy) {
+            Err(e) => section("gpus", SectionState::Pending, e.to_string()),
+            Ok(outcomes) => {
+                let failed: Vec<String> =
+                    outcomes.iter().filter_map(|(u, o)| if let GpuApply::Failed(m) = o { Some(format!("{u}: {m}")) } else { None }).collect();
+                let pending: Vec<String> =
+                    outcomes.iter().filter_map(|(u, o)| if let GpuApply::Pending(m) = o { Some(format!("{u}: {m}")) } else { None }).collect();
+                if !pending.is_empty() {
+                    section("gpus", SectionState::Pending, pending.join("; "))
+                } else if !failed.is_empty() {
+                    section("gpus", SectionState::Failed, failed.join("; "))
+                } else {
+                    section("gpus", SectionState::Converged, "")
+                }
+            }
+        },
+    };
+    sections.push(gpus);
+    let done = sections.iter().all(|s| s.state != SectionState::Pending as i32);
+    Convergence { sections, done, applied }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use better_compute_proto::v1::{Allocation, AllocationsSection};
+
+    fn alloc(id: &str, atoms: &[&str]) -> Allocation {
+        Allocation { allocation_id: id.into(), atoms: atoms.iter().map(|s| s.to_string()).collect(), ..Default::default() }
+    }
+
+    #[test]
+    fn an_assignment_overlapping_a_held_one_is_refused_and_the_section_fails() {
+        let f = crate::fake::FakeGpus::parse("fake:2xH100-80GB", "n").unwrap();
+        let u = f.uuids();
+        let spec = |allocs: Vec<Allocation>| NodeSpec { allocations: Some(AllocationsSection { allocations: allocs }), ..Default::default() };
+        let first = converge(&spec(vec![alloc("a", &[&u[0]])]), &f, &Applied::initial());
+        assert!(first.done);
+        assert_eq!(first.applied.allocations.len(), 1);
+        // b claims the GPU a holds: refused, reported failed (terminal, so the generation still counts).
+        let second = converge(&spec(vec![alloc("a", &[&u[0]]), alloc("b", &[&u[0], &u[1]])]), &f, &first.applied);
+        assert!(second.done);
+        let s = second.sections.iter().find(|s| s.section == "allocations").unwrap();
+        assert_eq!(s.state, SectionState::Failed as i32);
+        assert!(s.message.contains("already assigned to allocation a"), "{}", s.message);
+        assert_eq!(second.applied.allocations.keys().collect::<Vec<_>>(), ["a"]);
+        // Once a is gone, b fits.
+        let third = converge(&spec(vec![alloc("b", &[&u[0], &u[1]])]), &f, &second.applied);
+        assert_eq!(third.applied.allocations.keys().collect::<Vec<_>>(), ["b"]);
+        assert!(third.sections.iter().all(|s| s.state == SectionState::Converged as i32));
+    }
+
+    #[test]
+    fn a_pending_gpu_change_keeps_the_generation_from_counting_as_applied() {
+        let f = crate::fake::FakeGpus::parse("fake:1xH100-80GB", "n").unwrap();
+        let u = f.uuids()[0].clone();
+        let mig = better_compute_proto::v1::GpusSection {
+            gpus: vec![better_compute_proto::v1::Gpu { uuid: u.clone(), mode: 2, mig_layout: vec!["7g.80gb".into()], ..Default::default() }],
+        };
+        let spec = NodeSpec { gpus: Some(mig), allocations: Some(AllocationsSection { allocations: vec![alloc("a", &[&u])] }), ..Default::default() };
+        let c = converge(&spec, &f, &Applied::initial());
+        assert!(!c.done, "{:?}", c.sections);
+    }
+}

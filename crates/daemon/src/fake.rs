@@ -1,0 +1,248 @@
+//! Fake GPUs: configurable models and counts (`fake:8xH100-80GB`, `fake:2xA100-40GB,1xL4-24GB`),
+//! modes and MIG layouts that apply instantly, injected XID errors, and diagnostics that count
+//! their runs and can be held, for tests of what runs when.
+
+use std::sync::{Condvar, Mutex};
+
+use better_compute_proto::v1::{DiagNvml, GpuHealth, GpuInfo, GpuMode, GpusSection, Inventory, MigInstance};
+use sha2::{Digest, Sha256};
+
+use crate::backend::{BackendError, GpuApply, GpuBackend, CRITICAL_XIDS};
+
+#[derive(Debug, Clone)]
+struct FakeGpu {
+    uuid: String,
+    model: String,
+    memory_mib: u64,
+    mode: i32,
+    mig_layout: Vec<String>,
+    xids_pending: Vec<u32>,
+    xids_seen: Vec<u32>,
+}
+
+#[derive(Default)]
+struct Gate {
+    held: bool,
+}
+
+/// Simulated GPUs.
+pub struct FakeGpus {
+    gpus: Mutex<Vec<FakeGpu>>,
+    diag_runs: Mutex<u64>,
+    gate: (Mutex<Gate>, Condvar),
+}
+
+fn bad(value: &str, why: impl Into<String>) -> BackendError {
+    BackendError::BadSpec { value: value.to_owned(), why: why.into() }
+}
+
+impl FakeGpus {
+    /// Parses `fake:<count>x<model>-<memory>GB[,…]`; uuids derive from `seed`.
+    pub fn parse(value: &str, seed: &str) -> Result<FakeGpus, BackendError> {
+        let groups = value.strip_prefix("fake:").ok_or_else(|| bad(value, "it is neither nvml nor fake:…"))?;
+        let digest = hex::encode(&Sha256::digest(seed.as_bytes())[..8]);
+        let mut gpus = Vec::new();
+        for g in groups.split(',').filter(|g| !g.is_empty()) {
+            let (count, model) = g.split_once('x').ok_or_else(|| bad(value, format!("{g:?} has no <count>x")))?;
+            let count: usize = count.parse().map_err(|_| bad(value, format!("{count:?} is not a count")))?;
+            let gb = model
+                .rsplit_once('-')
+                .and_then(|(_, m)| m.strip_suffix("GB"))
+                .and_then(|m| m.parse::<u64>().ok())
+                .filter(|m| (1..=1024).contains(m))
+                .ok_or_else(|| bad(value, format!("{model:?} does not end in -<memory>GB")))?;
+            for _ in 0..count {
+                let index = gpus.len();
+                gpus.push(FakeGpu {
+                    uuid: format!("GPU-fake-{digest}-{index}"),
+                    model: model.to_owned(),
+                    memory_mib: gb * 1024,
+                    mode: GpuMode::Exclusive as i32,
+                    mig_layout: Vec::new(),
+                    xids_pending: Vec::new(),
+                    xids_seen: Vec::new(),
+                });
+            }
+        }
+        if gpus.is_empty() || gpus.len() > 64 {
+            return Err(bad(value, "a node has 1 to 64 GPUs"));
+        }
+        Ok(FakeGpus { gpus: Mutex::new(gpus), diag_runs: Mutex::new(0), gate: (Mutex::new(Gate::default()), Condvar::new()) })
+    }
+
+    /// Injects an XID error on the GPU at `index`, as the driver would report it.
+    pub fn inject_xid(&self, index: usize, xid: u32) {
+        if let Some(g) = self.gpus.lock().expect("fake gpus").get_mut(index) {
+            g.xids_pending.push(xid);
+        }
+    }
+
+    /// Clears the GPU's XID history (a reset).
+    pub fn reset_gpu(&self, index: usize) {
+        if let Some(g) = self.gpus.lock().expect("fake gpus").get_mut(index) {
+            g.xids_pending.clear();
+            g.xids_seen.clear();
+        }
+    }
+
+    /// How many diagnostics ran.
+    pub fn diag_runs(&self) -> u64 {
+        *self.diag_runs.lock().expect("fake diag")
+    }
+
+    /// Holds every diagnostic (after it counted itself) until [`FakeGpus::release_diag`].
+    pub fn hold_diag(&self) {
+        self.gate.0.lock().expect("gate").held = true;
+    }
+
+    /// Lets held diagnostics finish.
+    pub fn release_diag(&self) {
+        self.gate.0.lock().expect("gate").held = false;
+        self.gate.1.notify_all();
+    }
+
+    /// The GPUs' uuids, in index order.
+    pub fn uuids(&self) -> Vec<String> {
+        self.gpus.lock().expect("fake gpus").iter().map(|g| g.uuid.clone()).collect()
+    }
+}
+
+impl GpuBackend for FakeGpus {
+    fn name(&self) -> &'static str {
+        "fake"
+    }
+
+    fn inventory(&self) -> Result<Inventory, BackendError> {
+        let gpus = self.gpus.lock().expect("fake gpus");
+        Ok(Inventory {
+            gpus: gpus
+                .iter()
+                .enumerate()
+                .map(|(i, g)| GpuInfo {
+                    uuid: g.uuid.clone(),
+                    index: i as u32,
+                    model: g.model.clone(),
+                    memory_mib: g.memory_mib,
+                    mig_enabled: g.mode == GpuMode::Mig as i32,
+                    mig_instances: g
+                        .mig_layout
+                        .iter()
+                        .enumerate()
+                        .map(|(k, p)| MigInstance { uuid: format!("MIG-{}-{k}", g.uuid), profile: p.clone() })
+                        .collect(),
+                    driver_version: "fake-1.0".into(),
+                })
+                .collect(),
+            backend: "fake".into(),
+            ..Default::default()
+        })
+    }
+
+    fn health(&self) -> Result<Vec<GpuHealth>, BackendError> {
+        let mut gpus = self.gpus.lock().expect("fake gpus");
+        Ok(gpus
+            .iter_mut()
+            .map(|g| {
+                let new: Vec<u32> = std::mem::take(&mut g.xids_pending);
+                g.xids_seen.extend(&new);
+                let critical = g.xids_seen.iter().find(|x| CRITICAL_XIDS.contains(x));
+                GpuHealth {
+                    uuid: g.uuid.clone(),
+                    healthy: critical.is_none(),
+                    xid_errors: new,
+                    ecc_uncorrected: 0,
+                    temperature_c: 40,
+                    reason: critical.map(|x| format!("XID {x}")).unwrap_or_default(),
+                }
+            })
+            .collect())
+    }
+
+    fn apply_gpus(&self, desired: &GpusSection, busy: &[String]) -> Result<Vec<(String, GpuApply)>, BackendError> {
+        let mut gpus = self.gpus.lock().expect("fake gpus");
+        Ok(desired
+            .gpus
+            .iter()
+            .map(|d| {
+                let Some(g) = gpus.iter_mut().find(|g| g.uuid == d.uuid) else {
+                    return (d.uuid.clone(), GpuApply::Failed("no such GPU on this node".into()));
+                };
+                let want_layout = if d.mode == GpuMode::Mig as i32 { d.mig_layout.clone() } else { Vec::new() };
+                if g.mode == d.mode && g.mig_layout == want_layout {
+                    return (d.uuid.clone(), GpuApply::Converged);
+                }
+                if busy.contains(&g.uuid) {
+                    return (d.uuid.clone(), GpuApply::Pending("an allocation holds this GPU; its mode changes once it is free".into()));
+                }
+                g.mode = d.mode;
+                g.mig_layout = want_layout;
+                (d.uuid.clone(), GpuApply::Converged)
+            })
+            .collect())
+    }
+
+    fn diag(&self, req: &DiagNvml) -> Result<serde_json::Value, BackendError> {
+        *self.diag_runs.lock().expect("fake diag") += 1;
+        let mut gate = self.gate.0.lock().expect("gate");
+        while gate.held {
+            gate = self.gate.1.wait(gate).expect("gate");
+        }
+        drop(gate);
+        let gpus = self.gpus.lock().expect("fake gpus");
+        let report: Vec<_> = gpus
+            .iter()
+            .filter(|g| req.gpu_uuids.is_empty() || req.gpu_uuids.contains(&g.uuid))
+            .map(|g| {
+                let passed = !g.xids_seen.iter().any(|x| CRITICAL_XIDS.contains(x));
+                serde_json::json!({"uuid": g.uuid, "model": g.model, "passed": passed, "xidErrors": g.xids_seen})
+            })
+            .collect();
+        Ok(serde_json::json!({"backend": "fake", "level": req.level.max(1), "gpus": report}))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fake_spec_gives_stable_uuids_per_seed_and_bad_specs_say_what_is_expected() {
+        let a = FakeGpus::parse("fake:8xH100-80GB", "node-a").unwrap();
+        assert_eq!(a.uuids().len(), 8);
+        assert_eq!(a.uuids(), FakeGpus::parse("fake:8xH100-80GB", "node-a").unwrap().uuids());
+        assert_ne!(a.uuids(), FakeGpus::parse("fake:8xH100-80GB", "node-b").unwrap().uuids());
+        assert_eq!(a.inventory().unwrap().gpus[0].memory_mib, 80 * 1024);
+        let two = FakeGpus::parse("fake:2xA100-40GB,1xL4-24GB", "n").unwrap().inventory().unwrap();
+        assert_eq!(two.gpus.iter().map(|g| g.model.as_str()).collect::<Vec<_>>(), ["A100-40GB", "A100-40GB", "L4-24GB"]);
+        for bad in ["fake:", "fake:8H100-80GB", "fake:8xH100", "gpu:1xA-1GB", "fake:100xH100-80GB"] {
+            let e = FakeGpus::parse(bad, "n").err().expect(bad);
+            assert!(e.to_string().contains("fake:8xH100-80GB"), "{e}");
+        }
+    }
+
+    #[test]
+    fn an_injected_critical_xid_makes_the_gpu_unhealthy_until_reset() {
+        let f = FakeGpus::parse("fake:2xH100-80GB", "n").unwrap();
+        f.inject_xid(1, 79);
+        let h = f.health().unwrap();
+        assert!(h[0].healthy);
+        assert!(!h[1].healthy);
+        assert_eq!(h[1].xid_errors, [79]);
+        assert!(!f.health().unwrap()[1].healthy, "stays unhealthy");
+        f.reset_gpu(1);
+        assert!(f.health().unwrap()[1].healthy);
+    }
+
+    #[test]
+    fn a_mode_change_waits_while_an_allocation_holds_the_gpu() {
+        let f = FakeGpus::parse("fake:1xH100-80GB", "n").unwrap();
+        let uuid = f.uuids()[0].clone();
+        let mig = GpusSection {
+            gpus: vec![better_compute_proto::v1::Gpu { uuid: uuid.clone(), index: 0, mode: GpuMode::Mig as i32, mig_layout: vec!["3g.40gb".into()], slots: 0 }],
+        };
+        assert!(matches!(f.apply_gpus(&mig, &[uuid.clone()]).unwrap()[0].1, GpuApply::Pending(_)));
+        assert_eq!(f.apply_gpus(&mig, &[]).unwrap()[0].1, GpuApply::Converged);
+        assert!(f.inventory().unwrap().gpus[0].mig_enabled);
+        assert_eq!(f.apply_gpus(&mig, &[]).unwrap()[0].1, GpuApply::Converged, "idempotent");
+    }
+}

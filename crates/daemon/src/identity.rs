@@ -1,0 +1,166 @@
+//! The node's identity on disk: its private key (`node.key`, mode 0600, never sent anywhere), its
+//! certificate (`node.pem`), the CA it trusts (`ca.pem`) and `node.json` (node id and validity).
+//! Joining sends a CSR with a join token; rotating sends a fresh CSR over the current mTLS session
+//! once 80% of the certificate's lifetime has passed.
+
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use better_compute_proto::v1::CertificateGrant;
+use rcgen::{CertificateParams, DnType, KeyPair};
+use serde::{Deserialize, Serialize};
+
+/// The share of a certificate's lifetime after which the daemon rotates it.
+pub const ROTATE_AT: f64 = 0.8;
+
+/// Why the identity could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum IdentityError {
+    /// Files.
+    #[error("node identity in {dir}: {source}")]
+    Io {
+        /// The state folder.
+        dir: PathBuf,
+        /// What failed.
+        source: std::io::Error,
+    },
+    /// Keys and CSRs.
+    #[error("node identity: {0}")]
+    Crypto(String),
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct NodeFile {
+    node_id: String,
+    not_before_unix_s: i64,
+    not_after_unix_s: i64,
+}
+
+/// A joined node's identity.
+#[derive(Debug, Clone)]
+pub struct Identity {
+    /// The node id the certificate names.
+    pub node_id: String,
+    /// Certificate, PEM.
+    pub cert_pem: String,
+    /// Private key, PEM.
+    pub key_pem: String,
+    /// The CA, PEM.
+    pub ca_pem: String,
+    /// Validity, Unix seconds.
+    pub not_before_unix_s: i64,
+    /// Validity, Unix seconds.
+    pub not_after_unix_s: i64,
+}
+
+/// A key and its CSR, before the CA signed it.
+pub struct Request {
+    /// The CSR, PEM.
+    pub csr_pem: String,
+    key_pem: String,
+}
+
+/// A new key and a CSR for it.
+pub fn request(node_name: &str) -> Result<Request, IdentityError> {
+    let crypto = |e: rcgen::Error| IdentityError::Crypto(e.to_string());
+    let key = KeyPair::generate().map_err(crypto)?;
+    let mut p = CertificateParams::new(Vec::<String>::new()).map_err(crypto)?;
+    p.distinguished_name.push(DnType::CommonName, node_name);
+    let csr = p.serialize_request(&key).map_err(crypto)?.pem().map_err(crypto)?;
+    Ok(Request { csr_pem: csr, key_pem: key.serialize_pem() })
+}
+
+impl Identity {
+    /// The identity a signed CSR makes.
+    pub fn from_grant(node_id: &str, req: Request, g: CertificateGrant) -> Identity {
+        Identity {
+            node_id: node_id.to_owned(),
+            cert_pem: g.certificate_pem,
+            key_pem: req.key_pem,
+            ca_pem: g.ca_pem,
+            not_before_unix_s: g.not_before_unix_s,
+            not_after_unix_s: g.not_after_unix_s,
+        }
+    }
+
+    /// Whether it is time to rotate at `now` (Unix seconds): 80% of the lifetime has passed.
+    pub fn rotation_due(&self, now_unix_s: i64) -> bool {
+        let life = (self.not_after_unix_s - self.not_before_unix_s).max(1) as f64;
+        now_unix_s as f64 >= self.not_before_unix_s as f64 + life * ROTATE_AT
+    }
+
+    /// Reads the identity from `dir`, if the node has joined.
+    pub fn load(dir: &Path) -> Result<Option<Identity>, IdentityError> {
+        let io = |source| IdentityError::Io { dir: dir.to_owned(), source };
+        let meta = dir.join("node.json");
+        if !meta.exists() {
+            return Ok(None);
+        }
+        let f: NodeFile = serde_json::from_slice(&std::fs::read(&meta).map_err(io)?).map_err(|e| IdentityError::Crypto(e.to_string()))?;
+        Ok(Some(Identity {
+            node_id: f.node_id,
+            cert_pem: std::fs::read_to_string(dir.join("node.pem")).map_err(io)?,
+            key_pem: std::fs::read_to_string(dir.join("node.key")).map_err(io)?,
+            ca_pem: std::fs::read_to_string(dir.join("ca.pem")).map_err(io)?,
+            not_before_unix_s: f.not_before_unix_s,
+            not_after_unix_s: f.not_after_unix_s,
+        }))
+    }
+
+    /// Writes it to `dir`: the key with mode 0600; `node.json` last, so a half-written identity is
+    /// never taken for a whole one.
+    pub fn save(&self, dir: &Path) -> Result<(), IdentityError> {
+        let io = |source| IdentityError::Io { dir: dir.to_owned(), source };
+        std::fs::create_dir_all(dir).map_err(io)?;
+        let write = |name: &str, body: &str, mode: u32| -> std::io::Result<()> {
+            let tmp = dir.join(format!("{name}.tmp"));
+            let _ = std::fs::remove_file(&tmp);
+            let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(mode).open(&tmp)?;
+            f.write_all(body.as_bytes())?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, dir.join(name))
+        };
+        write("node.key", &self.key_pem, 0o600).map_err(io)?;
+        write("node.pem", &self.cert_pem, 0o644).map_err(io)?;
+        write("ca.pem", &self.ca_pem, 0o644).map_err(io)?;
+        let meta = NodeFile { node_id: self.node_id.clone(), not_before_unix_s: self.not_before_unix_s, not_after_unix_s: self.not_after_unix_s };
+        write("node.json", &serde_json::to_string_pretty(&meta).expect("serializes"), 0o644).map_err(io)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rotation_is_due_at_eighty_percent_of_the_lifetime() {
+        let id = Identity {
+            node_id: "node_x".into(),
+            cert_pem: String::new(),
+            key_pem: String::new(),
+            ca_pem: String::new(),
+            not_before_unix_s: 1_000,
+            not_after_unix_s: 2_000,
+        };
+        assert!(!id.rotation_due(1_799));
+        assert!(id.rotation_due(1_800));
+        assert!(id.rotation_due(5_000));
+    }
+
+    #[test]
+    fn a_saved_identity_loads_back_and_its_key_is_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        assert!(Identity::load(dir.path()).unwrap().is_none());
+        let r = request("n1").unwrap();
+        assert!(r.csr_pem.contains("CERTIFICATE REQUEST"));
+        let g = CertificateGrant { certificate_pem: "C".into(), ca_pem: "A".into(), not_before_unix_s: 1, not_after_unix_s: 2 };
+        let id = Identity::from_grant("node_1", r, g);
+        id.save(dir.path()).unwrap();
+        let back = Identity::load(dir.path()).unwrap().unwrap();
+        assert_eq!((back.node_id.as_str(), back.cert_pem.as_str(), back.key_pem.as_str()), ("node_1", "C", id.key_pem.as_str()));
+        assert_eq!(std::fs::metadata(dir.path().join("node.key")).unwrap().permissions().mode() & 0o777, 0o600);
+    }
+}

@@ -1,0 +1,188 @@
+//! The node daemon. It joins with a join token (a CSR signed by the control plane's CA), then holds
+//! one mTLS gRPC session at a time to a gateway: it converges the node on its NodeSpec and runs
+//! one-shot commands, with a journal on local disk so that nothing runs twice that must not. It
+//! never talks to the database.
+
+pub mod agent;
+pub mod backend;
+pub mod converge;
+pub mod fake;
+pub mod identity;
+pub mod journal;
+pub mod logs;
+pub mod nvml;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use better_compute_proto::v1::{Inventory, LogsCollect};
+
+pub use agent::Daemon;
+
+/// What the daemon runs for `node.reboot`.
+#[derive(Clone, Default)]
+pub enum RebootHook {
+    /// Refuses: the command fails and says how to enable it. The default.
+    #[default]
+    Disabled,
+    /// Runs this program with arguments (`systemctl reboot` only when explicitly enabled).
+    Command(Vec<String>),
+    /// Calls back (tests and the simulator restart the daemon with a new boot id).
+    Callback(Arc<dyn Fn(&str) + Send + Sync>),
+}
+
+impl std::fmt::Debug for RebootHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RebootHook::Disabled => f.write_str("Disabled"),
+            RebootHook::Command(c) => write!(f, "Command({c:?})"),
+            RebootHook::Callback(_) => f.write_str("Callback"),
+        }
+    }
+}
+
+/// The host's own resources, reported with the GPUs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostResources {
+    /// vCPUs.
+    pub vcpu: u32,
+    /// Memory.
+    pub memory_mib: u64,
+    /// Disk.
+    pub disk_gib: u64,
+}
+
+impl HostResources {
+    /// This machine's: CPUs, `/proc/meminfo`'s MemTotal, and the free-plus-used size of `/`.
+    pub fn of_this_machine() -> HostResources {
+        let vcpu = std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(1);
+        let memory_mib = std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|m| m.lines().find(|l| l.starts_with("MemTotal:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok()))
+            .map(|kb| kb / 1024)
+            .unwrap_or(0);
+        HostResources { vcpu, memory_mib, disk_gib: 0 }
+    }
+
+    /// Fills an inventory's host fields.
+    pub fn fill(&self, inv: &mut Inventory) {
+        inv.vcpu = self.vcpu;
+        inv.memory_mib = self.memory_mib;
+        inv.disk_gib = self.disk_gib;
+    }
+}
+
+/// How a daemon runs.
+#[derive(Debug, Clone)]
+pub struct DaemonConfig {
+    /// `https://host:port` of a gateway (or a load balancer in front of several).
+    pub gateway_url: String,
+    /// The name the gateway's certificate is checked against.
+    pub server_name: String,
+    /// Where the identity and the journal live.
+    pub state_dir: PathBuf,
+    /// The node's name in its pool.
+    pub node_name: String,
+    /// Labels reservations select on, sent at join.
+    pub labels: BTreeMap<String, String>,
+    /// A join token, needed only until the node has joined.
+    pub join_token: Option<String>,
+    /// The control plane's CA (PEM), needed to join.
+    pub ca_pem: Option<String>,
+    /// The machine's boot id (the kernel's on a real node).
+    pub boot_id: String,
+    /// The host's vCPU, memory and disk.
+    pub host: HostResources,
+    /// What `node.reboot` does.
+    pub reboot: RebootHook,
+    /// Back-off after a failed session: from this…
+    pub backoff_min: Duration,
+    /// …doubling up to this, with jitter.
+    pub backoff_max: Duration,
+}
+
+impl DaemonConfig {
+    /// Defaults for a node named `node_name` keeping its state in `state_dir`.
+    pub fn new(gateway_url: impl Into<String>, state_dir: impl Into<PathBuf>, node_name: impl Into<String>) -> DaemonConfig {
+        DaemonConfig {
+            gateway_url: gateway_url.into(),
+            server_name: "localhost".into(),
+            state_dir: state_dir.into(),
+            node_name: node_name.into(),
+            labels: BTreeMap::new(),
+            join_token: None,
+            ca_pem: None,
+            boot_id: kernel_boot_id().unwrap_or_else(|| "unknown-boot".into()),
+            host: HostResources::of_this_machine(),
+            reboot: RebootHook::Disabled,
+            backoff_min: Duration::from_millis(500),
+            backoff_max: Duration::from_secs(30),
+        }
+    }
+}
+
+/// The kernel's boot id.
+pub fn kernel_boot_id() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok().map(|s| s.trim().to_owned())
+}
+
+/// Why the daemon could not do something.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    /// A setting or a local file.
+    #[error("{0}")]
+    Config(String),
+    /// The journal.
+    #[error("{0}")]
+    Journal(String),
+    /// The GPU backend.
+    #[error("{0}")]
+    Backend(String),
+    /// Reaching the gateway.
+    #[error("{0}")]
+    Transport(String),
+    /// The gateway said no.
+    #[error("refused by the gateway: {0}")]
+    Refused(String),
+}
+
+/// `logs.collect`: the daemon's own lines from memory; other units from journald where there is one.
+pub async fn collect_logs(ring: &logs::LogRing, req: &LogsCollect) -> serde_json::Value {
+    let since = Duration::from_secs(req.since_seconds.max(1) as u64);
+    let mut left = req.max_bytes.max(1) as usize;
+    let mut units = Vec::new();
+    let mut truncated = false;
+    for unit in &req.units {
+        if unit == "better-compute-daemon" {
+            let (lines, cut) = ring.recent(since, left);
+            left = left.saturating_sub(lines.iter().map(|l| l.len() + 1).sum());
+            truncated |= cut;
+            units.push(serde_json::json!({"unit": unit, "lines": lines}));
+            continue;
+        }
+        let out = tokio::time::timeout(
+            Duration::from_secs(10),
+            tokio::process::Command::new("journalctl")
+                .args(["-u", unit, "--since", &format!("-{}s", since.as_secs()), "--no-pager", "-o", "short-iso"])
+                .output(),
+        )
+        .await;
+        match out {
+            Ok(Ok(o)) if o.status.success() => {
+                let text = String::from_utf8_lossy(&o.stdout);
+                let mut lines: Vec<&str> = text.lines().collect();
+                let mut bytes: usize = lines.iter().map(|l| l.len() + 1).sum();
+                while bytes > left && !lines.is_empty() {
+                    bytes -= lines.remove(0).len() + 1;
+                    truncated = true;
+                }
+                left -= bytes;
+                units.push(serde_json::json!({"unit": unit, "lines": lines}));
+            }
+            _ => units.push(serde_json::json!({"unit": unit, "error": "journald is not available for this unit on this node"})),
+        }
+    }
+    serde_json::json!({"units": units, "truncated": truncated})
+}

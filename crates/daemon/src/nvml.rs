@@ -1,0 +1,229 @@
+//! The NVML backend for real nodes, through nvml-wrapper (which loads `libnvidia-ml.so` at run
+//! time, so this compiles and its pure parts are tested on machines without a GPU). Inventory:
+//! uuid, model, memory, MIG mode and instances. Health: critical XID events, uncorrected ECC
+//! errors, temperature. MIG layout changes need the GPU reset that `nvidia-smi mig` does; this
+//! backend converges a GPU whose layout already matches and fails the others with that advice.
+
+use std::sync::Mutex;
+
+use better_compute_proto::v1::{DiagNvml, GpuHealth, GpuInfo, GpuMode, GpusSection, Inventory, MigInstance};
+use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError, TemperatureSensor};
+use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::Nvml;
+
+use crate::backend::{BackendError, GpuApply, GpuBackend, CRITICAL_XIDS};
+
+/// Above this temperature a GPU is reported unhealthy.
+pub const MAX_HEALTHY_TEMPERATURE_C: u32 = 90;
+
+/// Real GPUs through NVML.
+pub struct NvmlBackend {
+    nvml: Nvml,
+    sys: nvml_wrapper_sys::bindings::NvmlLib,
+    /// Critical XIDs seen per GPU uuid since start.
+    xids: Mutex<std::collections::HashMap<String, Vec<u32>>>,
+}
+
+fn failed(e: NvmlError) -> BackendError {
+    BackendError::Failed(e.to_string())
+}
+
+/// The MIG profile at the end of a MIG device's name, e.g. `NVIDIA H100 80GB HBM3 MIG 3g.40gb`.
+pub fn mig_profile_of(name: &str) -> Option<String> {
+    let p = name.rsplit(' ').next()?;
+    let (g, mem) = p.split_once("g.")?;
+    (g.parse::<u32>().is_ok() && mem.ends_with("gb")).then(|| p.to_owned())
+}
+
+/// Whether a GPU with these readings is healthy, and why not.
+pub fn judge(xids: &[u32], ecc_uncorrected: u64, temperature_c: u32) -> (bool, String) {
+    if let Some(x) = xids.iter().find(|x| CRITICAL_XIDS.contains(x)) {
+        return (false, format!("XID {x}"));
+    }
+    if ecc_uncorrected > 0 {
+        return (false, format!("{ecc_uncorrected} uncorrected ECC errors"));
+    }
+    if temperature_c > MAX_HEALTHY_TEMPERATURE_C {
+        return (false, format!("temperature {temperature_c} °C"));
+    }
+    (true, String::new())
+}
+
+impl NvmlBackend {
+    /// Loads NVML; fails with `Unavailable` where there is no driver.
+    pub fn open() -> Result<NvmlBackend, BackendError> {
+        let nvml = Nvml::init().map_err(|e| BackendError::Unavailable(format!("NVML: {e}; is the NVIDIA driver installed?")))?;
+        // SAFETY: loading the same library NVML just loaded; its functions are called with handles
+        // that library gave out.
+        let sys = unsafe { nvml_wrapper_sys::bindings::NvmlLib::new("libnvidia-ml.so.1") }
+            .map_err(|e| BackendError::Unavailable(format!("libnvidia-ml.so.1: {e}")))?;
+        Ok(NvmlBackend { nvml, sys, xids: Mutex::default() })
+    }
+
+    fn mig_instances(&self, device: &nvml_wrapper::Device<'_>) -> Vec<MigInstance> {
+        let mut out = Vec::new();
+        let (Ok(count_fn), Ok(by_index)) = (&self.sys.nvmlDeviceGetMaxMigDeviceCount, &self.sys.nvmlDeviceGetMigDeviceHandleByIndex) else {
+            return out;
+        };
+        // SAFETY: raw NVML calls with a live device handle and out-pointers to locals.
+        unsafe {
+            let handle = device.handle();
+            let mut count: std::os::raw::c_uint = 0;
+            if count_fn(handle as _, &mut count) != 0 {
+                return out;
+            }
+            for i in 0..count {
+                let mut mig: nvml_wrapper_sys::bindings::nvmlDevice_t = std::ptr::null_mut();
+                if by_index(handle as _, i, &mut mig) != 0 || mig.is_null() {
+                    continue;
+                }
+                let d = nvml_wrapper::Device::new(mig as _, &self.nvml);
+                if let (Ok(uuid), Ok(name)) = (d.uuid(), d.name()) {
+                    out.push(MigInstance { uuid, profile: mig_profile_of(&name).unwrap_or(name) });
+                }
+            }
+        }
+        out
+    }
+
+    /// Reads pending critical XID events (without waiting) into the per-GPU history.
+    fn drain_xids(&self) {
+        use nvml_wrapper::bitmasks::event::EventTypes;
+        let Ok(count) = self.nvml.device_count() else { return };
+        let Ok(mut set) = self.nvml.create_event_set() else { return };
+        for i in 0..count {
+            if let Ok(d) = self.nvml.device_by_index(i) {
+                match d.register_events(EventTypes::CRITICAL_XID_ERROR, set) {
+                    Ok(s) => set = s,
+                    Err(_) => return,
+                }
+            }
+        }
+        let mut seen = self.xids.lock().expect("xids");
+        while let Ok(ev) = set.wait(0) {
+            if let (Ok(uuid), Some(nvml_wrapper::enums::event::XidError::Value(x))) = (ev.device.uuid(), ev.event_data) {
+                seen.entry(uuid).or_default().push(x as u32);
+            }
+        }
+    }
+}
+
+impl GpuBackend for NvmlBackend {
+    fn name(&self) -> &'static str {
+        "nvml"
+    }
+
+    fn inventory(&self) -> Result<Inventory, BackendError> {
+        let driver = self.nvml.sys_driver_version().unwrap_or_default();
+        let count = self.nvml.device_count().map_err(failed)?;
+        let mut gpus = Vec::new();
+        for i in 0..count {
+            let d = self.nvml.device_by_index(i).map_err(failed)?;
+            let mig_enabled = d.mig_mode().map(|m| m.current == 1).unwrap_or(false);
+            gpus.push(GpuInfo {
+                uuid: d.uuid().map_err(failed)?,
+                index: i,
+                model: d.name().map_err(failed)?,
+                memory_mib: d.memory_info().map_err(failed)?.total / (1024 * 1024),
+                mig_enabled,
+                mig_instances: if mig_enabled { self.mig_instances(&d) } else { Vec::new() },
+                driver_version: driver.clone(),
+            });
+        }
+        Ok(Inventory { gpus, backend: "nvml".into(), ..Default::default() })
+    }
+
+    fn health(&self) -> Result<Vec<GpuHealth>, BackendError> {
+        self.drain_xids();
+        let seen = self.xids.lock().expect("xids").clone();
+        let count = self.nvml.device_count().map_err(failed)?;
+        let mut out = Vec::new();
+        for i in 0..count {
+            let d = self.nvml.device_by_index(i).map_err(failed)?;
+            let uuid = d.uuid().map_err(failed)?;
+            let ecc = d.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile).unwrap_or(0);
+            let temp = d.temperature(TemperatureSensor::Gpu).unwrap_or(0);
+            let xids = seen.get(&uuid).cloned().unwrap_or_default();
+            let (healthy, reason) = judge(&xids, ecc, temp);
+            out.push(GpuHealth { uuid, healthy, xid_errors: xids, ecc_uncorrected: ecc, temperature_c: temp, reason });
+        }
+        Ok(out)
+    }
+
+    fn apply_gpus(&self, desired: &GpusSection, _busy: &[String]) -> Result<Vec<(String, GpuApply)>, BackendError> {
+        let inv = self.inventory()?;
+        Ok(desired
+            .gpus
+            .iter()
+            .map(|want| {
+                let Some(have) = inv.gpus.iter().find(|g| g.uuid == want.uuid) else {
+                    return (want.uuid.clone(), GpuApply::Failed("no such GPU on this node".into()));
+                };
+                let want_mig = want.mode == GpuMode::Mig as i32;
+                let have_layout: Vec<&str> = have.mig_instances.iter().map(|m| m.profile.as_str()).collect();
+                let same = have.mig_enabled == want_mig && (!want_mig || have_layout == want.mig_layout.iter().map(String::as_str).collect::<Vec<_>>());
+                let outcome = if same {
+                    GpuApply::Converged
+                } else {
+                    GpuApply::Failed(format!(
+                        "MIG layout differs (have {:?}, want {:?}); change it with `nvidia-smi mig` and a GPU reset, then run inventory.refresh",
+                        have_layout, want.mig_layout
+                    ))
+                };
+                (want.uuid.clone(), outcome)
+            })
+            .collect())
+    }
+
+    fn diag(&self, req: &DiagNvml) -> Result<serde_json::Value, BackendError> {
+        let health = self.health()?;
+        let inv = self.inventory()?;
+        let gpus: Vec<_> = inv
+            .gpus
+            .iter()
+            .filter(|g| req.gpu_uuids.is_empty() || req.gpu_uuids.contains(&g.uuid))
+            .map(|g| {
+                let h = health.iter().find(|h| h.uuid == g.uuid);
+                serde_json::json!({
+                    "uuid": g.uuid, "model": g.model, "memoryMib": g.memory_mib, "migEnabled": g.mig_enabled,
+                    "migInstances": g.mig_instances.iter().map(|m| &m.profile).collect::<Vec<_>>(),
+                    "passed": h.is_some_and(|h| h.healthy), "reason": h.map(|h| h.reason.clone()),
+                    "temperatureC": h.map(|h| h.temperature_c), "eccUncorrected": h.map(|h| h.ecc_uncorrected),
+                    "xidErrors": h.map(|h| h.xid_errors.clone()),
+                })
+            })
+            .collect();
+        Ok(serde_json::json!({"backend": "nvml", "level": req.level.max(1), "driverVersion": inv.gpus.first().map(|g| g.driver_version.clone()), "gpus": gpus}))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_mig_devices_profile_is_read_off_its_name() {
+        assert_eq!(mig_profile_of("NVIDIA H100 80GB HBM3 MIG 3g.40gb").as_deref(), Some("3g.40gb"));
+        assert_eq!(mig_profile_of("NVIDIA H100 80GB HBM3"), None);
+    }
+
+    #[test]
+    fn health_is_judged_from_xids_ecc_and_temperature() {
+        assert_eq!(judge(&[], 0, 50), (true, String::new()));
+        assert_eq!(judge(&[13], 0, 50).0, true, "XID 13 is an application error, not the GPU's");
+        assert_eq!(judge(&[13, 79], 0, 50), (false, "XID 79".into()));
+        assert!(!judge(&[], 2, 50).0);
+        assert!(!judge(&[], 0, 95).0);
+    }
+
+    #[test]
+    fn without_a_driver_opening_nvml_fails_with_a_clear_error() {
+        match NvmlBackend::open() {
+            Ok(b) => assert_eq!(b.name(), "nvml"), // a machine with a GPU
+            Err(e) => {
+                assert!(matches!(e, BackendError::Unavailable(_)));
+                assert!(e.to_string().contains("NVML"), "{e}");
+            }
+        }
+    }
+}

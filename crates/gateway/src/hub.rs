@@ -1,0 +1,137 @@
+//! The sessions this gateway holds, in memory: per node, the session epoch, a bounded queue of
+//! messages to the daemon, when it was last heard from, and the generation last sent to it.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use better_compute_proto::v1::GatewayMessage;
+use tokio::sync::mpsc;
+
+/// What goes down one session's stream.
+pub type Outbound = mpsc::Sender<Result<GatewayMessage, tonic::Status>>;
+
+/// One session held here.
+pub struct Session {
+    /// Its epoch (from the database).
+    pub epoch: i64,
+    /// The bounded queue to the daemon: a slow daemon fills its own queue and stalls nobody else.
+    pub out: Outbound,
+    last_seen_ms: AtomicU64,
+    flushed_ms: AtomicU64,
+    sent_generation: AtomicI64,
+}
+
+impl Session {
+    /// A session whose daemon has applied `observed_generation`.
+    pub fn new(epoch: i64, out: Outbound, observed_generation: i64, now_ms: u64) -> Session {
+        Session {
+            epoch,
+            out,
+            last_seen_ms: AtomicU64::new(now_ms),
+            flushed_ms: AtomicU64::new(0),
+            sent_generation: AtomicI64::new(observed_generation),
+        }
+    }
+
+    /// The daemon said something.
+    pub fn touch(&self, now_ms: u64) {
+        self.last_seen_ms.fetch_max(now_ms, Ordering::Relaxed);
+    }
+
+    /// The generation last sent (or reported applied).
+    pub fn sent_generation(&self) -> i64 {
+        self.sent_generation.load(Ordering::Relaxed)
+    }
+
+    /// Forgets that `generation` was sent (its send failed), so the next poll sends it again.
+    pub fn reset_generation(&self, to: i64) {
+        self.sent_generation.store(to, Ordering::Relaxed);
+    }
+
+    /// Claims sending `generation`: true when it is newer than anything sent so far.
+    pub fn claim_generation(&self, generation: i64) -> bool {
+        self.sent_generation.fetch_max(generation, Ordering::AcqRel) < generation
+    }
+}
+
+/// The sessions, by node id.
+#[derive(Default)]
+pub struct Hub {
+    sessions: Mutex<HashMap<String, Arc<Session>>>,
+    started: Option<Instant>,
+}
+
+impl Hub {
+    /// An empty hub.
+    pub fn new() -> Hub {
+        Hub { sessions: Mutex::default(), started: Some(Instant::now()) }
+    }
+
+    /// Milliseconds since the hub started: the clock of `last seen`.
+    pub fn now_ms(&self) -> u64 {
+        self.started.map(|s| s.elapsed().as_millis() as u64).unwrap_or(0)
+    }
+
+    /// Holds `session` for `node_id`, replacing (and so ending) an older one of the same node.
+    pub fn insert(&self, node_id: &str, session: Arc<Session>) {
+        let old = self.sessions.lock().expect("hub").insert(node_id.to_owned(), session);
+        drop(old);
+    }
+
+    /// The node's session, if held here.
+    pub fn get(&self, node_id: &str) -> Option<Arc<Session>> {
+        self.sessions.lock().expect("hub").get(node_id).cloned()
+    }
+
+    /// Drops the node's session if it is still the one with `epoch`. Dropping the queue's sender
+    /// ends the stream to the daemon.
+    pub fn remove(&self, node_id: &str, epoch: i64) -> bool {
+        let mut s = self.sessions.lock().expect("hub");
+        if s.get(node_id).is_some_and(|x| x.epoch == epoch) {
+            s.remove(node_id);
+            return true;
+        }
+        false
+    }
+
+    /// Drops every session (the gateway lost its lease, or is stopping).
+    pub fn clear(&self) -> usize {
+        let mut s = self.sessions.lock().expect("hub");
+        let n = s.len();
+        s.clear();
+        n
+    }
+
+    /// How many sessions are held.
+    pub fn len(&self) -> usize {
+        self.sessions.lock().expect("hub").len()
+    }
+
+    /// Whether none is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The sessions heard from since their last flush, as (node, epoch, age in seconds), marking
+    /// them flushed: one batch for one statement.
+    pub fn take_unflushed(&self, max: usize) -> (Vec<String>, Vec<i64>, Vec<f64>) {
+        let now = self.now_ms();
+        let s = self.sessions.lock().expect("hub");
+        let (mut nodes, mut epochs, mut ages) = (Vec::new(), Vec::new(), Vec::new());
+        for (node, x) in s.iter() {
+            let seen = x.last_seen_ms.load(Ordering::Relaxed);
+            if seen > x.flushed_ms.load(Ordering::Relaxed) {
+                x.flushed_ms.store(seen, Ordering::Relaxed);
+                nodes.push(node.clone());
+                epochs.push(x.epoch);
+                ages.push(now.saturating_sub(seen) as f64 / 1000.0);
+                if nodes.len() == max {
+                    break;
+                }
+            }
+        }
+        (nodes, epochs, ages)
+    }
+}

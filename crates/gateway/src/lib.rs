@@ -1,0 +1,430 @@
+//! The gateway: a tonic gRPC server daemons hold their sessions with, over mTLS. It is a thin skin
+//! over the nodes module's session, join and command functions: it holds sessions in memory
+//! ([`hub`]), supersedes older ones by session epoch, sends desired state and commands, applies the
+//! daemons' reports, flushes liveness as ages in batches, holds a 20 s gateway lease, and wakes on
+//! pokes (LISTEN/NOTIFY on a direct connection) as well as polling.
+
+pub mod ca;
+pub mod hub;
+mod service;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use better_compute_core::lease::GATEWAY_LEASE_RENEW_EVERY_S;
+use better_compute_db::{DbError, Lease, Pool};
+use better_compute_nodes::session;
+use better_compute_proto::v1::{gateway_message, Cancel, Command, CommandBody, DesiredState, GatewayMessage, NodeSpec};
+use futures_util::StreamExt;
+use prost::Message;
+use tokio::sync::{watch, Semaphore};
+
+pub use ca::Ca;
+
+/// How a gateway runs.
+#[derive(Debug, Clone)]
+pub struct GatewayConfig {
+    /// Its id (`gw_…`): its lease is `gateway:<id>`.
+    pub id: String,
+    /// Where it listens (port 0 picks one).
+    pub listen: String,
+    /// The names and addresses daemons reach it by: its server certificate's subject names.
+    pub hostnames: Vec<String>,
+    /// A direct (not pooled) connection string for LISTEN; `None` polls only.
+    pub listen_url: Option<String>,
+    /// How often it polls for commands and desired state that a lost poke did not announce.
+    pub poll_interval: Duration,
+    /// How often it writes `last seen` for its sessions.
+    pub flush_interval: Duration,
+    /// Messages queued per session before the gateway stops dispatching to it.
+    pub session_queue: usize,
+    /// Dispatches and pushes in flight at once.
+    pub dispatch_concurrency: usize,
+    /// How long a node certificate is valid.
+    pub node_cert_lifetime: Duration,
+    /// How long a daemon has to say Hello.
+    pub hello_timeout: Duration,
+}
+
+impl GatewayConfig {
+    /// Defaults for a gateway with this id listening on `listen`.
+    pub fn new(id: impl Into<String>, listen: impl Into<String>) -> GatewayConfig {
+        GatewayConfig {
+            id: id.into(),
+            listen: listen.into(),
+            hostnames: vec!["localhost".into(), "127.0.0.1".into()],
+            listen_url: None,
+            poll_interval: Duration::from_secs(1),
+            flush_interval: Duration::from_secs(2),
+            session_queue: 256,
+            dispatch_concurrency: 32,
+            node_cert_lifetime: ca::NODE_CERT_LIFETIME,
+            hello_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Why the gateway could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    /// The database.
+    #[error(transparent)]
+    Db(#[from] DbError),
+    /// The CA.
+    #[error(transparent)]
+    Ca(#[from] ca::CaError),
+    /// Listening or TLS.
+    #[error("gateway transport: {0}")]
+    Transport(String),
+    /// Another process holds this gateway id's lease.
+    #[error("another process holds the lease of gateway {0}")]
+    LeaseHeld(String),
+}
+
+pub(crate) struct Inner {
+    pub(crate) cfg: GatewayConfig,
+    pub(crate) pool: Pool,
+    pub(crate) ca: Arc<Ca>,
+    pub(crate) hub: hub::Hub,
+    dispatching: Arc<Semaphore>,
+}
+
+/// A running gateway.
+pub struct Gateway {
+    inner: Arc<Inner>,
+    addr: SocketAddr,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Gateway {
+    /// Takes the gateway lease, binds, and serves until `shutdown` turns true.
+    pub async fn start(pool: Pool, ca: Arc<Ca>, cfg: GatewayConfig, shutdown: watch::Receiver<bool>) -> Result<Gateway, GatewayError> {
+        let lease_name = session::gateway_lease_name(&cfg.id);
+        let lease = {
+            let c = pool.get().await.map_err(DbError::from)?;
+            Lease::acquire(&**c, &lease_name, &cfg.id, better_compute_db::lease::GATEWAY_LEASE_TTL, None)
+                .await?
+                .ok_or_else(|| GatewayError::LeaseHeld(cfg.id.clone()))?
+        };
+        let (cert, key) = ca.server_identity(&cfg.hostnames)?;
+        let tls = tonic::transport::ServerTlsConfig::new()
+            .identity(tonic::transport::Identity::from_pem(cert, key))
+            .client_ca_root(tonic::transport::Certificate::from_pem(ca.cert_pem()))
+            // Join comes without a client certificate; Session and RotateCertificate demand one.
+            .client_auth_optional(true);
+        let listener = tokio::net::TcpListener::bind(&cfg.listen).await.map_err(|e| GatewayError::Transport(format!("listen on {}: {e}", cfg.listen)))?;
+        let addr = listener.local_addr().map_err(|e| GatewayError::Transport(e.to_string()))?;
+        let inner = Arc::new(Inner { dispatching: Arc::new(Semaphore::new(cfg.dispatch_concurrency.max(1))), cfg, pool, ca, hub: hub::Hub::new() });
+        let server = tonic::transport::Server::builder()
+            .tls_config(tls)
+            .map_err(|e| GatewayError::Transport(e.to_string()))?
+            // A dead peer is noticed within 20 s: well inside the 40 s before a node is unreachable.
+            .http2_keepalive_interval(Some(Duration::from_secs(10)))
+            .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+            .tcp_nodelay(true)
+            .add_service(better_compute_proto::v1::gateway_server::GatewayServer::new(service::GatewayService { inner: inner.clone() }));
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        let mut stop = shutdown.clone();
+        let mut tasks = vec![tokio::spawn({
+            let inner = inner.clone();
+            async move {
+                let r = server
+                    .serve_with_incoming_shutdown(incoming, async move {
+                        let _ = stop.wait_for(|s| *s).await;
+                    })
+                    .await;
+                if let Err(e) = r {
+                    tracing::error!(error = %e, "gateway server stopped");
+                }
+                inner.hub.clear();
+            }
+        })];
+        tasks.push(tokio::spawn(inner.clone().keep_lease(lease, shutdown.clone())));
+        tasks.push(tokio::spawn(inner.clone().flush_loop(shutdown.clone())));
+        let (poke_tx, poke_rx) = tokio::sync::mpsc::channel::<Poke>(4096);
+        tasks.push(tokio::spawn(inner.clone().poke_loop(poke_rx, shutdown.clone())));
+        if let Some(url) = inner.cfg.listen_url.clone() {
+            tasks.push(tokio::spawn(listen_for_pokes(url, poke_tx.clone(), shutdown.clone())));
+        }
+        tasks.push(tokio::spawn(inner.clone().poll_loop(shutdown)));
+        Ok(Gateway { inner, addr, tasks })
+    }
+
+    /// Where it listens.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Its id.
+    pub fn id(&self) -> &str {
+        &self.inner.cfg.id
+    }
+
+    /// Sessions held now.
+    pub fn sessions(&self) -> usize {
+        self.inner.hub.len()
+    }
+
+    /// Waits for its tasks after shutdown turned true.
+    pub async fn join(self) {
+        for t in self.tasks {
+            let _ = t.await;
+        }
+    }
+
+    /// Ends every task at once without closing sessions or letting the lease go: a crash, for tests.
+    pub fn crash(self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+        self.inner.hub.clear();
+    }
+}
+
+/// A wake-up for one node.
+#[derive(Debug, Clone)]
+pub(crate) enum Poke {
+    Commands(String),
+    Spec(String),
+}
+
+impl Inner {
+    /// Renews the lease every 5 s; when it is lost, every session is dropped (their daemons
+    /// reconnect, perhaps elsewhere) and the lease is taken again.
+    async fn keep_lease(self: Arc<Self>, mut lease: Lease, mut shutdown: watch::Receiver<bool>) {
+        let every = Duration::from_secs(GATEWAY_LEASE_RENEW_EVERY_S);
+        loop {
+            tokio::select! {
+                _ = shutdown.wait_for(|s| *s) => break,
+                _ = tokio::time::sleep(every) => {}
+            }
+            let Ok(c) = self.pool.get().await else { continue };
+            match lease.renew(&**c, None).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    let dropped = self.hub.clear();
+                    tracing::warn!(gateway = %self.cfg.id, dropped, "gateway lease lost; sessions dropped");
+                    if let Ok(Some(l)) = Lease::acquire(&**c, lease.name(), &self.cfg.id, better_compute_db::lease::GATEWAY_LEASE_TTL, None).await {
+                        lease = l;
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "gateway lease renewal failed"),
+            }
+        }
+        // A clean stop: the sessions close as their streams end; the lease goes at once.
+        if let Ok(c) = self.pool.get().await {
+            let _ = lease.release(&**c).await;
+        }
+    }
+
+    /// Writes `last seen` as ages for every session heard from since the last flush: one
+    /// statement per batch of 5,000.
+    async fn flush_loop(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+        loop {
+            tokio::select! {
+                _ = shutdown.wait_for(|s| *s) => return,
+                _ = tokio::time::sleep(self.cfg.flush_interval) => {}
+            }
+            loop {
+                let (nodes, epochs, ages) = self.hub.take_unflushed(5_000);
+                if nodes.is_empty() {
+                    break;
+                }
+                let Ok(c) = self.pool.get().await else { break };
+                if let Err(e) = session::flush_last_seen(&**c, &self.cfg.id, &nodes, &epochs, &ages).await {
+                    tracing::warn!(error = %e, "liveness flush failed");
+                }
+                if nodes.len() < 5_000 {
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Runs pokes with bounded concurrency.
+    async fn poke_loop(self: Arc<Self>, mut pokes: tokio::sync::mpsc::Receiver<Poke>, mut shutdown: watch::Receiver<bool>) {
+        loop {
+            let poke = tokio::select! {
+                _ = shutdown.wait_for(|s| *s) => return,
+                p = pokes.recv() => match p { Some(p) => p, None => return },
+            };
+            self.clone().spawn_poke(poke).await;
+        }
+    }
+
+    async fn spawn_poke(self: Arc<Self>, poke: Poke) {
+        let node = match &poke {
+            Poke::Commands(n) | Poke::Spec(n) => n.clone(),
+        };
+        if self.hub.get(&node).is_none() {
+            return;
+        }
+        let Ok(permit) = self.clone().dispatching_owned().await else { return };
+        tokio::spawn(async move {
+            let r = match poke {
+                Poke::Commands(n) => self.dispatch(&n).await,
+                Poke::Spec(n) => self.push_spec(&n, false).await,
+            };
+            if let Err(e) = r {
+                tracing::warn!(node = %node, error = %e, "dispatch failed; the poll retries");
+            }
+            drop(permit);
+        });
+    }
+
+    async fn dispatching_owned(self: Arc<Self>) -> Result<tokio::sync::OwnedSemaphorePermit, ()> {
+        self.dispatching.clone().acquire_owned().await.map_err(|_| ())
+    }
+
+    /// Every poll: the nodes of our sessions with due commands or cancels, and those behind on
+    /// desired state. This is what makes a lost poke only a delay.
+    async fn poll_loop(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+        loop {
+            tokio::select! {
+                _ = shutdown.wait_for(|s| *s) => return,
+                _ = tokio::time::sleep(self.cfg.poll_interval) => {}
+            }
+            if let Err(e) = self.clone().poll_once().await {
+                tracing::warn!(error = %e, "gateway poll failed");
+            }
+        }
+    }
+
+    pub(crate) async fn poll_once(self: Arc<Self>) -> Result<(), DbError> {
+        if self.hub.is_empty() {
+            return Ok(());
+        }
+        let (work, behind) = {
+            let c = self.pool.get().await?;
+            (session::nodes_with_work(&**c, &self.cfg.id).await?, session::nodes_behind(&**c, &self.cfg.id).await?)
+        };
+        for n in work {
+            self.clone().spawn_poke(Poke::Commands(n)).await;
+        }
+        for (n, generation) in behind {
+            if self.hub.get(&n).is_some_and(|s| s.sent_generation() < generation) {
+                self.clone().spawn_poke(Poke::Spec(n)).await;
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends the node its due pending commands (as many as its queue has room for) and Cancel for
+    /// in-flight ones someone cancelled. A superseded session is dropped.
+    pub(crate) async fn dispatch(&self, node_id: &str) -> Result<(), DbError> {
+        let Some(s) = self.hub.get(node_id) else { return Ok(()) };
+        let room = s.out.capacity().min(64) as i64;
+        if room == 0 {
+            return Ok(()); // a slow daemon: the poll comes back to it
+        }
+        let mut c = self.pool.get().await?;
+        let tx = c.transaction().await?;
+        let Some(d) = session::dispatch(&*tx, node_id, &self.cfg.id, s.epoch, room).await? else {
+            tx.rollback().await?;
+            self.hub.remove(node_id, s.epoch);
+            return Ok(());
+        };
+        tx.commit().await?;
+        for cmd in d.commands {
+            let sent = s.out.try_send(Ok(command_message(node_id, &cmd)));
+            if sent.is_err() {
+                // Stays `sent`: it goes again when the daemon reconnects, or times out.
+                tracing::warn!(node = %node_id, command = %cmd.id, "session queue full; the command goes again on reconnect");
+            }
+            metrics::counter!("gateway_commands_sent_total").increment(1);
+        }
+        for id in d.cancels {
+            let _ = s.out.try_send(Ok(GatewayMessage { msg: Some(gateway_message::Msg::Cancel(Cancel { command_id: id })) }));
+        }
+        Ok(())
+    }
+
+    /// Sends the node its desired state if it is newer than what this session has seen (or
+    /// always, with `force`).
+    pub(crate) async fn push_spec(&self, node_id: &str, force: bool) -> Result<(), DbError> {
+        let Some(s) = self.hub.get(node_id) else { return Ok(()) };
+        let Some((generation, json)) = ({
+            let c = self.pool.get().await?;
+            session::desired_state(&**c, node_id).await?
+        }) else {
+            return Ok(());
+        };
+        if !s.claim_generation(generation) && !force {
+            return Ok(());
+        }
+        let spec: NodeSpec = match serde_json::from_value(json) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::error!(node = %node_id, error = %e, "stored spec does not parse as NodeSpec");
+                return Ok(());
+            }
+        };
+        let msg = GatewayMessage { msg: Some(gateway_message::Msg::DesiredState(DesiredState { generation, spec: Some(spec) })) };
+        if s.out.try_send(Ok(msg)).is_err() {
+            tracing::warn!(node = %node_id, "session queue full; desired state goes again on the next poll");
+            // Let the next poll try again.
+            s.reset_generation(generation - 1);
+        }
+        Ok(())
+    }
+}
+
+pub(crate) fn command_message(node_id: &str, c: &session::Dispatch) -> GatewayMessage {
+    let body = CommandBody::decode(c.body.as_slice()).unwrap_or_default();
+    GatewayMessage {
+        msg: Some(gateway_message::Msg::Command(Command {
+            command_id: c.id.clone(),
+            node_id: node_id.to_owned(),
+            seq: c.seq,
+            kind: c.kind.clone(),
+            lane: c.lane.clone(),
+            body: Some(body),
+            min_generation: c.min_generation,
+            expires_in_ms: c.expires_in_ms,
+            retry_safe: c.retry_safe,
+        })),
+    }
+}
+
+/// Holds a LISTEN connection for command and desired-state pokes; reconnects after failures.
+/// Only an optimisation: the gateway polls anyway.
+async fn listen_for_pokes(url: String, pokes: tokio::sync::mpsc::Sender<Poke>, mut shutdown: watch::Receiver<bool>) {
+    use better_compute_nodes::commands::COMMANDS_CHANNEL;
+    use better_compute_runtime::nodespec::NODESPEC_CHANNEL;
+    loop {
+        if let Ok((client, mut connection)) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await {
+            let forward = pokes.clone();
+            let pump = tokio::spawn(async move {
+                let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+                while let Some(Ok(m)) = messages.next().await {
+                    if let tokio_postgres::AsyncMessage::Notification(n) = m {
+                        let node = n.payload().to_owned();
+                        let poke = if n.channel() == NODESPEC_CHANNEL { Poke::Spec(node) } else { Poke::Commands(node) };
+                        // Full: dropped; the poll covers it.
+                        let _ = forward.try_send(poke);
+                    }
+                }
+            });
+            if client.batch_execute(&format!("LISTEN {COMMANDS_CHANNEL}; LISTEN {NODESPEC_CHANNEL}")).await.is_ok() {
+                let abort = pump.abort_handle();
+                tokio::select! {
+                    _ = shutdown.wait_for(|s| *s) => { abort.abort(); return; }
+                    _ = pump => {}
+                }
+            } else {
+                pump.abort();
+            }
+        }
+        tokio::select! {
+            _ = shutdown.wait_for(|s| *s) => return,
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
+    }
+}
+
+/// Where the CA lives when nothing else is said: `<data>/ca`.
+pub fn default_ca_dir(data_dir: &std::path::Path) -> PathBuf {
+    data_dir.join("ca")
+}

@@ -1,0 +1,274 @@
+//! The gRPC service: `Join`, `RotateCertificate` and `Session`.
+
+use std::sync::Arc;
+
+use better_compute_core::{Error, ErrorCode};
+use better_compute_db::DbError;
+use better_compute_nodes::commands::Rejection;
+use better_compute_nodes::join::{self, IssuedCertificate};
+use better_compute_nodes::session::{self, CommandReport};
+use better_compute_proto::v1::gateway_server::Gateway;
+use better_compute_proto::v1::{
+    daemon_message, gateway_message, CertificateGrant, DaemonMessage, GatewayMessage, JoinRequest, JoinResponse, RejectReason,
+    RotateCertificateRequest, Welcome,
+};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::hub::Session;
+use crate::{ca, Inner};
+
+pub(crate) struct GatewayService {
+    pub(crate) inner: Arc<Inner>,
+}
+
+/// Longest free-text field a daemon may send (reasons, messages), and longest result.
+const MAX_TEXT: usize = 4096;
+const MAX_RESULT: usize = 1 << 20;
+
+fn status(e: impl Into<Error>) -> Status {
+    let e: Error = e.into();
+    let msg = format!("{}: {}", e.code.as_str(), e.message);
+    match e.code {
+        ErrorCode::InvalidArgument => Status::invalid_argument(msg),
+        ErrorCode::Unauthenticated => Status::unauthenticated(msg),
+        ErrorCode::PermissionDenied => Status::permission_denied(msg),
+        ErrorCode::NotFound => Status::not_found(msg),
+        ErrorCode::Conflict => Status::already_exists(msg),
+        ErrorCode::FailedPrecondition => Status::failed_precondition(msg),
+        _ => Status::internal(msg),
+    }
+}
+
+fn db(e: impl Into<DbError>) -> Status {
+    status(e.into())
+}
+
+fn ca_error(e: ca::CaError) -> Status {
+    Status::invalid_argument(format!("INVALID_ARGUMENT: certificate signing request: {e}"))
+}
+
+fn grant(s: &ca::Signed, ca_pem: &str) -> CertificateGrant {
+    CertificateGrant {
+        certificate_pem: s.pem.clone(),
+        ca_pem: ca_pem.to_owned(),
+        not_before_unix_s: s.not_before_unix_s,
+        not_after_unix_s: s.not_after_unix_s,
+    }
+}
+
+fn issued(s: &ca::Signed) -> IssuedCertificate<'_> {
+    IssuedCertificate { fingerprint: s.fingerprint, serial: &s.serial, not_before_unix_s: s.not_before_unix_s, not_after_unix_s: s.not_after_unix_s }
+}
+
+impl GatewayService {
+    /// The node behind the client certificate of this connection.
+    async fn peer_node(&self, certs: Option<Arc<Vec<tonic::transport::CertificateDer<'static>>>>) -> Result<String, Status> {
+        let certs = certs.ok_or_else(|| Status::unauthenticated("UNAUTHENTICATED: a node certificate is required; join first"))?;
+        let leaf = certs.first().ok_or_else(|| Status::unauthenticated("UNAUTHENTICATED: a node certificate is required; join first"))?;
+        let fp = ca::fingerprint(leaf.as_ref());
+        let c = self.inner.pool.get().await.map_err(db)?;
+        join::certificate_node(&**c, &fp)
+            .await
+            .map_err(db)?
+            .ok_or_else(|| Status::unauthenticated("UNAUTHENTICATED: this certificate is unknown or revoked; join again"))
+    }
+}
+
+#[tonic::async_trait]
+impl Gateway for GatewayService {
+    async fn join(&self, req: Request<JoinRequest>) -> Result<Response<JoinResponse>, Status> {
+        let r = req.into_inner();
+        if r.join_token.is_empty() || r.join_token.len() > 256 {
+            return Err(Status::unauthenticated("UNAUTHENTICATED: a join token is required"));
+        }
+        if r.csr_pem.len() > 16 << 10 || r.labels.len() > 64 {
+            return Err(Status::invalid_argument("INVALID_ARGUMENT: the CSR is at most 16 KiB and labels at most 64"));
+        }
+        let inv = r.inventory.ok_or_else(|| Status::invalid_argument("INVALID_ARGUMENT: the inventory is required"))?;
+        if inv.gpus.len() > 64 {
+            return Err(Status::invalid_argument("INVALID_ARGUMENT: at most 64 GPUs per node"));
+        }
+        let mut c = self.inner.pool.get().await.map_err(db)?;
+        let tx = c.transaction().await.map_err(db)?;
+        let joined = join::redeem(&*tx, &r.join_token, &r.node_name, &r.labels, &inv).await.map_err(db)?;
+        let signed = self.inner.ca.sign_node(&r.csr_pem, &joined.node_id, self.inner.cfg.node_cert_lifetime).map_err(ca_error)?;
+        join::record_certificate(&*tx, &joined.node_id, &issued(&signed)).await.map_err(db)?;
+        tx.commit().await.map_err(db)?;
+        better_compute_runtime::work_queue::poke(&**c).await;
+        tracing::info!(node = %joined.node_id, pool = %joined.pool_id, "node joined");
+        Ok(Response::new(JoinResponse { node_id: joined.node_id, certificate: Some(grant(&signed, self.inner.ca.cert_pem())) }))
+    }
+
+    async fn rotate_certificate(&self, req: Request<RotateCertificateRequest>) -> Result<Response<CertificateGrant>, Status> {
+        let node = self.peer_node(req.peer_certs()).await?;
+        let r = req.into_inner();
+        if r.csr_pem.len() > 16 << 10 {
+            return Err(Status::invalid_argument("INVALID_ARGUMENT: the CSR is at most 16 KiB"));
+        }
+        let signed = self.inner.ca.sign_node(&r.csr_pem, &node, self.inner.cfg.node_cert_lifetime).map_err(ca_error)?;
+        let mut c = self.inner.pool.get().await.map_err(db)?;
+        let tx = c.transaction().await.map_err(db)?;
+        join::record_certificate(&*tx, &node, &issued(&signed)).await.map_err(db)?;
+        tx.commit().await.map_err(db)?;
+        Ok(Response::new(grant(&signed, self.inner.ca.cert_pem())))
+    }
+
+    type SessionStream = ReceiverStream<Result<GatewayMessage, Status>>;
+
+    async fn session(&self, req: Request<Streaming<DaemonMessage>>) -> Result<Response<Self::SessionStream>, Status> {
+        let node = self.peer_node(req.peer_certs()).await?;
+        let mut inbound = req.into_inner();
+        let first = tokio::time::timeout(self.inner.cfg.hello_timeout, inbound.message())
+            .await
+            .map_err(|_| Status::deadline_exceeded("DEADLINE_EXCEEDED: say Hello first"))??;
+        let Some(DaemonMessage { msg: Some(daemon_message::Msg::Hello(hello)) }) = first else {
+            return Err(Status::invalid_argument("INVALID_ARGUMENT: the first message of a session is Hello"));
+        };
+        if hello.node_id != node {
+            return Err(Status::permission_denied("PERMISSION_DENIED: this certificate belongs to another node"));
+        }
+        for (field, v) in [("bootId", &hello.boot_id), ("journalId", &hello.journal_id), ("daemonVersion", &hello.daemon_version)] {
+            if v.is_empty() || v.len() > 128 {
+                return Err(Status::invalid_argument(format!("INVALID_ARGUMENT: {field} must be 1 to 128 characters")));
+            }
+        }
+        let inner = &self.inner;
+        let (out, rx) = tokio::sync::mpsc::channel(inner.cfg.session_queue.max(8));
+        let opened = {
+            let mut c = inner.pool.get().await.map_err(db)?;
+            let tx = c.transaction().await.map_err(db)?;
+            let h = session::Hello {
+                node_id: &node,
+                gateway_id: &inner.cfg.id,
+                boot_id: &hello.boot_id,
+                journal_id: &hello.journal_id,
+                daemon_version: &hello.daemon_version,
+            };
+            let opened = session::open(&*tx, &h).await.map_err(db)?;
+            tx.commit().await.map_err(db)?;
+            opened
+        };
+        let s = Arc::new(Session::new(opened.session_epoch, out.clone(), hello.observed_generation, inner.hub.now_ms()));
+        inner.hub.insert(&node, s.clone());
+        let welcome = Welcome { session_epoch: opened.session_epoch, generation: opened.generation };
+        let _ = out.try_send(Ok(GatewayMessage { msg: Some(gateway_message::Msg::Welcome(welcome)) }));
+        if hello.observed_generation < opened.generation {
+            inner.push_spec(&node, true).await.map_err(db)?;
+        }
+        // At least once: what was in flight goes again; the daemon's journal makes that safe.
+        let again = {
+            let c = inner.pool.get().await.map_err(db)?;
+            session::in_flight(&**c, &node).await.map_err(db)?
+        };
+        for d in &again {
+            let _ = out.try_send(Ok(crate::command_message(&node, d)));
+        }
+        drop(out);
+        inner.dispatch(&node).await.map_err(db)?;
+        tracing::info!(node = %node, epoch = opened.session_epoch, "session opened");
+        tokio::spawn(read_session(inner.clone(), node, s, inbound));
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+/// Applies the daemon's messages in order until the stream ends or the session is superseded;
+/// then closes it (a superseded session closes nothing).
+async fn read_session(inner: Arc<Inner>, node: String, s: Arc<Session>, mut inbound: Streaming<DaemonMessage>) {
+    let reason = loop {
+        let msg = match inbound.message().await {
+            Ok(Some(m)) => m,
+            Ok(None) => break "daemon-closed",
+            Err(_) => break "transport-error",
+        };
+        s.touch(inner.hub.now_ms());
+        match apply(&inner, &node, &s, msg).await {
+            Ok(true) => {}
+            Ok(false) => break "superseded",
+            Err(e) => {
+                // A database hiccup: the daemon reconnects and everything in flight goes again.
+                tracing::warn!(node = %node, error = %e, "session report failed; closing the session");
+                break "gateway-error";
+            }
+        }
+    };
+    inner.hub.remove(&node, s.epoch);
+    if let Ok(mut c) = inner.pool.get().await {
+        if let Ok(tx) = c.transaction().await {
+            if session::close(&*tx, &node, s.epoch, reason).await.is_ok() {
+                let _ = tx.commit().await;
+            }
+        }
+    }
+    tracing::info!(node = %node, epoch = s.epoch, reason, "session closed");
+}
+
+fn clip(s: &str) -> &str {
+    if s.len() <= MAX_TEXT {
+        return s;
+    }
+    let mut end = MAX_TEXT;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+/// Applies one message under the session's fence. `Ok(false)`: the session was superseded.
+async fn apply(inner: &Inner, node: &str, s: &Session, msg: DaemonMessage) -> Result<bool, DbError> {
+    use daemon_message::Msg;
+    let Some(msg) = msg.msg else { return Ok(true) };
+    if matches!(msg, Msg::Heartbeat(_)) {
+        return Ok(true);
+    }
+    let mut c = inner.pool.get().await?;
+    let tx = c.transaction().await?;
+    if !session::fence(&*tx, node, &inner.cfg.id, s.epoch).await? {
+        return Ok(false);
+    }
+    let mut poke = false;
+    match msg {
+        Msg::Heartbeat(_) => {}
+        Msg::Hello(_) => return Err(Error::invalid_argument("Hello twice in one session").into()),
+        Msg::CommandAck(a) => {
+            session::report_command(&*tx, node, &a.command_id, CommandReport::Ack).await?;
+        }
+        Msg::CommandReject(r) => {
+            let why = match RejectReason::try_from(r.reason) {
+                Ok(RejectReason::StaleGeneration) => Rejection::StaleGeneration,
+                Ok(RejectReason::Expired) => Rejection::Expired,
+                Ok(RejectReason::Busy) => Rejection::Busy,
+                Ok(RejectReason::BadSignature) => Rejection::BadSignature,
+                _ => Rejection::Unsupported,
+            };
+            poke = why == Rejection::Busy;
+            session::report_command(&*tx, node, &r.command_id, CommandReport::Reject(why)).await?;
+        }
+        Msg::CommandResult(r) => {
+            let result = if r.result_json.len() > MAX_RESULT {
+                serde_json::json!({"truncated": true, "bytes": r.result_json.len()})
+            } else {
+                serde_json::from_str(&r.result_json).unwrap_or(serde_json::Value::String(r.result_json.clone()))
+            };
+            let reason = clip(&r.reason);
+            let report = CommandReport::Result { succeeded: r.succeeded, reason: Some(reason), result: &result };
+            session::report_command(&*tx, node, &r.command_id, report).await?;
+            poke = true; // a lane credit came free
+        }
+        Msg::SpecStatus(st) => {
+            if st.observed_generation < 0 || st.generation < 0 {
+                return Err(Error::invalid_argument("generations are not negative").into());
+            }
+            session::report_spec_status(&*tx, node, &st).await?;
+        }
+        Msg::Inventory(inv) => session::report_inventory(&*tx, node, &inv).await?,
+        Msg::Health(h) => {
+            session::report_health(&*tx, node, &h).await?;
+        }
+    }
+    tx.commit().await?;
+    if poke {
+        inner.dispatch(node).await?;
+    }
+    Ok(true)
+}

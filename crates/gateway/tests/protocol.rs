@@ -1,0 +1,495 @@
+//! The daemon<->gateway protocol end to end: real PostgreSQL, real gRPC over loopback with mTLS,
+//! real daemons with fake GPUs, simulated time where time matters. Every wait is bounded.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use better_compute_daemon::fake::FakeGpus;
+use better_compute_daemon::{Daemon, DaemonConfig, HostResources, RebootHook};
+use better_compute_gateway::{Ca, Gateway, GatewayConfig};
+use better_compute_nodes::commands::{self, NewCommand};
+use better_compute_nodes::inventory::{self, NewPool};
+use better_compute_nodes::{listing, NodesModule};
+use better_compute_runtime::harness::Harness;
+use tokio::sync::watch;
+
+/// Anything that waits for the system runs under this.
+const PATIENCE: Duration = Duration::from_secs(30);
+
+struct Fleet {
+    h: Harness,
+    ca: Arc<Ca>,
+    pool_id: String,
+    dir: tempfile::TempDir,
+}
+
+struct RunningGateway {
+    gw: Gateway,
+    stop: watch::Sender<bool>,
+}
+
+struct RunningDaemon {
+    d: Arc<Daemon>,
+    task: tokio::task::JoinHandle<()>,
+    stop: watch::Sender<bool>,
+}
+
+impl RunningDaemon {
+    /// Kills the daemon as a crash would: no goodbye; waits until its journal is closed.
+    async fn kill(self) {
+        let _ = self.stop.send(true);
+        self.task.abort();
+        let _ = self.task.await;
+        let d = self.d;
+        for _ in 0..3000 {
+            if Arc::strong_count(&d) == 1 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("daemon still referenced after kill");
+    }
+}
+
+async fn wait_until<F, Fut>(what: &str, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while tokio::time::Instant::now() < deadline {
+        if f().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("timed out waiting until {what}");
+}
+
+impl Fleet {
+    async fn new() -> Fleet {
+        let h = Harness::new(vec![Arc::new(NodesModule)]).await;
+        let mut c = h.db().client().await;
+        let tx = c.transaction().await.unwrap();
+        let site = inventory::create_site(&*tx, "s").await.unwrap();
+        let pool_id = inventory::create_pool(
+            &*tx,
+            &NewPool { site_id: site, name: "p".into(), kind: "bare-metal".into(), vcpu_ratio: 1.0, memory_ratio: 1.0, disk_ratio: 1.0, lost_after_s: None },
+        )
+        .await
+        .unwrap();
+        tx.commit().await.unwrap();
+        Fleet { h, ca: Arc::new(Ca::generate().unwrap()), pool_id, dir: tempfile::tempdir().unwrap() }
+    }
+
+    async fn gateway(&self, id: &str, pokes: bool) -> RunningGateway {
+        let mut cfg = GatewayConfig::new(id, "127.0.0.1:0");
+        cfg.poll_interval = Duration::from_millis(if pokes { 200 } else { 400 });
+        cfg.flush_interval = Duration::from_millis(200);
+        cfg.listen_url = pokes.then(|| self.h.db().connection_string().to_owned());
+        let (stop, stopped) = watch::channel(false);
+        let gw = Gateway::start(self.h.db().pool.clone(), self.ca.clone(), cfg, stopped).await.unwrap();
+        RunningGateway { gw, stop }
+    }
+
+    async fn join_token(&self, ttl_s: Option<i64>) -> String {
+        let mut c = self.h.db().client().await;
+        let tx = c.transaction().await.unwrap();
+        let t = listing::create_join_token(&*tx, &self.pool_id, ttl_s, "test").await.unwrap();
+        tx.commit().await.unwrap();
+        t.secret
+    }
+
+    fn config(&self, gw: &RunningGateway, name: &str, token: Option<String>) -> DaemonConfig {
+        let mut cfg = DaemonConfig::new(format!("https://{}", gw.gw.addr()), self.dir.path().join(name), name);
+        cfg.join_token = token;
+        cfg.ca_pem = Some(self.ca.cert_pem().to_owned());
+        cfg.boot_id = "boot-1".into();
+        cfg.host = HostResources { vcpu: 64, memory_mib: 512 * 1024, disk_gib: 1000 };
+        cfg.backoff_min = Duration::from_millis(50);
+        cfg.backoff_max = Duration::from_millis(200);
+        cfg
+    }
+
+    async fn start(&self, cfg: DaemonConfig, gpus: Arc<FakeGpus>) -> RunningDaemon {
+        let d = Daemon::start(cfg, gpus).await.unwrap();
+        let (stop, stopped) = watch::channel(false);
+        let task = tokio::spawn(d.clone().run(stopped));
+        RunningDaemon { d, task, stop }
+    }
+
+    async fn one(&self, sql: &str, node: &str) -> tokio_postgres::Row {
+        self.h.db().client().await.query_one(sql, &[&node]).await.unwrap()
+    }
+
+    async fn observed(&self, node: &str) -> (i64, i64) {
+        let r = self.one("SELECT generation, observed_generation FROM nodes WHERE id = $1", node).await;
+        (r.get(0), r.get(1))
+    }
+
+    /// Runs the NodeSpec controller until the node's spec is stored.
+    async fn settle_spec(&self) {
+        self.h.job("nodespec").drain(20).await;
+    }
+
+    async fn converged(&self, node: &str) {
+        wait_until("the node reports its current generation", || async {
+            let (g, o) = self.observed(node).await;
+            g >= 1 && o == g
+        })
+        .await;
+    }
+
+    async fn enqueue(&self, node: &str, kind: &str, payload: serde_json::Value, key: &str) -> String {
+        let c = self.h.db().client().await;
+        let v = commands::enqueue(
+            &**c,
+            self.h.registry(),
+            NewCommand {
+                node_id: node,
+                kind,
+                payload: &payload,
+                idempotency_key: key,
+                not_after: Some(Duration::from_secs(600)),
+                min_generation: 0,
+                owner: None,
+                requested_by: None,
+            },
+        )
+        .await
+        .unwrap();
+        commands::poke_gateway(&**c, node).await;
+        v.id
+    }
+
+    async fn command(&self, node: &str, id: &str) -> commands::CommandView {
+        commands::get(&**self.h.db().client().await, node, id).await.unwrap()
+    }
+
+    async fn wait_command(&self, node: &str, id: &str, state: &str) -> commands::CommandView {
+        wait_until(&format!("command {id} is {state}"), || async { self.command(node, id).await.state == state }).await;
+        self.command(node, id).await
+    }
+}
+
+fn gpus(name: &str) -> Arc<FakeGpus> {
+    Arc::new(FakeGpus::parse("fake:2xH100-80GB", name).unwrap())
+}
+
+#[tokio::test]
+async fn a_valid_token_joins_once_an_expired_or_reused_one_is_refused_and_a_foreign_ca_cannot_open_a_session() {
+    let f = Fleet::new().await;
+    let g = f.gateway("gw_a", true).await;
+    let token = f.join_token(None).await;
+    let d = f.start(f.config(&g, "n1", Some(token.clone())), gpus("n1")).await;
+    let node = d.d.node_id();
+    let r = f.one("SELECT joined_at IS NOT NULL, generation, (SELECT count(*) FROM devices WHERE node_id = $1 AND parent_id IS NULL) FROM nodes WHERE id = $1", &node).await;
+    assert_eq!((r.get::<_, bool>(0), r.get::<_, i64>(1), r.get::<_, i64>(2)), (true, 1, 2), "joined, adopted at generation 1, with its GPUs");
+    f.settle_spec().await;
+    f.converged(&node).await;
+    assert_eq!(f.one("SELECT liveness FROM nodes WHERE id = $1", &node).await.get::<_, String>(0), "connected");
+
+    // The same token again: refused, and nothing is registered.
+    let err = Daemon::start(f.config(&g, "n2", Some(token)), gpus("n2")).await.err().expect("reused token");
+    assert!(err.to_string().contains("already used"), "{err}");
+    // An expired token: refused.
+    let expired = f.join_token(Some(60)).await;
+    f.h.db().advance(Duration::from_secs(61)).await;
+    let err = Daemon::start(f.config(&g, "n3", Some(expired)), gpus("n3")).await.err().expect("expired token");
+    assert!(err.to_string().contains("expired"), "{err}");
+    assert_eq!(f.h.db().client().await.query_one("SELECT count(*) FROM nodes", &[]).await.unwrap().get::<_, i64>(0), 1);
+
+    // A certificate from another CA: the TLS handshake itself fails.
+    let other = Ca::generate().unwrap();
+    let req = better_compute_daemon::identity::request("n1").unwrap();
+    let signed = other.sign_node(&req.csr_pem, &node, Duration::from_secs(3600)).unwrap();
+    let forged = better_compute_daemon::identity::Identity::from_grant(
+        &node,
+        req,
+        better_compute_proto::v1::CertificateGrant {
+            certificate_pem: signed.pem,
+            ca_pem: f.ca.cert_pem().to_owned(),
+            not_before_unix_s: signed.not_before_unix_s,
+            not_after_unix_s: signed.not_after_unix_s,
+        },
+    );
+    let forged_dir = f.dir.path().join("forged");
+    forged.save(&forged_dir).unwrap();
+    let mut cfg = f.config(&g, "forged", None);
+    cfg.backoff_min = Duration::from_secs(3600);
+    let imposter = Daemon::start(cfg, gpus("n1")).await.unwrap();
+    let epoch_before = f.one("SELECT session_epoch FROM node_sessions WHERE node_id = $1", &node).await.get::<_, i64>(0);
+    let (_stop, stopped) = watch::channel(false);
+    let attempt = tokio::time::timeout(Duration::from_secs(3), tokio::spawn(imposter.clone().run(stopped)));
+    let _ = attempt.await; // it never gets a session; its back-off is an hour
+    let epoch_after = f.one("SELECT session_epoch FROM node_sessions WHERE node_id = $1", &node).await.get::<_, i64>(0);
+    assert_eq!(epoch_before, epoch_after, "a certificate from another CA opened no session");
+    assert_eq!(f.one("SELECT liveness FROM nodes WHERE id = $1", &node).await.get::<_, String>(0), "connected");
+    d.kill().await;
+    let _ = g.stop.send(true);
+}
+
+#[tokio::test]
+async fn a_daemon_reconnecting_behind_the_current_generation_gets_the_full_spec_and_a_lost_poke_only_delays() {
+    let f = Fleet::new().await;
+    // No LISTEN: every poke is lost; only the gateway's poll delivers.
+    let g = f.gateway("gw_a", false).await;
+    let token = f.join_token(None).await;
+    let fake = gpus("n1");
+    let d = f.start(f.config(&g, "n1", Some(token)), fake.clone()).await;
+    let node = d.d.node_id();
+    f.settle_spec().await;
+    f.converged(&node).await;
+    assert_eq!(d.d.applied_generation(), 1);
+
+    // A change while the daemon is away: generation 2.
+    d.kill().await;
+    wait_until("the session is closed", || async { f.one("SELECT liveness FROM nodes WHERE id = $1", &node).await.get::<_, String>(0) == "disconnected" }).await;
+    {
+        let c = f.h.db().client().await;
+        c.execute("UPDATE nodes SET labels = '{\"rack\": \"r9\"}' WHERE id = $1", &[&node]).await.unwrap();
+        better_compute_runtime::desired::invalidate(&**c, &node).await.unwrap();
+    }
+    f.settle_spec().await;
+    assert_eq!(f.observed(&node).await, (2, 1));
+    // It comes back at generation 1 and is sent the whole spec after Welcome.
+    let d = f.start(f.config(&g, "n1", None), fake.clone()).await;
+    f.converged(&node).await;
+    assert_eq!(d.d.applied_generation(), 2);
+
+    // A change while it is connected, with the poke lost: the poll delivers it.
+    {
+        let c = f.h.db().client().await;
+        c.execute("UPDATE nodes SET labels = '{\"rack\": \"r10\"}' WHERE id = $1", &[&node]).await.unwrap();
+        better_compute_runtime::desired::invalidate(&**c, &node).await.unwrap();
+    }
+    f.settle_spec().await;
+    assert_eq!(f.observed(&node).await.0, 3);
+    f.converged(&node).await;
+    assert_eq!(d.d.applied_generation(), 3);
+    let status: serde_json::Value = f.one("SELECT spec_status FROM nodes WHERE id = $1", &node).await.get(0);
+    assert_eq!(status["observedGeneration"], "3", "{status}");
+    d.kill().await;
+    let _ = g.stop.send(true);
+}
+
+#[tokio::test]
+async fn a_zombie_gateway_can_neither_route_nor_mark_liveness_after_the_node_reconnected_elsewhere() {
+    let f = Fleet::new().await;
+    let a = f.gateway("gw_a", true).await;
+    let b = f.gateway("gw_b", true).await;
+    let token = f.join_token(None).await;
+    let fake_a = gpus("n1");
+    let mut cfg = f.config(&a, "n1", Some(token));
+    cfg.backoff_min = Duration::from_secs(3600); // once A drops it, this daemon stays away
+    cfg.backoff_max = Duration::from_secs(3600);
+    let d1 = f.start(cfg, fake_a.clone()).await;
+    let node = d1.d.node_id();
+    f.settle_spec().await;
+    f.converged(&node).await;
+    // The same node (a copy of its identity and journal) reaches gateway B: a partition where A
+    // has not noticed that its connection is gone.
+    let copy = f.dir.path().join("n1-copy");
+    std::fs::create_dir_all(&copy).unwrap();
+    for file in ["node.json", "node.pem", "node.key", "ca.pem"] {
+        std::fs::copy(f.dir.path().join("n1").join(file), copy.join(file)).unwrap();
+    }
+    let mut cfg_b = f.config(&b, "n1-copy", None);
+    cfg_b.node_name = "n1".into();
+    let fake_b = gpus("n1");
+    let d2 = f.start(cfg_b, fake_b.clone()).await;
+    wait_until("B holds the session", || async {
+        f.one("SELECT gateway_id FROM node_sessions WHERE node_id = $1", &node).await.get::<_, String>(0) == "gw_b"
+    })
+    .await;
+    let epoch_b: i64 = f.one("SELECT session_epoch FROM node_sessions WHERE node_id = $1", &node).await.get(0);
+    assert_eq!(epoch_b, 2);
+
+    // A's writes carry its old epoch and change nothing.
+    let c = f.h.db().client().await;
+    let seen_before: std::time::SystemTime = f.one("SELECT last_seen_at FROM node_sessions WHERE node_id = $1", &node).await.get(0);
+    f.h.db().advance(Duration::from_secs(30)).await;
+    let wrote = better_compute_nodes::session::flush_last_seen(&**c, "gw_a", &[node.clone()], &[1], &[0.0]).await.unwrap();
+    assert_eq!(wrote, 0);
+    let seen_after: std::time::SystemTime = f.one("SELECT last_seen_at FROM node_sessions WHERE node_id = $1", &node).await.get(0);
+    assert_eq!(seen_before, seen_after);
+    {
+        let mut c = f.h.db().client().await;
+        let tx = c.transaction().await.unwrap();
+        assert!(better_compute_nodes::session::dispatch(&*tx, &node, "gw_a", 1, 10).await.unwrap().is_none());
+    }
+
+    // A command goes through B to the daemon B serves; A, poked too, routes nothing.
+    let id = f.enqueue(&node, "diag.nvml", serde_json::json!({"level": 1}), "diag-1").await;
+    let done = f.wait_command(&node, &id, "succeeded").await;
+    assert_eq!(done.result.unwrap()["backend"], "fake");
+    assert_eq!((fake_a.diag_runs(), fake_b.diag_runs()), (0, 1));
+    wait_until("A dropped its superseded session", || async { a.gw.sessions() == 0 }).await;
+    let r = f.one("SELECT gateway_id, session_epoch, closed_at IS NULL FROM node_sessions WHERE node_id = $1", &node).await;
+    assert_eq!((r.get::<_, String>(0), r.get::<_, i64>(1), r.get::<_, bool>(2)), ("gw_b".into(), 2, true));
+    assert_eq!(f.one("SELECT liveness FROM nodes WHERE id = $1", &node).await.get::<_, String>(0), "connected");
+    d1.kill().await;
+    d2.kill().await;
+    let _ = (a.stop.send(true), b.stop.send(true));
+}
+
+#[tokio::test]
+async fn killed_mid_command_the_journal_keeps_a_reboot_from_running_twice_a_wiped_one_fails_it_and_a_new_boot_succeeds_it() {
+    let f = Fleet::new().await;
+    let g = f.gateway("gw_a", true).await;
+    let token = f.join_token(None).await;
+    let reboots = Arc::new(AtomicU32::new(0));
+    let fake = gpus("n1");
+    let mut cfg = f.config(&g, "n1", Some(token));
+    let counter = reboots.clone();
+    cfg.reboot = RebootHook::Callback(Arc::new(move |_| {
+        counter.fetch_add(1, Ordering::SeqCst);
+    }));
+    let d = f.start(cfg.clone(), fake.clone()).await;
+    let node = d.d.node_id();
+    cfg.join_token = None;
+    f.settle_spec().await;
+    f.converged(&node).await;
+    let reboot = serde_json::json!({"reason": "kernel update"});
+
+    // 1. Same journal, same boot: the reboot was started and the daemon died before the machine
+    // went down. It is sent again, and the journal refuses to run it twice.
+    let first = f.enqueue(&node, "node.reboot", reboot.clone(), "reboot-1").await;
+    wait_until("the reboot hook ran", || async { reboots.load(Ordering::SeqCst) == 1 }).await;
+    f.wait_command(&node, &first, "running").await;
+    d.kill().await;
+    let journal_before = std::fs::read(f.dir.path().join("n1/journal.redb")).unwrap().len();
+    assert!(journal_before > 0);
+    let d = f.start(cfg.clone(), fake.clone()).await;
+    let v = f.wait_command(&node, &first, "failed").await;
+    assert!(v.reason.as_deref().unwrap().starts_with("interrupted"), "{v:?}");
+    assert_eq!(reboots.load(Ordering::SeqCst), 1, "not run twice");
+
+    // 2. A wiped journal: the in-flight reboot is not retry-safe, so it fails with journal-lost.
+    let second = f.enqueue(&node, "node.reboot", reboot.clone(), "reboot-2").await;
+    wait_until("the reboot hook ran again", || async { reboots.load(Ordering::SeqCst) == 2 }).await;
+    f.wait_command(&node, &second, "running").await;
+    let old_journal = d.d.journal_id().to_owned();
+    d.kill().await;
+    std::fs::remove_file(f.dir.path().join("n1/journal.redb")).unwrap();
+    let d = f.start(cfg.clone(), fake.clone()).await;
+    assert_ne!(d.d.journal_id(), old_journal);
+    let v = f.wait_command(&node, &second, "failed").await;
+    assert_eq!(v.reason.as_deref(), Some("journal-lost"));
+    assert_eq!(reboots.load(Ordering::SeqCst), 2);
+
+    // 3. The node really reboots: it comes back with a new boot id and the reboot succeeded.
+    let third = f.enqueue(&node, "node.reboot", reboot, "reboot-3").await;
+    wait_until("the reboot hook ran a third time", || async { reboots.load(Ordering::SeqCst) == 3 }).await;
+    f.wait_command(&node, &third, "running").await;
+    d.kill().await;
+    cfg.boot_id = "boot-2".into();
+    let d = f.start(cfg, fake).await;
+    f.wait_command(&node, &third, "succeeded").await;
+    assert_eq!(reboots.load(Ordering::SeqCst), 3);
+    d.kill().await;
+    let _ = g.stop.send(true);
+}
+
+#[tokio::test]
+async fn a_command_finding_its_lane_without_credits_is_busy_then_retried_and_run() {
+    let f = Fleet::new().await;
+    let g = f.gateway("gw_a", true).await;
+    let token = f.join_token(None).await;
+    let fake = gpus("n1");
+    let d = f.start(f.config(&g, "n1", Some(token)), fake.clone()).await;
+    let node = d.d.node_id();
+    f.settle_spec().await;
+    f.converged(&node).await;
+    // The diag lane has one credit; the first diagnostic holds it.
+    fake.hold_diag();
+    let a = f.enqueue(&node, "diag.nvml", serde_json::json!({}), "diag-a").await;
+    f.wait_command(&node, &a, "running").await;
+    let b = f.enqueue(&node, "diag.nvml", serde_json::json!({}), "diag-b").await;
+    wait_until("b was refused BUSY", || async {
+        f.one("SELECT busy_count FROM commands WHERE id = $1", &b).await.get::<_, i32>(0) >= 1
+    })
+    .await;
+    assert_eq!(f.command(&node, &b).await.state, "pending");
+    fake.release_diag();
+    f.wait_command(&node, &a, "succeeded").await;
+    // Its back-off is in simulated time: it is sent again once that passes.
+    f.h.db().advance(Duration::from_secs(31)).await;
+    let v = f.wait_command(&node, &b, "succeeded").await;
+    assert_eq!(v.result.unwrap()["backend"], "fake");
+    assert_eq!(fake.diag_runs(), 2);
+    d.kill().await;
+    let _ = g.stop.send(true);
+}
+
+#[tokio::test]
+async fn the_four_api_kinds_run_for_real_and_an_injected_xid_marks_the_gpu_unhealthy() {
+    let f = Fleet::new().await;
+    let g = f.gateway("gw_a", true).await;
+    let token = f.join_token(None).await;
+    let fake = gpus("n1");
+    let d = f.start(f.config(&g, "n1", Some(token)), fake.clone()).await;
+    let node = d.d.node_id();
+    f.settle_spec().await;
+    f.converged(&node).await;
+
+    let diag = f.enqueue(&node, "diag.nvml", serde_json::json!({"level": 2}), "k-diag").await;
+    let v = f.wait_command(&node, &diag, "succeeded").await.result.unwrap();
+    assert_eq!((v["level"].as_i64(), v["gpus"].as_array().map(Vec::len)), (Some(2), Some(2)));
+
+    let inv = f.enqueue(&node, "inventory.refresh", serde_json::json!({"sections": ["gpus", "cpus"], "rescan": true}), "k-inv").await;
+    let v = f.wait_command(&node, &inv, "succeeded").await.result.unwrap();
+    assert_eq!(v["sections"]["cpus"]["vcpu"], 64);
+    assert_eq!(v["sections"]["gpus"].as_array().unwrap().len(), 2);
+    assert!(v["sections"].get("memory").is_none());
+    let reported: serde_json::Value = f.one("SELECT reported_inventory FROM nodes WHERE id = $1", &node).await.get(0);
+    assert_eq!(reported["gpus"].as_array().unwrap().len(), 2);
+
+    let logs = f.enqueue(&node, "logs.collect", serde_json::json!({"maxBytes": 4096}), "k-logs").await;
+    let v = f.wait_command(&node, &logs, "succeeded").await.result.unwrap();
+    let lines = v["units"][0]["lines"].as_array().unwrap();
+    assert!(lines.iter().any(|l| l.as_str().unwrap().contains("daemon started")), "{v}");
+    assert!(lines.iter().map(|l| l.as_str().unwrap().len()).sum::<usize>() <= 4096);
+
+    // Without a configured hook a reboot fails and says how to enable it.
+    let reboot = f.enqueue(&node, "node.reboot", serde_json::json!({"reason": "test"}), "k-reboot").await;
+    let v = f.wait_command(&node, &reboot, "failed").await;
+    assert!(v.reason.unwrap().contains("--reboot-command"));
+
+    // Health: XID 79 (fallen off the bus) takes the GPU out of placement.
+    let uuid = fake.uuids()[1].clone();
+    fake.inject_xid(1, 79);
+    wait_until("the GPU is unhealthy in the database", || async {
+        !f.h.db().client().await.query_one("SELECT healthy FROM devices WHERE id = $1", &[&uuid]).await.unwrap().get::<_, bool>(0)
+    })
+    .await;
+    d.kill().await;
+    let _ = g.stop.send(true);
+}
+
+#[tokio::test]
+async fn a_rotated_certificate_replaces_the_old_one_and_moves_the_join_time() {
+    let f = Fleet::new().await;
+    let g = f.gateway("gw_a", true).await;
+    let token = f.join_token(None).await;
+    let d = f.start(f.config(&g, "n1", Some(token)), gpus("n1")).await;
+    let node = d.d.node_id();
+    let joined: std::time::SystemTime = f.one("SELECT joined_at FROM nodes WHERE id = $1", &node).await.get(0);
+    f.h.db().advance(Duration::from_secs(60)).await;
+    d.d.rotate_certificate().await.unwrap();
+    let r = f.one("SELECT count(*), max(created_at) FROM node_certificates WHERE node_id = $1", &node).await;
+    assert_eq!(r.get::<_, i64>(0), 2);
+    let rejoined: std::time::SystemTime = f.one("SELECT joined_at FROM nodes WHERE id = $1", &node).await.get(0);
+    assert_eq!(rejoined, r.get::<_, std::time::SystemTime>(1), "joined is the newest certificate");
+    assert!(rejoined > joined);
+    // The new certificate opens sessions.
+    d.kill().await;
+    let d = f.start(f.config(&g, "n1", None), gpus("n1")).await;
+    wait_until("a session with the new certificate", || async {
+        f.one("SELECT session_epoch FROM node_sessions WHERE node_id = $1", &node).await.get::<_, i64>(0) >= 2
+    })
+    .await;
+    d.kill().await;
+    let _ = g.stop.send(true);
+}

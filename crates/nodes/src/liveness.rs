@@ -1,0 +1,180 @@
+//! `liveness`: whether a joined node's daemon is there. Level-triggered over every joined node,
+//! every 5 seconds:
+//!
+//! - connected → disconnected when its session closed, its gateway's lease expired (then with
+//!   [`GATEWAY_LOSS_GRACE_S`] more grace), or its gateway has not heard from it for
+//!   [`SILENT_SESSION_S`];
+//! - disconnected → unreachable after [`UNREACHABLE_AFTER_S`] without a session plus the grace,
+//!   counted from the join for a node that never opened one. Unreachable joins
+//!   `noScheduleReasons` and raises `node.unreachable` (NodeUnreachable); nothing is released;
+//! - unreachable → lost only in `provider` and `vps-host` pools with `lostAfter`, never bare metal;
+//! - after a gap in this job's own runs longer than [`OUTAGE_GAP_S`] (the database or the
+//!   controllers were down), no node becomes unreachable for [`OUTAGE_GRACE_S`].
+//!
+//! A new session makes the node connected again (see [`crate::session::open`]).
+
+use std::time::Duration;
+
+use better_compute_db::DbError;
+use better_compute_runtime::{Kind, Outcome, Periodic, ReconcileContext, Reconciler, RunError, ShardBy};
+use tokio_postgres::GenericClient;
+
+use crate::actions;
+
+/// The job's kind: one singleton key, `all`.
+pub const LIVENESS: Kind = Kind { name: "liveness", shard_by: ShardBy::None };
+/// Disconnected this long (plus any grace) is unreachable. Longer than the transport's own
+/// detection of a dead peer: HTTP/2 keepalive pings every 10 s, dead after 10 s more.
+pub const UNREACHABLE_AFTER_S: i32 = 40;
+/// Extra grace after the node's gateway was lost: its daemon needs time to find another.
+pub const GATEWAY_LOSS_GRACE_S: i32 = 120;
+/// Grace for every node after a database or controller outage.
+pub const OUTAGE_GRACE_S: i32 = 300;
+/// A gap this long between two runs of this job counts as an outage.
+pub const OUTAGE_GAP_S: i32 = 30;
+/// A session its gateway has not heard from this long is treated as closed.
+pub const SILENT_SESSION_S: i32 = 40;
+/// Nodes moved per transition per run; more makes the run return SyncAgain.
+const BATCH: i64 = 1000;
+
+const PERIODIC: &[Periodic] = &[Periodic { key: "all", every: Duration::from_secs(5) }];
+
+/// What one pass moved.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LivenessReport {
+    /// Sessions whose gateway's lease expired.
+    pub gateway_lost: u64,
+    /// Sessions gone silent (or connected nodes without a session).
+    pub silent: u64,
+    /// Nodes now unreachable.
+    pub unreachable: u64,
+    /// Nodes now lost.
+    pub lost: u64,
+    /// Whether this pass is inside an outage grace.
+    pub outage_grace: bool,
+}
+
+async fn ids(tx: &impl GenericClient, sql: &str) -> Result<Vec<String>, DbError> {
+    Ok(tx.query(sql, &[&BATCH]).await?.iter().map(|r| r.get(0)).collect())
+}
+
+/// One pass over every joined node. Runs in the caller's (fenced) transaction.
+pub async fn evaluate(tx: &impl GenericClient) -> Result<LivenessReport, DbError> {
+    // The job's own heartbeat; a long gap since the last run starts the outage grace.
+    let outage_grace: bool = tx
+        .query_one(
+            &format!(
+                "INSERT INTO liveness_runs AS l (singleton, last_run_at, outage_grace_until) VALUES (true, compute_now(), compute_now())
+                 ON CONFLICT (singleton) DO UPDATE SET
+                    outage_grace_until = CASE WHEN l.last_run_at < compute_now() - make_interval(secs => {OUTAGE_GAP_S})
+                                              THEN compute_now() + make_interval(secs => {OUTAGE_GRACE_S}) ELSE l.outage_grace_until END,
+                    last_run_at = compute_now()
+                 RETURNING outage_grace_until > compute_now()"
+            ),
+            &[],
+        )
+        .await?
+        .get(0);
+    let mut report = LivenessReport { outage_grace, ..Default::default() };
+
+    // Lock order: nodes, then node_sessions.
+    let gateway_lost = ids(
+        tx,
+        "SELECT n.id FROM nodes n JOIN node_sessions s ON s.node_id = n.id
+          WHERE n.liveness = 'connected' AND s.closed_at IS NULL
+            AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.name = 'gateway:' || s.gateway_id AND l.expires_at > compute_now())
+          ORDER BY n.id LIMIT $1 FOR UPDATE OF n",
+    )
+    .await?;
+    for id in &gateway_lost {
+        close_session(tx, id, "gateway-lost").await?;
+        crate::session::mark_disconnected(tx, id, GATEWAY_LOSS_GRACE_S).await?;
+    }
+    report.gateway_lost = gateway_lost.len() as u64;
+
+    let silent = ids(
+        tx,
+        &format!(
+            "SELECT n.id FROM nodes n LEFT JOIN node_sessions s ON s.node_id = n.id AND s.closed_at IS NULL
+              WHERE n.liveness = 'connected' AND n.joined_at IS NOT NULL
+                AND (s.node_id IS NULL OR s.last_seen_at < compute_now() - make_interval(secs => {SILENT_SESSION_S}))
+              ORDER BY n.id LIMIT $1 FOR UPDATE OF n"
+        ),
+    )
+    .await?;
+    for id in &silent {
+        close_session(tx, id, "silent").await?;
+        crate::session::mark_disconnected(tx, id, 0).await?;
+    }
+    report.silent = silent.len() as u64;
+
+    if !report.outage_grace {
+        let unreachable = ids(
+            tx,
+            &format!(
+                "SELECT id FROM nodes
+                  WHERE liveness = 'disconnected' AND joined_at IS NOT NULL
+                    AND liveness_since + make_interval(secs => {UNREACHABLE_AFTER_S} + disconnect_grace_s) <= compute_now()
+                  ORDER BY id LIMIT $1 FOR UPDATE"
+            ),
+        )
+        .await?;
+        for id in &unreachable {
+            actions::set_liveness(tx, id, "unreachable").await?;
+            tx.execute("UPDATE nodes SET liveness_since = compute_now() WHERE id = $1", &[id]).await?;
+        }
+        report.unreachable = unreachable.len() as u64;
+    }
+
+    // Never bare metal: the pool's CHECK allows lost_after_s only for provider and vps-host pools.
+    let lost = ids(
+        tx,
+        "SELECT n.id FROM nodes n JOIN pools p ON p.id = n.pool_id
+          WHERE n.liveness = 'unreachable' AND p.kind IN ('provider', 'vps-host') AND p.lost_after_s IS NOT NULL
+            AND n.liveness_since + make_interval(secs => p.lost_after_s) <= compute_now()
+          ORDER BY n.id LIMIT $1 FOR UPDATE OF n",
+    )
+    .await?;
+    for id in &lost {
+        actions::set_liveness(tx, id, "lost").await?;
+        tx.execute("UPDATE nodes SET liveness_since = compute_now() WHERE id = $1", &[id]).await?;
+    }
+    report.lost = lost.len() as u64;
+    Ok(report)
+}
+
+async fn close_session(tx: &impl GenericClient, node_id: &str, reason: &str) -> Result<(), DbError> {
+    tx.execute(
+        "UPDATE node_sessions SET closed_at = compute_now(), close_reason = $2 WHERE node_id = $1 AND closed_at IS NULL",
+        &[&node_id, &reason],
+    )
+    .await?;
+    Ok(())
+}
+
+/// The liveness job.
+pub struct LivenessJob;
+
+#[async_trait::async_trait]
+impl Reconciler for LivenessJob {
+    fn kind(&self) -> Kind {
+        LIVENESS
+    }
+
+    fn periodic(&self) -> &[Periodic] {
+        PERIODIC
+    }
+
+    async fn run(&self, ctx: &ReconcileContext, _key: &str) -> Result<Outcome, RunError> {
+        let mut c = ctx.client().await?;
+        let tx = ctx.begin_fenced(&mut c).await?;
+        let r = evaluate(&*tx).await?;
+        tx.commit().await?;
+        let full = [r.gateway_lost, r.silent, r.unreachable, r.lost].iter().any(|n| *n as i64 == BATCH);
+        Ok(if full { Outcome::SyncAgain } else { Outcome::Done })
+    }
+
+    async fn keys(&self, _ctx: &ReconcileContext, _shards: &[i16]) -> Result<Vec<String>, RunError> {
+        Ok(vec!["all".into()])
+    }
+}

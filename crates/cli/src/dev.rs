@@ -17,6 +17,15 @@ pub struct DevArgs {
     /// Where the API listens (port 0 picks a free one; the URL is printed).
     #[arg(long, default_value = "127.0.0.1:8080")]
     api_listen: String,
+    /// Where the gateway listens for daemons (port 0 picks a free one; the URL is printed).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    gateway_listen: String,
+    /// Simulated nodes: real daemons with fake GPUs that join through the real protocol.
+    #[arg(long, default_value_t = 4)]
+    nodes: usize,
+    /// Each simulated node's GPUs.
+    #[arg(long, default_value = "fake:8xH100-80GB")]
+    gpus: String,
 }
 
 /// Unix socket paths are limited to 107 bytes; fall back to a short private folder in /tmp.
@@ -57,7 +66,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         }
         cluster.start()?;
     }
-    let result = serve(&cluster, &root, &args.api_listen).await;
+    let result = serve(&cluster, &root, &args).await;
     println!("stopping PostgreSQL…");
     let stopped = tokio::task::spawn_blocking({
         let cluster = cluster.clone();
@@ -69,7 +78,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     result
 }
 
-async fn serve(cluster: &Cluster, root: &Path, api_listen: &str) -> anyhow::Result<()> {
+async fn serve(cluster: &Cluster, root: &Path, args: &DevArgs) -> anyhow::Result<()> {
     let admin = better_compute_db::pool::connect(&cluster.connection_string("postgres")).await?;
     if admin.query_opt("SELECT 1 FROM pg_database WHERE datname = $1", &[&DEV_DATABASE]).await?.is_none() {
         admin.batch_execute(&format!("CREATE DATABASE {DEV_DATABASE}")).await?;
@@ -80,15 +89,27 @@ async fn serve(cluster: &Cluster, root: &Path, api_listen: &str) -> anyhow::Resu
     let mut db = better_compute_db::pool::connect(&conn).await?;
     let report = better_compute_db::migrate(&mut db, &registry.migrations()).await?;
     let admin = admin_credentials(&mut db, root).await?;
-    if let Some(summary) = seed_demo_fleet(&mut db, &admin.tenant_id).await? {
-        println!("{summary}");
+    let first_start = seed_demo_fleet(&mut db, &admin.tenant_id).await?;
+    if first_start {
+        println!("created site dev, pool gpus and a quota for tenant dev");
     }
+    let pool = better_compute_db::pool::connect_pool(&conn, 32)?;
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let (api_addr, api) = crate::server::start_api(pool.clone(), registry.clone(), &args.api_listen, stopped.clone()).await?;
+    let (worker, handle) = crate::server::start_worker(pool.clone(), registry.clone(), Some(conn.clone()), stopped.clone()).await?;
+    let ca_dir = better_compute_gateway::default_ca_dir(root);
+    let hostnames = vec!["localhost".to_owned(), "127.0.0.1".to_owned()];
+    let gateway = crate::server::start_gateway(pool.clone(), &ca_dir, &args.gateway_listen, hostnames, Some(conn.clone()), stopped.clone()).await?;
+    let gateway_url = format!("https://{}", gateway.addr());
+    let fleet = crate::dev_fleet::start(&mut db, root, &gateway_url, &ca_dir.join("ca.pem"), args.nodes, &args.gpus, stopped.clone())
+        .await
+        .context("the simulated nodes could not join")?;
+    if first_start {
+        crate::dev_fleet::demo_modes(&mut db, &fleet.node_ids).await?;
+    }
+    crate::dev_fleet::wait_converged(&db, &fleet.node_ids, std::time::Duration::from_secs(90)).await;
     print!("{}", crate::ops::nodes_table(&db).await?);
     drop(db);
-    let pool = better_compute_db::pool::connect_pool(&conn, 16)?;
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    let (api_addr, api) = crate::server::start_api(pool.clone(), registry.clone(), api_listen, stopped.clone()).await?;
-    let (worker, handle) = crate::server::start_worker(pool, registry.clone(), Some(conn.clone()), stopped).await?;
     let url = cluster.url(DEV_DATABASE);
     let api_url = format!("http://{api_addr}");
     println!("migrations: {} applied, {} already applied", report.applied.len(), report.already_applied);
@@ -99,6 +120,7 @@ async fn serve(cluster: &Cluster, root: &Path, api_listen: &str) -> anyhow::Resu
     println!("  data       {} (kept across restarts)", cluster.options().data_dir.display());
     println!("  api        {api_url}  (OpenAPI: {api_url}/v1/openapi.json, metrics: {api_url}/metrics)");
     println!("  worker     {} running {}", worker.id(), registry.job_names().join(", "));
+    println!("  gateway    {gateway_url}  (CA: {}; {} simulated daemons with {} joined through it)", ca_dir.join("ca.pem").display(), fleet.node_ids.len(), args.gpus);
     println!("  admin      {} of tenant dev ({}); token kept in {}", admin.identity, admin.tenant_id, root.join("admin-token").display());
     println!();
     println!("Use it from another shell:");
@@ -110,6 +132,9 @@ async fn serve(cluster: &Cluster, root: &Path, api_listen: &str) -> anyhow::Resu
     }
     println!("  cargo run -- api reservations.list");
     println!("  cargo run -- api watch        (your events, live; Ctrl-C stops)");
+    println!("  cargo run -- api commands.run nodeId=<node> kind=diag.nvml idempotencyKey=diag-1   (runs on the simulated daemon)");
+    println!("Join one more node (a real daemon process, fake GPUs):");
+    println!("  cargo run -- daemon --gateway {gateway_url} --ca-cert {} --join-token $(cargo run -q -- api nodes.createJoinToken poolId=<pool> -o json | jq -r .secret) --gpus fake:4xA100-40GB --state-dir /tmp/extra-node --node-name extra-1", ca_dir.join("ca.pem").display());
     println!("Operators, straight from the database:");
     println!("  DATABASE_URL='{url}' cargo run -- jobs | capacity | nodes list");
     println!("Press Ctrl-C to stop.");
@@ -117,6 +142,8 @@ async fn serve(cluster: &Cluster, root: &Path, api_listen: &str) -> anyhow::Resu
     let signal = crate::shutdown_signal().await?;
     println!("received {signal}");
     stop.send(true)?;
+    fleet.stop().await;
+    gateway.join().await;
     handle.await??;
     api.await??;
     Ok(())
@@ -163,58 +190,25 @@ async fn admin_credentials(db: &mut tokio_postgres::Client, root: &Path) -> anyh
     Ok(admin)
 }
 
-/// On a fresh database, registers a demo fleet: site `dev`, pool `gpus`, 4 nodes of 8 H100s, GPU 7
-/// of node 0 in MIG (two 3g.40gb instances) and GPU 7 of node 1 time-sliced (4 slots), adopted and
-/// marked converged (simulated daemons arrive with the fleet simulator), and a quota for the dev tenant.
-async fn seed_demo_fleet(db: &mut tokio_postgres::Client, tenant_id: &str) -> anyhow::Result<Option<String>> {
-    use better_compute_nodes::inventory::{self, NewGpu, NewNode, NewPool};
-    use better_compute_nodes::layout::GpuMode;
+/// On a fresh database, creates the demo site `dev`, pool `gpus` and a quota for the dev tenant;
+/// the nodes arrive as daemons that join. Returns whether it did (a first start).
+async fn seed_demo_fleet(db: &mut tokio_postgres::Client, tenant_id: &str) -> anyhow::Result<bool> {
+    use better_compute_nodes::inventory::{self, NewPool};
     if db.query_one("SELECT count(*) FROM sites", &[]).await?.get::<_, i64>(0) > 0 {
-        return Ok(None);
+        return Ok(false);
     }
     let tx = db.transaction().await?;
     let site = inventory::create_site(&tx, "dev").await?;
-    let pool = inventory::create_pool(
+    inventory::create_pool(
         &tx,
         &NewPool { site_id: site, name: "gpus".into(), kind: "bare-metal".into(), vcpu_ratio: 2.0, memory_ratio: 1.0, disk_ratio: 1.0, lost_after_s: None },
     )
     .await?;
-    let mut nodes = Vec::new();
-    for n in 0..4 {
-        let gpus = (0..8)
-            .map(|g| NewGpu {
-                uuid: format!("GPU-dev{n}-{g}"),
-                model: "H100-80GB".into(),
-                memory_mib: 81_920,
-                mode: match (n, g) {
-                    (0, 7) => GpuMode::Mig { layout: vec!["3g.40gb".into(), "3g.40gb".into()] },
-                    (1, 7) => GpuMode::TimeSlice { slots: 4 },
-                    _ => GpuMode::Exclusive,
-                },
-            })
-            .collect();
-        let node = NewNode {
-            pool_id: pool.clone(),
-            name: format!("dev-node-{n}"),
-            labels: serde_json::Map::from_iter([("rack".to_owned(), serde_json::json!(format!("r{}", n / 2)))]),
-            vcpu: 96,
-            memory_mib: 1_048_576,
-            disk_gib: 7_000,
-            gpus,
-        };
-        let id = inventory::register_node(&tx, &node).await?;
-        inventory::adopt(&tx, &id).await?;
-        inventory::report_observed_generation(&tx, &id, 1).await?;
-        nodes.push(id);
-    }
-    better_compute_capacity::reconcilers::refresh_nodes(&tx, &nodes).await?;
     for (resource, max) in [("gpus", 24), ("mig_instances", 4), ("gpu_slots", 8), ("vcpu", 256), ("memory_mib", 2_097_152), ("disk_gib", 10_000)] {
         better_compute_capacity::quota::set(&tx, tenant_id, resource, max).await?;
     }
     tx.commit().await?;
-    Ok(Some(format!(
-        "registered a demo fleet: site dev, pool gpus ({pool}), 4 nodes x 8 H100 (one GPU in MIG, one time-sliced); quota for tenant {tenant_id}"
-    )))
+    Ok(true)
 }
 
 async fn demo_pool(conn: &str) -> Option<String> {

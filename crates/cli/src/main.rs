@@ -8,7 +8,9 @@ mod bench_events;
 mod bench_capacity;
 mod bench_commands;
 mod capacity;
+mod daemon;
 mod dev;
+mod dev_fleet;
 mod jobs;
 mod ops;
 mod server;
@@ -30,8 +32,11 @@ enum Command {
     /// Run everything on this machine: a private PostgreSQL under ./.better-compute/, migrated, and a
     /// worker running every job. Data survives restarts; Ctrl-C stops it cleanly.
     Dev(dev::DevArgs),
-    /// Run server roles against DATABASE_URL (`api`, `worker`). Run many for scale and failover.
+    /// Run server roles against DATABASE_URL (`api`, `gateway`, `worker`). Run many for scale and failover.
     Server(server::ServerArgs),
+    /// The node agent: joins with a join token, then holds one mTLS session to a gateway, converges
+    /// the node on its desired state and runs commands.
+    Daemon(daemon::DaemonArgs),
     /// Apply every pending migration to the database at DATABASE_URL, then exit.
     Migrate(DatabaseArgs),
     /// Show the jobs: queue depth, oldest due key, last errors, last runs, and who holds which shard.
@@ -95,11 +100,14 @@ pub(crate) async fn shutdown_signal() -> anyhow::Result<&'static str> {
 }
 
 fn main() -> std::process::ExitCode {
-    // Output piped into `head` and closed early ends the process quietly, as with any CLI tool,
-    // instead of panicking in println!.
-    // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
-    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let cli = Cli::parse();
+    // Output piped into `head` and closed early ends a short command quietly, as with any CLI tool,
+    // instead of panicking in println!. Not the long-running network roles: a peer closing a
+    // socket must not kill them (Rust ignores SIGPIPE for that reason).
+    if !matches!(cli.command, Command::Dev(_) | Command::Server(_) | Command::Daemon(_) | Command::Bench(_)) {
+        // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(
@@ -112,6 +120,7 @@ fn main() -> std::process::ExitCode {
         match cli.command {
             Command::Dev(args) => dev::run(args).await,
             Command::Server(args) => server::run(args).await,
+            Command::Daemon(args) => daemon::run(args).await,
             Command::Migrate(args) => migrate(args).await,
             Command::Jobs(args) => jobs::run(args).await,
             Command::Capacity(args) => capacity::run(args).await,

@@ -11,12 +11,22 @@ use better_compute_runtime::{Registry, Worker, WorkerConfig};
 pub struct ServerArgs {
     #[command(flatten)]
     db: crate::DatabaseArgs,
-    /// Roles to run, comma-separated: api, worker.
-    #[arg(long, value_delimiter = ',', default_value = "api,worker")]
+    /// Roles to run, comma-separated: api, gateway, worker.
+    #[arg(long, value_delimiter = ',', default_value = "api,gateway,worker")]
     roles: Vec<String>,
     /// Where the api role listens.
     #[arg(long, env = "BETTER_COMPUTE_API_LISTEN", default_value = "127.0.0.1:8080")]
     api_listen: String,
+    /// Where the gateway role listens for daemons (gRPC over mTLS).
+    #[arg(long, env = "BETTER_COMPUTE_GATEWAY_LISTEN", default_value = "127.0.0.1:8443")]
+    gateway_listen: String,
+    /// Names and addresses daemons reach the gateway by, comma-separated: its certificate's names.
+    #[arg(long, value_delimiter = ',', default_value = "localhost,127.0.0.1")]
+    gateway_hostname: Vec<String>,
+    /// The certificate authority's folder (ca.pem, and ca.key with mode 0600), created on first
+    /// start. Every gateway of a fleet needs the same one.
+    #[arg(long, env = "BETTER_COMPUTE_CA_DIR", default_value = "./better-compute-ca")]
+    ca_dir: std::path::PathBuf,
     /// Connections in this process's pool.
     #[arg(long, default_value_t = 16)]
     pool_size: usize,
@@ -26,7 +36,26 @@ pub struct ServerArgs {
     direct_url: Option<String>,
 }
 
-const KNOWN_ROLES: &[&str] = &["api", "worker"];
+const KNOWN_ROLES: &[&str] = &["api", "gateway", "worker"];
+
+/// Starts a gateway on `listen` (port 0 picks one) with the CA in `ca_dir`, serving until
+/// `shutdown` turns true.
+pub(crate) async fn start_gateway(
+    pool: better_compute_db::Pool,
+    ca_dir: &std::path::Path,
+    listen: &str,
+    hostnames: Vec<String>,
+    listen_url: Option<String>,
+    shutdown: tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<better_compute_gateway::Gateway> {
+    let ca = std::sync::Arc::new(better_compute_gateway::Ca::load_or_create(ca_dir)?);
+    let mut id = [0u8; 8];
+    getrandom::fill(&mut id).expect("random source");
+    let mut cfg = better_compute_gateway::GatewayConfig::new(format!("gw_{}", id.iter().map(|b| format!("{b:02x}")).collect::<String>()), listen);
+    cfg.hostnames = hostnames;
+    cfg.listen_url = listen_url;
+    Ok(better_compute_gateway::Gateway::start(pool, ca, cfg, shutdown).await?)
+}
 
 /// Starts a worker over `pool`, running until `shutdown` turns true.
 pub(crate) async fn start_worker(
@@ -85,6 +114,13 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         println!("api listening on http://{addr}");
         api = Some(handle);
     }
+    let mut gateway = None;
+    if args.roles.iter().any(|r| r == "gateway") {
+        let listen = Some(args.direct_url.clone().unwrap_or_else(|| args.db.database_url.clone()));
+        let g = start_gateway(pool.clone(), &args.ca_dir, &args.gateway_listen, args.gateway_hostname.clone(), listen, stopped.clone()).await?;
+        println!("gateway {} listening on https://{} (CA: {})", g.id(), g.addr(), args.ca_dir.join("ca.pem").display());
+        gateway = Some(g);
+    }
     let mut worker = None;
     if args.roles.iter().any(|r| r == "worker") {
         let listen = Some(args.direct_url.unwrap_or_else(|| args.db.database_url.clone()));
@@ -101,6 +137,9 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     }
     if let Some(h) = api {
         h.await??;
+    }
+    if let Some(g) = gateway {
+        g.join().await;
     }
     Ok(())
 }

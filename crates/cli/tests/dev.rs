@@ -160,12 +160,12 @@ async fn dev_refuses_a_second_copy_stops_on_ctrl_c_and_keeps_data_across_restart
     let cap = Command::new(BIN).args(["capacity", "--database-url", &url]).output().unwrap();
     let text = String::from_utf8_lossy(&cap.stdout);
     assert!(text.contains("pool dev/gpus") && text.contains("H100-80GB: 30 of 30 idle") && text.contains("3g.40gb: 2 of 2 idle"), "{text}");
-    // Every demo node is adopted and gets its desired state from the worker's nodespec job.
+    // Every demo node joined through the gateway and applied its desired state.
     let nodes = Command::new(BIN).args(["nodes", "list", "--database-url", &url]).output().unwrap();
     let text = String::from_utf8_lossy(&nodes.stdout);
     assert!(text.contains("GENERATION") && text.matches("dev-node-").count() == 4, "{text}");
-    // A command through the API client: queued for the node, and a retry with the same key is the
-    // same command.
+    // A command through the API client: queued for the node, a retry with the same key is the same
+    // command, and the node's daemon runs it.
     let node = text.lines().find_map(|l| l.split_whitespace().next().filter(|w| w.starts_with("node_"))).unwrap().to_owned();
     let run = |key: &str| {
         let node_arg = format!("nodeId={node}");
@@ -223,16 +223,31 @@ async fn dev_refuses_a_second_copy_stops_on_ctrl_c_and_keeps_data_across_restart
     assert!(seen_placed, "api watch never showed the reservation's placement");
     let (ok, out, _) = api(&["reservations.list"]);
     assert!(ok && out.starts_with("ID ") && out.contains(reservation["id"].as_str().unwrap()), "{out}");
-    let mut converging = false;
+    // The reservation's node gets a new generation, and its daemon (real, fake GPUs) applies it.
+    let applied = format!(
+        "SELECT count(*) FROM nodes WHERE spec::text LIKE '%{}%' AND observed_generation = generation AND generation >= 2",
+        reservation["id"].as_str().unwrap()
+    );
+    let mut converged = false;
     for _ in 0..600 {
-        let out = Command::new(BIN).args(["nodes", "list", "--database-url", &url]).output().unwrap();
-        if String::from_utf8_lossy(&out.stdout).contains("(converging)") {
-            converging = true;
+        if query_one_i64(&url, &applied).await == 1 {
+            converged = true;
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert!(converging, "the reserved node's generation never moved");
+    assert!(converged, "the reserved node's daemon never applied its new desired state");
+    // The command ran on the node's daemon.
+    let mut ran = false;
+    for _ in 0..600 {
+        let (ok, out, _) = api(&["commands.get", &node_arg, &cmd_arg, "-o", "json"]);
+        if ok && serde_json::from_str::<serde_json::Value>(&out).unwrap()["state"] == "succeeded" {
+            ran = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(ran, "inventory.refresh never succeeded on the simulated daemon");
     let (ok, _, err) = api(&["commands.run", &node_arg, "kind=disk.wipe", "idempotencyKey=x"]);
     assert!(!ok && err.contains("UNSUPPORTED"), "{err}");
     let (ok, _, err) = api(&["reservations.create", &pool_arg, "nonsense=1"]);

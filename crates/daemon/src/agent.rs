@@ -165,7 +165,8 @@ impl Daemon {
 
     /// The allocations it holds now (id → atoms).
     pub fn allocations(&self) -> std::collections::BTreeMap<String, Vec<String>> {
-        self.state.lock().expect("state").applied.as_ref().map(|a| a.allocations.clone()).unwrap_or_default()
+        let st = self.state.lock().expect("state");
+        st.applied.as_ref().map(|a| a.allocations.iter().map(|(k, h)| (k.clone(), h.atoms.clone())).collect()).unwrap_or_default()
     }
 
     /// The certificate's validity end (Unix seconds).

@@ -18,8 +18,8 @@ pub const DEFAULT_LANES: &[(&str, u32)] = &[("default", 4), ("diag", 1), ("power
 pub struct Applied {
     /// Command lanes and their credits.
     pub lanes: HashMap<String, u32>,
-    /// Allocations held: id → atoms.
-    pub allocations: BTreeMap<String, Vec<String>>,
+    /// Allocations held, by id.
+    pub allocations: BTreeMap<String, Held>,
     /// Heartbeat interval.
     pub heartbeat_ms: u32,
 }
@@ -28,6 +28,35 @@ impl Applied {
     /// Before any spec: the default lanes, nothing allocated.
     pub fn initial() -> Applied {
         Applied { lanes: DEFAULT_LANES.iter().map(|(n, c)| (n.to_string(), *c)).collect(), allocations: BTreeMap::new(), heartbeat_ms: 5_000 }
+    }
+}
+
+/// An allocation the node holds: its atoms for its time range (RFC 3339 UTC, as the control plane
+/// writes them, so they compare as strings; empty is unbounded).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Held {
+    /// Its atoms.
+    pub atoms: Vec<String>,
+    /// From.
+    pub starts_at: String,
+    /// Until.
+    pub ends_at: String,
+}
+
+impl Held {
+    fn of(a: &better_compute_proto::v1::Allocation) -> Held {
+        Held { atoms: a.atoms.clone(), starts_at: a.starts_at.clone(), ends_at: a.ends_at.clone() }
+    }
+
+    /// Whether the two share an atom at the same time (bookings of one atom at different times do not
+    /// overlap).
+    fn overlaps(&self, other: &Held) -> Option<String> {
+        let before = |a: &str, b: &str| a.is_empty() || b.is_empty() || a < b;
+        let same_time = before(&self.starts_at, &other.ends_at) && before(&other.starts_at, &self.ends_at);
+        if !same_time {
+            return None;
+        }
+        self.atoms.iter().find(|x| other.atoms.contains(x)).cloned()
     }
 }
 
@@ -84,7 +113,7 @@ pub fn converge(spec: &NodeSpec, backend: &dyn GpuBackend, held: &Applied) -> Co
         .flat_map(|s| s.allocations.iter())
         .map(|a| (a.allocation_id.as_str(), a))
         .collect();
-    applied.allocations.retain(|id, atoms| wanted.get(id.as_str()).is_some_and(|a| &a.atoms == atoms));
+    applied.allocations.retain(|id, held| wanted.get(id.as_str()).is_some_and(|a| Held::of(a) == *held));
     let mut failures = Vec::new();
     for (id, a) in &wanted {
         if applied.allocations.contains_key(*id) {
@@ -94,12 +123,13 @@ pub fn converge(spec: &NodeSpec, backend: &dyn GpuBackend, held: &Applied) -> Co
             failures.push(format!("allocation {id}: atom {bad} is not on this node"));
             continue;
         }
-        let overlap = applied.allocations.iter().find_map(|(other, atoms)| a.atoms.iter().find(|x| atoms.contains(x)).map(|x| (other.clone(), x.clone())));
+        let new = Held::of(a);
+        let overlap = applied.allocations.iter().find_map(|(other, held)| new.overlaps(held).map(|x| (other.clone(), x)));
         if let Some((other, atom)) = overlap {
-            failures.push(format!("allocation {id}: atom {atom} is already assigned to allocation {other}"));
+            failures.push(format!("allocation {id}: atom {atom} is already assigned to allocation {other} for an overlapping time"));
             continue;
         }
-        applied.allocations.insert(id.to_string(), a.atoms.clone());
+        applied.allocations.insert(id.to_string(), new);
     }
     sections.push(if failures.is_empty() {
         section("allocations", SectionState::Converged, "")
@@ -108,7 +138,7 @@ pub fn converge(spec: &NodeSpec, backend: &dyn GpuBackend, held: &Applied) -> Co
     });
 
     // GPUs: a GPU any held allocation uses is busy.
-    let busy: Vec<String> = applied.allocations.values().flatten().filter_map(|atom| owns(&local_gpus, atom)).collect();
+    let busy: Vec<String> = applied.allocations.values().flat_map(|h| &h.atoms).filter_map(|atom| owns(&local_gpus, atom)).collect();
     let gpus = match &spec.gpus {
         None => section("gpus", SectionState::Converged, ""),
         Some(g) => match backend.apply_gpus(g, &busy) {
@@ -157,6 +187,13 @@ mod tests {
         assert_eq!(s.state, SectionState::Failed as i32);
         assert!(s.message.contains("already assigned to allocation a"), "{}", s.message);
         assert_eq!(second.applied.allocations.keys().collect::<Vec<_>>(), ["a"]);
+        // The same GPU for a later time is no overlap.
+        let mut later = alloc("c", &[&u[0]]);
+        later.starts_at = "2031-01-01T00:00:00Z".into();
+        let mut now = alloc("a", &[&u[0]]);
+        now.ends_at = "2030-01-01T00:00:00Z".into();
+        let timed = converge(&spec(vec![now, later]), &f, &Applied::initial());
+        assert_eq!(timed.applied.allocations.keys().collect::<Vec<_>>(), ["a", "c"]);
         // Once a is gone, b fits.
         let third = converge(&spec(vec![alloc("b", &[&u[0], &u[1]])]), &f, &second.applied);
         assert_eq!(third.applied.allocations.keys().collect::<Vec<_>>(), ["b"]);

@@ -17,7 +17,7 @@ impl LogRing {
     /// Appends a line (and logs it through tracing).
     pub fn line(&self, msg: impl Into<String>) {
         let msg = msg.into();
-        tracing::info!(target: "better_compute_daemon", "{msg}");
+        tracing::debug!(target: "better_compute_daemon", "{msg}");
         let mut g = self.inner.lock().expect("logs");
         g.1 += msg.len();
         g.0.push_back((SystemTime::now(), msg));

@@ -166,7 +166,7 @@ impl Gateway for GatewayService {
         }
         drop(out);
         inner.dispatch(&node).await.map_err(db)?;
-        tracing::info!(node = %node, epoch = opened.session_epoch, "session opened");
+        tracing::debug!(node = %node, epoch = opened.session_epoch, "session opened");
         tokio::spawn(read_session(inner.clone(), node, s, inbound));
         Ok(Response::new(ReceiverStream::new(rx)))
     }
@@ -200,7 +200,7 @@ async fn read_session(inner: Arc<Inner>, node: String, s: Arc<Session>, mut inbo
             }
         }
     }
-    tracing::info!(node = %node, epoch = s.epoch, reason, "session closed");
+    tracing::debug!(node = %node, epoch = s.epoch, reason, "session closed");
 }
 
 fn clip(s: &str) -> &str {

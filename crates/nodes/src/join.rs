@@ -62,7 +62,7 @@ pub async fn redeem(
             &[&hash.as_slice()],
         )
         .await?
-        .ok_or_else(|| unauthenticated("unknown join token; issue one with `better-compute api joinTokens.create poolId=…`"))?;
+        .ok_or_else(|| unauthenticated("unknown join token; issue one with `better-compute api nodes.createJoinToken poolId=…`"))?;
     let (token_id, pool_id, used, expired): (String, String, bool, bool) = (row.get(0), row.get(1), row.get(2), row.get(3));
     if used {
         return Err(unauthenticated("this join token was already used; join tokens are single use, issue a new one"));

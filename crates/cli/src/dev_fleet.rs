@@ -1,0 +1,162 @@
+//! `dev`'s simulated fleet: real daemons (in this process) with fake GPUs that join through the
+//! real protocol, converge and run commands. A node.reboot restarts its daemon with a new boot id.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use better_compute_daemon::backend::GpuBackend;
+use better_compute_daemon::{Daemon, DaemonConfig, HostResources, RebootHook};
+use tokio::sync::{mpsc, watch};
+
+/// The running simulated nodes.
+pub struct DevFleet {
+    /// Their node ids, in name order.
+    pub node_ids: Vec<String>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl DevFleet {
+    /// Waits for every daemon to stop (after shutdown turned true).
+    pub async fn stop(self) {
+        for t in self.tasks {
+            let _ = tokio::time::timeout(Duration::from_secs(10), t).await;
+        }
+    }
+}
+
+fn random_hex(n: usize) -> String {
+    let mut b = vec![0u8; n];
+    getrandom::fill(&mut b).expect("random source");
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// Starts `count` daemons `dev-node-<i>`; those without an identity join with a fresh token.
+pub async fn start(
+    db: &mut tokio_postgres::Client,
+    root: &Path,
+    gateway_url: &str,
+    ca_path: &Path,
+    count: usize,
+    gpus: &str,
+    shutdown: watch::Receiver<bool>,
+) -> anyhow::Result<DevFleet> {
+    let ca_pem = std::fs::read_to_string(ca_path)?;
+    let pool: String = db
+        .query_one("SELECT p.id FROM pools p JOIN sites s ON s.id = p.site_id WHERE s.name = 'dev' AND p.name = 'gpus'", &[])
+        .await
+        .context("dev's pool gpus is gone")?
+        .get(0);
+    let boot = random_hex(4);
+    let mut node_ids = Vec::new();
+    let mut tasks = Vec::new();
+    for i in 0..count {
+        let name = format!("dev-node-{i}");
+        let state = root.join("daemons").join(&name);
+        let mut cfg = DaemonConfig::new(gateway_url, &state, &name);
+        cfg.ca_pem = Some(ca_pem.clone());
+        cfg.host = HostResources { vcpu: 96, memory_mib: 1_048_576, disk_gib: 7_000 };
+        cfg.labels = [("rack".to_owned(), format!("r{}", i / 2))].into();
+        cfg.boot_id = format!("dev-{boot}-1");
+        if !state.join("node.json").exists() {
+            let tx = db.transaction().await?;
+            let t = better_compute_nodes::listing::create_join_token(&tx, &pool, Some(600), "dev").await?;
+            tx.commit().await?;
+            cfg.join_token = Some(t.secret);
+        }
+        let backend = better_compute_daemon::backend::open(gpus, &name)?;
+        let (reboot_tx, reboot_rx) = mpsc::channel(1);
+        cfg.reboot = RebootHook::Callback(Arc::new(move |_| {
+            let _ = reboot_tx.try_send(());
+        }));
+        let d = Daemon::start(cfg.clone(), backend.clone()).await.with_context(|| format!("{name} could not start"))?;
+        node_ids.push(d.node_id());
+        cfg.join_token = None;
+        tasks.push(tokio::spawn(supervise(d, cfg, backend, reboot_rx, format!("dev-{boot}"), shutdown.clone())));
+    }
+    Ok(DevFleet { node_ids, tasks })
+}
+
+/// Runs one simulated machine: its daemon, and after a reboot a new daemon with a new boot id.
+async fn supervise(
+    mut daemon: Arc<Daemon>,
+    mut cfg: DaemonConfig,
+    backend: Arc<dyn GpuBackend>,
+    mut reboots: mpsc::Receiver<()>,
+    boot_prefix: String,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut boot = 1;
+    loop {
+        let (stop, stopped) = watch::channel(false);
+        let task = tokio::spawn(daemon.clone().run(stopped));
+        tokio::select! {
+            _ = async { let _ = shutdown.wait_for(|s| *s).await; } => {
+                let _ = stop.send(true);
+                let _ = task.await;
+                return;
+            }
+            _ = reboots.recv() => {
+                // The machine goes down: the daemon dies with it, and comes back with a new boot id.
+                task.abort();
+                let _ = task.await;
+                drop(daemon);
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                boot += 1;
+                cfg.boot_id = format!("{boot_prefix}-{boot}");
+                loop {
+                    match Daemon::start(cfg.clone(), backend.clone()).await {
+                        Ok(d) => { daemon = d; break; }
+                        // The old daemon's journal may still be closing.
+                        Err(e) => { tracing::warn!(error = %e, "simulated node could not start again yet"); tokio::time::sleep(Duration::from_millis(500)).await; }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The demo's variety on a first start: GPU 7 of dev-node-0 in MIG (two 3g.40gb instances), GPU 7
+/// of dev-node-1 time-sliced (4 slots). Desired state carries the change to the daemons.
+pub async fn demo_modes(db: &mut tokio_postgres::Client, nodes: &[String]) -> anyhow::Result<()> {
+    use better_compute_nodes::layout::GpuMode;
+    let modes = [GpuMode::Mig { layout: vec!["3g.40gb".into(), "3g.40gb".into()] }, GpuMode::TimeSlice { slots: 4 }];
+    let tx = db.transaction().await?;
+    let mut changed = Vec::new();
+    for (node, mode) in nodes.iter().zip(modes) {
+        let Some(r) = tx.query_opt("SELECT id FROM devices WHERE node_id = $1 AND parent_id IS NULL AND index = 7", &[node]).await? else { continue };
+        let uuid: String = r.get(0);
+        better_compute_nodes::inventory::replace_mode(&tx, &uuid, &mode).await?;
+        better_compute_runtime::desired::invalidate(&tx, node).await?;
+        changed.push(node.clone());
+    }
+    better_compute_capacity::reconcilers::refresh_nodes(&tx, &changed).await?;
+    tx.commit().await?;
+    better_compute_runtime::work_queue::poke(&*db).await;
+    Ok(())
+}
+
+/// Waits (at most `patience`) until every node has applied its current desired state.
+pub async fn wait_converged(db: &tokio_postgres::Client, nodes: &[String], patience: Duration) {
+    let deadline = tokio::time::Instant::now() + patience;
+    while tokio::time::Instant::now() < deadline {
+        let behind: i64 = match db
+            .query_one(
+                "SELECT count(*) FROM nodes n WHERE n.id = ANY($1)
+                    AND (n.spec IS NULL OR n.observed_generation < n.generation
+                         OR EXISTS (SELECT 1 FROM work_queue q WHERE q.kind = 'nodespec' AND q.key = n.id))",
+                &[&nodes],
+            )
+            .await
+        {
+            Ok(r) => r.get(0),
+            Err(_) => return,
+        };
+        if behind == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    println!("some nodes are still converging; `nodes list` shows them");
+}

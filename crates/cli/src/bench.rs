@@ -42,6 +42,10 @@ enum Which {
     /// nodes.get and reservations.create over HTTP with 64 concurrent clients, requests/s and
     /// p50/p99, beside the same operations called in-process.
     Api(crate::bench_api::ApiBench),
+    /// One gateway process holding many simulated daemon sessions (default 10,000) over mTLS:
+    /// memory per session, command enqueue-to-daemon p50/p99 at 1,000 commands/s, and the time for
+    /// every node to converge after one change to every node's desired state.
+    Gateway(crate::bench_gateway::GatewayBench),
     /// Events per second from commit to watch-stream (SSE) clients with 100 subscribers, and
     /// commit-to-delivery p50/p99, beside pgbench's TPC-B.
     Events(crate::bench_events::EventsBench),
@@ -126,6 +130,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         Which::Commands(b) => crate::bench_commands::run(b).await,
         Which::Api(b) => crate::bench_api::run(b).await,
         Which::Events(b) => crate::bench_events::run(b).await,
+        Which::Gateway(b) => crate::bench_gateway::run(b).await,
     }
 }
 

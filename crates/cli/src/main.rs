@@ -5,6 +5,7 @@ mod api;
 mod bench;
 mod bench_api;
 mod bench_events;
+mod bench_gateway;
 mod bench_capacity;
 mod bench_commands;
 mod capacity;

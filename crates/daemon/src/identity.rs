@@ -72,6 +72,13 @@ pub fn request(node_name: &str) -> Result<Request, IdentityError> {
     Ok(Request { csr_pem: csr, key_pem: key.serialize_pem() })
 }
 
+impl Request {
+    /// The private key, PEM.
+    pub fn key_pem(&self) -> &str {
+        &self.key_pem
+    }
+}
+
 impl Identity {
     /// The identity a signed CSR makes.
     pub fn from_grant(node_id: &str, req: Request, g: CertificateGrant) -> Identity {

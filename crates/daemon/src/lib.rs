@@ -11,6 +11,7 @@ pub mod identity;
 pub mod journal;
 pub mod logs;
 pub mod nvml;
+pub mod sim;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

@@ -1,0 +1,307 @@
+//! `better-compute bench gateway`: one gateway process (a child `server --roles gateway`) holding
+//! many simulated daemon sessions over mTLS: sessions held and the gateway's memory per session,
+//! command enqueue-to-daemon latency at a steady rate, and the time for every node to converge
+//! after one change to every node's desired state; beside pgbench's TPC-B on the same database.
+
+use std::collections::HashMap;
+use std::io::BufRead;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use better_compute_daemon::sim::{SimNode, SimObserver};
+use better_compute_nodes::commands::{self, NewCommand};
+
+use crate::bench::Scratch;
+
+/// Options of `better-compute bench gateway`.
+#[derive(Debug, clap::Args)]
+pub struct GatewayBench {
+    /// Simulated daemon sessions held by the one gateway process.
+    #[arg(long, default_value_t = 10_000)]
+    sessions: usize,
+    /// Commands enqueued per second for the latency run.
+    #[arg(long, default_value_t = 1_000)]
+    commands_per_s: u64,
+    /// Seconds the latency run lasts.
+    #[arg(long, default_value_t = 10)]
+    command_seconds: u64,
+    /// TLS handshakes in flight while the sessions open.
+    #[arg(long, default_value_t = 128)]
+    connect_concurrency: usize,
+}
+
+#[derive(Default)]
+struct Observer {
+    received: Mutex<HashMap<String, Instant>>,
+}
+
+impl SimObserver for Observer {
+    fn command(&self, _node: &str, id: &str) {
+        self.received.lock().expect("observer").entry(id.to_owned()).or_insert_with(Instant::now);
+    }
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)?.parse().ok()))
+        .unwrap_or(0)
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+/// Lets this process (and the gateway it starts) hold one descriptor per session and more.
+fn raise_fd_limit() {
+    // SAFETY: plain getrlimit/setrlimit on our own process.
+    unsafe {
+        let mut l = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) == 0 && l.rlim_cur < l.rlim_max {
+            l.rlim_cur = l.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &l);
+        }
+    }
+}
+
+async fn count(db: &tokio_postgres::Client, sql: &str) -> anyhow::Result<i64> {
+    Ok(db.query_one(sql, &[]).await?.get(0))
+}
+
+async fn wait_for_zero(db: &tokio_postgres::Client, sql: &str, patience: Duration) -> anyhow::Result<Duration> {
+    let start = Instant::now();
+    while count(db, sql).await? > 0 {
+        anyhow::ensure!(start.elapsed() < patience, "not done after {patience:?}: {sql}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(start.elapsed())
+}
+
+/// Runs the benchmark.
+pub async fn run(b: GatewayBench) -> anyhow::Result<()> {
+    raise_fd_limit();
+    let scratch = Scratch::start(250).await?;
+    let conn = scratch.conn();
+    let registry = crate::registry()?;
+    let mut db = better_compute_db::pool::connect(&conn).await?;
+    better_compute_db::migrate(&mut db, &registry.migrations()).await?;
+    println!("pgbench: initialising TPC-B (scale 10)…");
+    scratch.pgbench(&["-i", "-q", "-s", "10"]).ok();
+    let tpcb = scratch.pgbench(&["-n", "-c", "8", "-j", "2", "-T", "5"])?;
+    println!("pgbench TPC-B, 8 clients: {tpcb:.0} tps");
+
+    let n = b.sessions;
+    println!("seeding {n} nodes and signing {n} node certificates…");
+    crate::bench_capacity::seed(&db, n).await?;
+    db.execute("UPDATE nodes SET joined_at = compute_now(), observed_generation = 0", &[]).await?;
+    let ca_dir = std::env::temp_dir().join(format!("better-compute-bench-ca-{}", std::process::id()));
+    let ca = Arc::new(better_compute_gateway::Ca::load_or_create(&ca_dir)?);
+    let node_ids: Vec<String> = db.query("SELECT id FROM nodes ORDER BY id", &[]).await?.iter().map(|r| r.get(0)).collect();
+    let mut nodes = Vec::with_capacity(n);
+    for chunk in node_ids.chunks(2_000) {
+        let (ca, chunk) = (ca.clone(), chunk.to_vec());
+        let signed = tokio::task::spawn_blocking(move || -> anyhow::Result<Vec<(String, String, String, [u8; 32], String)>> {
+            chunk
+                .into_iter()
+                .map(|id| {
+                    let key = rcgen_key_and_csr(&id)?;
+                    let s = ca.sign_node(&key.1, &id, Duration::from_secs(86_400))?;
+                    Ok((id, s.pem, key.0, s.fingerprint, s.serial))
+                })
+                .collect()
+        })
+        .await??;
+        let (ids, fps, serials): (Vec<String>, Vec<Vec<u8>>, Vec<String>) =
+            signed.iter().map(|(id, _, _, fp, serial)| (id.clone(), fp.to_vec(), serial.clone())).fold((vec![], vec![], vec![]), |mut acc, x| {
+                acc.0.push(x.0);
+                acc.1.push(x.1);
+                acc.2.push(x.2);
+                acc
+            });
+        db.execute(
+            "INSERT INTO node_certificates (fingerprint_sha256, node_id, serial, not_before, not_after)
+             SELECT fp, id, serial, compute_now(), compute_now() + interval '1 day' FROM unnest($1::bytea[], $2::text[], $3::text[]) u(fp, id, serial)",
+            &[&fps, &ids, &serials],
+        )
+        .await?;
+        nodes.extend(signed.into_iter().map(|(id, cert, key, _, _)| (id, cert, key)));
+    }
+
+    // A worker in this process computes desired state; the gateway runs in a child process so its
+    // memory can be read on its own.
+    let pool = better_compute_db::pool::connect_pool(&conn, 32)?;
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let (_worker, worker_task) = crate::server::start_worker(pool, registry.clone(), Some(conn.clone()), stopped.clone()).await?;
+    wait_for_zero(&db, "SELECT count(*) FROM nodes WHERE spec IS NULL", Duration::from_secs(600)).await?;
+    let mut child = std::process::Command::new(std::env::current_exe()?)
+        .args(["server", "--roles", "gateway", "--gateway-listen", "127.0.0.1:0", "--pool-size", "64", "--ca-dir"])
+        .arg(&ca_dir)
+        .env("DATABASE_URL", &conn)
+        .env("BETTER_COMPUTE_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()?;
+    let gw_pid = child.id();
+    let mut out = std::io::BufReader::new(child.stdout.take().context("gateway stdout")?);
+    let mut line = String::new();
+    let url = loop {
+        line.clear();
+        anyhow::ensure!(out.read_line(&mut line)? > 0, "the gateway process exited");
+        if let Some(rest) = line.split("listening on ").nth(1) {
+            break rest.split_whitespace().next().context("gateway address")?.to_owned();
+        }
+    };
+    std::thread::spawn(move || for _ in out.lines() {});
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let rss_idle = rss_kib(gw_pid);
+    let own_idle = rss_kib(std::process::id());
+
+    println!("opening {n} sessions to {url} (mTLS, {} handshakes at a time)…", b.connect_concurrency);
+    let observer = Arc::new(Observer::default());
+    let gate = Arc::new(tokio::sync::Semaphore::new(b.connect_concurrency));
+    let start = Instant::now();
+    let mut readies = Vec::with_capacity(n);
+    let mut sessions = Vec::with_capacity(n);
+    for (id, cert, key) in nodes {
+        let sim = SimNode { node_id: id, cert_pem: cert, key_pem: key, ca_pem: ca.cert_pem().to_owned(), gateway_url: url.clone(), heartbeat: Duration::from_secs(5) };
+        let (ready, welcomed) = tokio::sync::oneshot::channel();
+        let (gate, observer, stopped) = (gate.clone(), observer.clone(), stopped.clone());
+        sessions.push(tokio::spawn(async move {
+            let permit = gate.acquire_owned().await;
+            let (relay, relayed) = tokio::sync::oneshot::channel();
+            let run = tokio::spawn(sim.run(observer, Some(relay), stopped));
+            let _ = relayed.await;
+            drop(permit);
+            let _ = ready.send(());
+            run.await
+        }));
+        readies.push(welcomed);
+    }
+    let mut open = 0;
+    for r in readies {
+        if tokio::time::timeout(Duration::from_secs(300), r).await.is_ok_and(|r| r.is_ok()) {
+            open += 1;
+        }
+    }
+    let opened = start.elapsed();
+    let converge_initial = wait_for_zero(&db, "SELECT count(*) FROM nodes WHERE observed_generation < generation", Duration::from_secs(600)).await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let rss_full = rss_kib(gw_pid);
+    let own_full = rss_kib(std::process::id());
+    let held = count(&db, "SELECT count(*) FROM node_sessions WHERE closed_at IS NULL").await?;
+    println!(
+        "sessions: {open} of {n} welcomed in {:.1} s ({:.0}/s); {held} open in node_sessions; every node applied its first spec {:.1} s later",
+        opened.as_secs_f64(),
+        open as f64 / opened.as_secs_f64(),
+        converge_initial.as_secs_f64()
+    );
+    println!(
+        "gateway process memory: {:.1} MiB idle, {:.1} MiB with {open} sessions: {:.1} KiB per session (the simulated daemons' side: {:.1} KiB each)",
+        rss_idle as f64 / 1024.0,
+        rss_full as f64 / 1024.0,
+        (rss_full.saturating_sub(rss_idle)) as f64 / open.max(1) as f64,
+        (own_full.saturating_sub(own_idle)) as f64 / open.max(1) as f64
+    );
+
+    // Latency: commands at a steady rate, each to a node chosen round-robin; from the enqueue's
+    // commit to the simulated daemon receiving it.
+    let total = (b.commands_per_s * b.command_seconds) as usize;
+    println!("enqueuing {total} commands at {}/s…", b.commands_per_s);
+    let node_ids = Arc::new(node_ids);
+    let committed: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    let (jobs_tx, jobs_rx) = tokio::sync::mpsc::channel::<usize>(1024);
+    let jobs_rx = Arc::new(tokio::sync::Mutex::new(jobs_rx));
+    let mut enqueuers = Vec::new();
+    for _ in 0..32 {
+        let (jobs, nodes, committed, registry, conn) = (jobs_rx.clone(), node_ids.clone(), committed.clone(), registry.clone(), conn.clone());
+        enqueuers.push(tokio::spawn(async move {
+            let mut c = better_compute_db::pool::connect(&conn).await?;
+            let payload = serde_json::json!({"level": 1});
+            loop {
+                let Some(i) = jobs.lock().await.recv().await else { return anyhow::Ok(()) };
+                let node = &nodes[i % nodes.len()];
+                let tx = c.transaction().await?;
+                let key = format!("bench-{i}");
+                let v = commands::enqueue(
+                    &tx,
+                    &registry,
+                    NewCommand { node_id: node, kind: "diag.nvml", payload: &payload, idempotency_key: &key, not_after: Some(Duration::from_secs(600)), min_generation: 0, owner: None, requested_by: None },
+                )
+                .await?;
+                tx.commit().await?;
+                committed.lock().expect("committed").insert(v.id, Instant::now());
+                commands::poke_gateway(&c, node).await;
+            }
+        }));
+    }
+    let started = Instant::now();
+    let mut tick = tokio::time::interval(Duration::from_micros(1_000_000 / b.commands_per_s.max(1)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    for i in 0..total {
+        tick.tick().await;
+        jobs_tx.send(i).await?;
+    }
+    drop(jobs_tx);
+    for e in enqueuers {
+        e.await??;
+    }
+    let enqueue_s = started.elapsed().as_secs_f64();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while observer.received.lock().expect("observer").len() < total && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut lat: Vec<Duration> = {
+        let got = observer.received.lock().expect("observer");
+        committed.lock().expect("committed").iter().filter_map(|(id, c)| got.get(id).map(|r| r.saturating_duration_since(*c))).collect()
+    };
+    lat.sort();
+    println!(
+        "commands: {total} enqueued in {enqueue_s:.1} s ({:.0}/s), {} reached their daemon; enqueue-to-daemon p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+        total as f64 / enqueue_s,
+        lat.len(),
+        percentile(&lat, 0.5).as_secs_f64() * 1e3,
+        percentile(&lat, 0.99).as_secs_f64() * 1e3,
+        lat.last().copied().unwrap_or_default().as_secs_f64() * 1e3
+    );
+    wait_for_zero(&db, "SELECT count(*) FROM commands WHERE state IN ('pending', 'sent', 'running')", Duration::from_secs(120)).await.ok();
+
+    // Convergence: one change to every node's desired state.
+    println!("changing every node's desired state…");
+    let start = Instant::now();
+    {
+        let tx = db.transaction().await?;
+        tx.execute("UPDATE nodes SET labels = labels || '{\"bench\": \"changed\"}'", &[]).await?;
+        better_compute_runtime::desired::invalidate_many(&tx, &node_ids).await?;
+        tx.commit().await?;
+        better_compute_runtime::work_queue::poke(&db).await;
+    }
+    let recomputed = wait_for_zero(&db, "SELECT count(*) FROM work_queue WHERE kind = 'nodespec'", Duration::from_secs(900)).await?;
+    let converged = wait_for_zero(&db, "SELECT count(*) FROM nodes WHERE observed_generation < generation", Duration::from_secs(900)).await?;
+    println!(
+        "convergence: {n} nodes applied the change {:.1} s after it committed (desired state recomputed in {:.1} s: {:.0} nodes/s)",
+        start.elapsed().as_secs_f64(),
+        recomputed.as_secs_f64(),
+        n as f64 / recomputed.as_secs_f64()
+    );
+    let _ = converged;
+    stop.send(true)?;
+    for s in sessions {
+        let _ = tokio::time::timeout(Duration::from_secs(5), s).await;
+    }
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(gw_pid as i32, libc::SIGTERM) };
+    let _ = child.wait();
+    let _ = worker_task.await;
+    let _ = std::fs::remove_dir_all(&ca_dir);
+    Ok(())
+}
+
+/// A node's key (PEM) and its CSR (PEM).
+fn rcgen_key_and_csr(name: &str) -> anyhow::Result<(String, String)> {
+    let r = better_compute_daemon::identity::request(name)?;
+    Ok((r.key_pem().to_owned(), r.csr_pem))
+}

@@ -315,21 +315,39 @@ impl Inner {
     /// in-flight ones someone cancelled. A superseded session is dropped.
     pub(crate) async fn dispatch(&self, node_id: &str) -> Result<(), DbError> {
         let Some(s) = self.hub.get(node_id) else { return Ok(()) };
-        let room = s.out.capacity().min(64) as i64;
-        if room == 0 {
-            return Ok(()); // a slow daemon: the poll comes back to it
-        }
         let mut c = self.pool.get().await?;
         let tx = c.transaction().await?;
-        let Some(d) = session::dispatch(&*tx, node_id, &self.cfg.id, s.epoch, room).await? else {
-            tx.rollback().await?;
-            self.hub.remove(node_id, s.epoch);
-            return Ok(());
-        };
+        let d = self.dispatch_in(&*tx, node_id, &s).await?;
         tx.commit().await?;
+        if let Some(d) = d {
+            self.send_dispatched(node_id, &s, d);
+        }
+        Ok(())
+    }
+
+    /// The database side of a dispatch, in the caller's transaction: `None` when there is no room
+    /// in the session's queue, or the session was superseded (then it is dropped here).
+    pub(crate) async fn dispatch_in(
+        &self,
+        tx: &impl tokio_postgres::GenericClient,
+        node_id: &str,
+        s: &hub::Session,
+    ) -> Result<Option<session::Dispatched>, DbError> {
+        let room = s.out.capacity().min(64) as i64;
+        if room == 0 {
+            return Ok(None); // a slow daemon: the poll comes back to it
+        }
+        let d = session::dispatch(tx, node_id, &self.cfg.id, s.epoch, room).await?;
+        if d.is_none() {
+            self.hub.remove(node_id, s.epoch);
+        }
+        Ok(d)
+    }
+
+    /// Sends what a committed dispatch moved to `sent`.
+    pub(crate) fn send_dispatched(&self, node_id: &str, s: &hub::Session, d: session::Dispatched) {
         for cmd in d.commands {
-            let sent = s.out.try_send(Ok(command_message(node_id, &cmd)));
-            if sent.is_err() {
+            if s.out.try_send(Ok(command_message(node_id, &cmd))).is_err() {
                 // Stays `sent`: it goes again when the daemon reconnects, or times out.
                 tracing::warn!(node = %node_id, command = %cmd.id, "session queue full; the command goes again on reconnect");
             }
@@ -338,7 +356,6 @@ impl Inner {
         for id in d.cancels {
             let _ = s.out.try_send(Ok(GatewayMessage { msg: Some(gateway_message::Msg::Cancel(Cancel { command_id: id })) }));
         }
-        Ok(())
     }
 
     /// Sends the node its desired state if it is newer than what this session has seen (or

@@ -174,22 +174,51 @@ impl Gateway for GatewayService {
 
 /// Applies the daemon's messages in order until the stream ends or the session is superseded;
 /// then closes it (a superseded session closes nothing).
+/// Messages applied in one transaction at most: what a daemon sent back to back (an ack and a
+/// result, say) commits once.
+const BATCH: usize = 64;
+
+/// Applies the daemon's messages in order until the stream ends or the session is superseded;
+/// then closes it (a superseded session closes nothing).
 async fn read_session(inner: Arc<Inner>, node: String, s: Arc<Session>, mut inbound: Streaming<DaemonMessage>) {
-    let reason = loop {
-        let msg = match inbound.message().await {
-            Ok(Some(m)) => m,
-            Ok(None) => break "daemon-closed",
-            Err(_) => break "transport-error",
-        };
-        s.touch(inner.hub.now_ms());
-        match apply(&inner, &node, &s, msg).await {
-            Ok(true) => {}
-            Ok(false) => break "superseded",
-            Err(e) => {
-                // A database hiccup: the daemon reconnects and everything in flight goes again.
-                tracing::warn!(node = %node, error = %e, "session report failed; closing the session");
-                break "gateway-error";
+    use futures_util::{FutureExt, StreamExt};
+    let reason = 'session: loop {
+        let mut batch = Vec::new();
+        match inbound.next().await {
+            Some(Ok(m)) => batch.push(m),
+            None => break "daemon-closed",
+            Some(Err(_)) => break "transport-error",
+        }
+        // Whatever else has already arrived joins the batch (without waiting for more).
+        let mut ended = None;
+        while batch.len() < BATCH {
+            match inbound.next().now_or_never() {
+                Some(Some(Ok(m))) => batch.push(m),
+                Some(None) => {
+                    ended = Some("daemon-closed");
+                    break;
+                }
+                Some(Some(Err(_))) => {
+                    ended = Some("transport-error");
+                    break;
+                }
+                None => break,
             }
+        }
+        s.touch(inner.hub.now_ms());
+        match apply(&inner, &node, &s, batch).await {
+            Ok(true) => {}
+            Ok(false) => break 'session "superseded",
+            Err(e) => {
+                // Bad input from the daemon, or a database hiccup: say why, and end the session.
+                // The daemon reconnects and everything in flight goes again; nothing was applied.
+                tracing::warn!(node = %node, error = %e, "session report failed; closing the session");
+                let _ = s.out.try_send(Err(db(e)));
+                break 'session "gateway-error";
+            }
+        }
+        if let Some(r) = ended {
+            break r;
         }
     };
     inner.hub.remove(&node, s.epoch);
@@ -214,11 +243,13 @@ fn clip(s: &str) -> &str {
     &s[..end]
 }
 
-/// Applies one message under the session's fence. `Ok(false)`: the session was superseded.
-async fn apply(inner: &Inner, node: &str, s: &Session, msg: DaemonMessage) -> Result<bool, DbError> {
+/// Applies a batch of messages in one transaction under the session's fence, and when a lane
+/// credit came free (a result, a BUSY) dispatches the node's next commands in the same
+/// transaction. `Ok(false)`: the session was superseded.
+async fn apply(inner: &Inner, node: &str, s: &Session, batch: Vec<DaemonMessage>) -> Result<bool, DbError> {
     use daemon_message::Msg;
-    let Some(msg) = msg.msg else { return Ok(true) };
-    if matches!(msg, Msg::Heartbeat(_)) {
+    let msgs: Vec<Msg> = batch.into_iter().filter_map(|m| m.msg).filter(|m| !matches!(m, Msg::Heartbeat(_))).collect();
+    if msgs.is_empty() {
         return Ok(true);
     }
     let mut c = inner.pool.get().await?;
@@ -226,12 +257,27 @@ async fn apply(inner: &Inner, node: &str, s: &Session, msg: DaemonMessage) -> Re
     if !session::fence(&*tx, node, &inner.cfg.id, s.epoch).await? {
         return Ok(false);
     }
-    let mut poke = false;
-    match msg {
-        Msg::Heartbeat(_) => {}
+    let mut freed = false;
+    for msg in msgs {
+        freed |= apply_one(&*tx, node, msg).await?;
+    }
+    let next = if freed { inner.dispatch_in(&*tx, node, s).await? } else { None };
+    tx.commit().await?;
+    if let Some(d) = next {
+        inner.send_dispatched(node, s, d);
+    }
+    Ok(true)
+}
+
+/// Applies one message; `true` when it freed a lane credit.
+async fn apply_one(tx: &impl tokio_postgres::GenericClient, node: &str, msg: daemon_message::Msg) -> Result<bool, DbError> {
+    use daemon_message::Msg;
+    Ok(match msg {
+        Msg::Heartbeat(_) => false,
         Msg::Hello(_) => return Err(Error::invalid_argument("Hello twice in one session").into()),
         Msg::CommandAck(a) => {
-            session::report_command(&*tx, node, &a.command_id, CommandReport::Ack).await?;
+            session::report_command(tx, node, &a.command_id, CommandReport::Ack).await?;
+            false
         }
         Msg::CommandReject(r) => {
             let why = match RejectReason::try_from(r.reason) {
@@ -241,8 +287,8 @@ async fn apply(inner: &Inner, node: &str, s: &Session, msg: DaemonMessage) -> Re
                 Ok(RejectReason::BadSignature) => Rejection::BadSignature,
                 _ => Rejection::Unsupported,
             };
-            poke = why == Rejection::Busy;
-            session::report_command(&*tx, node, &r.command_id, CommandReport::Reject(why)).await?;
+            session::report_command(tx, node, &r.command_id, CommandReport::Reject(why)).await?;
+            why == Rejection::Busy
         }
         Msg::CommandResult(r) => {
             let result = if r.result_json.len() > MAX_RESULT {
@@ -250,25 +296,24 @@ async fn apply(inner: &Inner, node: &str, s: &Session, msg: DaemonMessage) -> Re
             } else {
                 serde_json::from_str(&r.result_json).unwrap_or(serde_json::Value::String(r.result_json.clone()))
             };
-            let reason = clip(&r.reason);
-            let report = CommandReport::Result { succeeded: r.succeeded, reason: Some(reason), result: &result };
-            session::report_command(&*tx, node, &r.command_id, report).await?;
-            poke = true; // a lane credit came free
+            let report = CommandReport::Result { succeeded: r.succeeded, reason: Some(clip(&r.reason)), result: &result };
+            session::report_command(tx, node, &r.command_id, report).await?;
+            true
         }
         Msg::SpecStatus(st) => {
             if st.observed_generation < 0 || st.generation < 0 {
                 return Err(Error::invalid_argument("generations are not negative").into());
             }
-            session::report_spec_status(&*tx, node, &st).await?;
+            session::report_spec_status(tx, node, &st).await?;
+            false
         }
-        Msg::Inventory(inv) => session::report_inventory(&*tx, node, &inv).await?,
+        Msg::Inventory(inv) => {
+            session::report_inventory(tx, node, &inv).await?;
+            false
+        }
         Msg::Health(h) => {
-            session::report_health(&*tx, node, &h).await?;
+            session::report_health(tx, node, &h).await?;
+            false
         }
-    }
-    tx.commit().await?;
-    if poke {
-        inner.dispatch(node).await?;
-    }
-    Ok(true)
+    })
 }

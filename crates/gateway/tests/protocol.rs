@@ -493,3 +493,70 @@ async fn a_rotated_certificate_replaces_the_old_one_and_moves_the_join_time() {
     d.kill().await;
     let _ = g.stop.send(true);
 }
+
+#[tokio::test]
+async fn bad_input_from_a_daemon_gets_a_clear_code_and_changes_nothing() {
+    use better_compute_proto::v1::gateway_client::GatewayClient;
+    use better_compute_proto::v1::{daemon_message, DaemonMessage, Heartbeat, Hello, JoinRequest};
+    let f = Fleet::new().await;
+    let g = f.gateway("gw_a", true).await;
+    let token = f.join_token(None).await;
+    let d = f.start(f.config(&g, "n1", Some(token)), gpus("n1")).await;
+    let node = d.d.node_id();
+    wait_until("the daemon's session is open", || async {
+        f.h.db().client().await.query_opt("SELECT 1 FROM node_sessions WHERE node_id = $1", &[&node]).await.unwrap().is_some()
+    })
+    .await;
+    d.kill().await;
+    let id = better_compute_daemon::identity::Identity::load(&f.dir.path().join("n1")).unwrap().unwrap();
+    let channel = tonic::transport::Endpoint::from_shared(format!("https://{}", g.gw.addr()))
+        .unwrap()
+        .tls_config(
+            tonic::transport::ClientTlsConfig::new()
+                .ca_certificate(tonic::transport::Certificate::from_pem(f.ca.cert_pem()))
+                .identity(tonic::transport::Identity::from_pem(&id.cert_pem, &id.key_pem))
+                .domain_name("localhost"),
+        )
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = GatewayClient::new(channel);
+    let session = |first: daemon_message::Msg| {
+        let mut client = client.clone();
+        async move { client.session(tokio_stream::iter(vec![DaemonMessage { msg: Some(first) }])).await.map(|_| ()).unwrap_err() }
+    };
+    let hello = |node: &str, boot: &str| Hello {
+        node_id: node.into(),
+        boot_id: boot.into(),
+        journal_id: "j".into(),
+        observed_generation: 0,
+        daemon_version: "t".into(),
+        inventory_digest: String::new(),
+    };
+    let epoch = || async { f.one("SELECT session_epoch FROM node_sessions WHERE node_id = $1", &node).await.get::<_, i64>(0) };
+    let before = epoch().await;
+    let e = session(daemon_message::Msg::Heartbeat(Heartbeat {})).await;
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e}");
+    let e = session(daemon_message::Msg::Hello(hello("node_someone_else", "b"))).await;
+    assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e}");
+    let e = session(daemon_message::Msg::Hello(hello(&node, ""))).await;
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e}");
+    assert!(e.message().contains("bootId"), "{e}");
+    assert_eq!(epoch().await, before, "no session was opened");
+    // A join without a token, or with a garbled CSR, changes nothing either.
+    let e = client.join(JoinRequest { join_token: String::new(), ..Default::default() }).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unauthenticated);
+    let token = f.join_token(None).await;
+    let inventory = Some(better_compute_proto::v1::Inventory { vcpu: 1, memory_mib: 1, ..Default::default() });
+    let e = client
+        .join(JoinRequest { join_token: token.clone(), csr_pem: "garbage".into(), node_name: "n9".into(), inventory, ..Default::default() })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e}");
+    let nodes: i64 = f.h.db().client().await.query_one("SELECT count(*) FROM nodes", &[]).await.unwrap().get(0);
+    assert_eq!(nodes, 1, "the garbled join registered nothing");
+    let used: bool = f.h.db().client().await.query_one("SELECT bool_or(used_at IS NOT NULL) FROM join_tokens WHERE used_by_node IS NULL", &[]).await.unwrap().get(0);
+    assert!(!used, "and did not burn the token");
+    let _ = g.stop.send(true);
+}

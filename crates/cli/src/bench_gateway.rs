@@ -214,68 +214,14 @@ pub async fn run(b: GatewayBench) -> anyhow::Result<()> {
         (own_full.saturating_sub(own_idle)) as f64 / open.max(1) as f64
     );
 
-    // Latency: commands at a steady rate, each to a node chosen round-robin; from the enqueue's
-    // commit to the simulated daemon receiving it.
-    let total = (b.commands_per_s * b.command_seconds) as usize;
-    println!("enqueuing {total} commands at {}/s…", b.commands_per_s);
+    // Latency: commands at a steady rate (a fifth of the target first, then the target), each to
+    // a node chosen round-robin; from the enqueue's commit to the simulated daemon receiving it.
     let node_ids = Arc::new(node_ids);
-    let committed: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
-    let (jobs_tx, jobs_rx) = tokio::sync::mpsc::channel::<usize>(1024);
-    let jobs_rx = Arc::new(tokio::sync::Mutex::new(jobs_rx));
-    let mut enqueuers = Vec::new();
-    for _ in 0..32 {
-        let (jobs, nodes, committed, registry, conn) = (jobs_rx.clone(), node_ids.clone(), committed.clone(), registry.clone(), conn.clone());
-        enqueuers.push(tokio::spawn(async move {
-            let mut c = better_compute_db::pool::connect(&conn).await?;
-            let payload = serde_json::json!({"level": 1});
-            loop {
-                let Some(i) = jobs.lock().await.recv().await else { return anyhow::Ok(()) };
-                let node = &nodes[i % nodes.len()];
-                let tx = c.transaction().await?;
-                let key = format!("bench-{i}");
-                let v = commands::enqueue(
-                    &tx,
-                    &registry,
-                    NewCommand { node_id: node, kind: "diag.nvml", payload: &payload, idempotency_key: &key, not_after: Some(Duration::from_secs(600)), min_generation: 0, owner: None, requested_by: None },
-                )
-                .await?;
-                // The poke rides in the transaction: NOTIFY is delivered at commit, one round trip less.
-                commands::poke_gateway(&tx, node).await;
-                tx.commit().await?;
-                committed.lock().expect("committed").insert(v.id, Instant::now());
-            }
-        }));
-    }
-    let started = Instant::now();
-    let mut tick = tokio::time::interval(Duration::from_micros(1_000_000 / b.commands_per_s.max(1)));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
-    for i in 0..total {
-        tick.tick().await;
-        jobs_tx.send(i).await?;
-    }
-    drop(jobs_tx);
-    for e in enqueuers {
-        e.await??;
-    }
-    let enqueue_s = started.elapsed().as_secs_f64();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while observer.received.lock().expect("observer").len() < total && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let mut lat: Vec<Duration> = {
-        let got = observer.received.lock().expect("observer");
-        committed.lock().expect("committed").iter().filter_map(|(id, c)| got.get(id).map(|r| r.saturating_duration_since(*c))).collect()
-    };
-    lat.sort();
-    println!(
-        "commands: {total} enqueued in {enqueue_s:.1} s ({:.0}/s), {} reached their daemon; enqueue-to-daemon p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
-        total as f64 / enqueue_s,
-        lat.len(),
-        percentile(&lat, 0.5).as_secs_f64() * 1e3,
-        percentile(&lat, 0.99).as_secs_f64() * 1e3,
-        lat.last().copied().unwrap_or_default().as_secs_f64() * 1e3
-    );
-    wait_for_zero(&db, "SELECT count(*) FROM commands WHERE state IN ('pending', 'sent', 'running')", Duration::from_secs(120)).await.ok();
+    let low = (b.commands_per_s / 5).max(1);
+    latency_run(&conn, &registry, &node_ids, &observer, low, b.command_seconds, 0).await?;
+    wait_for_zero(&db, "SELECT count(*) FROM commands WHERE state IN ('pending', 'sent', 'running')", Duration::from_secs(300)).await.ok();
+    latency_run(&conn, &registry, &node_ids, &observer, b.commands_per_s, b.command_seconds, 10_000_000).await?;
+    wait_for_zero(&db, "SELECT count(*) FROM commands WHERE state IN ('pending', 'sent', 'running')", Duration::from_secs(300)).await.ok();
 
     // Convergence: one change to every node's desired state.
     println!("changing every node's desired state…");
@@ -305,6 +251,83 @@ pub async fn run(b: GatewayBench) -> anyhow::Result<()> {
     let _ = child.wait();
     let _ = worker_task.await;
     let _ = std::fs::remove_dir_all(&ca_dir);
+    Ok(())
+}
+
+/// Enqueues commands at `rate` per second for `seconds`, round-robin over the nodes, and prints
+/// the latency from each enqueue's commit to the simulated daemon receiving it.
+async fn latency_run(
+    conn: &str,
+    registry: &Arc<better_compute_runtime::Registry>,
+    node_ids: &Arc<Vec<String>>,
+    observer: &Arc<Observer>,
+    rate: u64,
+    seconds: u64,
+    offset: usize,
+) -> anyhow::Result<()> {
+    let total = (rate * seconds) as usize;
+    println!("enqueuing {total} commands at {rate}/s…");
+    let committed: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    let (jobs_tx, jobs_rx) = tokio::sync::mpsc::channel::<usize>(1024);
+    let jobs_rx = Arc::new(tokio::sync::Mutex::new(jobs_rx));
+    let mut enqueuers = Vec::new();
+    for _ in 0..32 {
+        let (jobs, nodes, committed, registry, conn) = (jobs_rx.clone(), node_ids.clone(), committed.clone(), registry.clone(), conn.to_owned());
+        enqueuers.push(tokio::spawn(async move {
+            let mut c = better_compute_db::pool::connect(&conn).await?;
+            let payload = serde_json::json!({"level": 1});
+            loop {
+                let Some(i) = jobs.lock().await.recv().await else { return anyhow::Ok(()) };
+                let node = &nodes[i % nodes.len()];
+                let tx = c.transaction().await?;
+                let key = format!("bench-{i}");
+                let v = commands::enqueue(
+                    &tx,
+                    &registry,
+                    NewCommand { node_id: node, kind: "diag.nvml", payload: &payload, idempotency_key: &key, not_after: Some(Duration::from_secs(600)), min_generation: 0, owner: None, requested_by: None },
+                )
+                .await?;
+                tx.commit().await?;
+                committed.lock().expect("committed").insert(v.id, Instant::now());
+                // After commit, in a transaction of its own: NOTIFY holds a database-wide lock to commit.
+                commands::poke_gateway(&c, node).await;
+            }
+        }));
+    }
+    let started = Instant::now();
+    let mut tick = tokio::time::interval(Duration::from_micros(1_000_000 / rate.max(1)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    for i in offset..offset + total {
+        tick.tick().await;
+        jobs_tx.send(i).await?;
+    }
+    drop(jobs_tx);
+    for e in enqueuers {
+        e.await??;
+    }
+    let enqueue_s = started.elapsed().as_secs_f64();
+    let ids: Vec<String> = committed.lock().expect("committed").keys().cloned().collect();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let got = { let r = observer.received.lock().expect("observer"); ids.iter().filter(|id| r.contains_key(*id)).count() };
+        if got == ids.len() || Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut lat: Vec<Duration> = {
+        let got = observer.received.lock().expect("observer");
+        committed.lock().expect("committed").iter().filter_map(|(id, c)| got.get(id).map(|r| r.saturating_duration_since(*c))).collect()
+    };
+    lat.sort();
+    println!(
+        "commands at {rate}/s: {total} enqueued in {enqueue_s:.1} s ({:.0}/s), {} reached their daemon; enqueue-to-daemon p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+        total as f64 / enqueue_s,
+        lat.len(),
+        percentile(&lat, 0.5).as_secs_f64() * 1e3,
+        percentile(&lat, 0.99).as_secs_f64() * 1e3,
+        lat.last().copied().unwrap_or_default().as_secs_f64() * 1e3
+    );
     Ok(())
 }
 

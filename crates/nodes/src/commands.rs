@@ -211,7 +211,7 @@ async fn move_to(
 
 /// Every end of a command: wakes its owner (the controller that enqueued it) and writes
 /// `command.<state>` to the outbox for the tenant that ran it (a fleet event for the system's own).
-async fn settled(tx: &impl GenericClient, ids: &[String]) -> Result<(), DbError> {
+pub(crate) async fn settled(tx: &impl GenericClient, ids: &[String]) -> Result<(), DbError> {
     if ids.is_empty() {
         return Ok(());
     }

@@ -283,26 +283,56 @@ pub enum CommandReport<'a> {
 /// report that no longer fits (a repeat of a result already recorded, an ack of a command that
 /// already ended, another node's command) changes nothing and returns `false`.
 pub async fn report_command(tx: &impl GenericClient, node_id: &str, command_id: &str, report: CommandReport<'_>) -> Result<bool, DbError> {
-    let Some(row) = tx.query_opt("SELECT state FROM commands WHERE id = $1 AND node_id = $2 FOR UPDATE", &[&command_id, &node_id]).await? else {
-        return Ok(false);
-    };
-    let state: String = row.get(0);
-    let fits = matches!(
-        (&report, state.as_str()),
-        (CommandReport::Ack | CommandReport::Reject(_), "sent") | (CommandReport::Result { .. }, "sent" | "running")
-    );
-    if !fits {
-        return Ok(false);
-    }
+    use better_compute_core::state::{CommandState, State, COMMAND_STATE_TABLE};
     match report {
-        CommandReport::Ack => commands::acknowledge(tx, command_id).await?,
-        CommandReport::Reject(why) => commands::reject(tx, command_id, why).await?,
-        CommandReport::Result { succeeded, reason, result } => {
-            let reason = if succeeded { None } else { Some(reason.filter(|r| !r.is_empty()).unwrap_or("failed")) };
-            commands::finish(tx, command_id, succeeded, reason, result).await?
+        // The two reports every command gets are one guarded statement each: the WHERE is the
+        // state table's edge (sent → running; sent or running → succeeded or failed), so a repeat
+        // or a report about another node's command matches no row and changes nothing.
+        CommandReport::Ack => {
+            debug_assert!(COMMAND_STATE_TABLE.check(CommandState::Sent, CommandState::Running).is_ok());
+            let n = tx
+                .execute(
+                    "UPDATE commands SET state = 'running', version = version + 1 WHERE id = $1 AND node_id = $2 AND state = 'sent'",
+                    &[&command_id, &node_id],
+                )
+                .await?;
+            Ok(n == 1)
         }
-    };
-    Ok(true)
+        CommandReport::Result { succeeded, reason, result } => {
+            let (to, reason) = if succeeded {
+                (CommandState::Succeeded, None)
+            } else {
+                (CommandState::Failed, Some(reason.filter(|r| !r.is_empty()).unwrap_or("failed")))
+            };
+            debug_assert!(COMMAND_STATE_TABLE.check(CommandState::Running, to).is_ok());
+            let ended = tx
+                .query_opt(
+                    "UPDATE commands SET state = $3, reason = coalesce($4, reason), result = $5, finished_at = compute_now(),
+                            version = version + 1
+                      WHERE id = $1 AND node_id = $2 AND state IN ('sent', 'running')
+                     RETURNING id",
+                    &[&command_id, &node_id, &to.as_str(), &reason, result],
+                )
+                .await?;
+            match ended {
+                Some(r) => {
+                    commands::settled(tx, &[r.get(0)]).await?;
+                    Ok(true)
+                }
+                None => Ok(false),
+            }
+        }
+        CommandReport::Reject(why) => {
+            let Some(row) = tx.query_opt("SELECT state FROM commands WHERE id = $1 AND node_id = $2 FOR UPDATE", &[&command_id, &node_id]).await? else {
+                return Ok(false);
+            };
+            if row.get::<_, String>(0) != "sent" {
+                return Ok(false);
+            }
+            commands::reject(tx, command_id, why).await?;
+            Ok(true)
+        }
+    }
 }
 
 /// Records a daemon's spec status: each section's outcome, and the generation it has applied

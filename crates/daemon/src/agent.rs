@@ -119,11 +119,10 @@ impl Daemon {
             state: Mutex::new(State::default()),
             out: Mutex::new(None),
         });
-        if let Some((generation, bytes)) = d.journal.applied_spec().map_err(|e| DaemonError::Journal(e.to_string()))? {
-            if let Ok(spec) = NodeSpec::decode(bytes.as_slice()) {
+        if let Some((generation, bytes)) = d.journal.applied_spec().map_err(|e| DaemonError::Journal(e.to_string()))?
+            && let Ok(spec) = NodeSpec::decode(bytes.as_slice()) {
                 d.apply_spec(generation, spec).await;
             }
-        }
         d.logs.line(format!("daemon started: node {}, journal {}, boot {}", d.node_id(), d.journal.id(), d.cfg.boot_id));
         Ok(d)
     }
@@ -163,16 +162,6 @@ impl Daemon {
         self.state.lock().expect("state").applied_generation
     }
 
-    /// The allocations it holds now (id → atoms).
-    pub fn allocations(&self) -> std::collections::BTreeMap<String, Vec<String>> {
-        let st = self.state.lock().expect("state");
-        st.applied.as_ref().map(|a| a.allocations.iter().map(|(k, h)| (k.clone(), h.atoms.clone())).collect()).unwrap_or_default()
-    }
-
-    /// The certificate's validity end (Unix seconds).
-    pub fn certificate_not_after(&self) -> i64 {
-        self.identity.lock().expect("identity").not_after_unix_s
-    }
 
     /// Holds sessions until `shutdown` turns true, reconnecting with back-off and jitter.
     pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
@@ -213,11 +202,10 @@ impl Daemon {
 
     /// One session; `Ok(true)` when the gateway welcomed it.
     async fn session(self: &Arc<Self>, shutdown: &mut watch::Receiver<bool>) -> Result<bool, DaemonError> {
-        if self.identity.lock().expect("identity").rotation_due(unix_now()) {
-            if let Err(e) = self.rotate_certificate().await {
+        if self.identity.lock().expect("identity").rotation_due(unix_now())
+            && let Err(e) = self.rotate_certificate().await {
                 self.logs.line(format!("certificate rotation failed (trying again later): {e}"));
             }
-        }
         let id = self.identity.lock().expect("identity").clone();
         let mut client = GatewayClient::new(endpoint(&self.cfg, &id.ca_pem, Some(&id)).await?);
         let (tx, rx) = mpsc::channel(OUTBOUND_QUEUE);
@@ -248,7 +236,7 @@ impl Daemon {
                         if matches!(m.msg, Some(gateway_message::Msg::Welcome(_))) {
                             welcomed = true;
                         }
-                        self.handle(m, &tx).await;
+                        self.handle(m).await;
                     }
                     Ok(None) => break Ok(welcomed),
                     Err(s) => break Err(DaemonError::Transport(format!("{}: {}", s.code(), s.message()))),
@@ -307,7 +295,7 @@ impl Daemon {
         }
     }
 
-    async fn handle(self: &Arc<Self>, m: GatewayMessage, _tx: &mpsc::Sender<DaemonMessage>) {
+    async fn handle(self: &Arc<Self>, m: GatewayMessage) {
         let Some(m) = m.msg else { return };
         match m {
             gateway_message::Msg::Welcome(w) => {
@@ -369,11 +357,10 @@ impl Daemon {
                 st.pending = Some((generation, spec.clone()));
             }
         }
-        if c.done {
-            if let Err(e) = self.journal.set_applied_spec(generation, &spec.encode_to_vec()) {
+        if c.done
+            && let Err(e) = self.journal.set_applied_spec(generation, &spec.encode_to_vec()) {
                 self.logs.line(format!("cannot journal the applied spec: {e}"));
             }
-        }
         self.report_spec_status(Some((generation, c.sections))).await;
         // Commands waiting for this generation may go now.
         let ready: Vec<Command> = {

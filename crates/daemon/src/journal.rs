@@ -154,11 +154,10 @@ fn prune(t: &mut redb::Table<'_, &str, &[u8]>) -> Result<(), JournalError> {
     let mut finished: Vec<(i64, String)> = Vec::new();
     for row in t.iter().map_err(err)? {
         let (k, v) = row.map_err(err)?;
-        if let Ok(e) = serde_json::from_slice::<Entry>(v.value()) {
-            if e.outcome.is_some() {
+        if let Ok(e) = serde_json::from_slice::<Entry>(v.value())
+            && e.outcome.is_some() {
                 finished.push((e.seq, k.value().to_owned()));
             }
-        }
     }
     finished.sort();
     let excess = (t.len().map_err(err)?).saturating_sub(KEEP_COMMANDS) as usize;

@@ -57,21 +57,26 @@ impl Session {
 }
 
 /// The sessions, by node id.
-#[derive(Default)]
 pub struct Hub {
     sessions: Mutex<HashMap<String, Arc<Session>>>,
-    started: Option<Instant>,
+    started: Instant,
+}
+
+impl Default for Hub {
+    fn default() -> Hub {
+        Hub { sessions: Mutex::default(), started: Instant::now() }
+    }
 }
 
 impl Hub {
     /// An empty hub.
     pub fn new() -> Hub {
-        Hub { sessions: Mutex::default(), started: Some(Instant::now()) }
+        Hub::default()
     }
 
     /// Milliseconds since the hub started: the clock of `last seen`.
     pub fn now_ms(&self) -> u64 {
-        self.started.map(|s| s.elapsed().as_millis() as u64).unwrap_or(0)
+        self.started.elapsed().as_millis() as u64
     }
 
     /// Holds `session` for `node_id`, replacing (and so ending) an older one of the same node.

@@ -173,14 +173,6 @@ impl Gateway {
             let _ = t.await;
         }
     }
-
-    /// Ends every task at once without closing sessions or letting the lease go: a crash, for tests.
-    pub fn crash(self) {
-        for t in &self.tasks {
-            t.abort();
-        }
-        self.inner.hub.clear();
-    }
 }
 
 /// A wake-up for one node.

@@ -166,6 +166,10 @@ impl Gateway for GatewayService {
         }
         drop(out);
         inner.dispatch(&node).await.map_err(db)?;
+        let r = opened.reconnect;
+        if r.succeeded + r.journal_lost > 0 {
+            tracing::info!(node = %node, reboots_done = r.succeeded, journal_lost = r.journal_lost, "reconnect settled in-flight commands");
+        }
         tracing::debug!(node = %node, epoch = opened.session_epoch, "session opened");
         tokio::spawn(read_session(inner.clone(), node, s, inbound));
         Ok(Response::new(ReceiverStream::new(rx)))
@@ -222,13 +226,11 @@ async fn read_session(inner: Arc<Inner>, node: String, s: Arc<Session>, mut inbo
         }
     };
     inner.hub.remove(&node, s.epoch);
-    if let Ok(mut c) = inner.pool.get().await {
-        if let Ok(tx) = c.transaction().await {
-            if session::close(&*tx, &node, s.epoch, reason).await.is_ok() {
+    if let Ok(mut c) = inner.pool.get().await
+        && let Ok(tx) = c.transaction().await
+            && session::close(&*tx, &node, s.epoch, reason).await.is_ok() {
                 let _ = tx.commit().await;
             }
-        }
-    }
     tracing::debug!(node = %node, epoch = s.epoch, reason, "session closed");
 }
 

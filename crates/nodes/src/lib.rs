@@ -68,7 +68,7 @@ impl better_compute_runtime::Module for NodesModule {
             EventType { name: "node.untainted", version: 1, audience: "fleet", description: "A node's taint was removed.", data: &[("key", "the taint's key")] },
             node("node.connected", "A node's daemon is connected."),
             node("node.disconnected", "A node's daemon went away (within its grace)."),
-            node("node.unreachable", "A node is unreachable: nothing new is placed there; nothing is released."),
+            node("node.unreachable", "A node is unreachable (the NodeUnreachable alert): nothing new is placed there; nothing is released."),
             node("node.lost", "A node of a provider or vps-host pool stayed unreachable past lostAfter."),
             EventType { name: "device.healthy", version: 1, audience: "fleet", description: "A GPU reported healthy again.", data: DEVICE },
             EventType { name: "device.unhealthy", version: 1, audience: "fleet", description: "A GPU reported unhealthy: it leaves placement.", data: DEVICE },

@@ -103,10 +103,12 @@ impl Gateway {
     pub async fn start(pool: Pool, ca: Arc<Ca>, cfg: GatewayConfig, shutdown: watch::Receiver<bool>) -> Result<Gateway, GatewayError> {
         let lease_name = session::gateway_lease_name(&cfg.id);
         let lease = {
-            let c = pool.get().await.map_err(DbError::from)?;
-            Lease::acquire(&**c, &lease_name, &cfg.id, better_compute_db::lease::GATEWAY_LEASE_TTL, None)
-                .await?
-                .ok_or_else(|| GatewayError::LeaseHeld(cfg.id.clone()))?
+            // Every statement in a transaction: safe behind PgBouncer in transaction pooling.
+            let mut c = pool.get().await.map_err(DbError::from)?;
+            let tx = c.transaction().await.map_err(DbError::from)?;
+            let lease = Lease::acquire(&*tx, &lease_name, &cfg.id, better_compute_db::lease::GATEWAY_LEASE_TTL, None).await?;
+            tx.commit().await.map_err(DbError::from)?;
+            lease.ok_or_else(|| GatewayError::LeaseHeld(cfg.id.clone()))?
         };
         let (cert, key) = ca.server_identity(&cfg.hostnames)?;
         let tls = tonic::transport::ServerTlsConfig::new()
@@ -192,22 +194,37 @@ impl Inner {
                 _ = shutdown.wait_for(|s| *s) => break,
                 _ = tokio::time::sleep(every) => {}
             }
-            let Ok(c) = self.pool.get().await else { continue };
-            match lease.renew(&**c, None).await {
+            let Ok(mut c) = self.pool.get().await else { continue };
+            let renewed = match c.transaction().await {
+                Ok(tx) => match lease.renew(&*tx, None).await {
+                    Ok(r) => tx.commit().await.map(|_| r).map_err(DbError::from),
+                    Err(e) => Err(e),
+                },
+                Err(e) => Err(e.into()),
+            };
+            match renewed {
                 Ok(true) => {}
                 Ok(false) => {
                     let dropped = self.hub.clear();
                     tracing::warn!(gateway = %self.cfg.id, dropped, "gateway lease lost; sessions dropped");
-                    if let Ok(Some(l)) = Lease::acquire(&**c, lease.name(), &self.cfg.id, better_compute_db::lease::GATEWAY_LEASE_TTL, None).await {
-                        lease = l;
+                    if let Ok(tx) = c.transaction().await {
+                        if let Ok(Some(l)) = Lease::acquire(&*tx, lease.name(), &self.cfg.id, better_compute_db::lease::GATEWAY_LEASE_TTL, None).await {
+                            if tx.commit().await.is_ok() {
+                                lease = l;
+                            }
+                        }
                     }
                 }
                 Err(e) => tracing::warn!(error = %e, "gateway lease renewal failed"),
             }
         }
         // A clean stop: the sessions close as their streams end; the lease goes at once.
-        if let Ok(c) = self.pool.get().await {
-            let _ = lease.release(&**c).await;
+        if let Ok(mut c) = self.pool.get().await {
+            if let Ok(tx) = c.transaction().await {
+                if lease.release(&*tx).await.is_ok() {
+                    let _ = tx.commit().await;
+                }
+            }
         }
     }
 
@@ -224,8 +241,14 @@ impl Inner {
                 if nodes.is_empty() {
                     break;
                 }
-                let Ok(c) = self.pool.get().await else { break };
-                if let Err(e) = session::flush_last_seen(&**c, &self.cfg.id, &nodes, &epochs, &ages).await {
+                let Ok(mut c) = self.pool.get().await else { break };
+                let flushed = async {
+                    let tx = c.transaction().await?;
+                    session::flush_last_seen(&*tx, &self.cfg.id, &nodes, &epochs, &ages).await?;
+                    tx.commit().await?;
+                    Ok::<_, DbError>(())
+                };
+                if let Err(e) = flushed.await {
                     tracing::warn!(error = %e, "liveness flush failed");
                 }
                 if nodes.len() < 5_000 {
@@ -289,8 +312,11 @@ impl Inner {
             return Ok(());
         }
         let (work, behind) = {
-            let c = self.pool.get().await?;
-            (session::nodes_with_work(&**c, &self.cfg.id).await?, session::nodes_behind(&**c, &self.cfg.id).await?)
+            let mut c = self.pool.get().await?;
+            let tx = c.transaction().await?;
+            let found = (session::nodes_with_work(&*tx, &self.cfg.id).await?, session::nodes_behind(&*tx, &self.cfg.id).await?);
+            tx.commit().await?;
+            found
         };
         for n in work {
             self.clone().spawn_poke(Poke::Commands(n)).await;
@@ -355,8 +381,11 @@ impl Inner {
     pub(crate) async fn push_spec(&self, node_id: &str, force: bool) -> Result<(), DbError> {
         let Some(s) = self.hub.get(node_id) else { return Ok(()) };
         let Some((generation, json)) = ({
-            let c = self.pool.get().await?;
-            session::desired_state(&**c, node_id).await?
+            let mut c = self.pool.get().await?;
+            let tx = c.transaction().await?;
+            let d = session::desired_state(&*tx, node_id).await?;
+            tx.commit().await?;
+            d
         }) else {
             return Ok(());
         };

@@ -67,11 +67,11 @@ impl GatewayService {
         let certs = certs.ok_or_else(|| Status::unauthenticated("UNAUTHENTICATED: a node certificate is required; join first"))?;
         let leaf = certs.first().ok_or_else(|| Status::unauthenticated("UNAUTHENTICATED: a node certificate is required; join first"))?;
         let fp = ca::fingerprint(leaf.as_ref());
-        let c = self.inner.pool.get().await.map_err(db)?;
-        join::certificate_node(&**c, &fp)
-            .await
-            .map_err(db)?
-            .ok_or_else(|| Status::unauthenticated("UNAUTHENTICATED: this certificate is unknown or revoked; join again"))
+        let mut c = self.inner.pool.get().await.map_err(db)?;
+        let tx = c.transaction().await.map_err(db)?;
+        let node = join::certificate_node(&*tx, &fp).await.map_err(db)?;
+        tx.commit().await.map_err(db)?;
+        node.ok_or_else(|| Status::unauthenticated("UNAUTHENTICATED: this certificate is unknown or revoked; join again"))
     }
 }
 
@@ -158,8 +158,11 @@ impl Gateway for GatewayService {
         }
         // At least once: what was in flight goes again; the daemon's journal makes that safe.
         let again = {
-            let c = inner.pool.get().await.map_err(db)?;
-            session::in_flight(&**c, &node).await.map_err(db)?
+            let mut c = inner.pool.get().await.map_err(db)?;
+            let tx = c.transaction().await.map_err(db)?;
+            let again = session::in_flight(&*tx, &node).await.map_err(db)?;
+            tx.commit().await.map_err(db)?;
+            again
         };
         for d in &again {
             let _ = out.try_send(Ok(crate::command_message(&node, d)));

@@ -280,7 +280,7 @@ impl Inner {
         tokio::spawn(async move {
             let r = match poke {
                 Poke::Commands(n) => self.dispatch(&n).await,
-                Poke::Spec(n) => self.push_spec(&n, false).await,
+                Poke::Spec(n) => self.push_spec(&n).await,
             };
             if let Err(e) = r {
                 tracing::warn!(node = %node, error = %e, "dispatch failed; the poll retries");
@@ -376,9 +376,8 @@ impl Inner {
         }
     }
 
-    /// Sends the node its desired state if it is newer than what this session has seen (or
-    /// always, with `force`).
-    pub(crate) async fn push_spec(&self, node_id: &str, force: bool) -> Result<(), DbError> {
+    /// Sends the node its desired state if it is newer than what this session has seen.
+    pub(crate) async fn push_spec(&self, node_id: &str) -> Result<(), DbError> {
         let Some(s) = self.hub.get(node_id) else { return Ok(()) };
         let Some((generation, json)) = ({
             let mut c = self.pool.get().await?;
@@ -389,23 +388,28 @@ impl Inner {
         }) else {
             return Ok(());
         };
-        if !s.claim_generation(generation) && !force {
+        if !s.claim_generation(generation) {
             return Ok(());
         }
-        let spec: NodeSpec = match serde_json::from_value(json) {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::error!(node = %node_id, error = %e, "stored spec does not parse as NodeSpec");
-                return Ok(());
-            }
-        };
-        let msg = GatewayMessage { msg: Some(gateway_message::Msg::DesiredState(DesiredState { generation, spec: Some(spec) })) };
-        if s.out.try_send(Ok(msg)).is_err() {
-            tracing::warn!(node = %node_id, "session queue full; desired state goes again on the next poll");
-            // Let the next poll try again.
-            s.reset_generation(generation - 1);
-        }
+        send_spec(node_id, &s, generation, json);
         Ok(())
+    }
+}
+
+/// Sends a stored desired state down a session; a full queue forgets the send, so the next poll
+/// sends it again.
+pub(crate) fn send_spec(node_id: &str, s: &hub::Session, generation: i64, json: serde_json::Value) {
+    let spec: NodeSpec = match serde_json::from_value(json) {
+        Ok(spec) => spec,
+        Err(e) => {
+            tracing::error!(node = %node_id, error = %e, "stored spec does not parse as NodeSpec");
+            return;
+        }
+    };
+    let msg = GatewayMessage { msg: Some(gateway_message::Msg::DesiredState(DesiredState { generation, spec: Some(spec) })) };
+    if s.out.try_send(Ok(msg)).is_err() {
+        tracing::warn!(node = %node_id, "session queue full; desired state goes again on the next poll");
+        s.reset_generation(generation - 1);
     }
 }
 

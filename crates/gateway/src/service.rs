@@ -135,40 +135,40 @@ impl Gateway for GatewayService {
         }
         let inner = &self.inner;
         let (out, rx) = tokio::sync::mpsc::channel(inner.cfg.session_queue.max(8));
-        let opened = {
-            let mut c = inner.pool.get().await.map_err(db)?;
-            let tx = c.transaction().await.map_err(db)?;
-            let h = session::Hello {
-                node_id: &node,
-                gateway_id: &inner.cfg.id,
-                boot_id: &hello.boot_id,
-                journal_id: &hello.journal_id,
-                daemon_version: &hello.daemon_version,
-            };
-            let opened = session::open(&*tx, &h).await.map_err(db)?;
-            tx.commit().await.map_err(db)?;
-            opened
+        // One transaction: open the session, read what the daemon needs, and dispatch.
+        let mut c = inner.pool.get().await.map_err(db)?;
+        let tx = c.transaction().await.map_err(db)?;
+        let h = session::Hello {
+            node_id: &node,
+            gateway_id: &inner.cfg.id,
+            boot_id: &hello.boot_id,
+            journal_id: &hello.journal_id,
+            daemon_version: &hello.daemon_version,
         };
+        let opened = session::open(&*tx, &h).await.map_err(db)?;
         let s = Arc::new(Session::new(opened.session_epoch, out.clone(), hello.observed_generation, inner.hub.now_ms()));
+        // The full desired state when the daemon is behind.
+        let spec = if hello.observed_generation < opened.generation { session::desired_state(&*tx, &node).await.map_err(db)? } else { None };
+        // At least once: what was in flight goes again; the daemon's journal makes that safe.
+        let again = session::in_flight(&*tx, &node).await.map_err(db)?;
+        let dispatched = inner.dispatch_in(&*tx, &node, &s).await.map_err(db)?;
+        tx.commit().await.map_err(db)?;
+        drop(c);
         inner.hub.insert(&node, s.clone());
         let welcome = Welcome { session_epoch: opened.session_epoch, generation: opened.generation };
         let _ = out.try_send(Ok(GatewayMessage { msg: Some(gateway_message::Msg::Welcome(welcome)) }));
-        if hello.observed_generation < opened.generation {
-            inner.push_spec(&node, true).await.map_err(db)?;
+        if let Some((generation, json)) = spec {
+            if s.claim_generation(generation) {
+                crate::send_spec(&node, &s, generation, json);
+            }
         }
-        // At least once: what was in flight goes again; the daemon's journal makes that safe.
-        let again = {
-            let mut c = inner.pool.get().await.map_err(db)?;
-            let tx = c.transaction().await.map_err(db)?;
-            let again = session::in_flight(&*tx, &node).await.map_err(db)?;
-            tx.commit().await.map_err(db)?;
-            again
-        };
         for d in &again {
             let _ = out.try_send(Ok(crate::command_message(&node, d)));
         }
         drop(out);
-        inner.dispatch(&node).await.map_err(db)?;
+        if let Some(d) = dispatched {
+            inner.send_dispatched(&node, &s, d);
+        }
         let r = opened.reconnect;
         if r.succeeded + r.journal_lost > 0 {
             tracing::info!(node = %node, reboots_done = r.succeeded, journal_lost = r.journal_lost, "reconnect settled in-flight commands");

@@ -141,6 +141,18 @@ impl Fleet {
         .await;
     }
 
+    /// A gateway and one daemon (`n1`, two fake GPUs) that joined and applied its first spec.
+    async fn joined(&self, pokes: bool) -> (RunningGateway, Arc<FakeGpus>, RunningDaemon, String) {
+        let g = self.gateway("gw_a", pokes).await;
+        let token = self.join_token(None).await;
+        let fake = gpus("n1");
+        let d = self.start(self.config(&g, "n1", Some(token)), fake.clone()).await;
+        let node = d.d.node_id();
+        self.settle_spec().await;
+        self.converged(&node).await;
+        (g, fake, d, node)
+    }
+
     async fn enqueue(&self, node: &str, kind: &str, payload: serde_json::Value, key: &str) -> String {
         let c = self.h.db().client().await;
         let v = commands::enqueue(
@@ -234,13 +246,7 @@ async fn a_valid_token_joins_once_an_expired_or_reused_one_is_refused_and_a_fore
 async fn a_daemon_reconnecting_behind_the_current_generation_gets_the_full_spec_and_a_lost_poke_only_delays() {
     let f = Fleet::new().await;
     // No LISTEN: every poke is lost; only the gateway's poll delivers.
-    let g = f.gateway("gw_a", false).await;
-    let token = f.join_token(None).await;
-    let fake = gpus("n1");
-    let d = f.start(f.config(&g, "n1", Some(token)), fake.clone()).await;
-    let node = d.d.node_id();
-    f.settle_spec().await;
-    f.converged(&node).await;
+    let (g, fake, d, node) = f.joined(false).await;
     assert_eq!(d.d.applied_generation(), 1);
 
     // A change while the daemon is away: generation 2.
@@ -395,13 +401,7 @@ async fn killed_mid_command_the_journal_keeps_a_reboot_from_running_twice_a_wipe
 #[tokio::test]
 async fn a_command_finding_its_lane_without_credits_is_busy_then_retried_and_run() {
     let f = Fleet::new().await;
-    let g = f.gateway("gw_a", true).await;
-    let token = f.join_token(None).await;
-    let fake = gpus("n1");
-    let d = f.start(f.config(&g, "n1", Some(token)), fake.clone()).await;
-    let node = d.d.node_id();
-    f.settle_spec().await;
-    f.converged(&node).await;
+    let (g, fake, d, node) = f.joined(true).await;
     // The diag lane has one credit; the first diagnostic holds it.
     fake.hold_diag();
     let a = f.enqueue(&node, "diag.nvml", serde_json::json!({}), "diag-a").await;
@@ -426,13 +426,7 @@ async fn a_command_finding_its_lane_without_credits_is_busy_then_retried_and_run
 #[tokio::test]
 async fn the_four_api_kinds_run_for_real_and_an_injected_xid_marks_the_gpu_unhealthy() {
     let f = Fleet::new().await;
-    let g = f.gateway("gw_a", true).await;
-    let token = f.join_token(None).await;
-    let fake = gpus("n1");
-    let d = f.start(f.config(&g, "n1", Some(token)), fake.clone()).await;
-    let node = d.d.node_id();
-    f.settle_spec().await;
-    f.converged(&node).await;
+    let (g, fake, d, node) = f.joined(true).await;
 
     let diag = f.enqueue(&node, "diag.nvml", serde_json::json!({"level": 2}), "k-diag").await;
     let v = f.wait_command(&node, &diag, "succeeded").await.result.unwrap();

@@ -95,6 +95,7 @@ async fn serve(cluster: &Cluster, root: &Path, args: &DevArgs) -> anyhow::Result
     }
     let pool = better_compute_db::pool::connect_pool(&conn, 32)?;
     let (stop, stopped) = tokio::sync::watch::channel(false);
+    let stopped_status = stopped.clone();
     let (api_addr, api) = crate::server::start_api(pool.clone(), registry.clone(), &args.api_listen, stopped.clone()).await?;
     let (worker, handle) = crate::server::start_worker(pool.clone(), registry.clone(), Some(conn.clone()), stopped.clone()).await?;
     let ca_dir = better_compute_gateway::default_ca_dir(root);
@@ -139,7 +140,13 @@ async fn serve(cluster: &Cluster, root: &Path, args: &DevArgs) -> anyhow::Result
     println!("  DATABASE_URL='{url}' cargo run -- jobs | capacity | nodes list");
     println!("Press Ctrl-C to stop.");
     println!("ready: DATABASE_URL={url} BETTER_COMPUTE_URL={api_url} BETTER_COMPUTE_TENANT={} BETTER_COMPUTE_TOKEN={}", admin.tenant_id, admin.secret);
+    // SAFETY: isatty on our own stdout.
+    let status = (unsafe { libc::isatty(1) } == 1).then(|| tokio::spawn(crate::dev_fleet::live_status(conn.clone(), stopped_status)));
     let signal = crate::shutdown_signal().await?;
+    if let Some(s) = status {
+        s.abort();
+        println!();
+    }
     println!("received {signal}");
     stop.send(true)?;
     fleet.stop().await;

@@ -160,3 +160,32 @@ pub async fn wait_converged(db: &tokio_postgres::Client, nodes: &[String], patie
     }
     println!("some nodes are still converging; `nodes list` shows them");
 }
+
+/// On a terminal, one status line kept current every 2 s: nodes by liveness and how many are
+/// converging, reservations by state, commands in flight.
+pub async fn live_status(conn: String, mut stopped: watch::Receiver<bool>) {
+    use std::io::Write;
+    let Ok(db) = better_compute_db::pool::connect(&conn).await else { return };
+    loop {
+        let row = db
+            .query_one(
+                "SELECT (SELECT coalesce(string_agg(l || ' ' || n, ', ' ORDER BY l), 'none')
+                           FROM (SELECT liveness l, count(*) n FROM nodes GROUP BY 1) x),
+                        (SELECT count(*) FROM nodes WHERE generation > observed_generation),
+                        (SELECT coalesce(string_agg(st || ' ' || n, ', ' ORDER BY st), 'none')
+                           FROM (SELECT state st, count(*) n FROM reservations WHERE state IN ('pending', 'placed', 'active') GROUP BY 1) y),
+                        (SELECT count(*) FROM commands WHERE state IN ('pending', 'sent', 'running'))",
+                &[],
+            )
+            .await;
+        if let Ok(r) = row {
+            let (nodes, converging, reservations, commands): (String, i64, String, i64) = (r.get(0), r.get(1), r.get(2), r.get(3));
+            print!("\r\x1b[Knodes: {nodes} ({converging} converging) | reservations: {reservations} | commands in flight: {commands}");
+            let _ = std::io::stdout().flush();
+        }
+        tokio::select! {
+            _ = async { let _ = stopped.wait_for(|s| *s).await; } => return,
+            _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+        }
+    }
+}

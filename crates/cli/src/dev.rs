@@ -91,7 +91,7 @@ async fn serve(cluster: &Cluster, root: &Path, args: &DevArgs) -> anyhow::Result
     let admin = admin_credentials(&mut db, root).await?;
     let first_start = seed_demo_fleet(&mut db, &admin.tenant_id).await?;
     if first_start {
-        println!("created site dev, pool gpus and a quota for tenant dev");
+        println!("created site dev, pools gpus (bare metal) and burst (a provider's, lost after 1 h unreachable), and a quota for tenant dev");
     }
     let pool = better_compute_db::pool::connect_pool(&conn, 32)?;
     let (stop, stopped) = tokio::sync::watch::channel(false);
@@ -197,7 +197,8 @@ async fn admin_credentials(db: &mut tokio_postgres::Client, root: &Path) -> anyh
     Ok(admin)
 }
 
-/// On a fresh database, creates the demo site `dev`, pool `gpus` and a quota for the dev tenant;
+/// On a fresh database, creates the demo site `dev`, pools `gpus` (bare metal) and `burst` (a
+/// provider's) and a quota for the dev tenant;
 /// the nodes arrive as daemons that join. Returns whether it did (a first start).
 async fn seed_demo_fleet(db: &mut tokio_postgres::Client, tenant_id: &str) -> anyhow::Result<bool> {
     use better_compute_nodes::inventory::{self, NewPool};
@@ -209,6 +210,19 @@ async fn seed_demo_fleet(db: &mut tokio_postgres::Client, tenant_id: &str) -> an
     inventory::create_pool(
         &tx,
         &NewPool { site_id: site, name: "gpus".into(), kind: "bare-metal".into(), vcpu_ratio: 2.0, memory_ratio: 1.0, disk_ratio: 1.0, lost_after_s: None },
+    )
+    .await?;
+    inventory::create_pool(
+        &tx,
+        &NewPool {
+            site_id: tx.query_one("SELECT id FROM sites WHERE name = 'dev'", &[]).await?.get(0),
+            name: "burst".into(),
+            kind: "provider".into(),
+            vcpu_ratio: 1.0,
+            memory_ratio: 1.0,
+            disk_ratio: 1.0,
+            lost_after_s: Some(3600),
+        },
     )
     .await?;
     for (resource, max) in [("gpus", 24), ("mig_instances", 4), ("gpu_slots", 8), ("vcpu", 256), ("memory_mib", 2_097_152), ("disk_gib", 10_000)] {

@@ -32,7 +32,8 @@ fn random_hex(n: usize) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-/// Starts `count` daemons `dev-node-<i>`; those without an identity join with a fresh token.
+/// Starts `count` daemons `dev-node-<i>`; those without an identity join with a fresh token, the
+/// first half in pool `gpus`, the rest in pool `burst`.
 pub async fn start(
     db: &mut tokio_postgres::Client,
     root: &Path,
@@ -43,11 +44,18 @@ pub async fn start(
     shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<DevFleet> {
     let ca_pem = std::fs::read_to_string(ca_path)?;
-    let pool: String = db
-        .query_one("SELECT p.id FROM pools p JOIN sites s ON s.id = p.site_id WHERE s.name = 'dev' AND p.name = 'gpus'", &[])
-        .await
-        .context("dev's pool gpus is gone")?
-        .get(0);
+    let pool_id = |name: &'static str| {
+        let db = &*db;
+        async move {
+            db.query_opt("SELECT p.id FROM pools p JOIN sites s ON s.id = p.site_id WHERE s.name = 'dev' AND p.name = $1", &[&name])
+                .await
+                .map(|r| r.map(|r| r.get::<_, String>(0)))
+        }
+    };
+    let gpus_pool = pool_id("gpus").await?.context("dev's pool gpus is gone")?;
+    // The first half of the nodes join `gpus`, the rest `burst` (a data folder from before
+    // `burst` existed puts them all in `gpus`).
+    let burst_pool = pool_id("burst").await?.unwrap_or_else(|| gpus_pool.clone());
     let boot = random_hex(4);
     let mut node_ids = Vec::new();
     let mut tasks = Vec::new();
@@ -61,7 +69,8 @@ pub async fn start(
         cfg.boot_id = format!("dev-{boot}-1");
         if !state.join("node.json").exists() {
             let tx = db.transaction().await?;
-            let t = better_compute_nodes::listing::create_join_token(&tx, &pool, Some(600), "dev").await?;
+            let pool = if i < count.div_ceil(2) { &gpus_pool } else { &burst_pool };
+            let t = better_compute_nodes::listing::create_join_token(&tx, pool, Some(600), "dev").await?;
             tx.commit().await?;
             cfg.join_token = Some(t.secret);
         }

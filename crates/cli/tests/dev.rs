@@ -150,7 +150,7 @@ async fn dev_refuses_a_second_copy_stops_on_ctrl_c_and_keeps_data_across_restart
     let mut rolled = false;
     for _ in 0..600 {
         let c = better_compute_db::pool::connect(&url).await.unwrap();
-        if c.query_one("SELECT count(*) FROM pool_capacity_rollup", &[]).await.unwrap().get::<_, i64>(0) == 1 {
+        if c.query_one("SELECT count(*) FROM pool_capacity_rollup", &[]).await.unwrap().get::<_, i64>(0) == 2 {
             rolled = true;
             break;
         }
@@ -159,7 +159,10 @@ async fn dev_refuses_a_second_copy_stops_on_ctrl_c_and_keeps_data_across_restart
     assert!(rolled, "the rollup never ran");
     let cap = Command::new(BIN).args(["capacity", "--database-url", &url]).output().unwrap();
     let text = String::from_utf8_lossy(&cap.stdout);
-    assert!(text.contains("pool dev/gpus") && text.contains("H100-80GB: 30 of 30 idle") && text.contains("3g.40gb: 2 of 2 idle"), "{text}");
+    // Two pools: gpus (bare metal; GPU 7 of its first node in MIG, of its second time-sliced) and
+    // burst (a provider's).
+    assert!(text.contains("pool dev/gpus") && text.contains("H100-80GB: 14 of 14 idle") && text.contains("3g.40gb: 2 of 2 idle"), "{text}");
+    assert!(text.contains("pool dev/burst") && text.contains("H100-80GB: 16 of 16 idle"), "{text}");
     // Every demo node joined through the gateway and applied its desired state.
     let nodes = Command::new(BIN).args(["nodes", "list", "--database-url", &url]).output().unwrap();
     let text = String::from_utf8_lossy(&nodes.stdout);

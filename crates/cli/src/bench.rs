@@ -151,6 +151,8 @@ impl Scratch {
             durable: true,
             max_connections,
         })?;
+        // A bench killed outright (no Drop) still leaves no cluster behind.
+        better_compute_db::testing::spawn_reaper(std::process::id() as i32, &root)?;
         let scratch = Scratch { cluster: cluster.clone(), root };
         println!("starting a throwaway PostgreSQL (fsync and synchronous_commit on, as in production)…");
         cluster.init_if_needed()?;
@@ -158,6 +160,11 @@ impl Scratch {
         let admin = better_compute_db::pool::connect(&cluster.connection_string("postgres")).await?;
         admin.batch_execute("CREATE DATABASE bench").await?;
         Ok(scratch)
+    }
+
+    /// The throwaway folder (removed with the cluster).
+    pub(crate) fn root(&self) -> &std::path::Path {
+        &self.root
     }
 
     /// The bench database's connection string.

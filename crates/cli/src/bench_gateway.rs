@@ -99,7 +99,7 @@ pub async fn run(b: GatewayBench) -> anyhow::Result<()> {
     let seeding = Instant::now();
     crate::bench_capacity::seed(&db, n).await?;
     db.execute("UPDATE nodes SET joined_at = compute_now(), observed_generation = 0", &[]).await?;
-    let ca_dir = std::env::temp_dir().join(format!("better-compute-bench-ca-{}", std::process::id()));
+    let ca_dir = scratch.root().join("ca");
     let ca = Arc::new(better_compute_gateway::Ca::load_or_create(&ca_dir)?);
     let node_ids: Vec<String> = db.query("SELECT id FROM nodes ORDER BY id", &[]).await?.iter().map(|r| r.get(0)).collect();
     let mut nodes = Vec::with_capacity(n);
@@ -144,14 +144,25 @@ pub async fn run(b: GatewayBench) -> anyhow::Result<()> {
     let (_worker, worker_task) = crate::server::start_worker(pool, registry.clone(), Some(conn.clone()), stopped.clone()).await?;
     wait_for_zero(&db, "SELECT count(*) FROM nodes WHERE spec IS NULL", Duration::from_secs(600)).await?;
     println!("seeded, signed and computed every node's desired state in {:.1} s", seeding.elapsed().as_secs_f64());
-    let mut child = std::process::Command::new(std::env::current_exe()?)
+    let mut gateway = std::process::Command::new(std::env::current_exe()?);
+    gateway
         .args(["server", "--roles", "gateway", "--gateway-listen", "127.0.0.1:0", "--pool-size", "64", "--ca-dir"])
         .arg(&ca_dir)
         .env("DATABASE_URL", &conn)
         .env("BETTER_COMPUTE_LOG", "warn")
         .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::inherit())
-        .spawn()?;
+        .stderr(std::process::Stdio::inherit());
+    {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: prctl is async-signal-safe; the gateway gets SIGTERM if this bench dies.
+        unsafe {
+            gateway.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                Ok(())
+            });
+        }
+    }
+    let mut child = gateway.spawn()?;
     let gw_pid = child.id();
     let mut out = std::io::BufReader::new(child.stdout.take().context("gateway stdout")?);
     let mut line = String::new();
@@ -250,7 +261,6 @@ pub async fn run(b: GatewayBench) -> anyhow::Result<()> {
     unsafe { libc::kill(gw_pid as i32, libc::SIGTERM) };
     let _ = child.wait();
     let _ = worker_task.await;
-    let _ = std::fs::remove_dir_all(&ca_dir);
     Ok(())
 }
 

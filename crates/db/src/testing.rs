@@ -64,9 +64,10 @@ fn remove_orphaned_runs() {
     }
 }
 
-/// Starts a detached process that, once the runner `run_pid` is gone, stops the cluster and removes
-/// its folder. It is in its own session, so the runner's timeouts and Ctrl-C do not reach it.
-fn spawn_reaper(run_pid: i32, root: &std::path::Path) -> std::io::Result<()> {
+/// Starts a detached process that, once the process `run_pid` is gone, stops the cluster in
+/// `<root>/data` and removes `root`. It is in its own session, so the runner's timeouts and Ctrl-C
+/// do not reach it. Test runs and benchmarks use it, so a killed one leaves no cluster behind.
+pub fn spawn_reaper(run_pid: i32, root: &std::path::Path) -> std::io::Result<()> {
     use std::os::unix::process::CommandExt;
     let script = r#"
         while kill -0 "$1" 2>/dev/null; do sleep 1; done

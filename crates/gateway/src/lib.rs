@@ -177,6 +177,9 @@ impl Gateway {
     }
 }
 
+/// Slots reserved in a session's queue for the commands of one dispatch.
+pub(crate) type Reserved<'s> = tokio::sync::mpsc::PermitIterator<'s, Result<GatewayMessage, tonic::Status>>;
+
 /// A wake-up for one node.
 #[derive(Debug, Clone)]
 pub(crate) enum Poke {
@@ -344,33 +347,39 @@ impl Inner {
     }
 
     /// The database side of a dispatch, in the caller's transaction: `None` when there is no room
-    /// in the session's queue, or the session was superseded (then it is dropped here).
-    pub(crate) async fn dispatch_in(
+    /// in the session's queue, or the session was superseded (then it is dropped here). Room is
+    /// reserved before any command is claimed, so a command moved to `sent` always has its slot,
+    /// however many dispatches for the node run at once.
+    pub(crate) async fn dispatch_in<'s>(
         &self,
         tx: &impl tokio_postgres::GenericClient,
         node_id: &str,
-        s: &hub::Session,
-    ) -> Result<Option<session::Dispatched>, DbError> {
-        let room = s.out.capacity().min(64) as i64;
-        if room == 0 {
-            return Ok(None); // a slow daemon: the poll comes back to it
+        s: &'s hub::Session,
+    ) -> Result<Option<(session::Dispatched, Reserved<'s>)>, DbError> {
+        let room = s.out.capacity().min(64);
+        // Nothing reserved: a slow daemon's queue is full, and the poll comes back to it.
+        let Ok(slots) = s.out.try_reserve_many(room.max(1)) else { return Ok(None) };
+        let d = session::dispatch(tx, node_id, &self.cfg.id, s.epoch, room.max(1) as i64).await?;
+        match d {
+            Some(d) => Ok(Some((d, slots))),
+            None => {
+                self.hub.remove(node_id, s.epoch);
+                Ok(None)
+            }
         }
-        let d = session::dispatch(tx, node_id, &self.cfg.id, s.epoch, room).await?;
-        if d.is_none() {
-            self.hub.remove(node_id, s.epoch);
-        }
-        Ok(d)
     }
 
-    /// Sends what a committed dispatch moved to `sent`.
-    pub(crate) fn send_dispatched(&self, node_id: &str, s: &hub::Session, d: session::Dispatched) {
+    /// Sends what a committed dispatch moved to `sent`, into the slots reserved for it.
+    pub(crate) fn send_dispatched(&self, node_id: &str, s: &hub::Session, (d, mut slots): (session::Dispatched, Reserved<'_>)) {
         for cmd in d.commands {
-            if s.out.try_send(Ok(command_message(node_id, &cmd))).is_err() {
-                // Stays `sent`: it goes again when the daemon reconnects, or times out.
-                tracing::warn!(node = %node_id, command = %cmd.id, "session queue full; the command goes again on reconnect");
+            match slots.next() {
+                Some(slot) => slot.send(Ok(command_message(node_id, &cmd))),
+                // Cannot happen: at most as many commands were claimed as slots were reserved.
+                None => tracing::error!(node = %node_id, command = %cmd.id, "no reserved slot; the command goes again on reconnect"),
             }
             metrics::counter!("gateway_commands_sent_total").increment(1);
         }
+        drop(slots);
         for id in d.cancels {
             let _ = s.out.try_send(Ok(GatewayMessage { msg: Some(gateway_message::Msg::Cancel(Cancel { command_id: id })) }));
         }

@@ -151,7 +151,8 @@ impl Gateway for GatewayService {
         let spec = if hello.observed_generation < opened.generation { session::desired_state(&*tx, &node).await.map_err(db)? } else { None };
         // At least once: what was in flight goes again; the daemon's journal makes that safe.
         let again = session::in_flight(&*tx, &node).await.map_err(db)?;
-        let dispatched = inner.dispatch_in(&*tx, &node, &s).await.map_err(db)?;
+        let held = s.clone(); // the dispatch's reserved slots borrow the session until they are used
+        let dispatched = inner.dispatch_in(&*tx, &node, &held).await.map_err(db)?;
         tx.commit().await.map_err(db)?;
         drop(c);
         inner.hub.insert(&node, s.clone());
@@ -167,7 +168,7 @@ impl Gateway for GatewayService {
         }
         drop(out);
         if let Some(d) = dispatched {
-            inner.send_dispatched(&node, &s, d);
+            inner.send_dispatched(&node, &held, d);
         }
         let r = opened.reconnect;
         if r.succeeded + r.journal_lost > 0 {

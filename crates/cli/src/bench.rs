@@ -172,6 +172,16 @@ impl Scratch {
         self.cluster.connection_string("bench")
     }
 
+    /// The baseline every benchmark is compared with: initialises pgbench's TPC-B (scale 10) and
+    /// runs it with `clients` for `seconds`; prints and returns its tps.
+    pub(crate) fn tpcb(&self, clients: usize, seconds: u32) -> anyhow::Result<f64> {
+        println!("pgbench: initialising TPC-B (scale 10)…");
+        self.pgbench(&["-i", "-q", "-s", "10"]).ok();
+        let tps = self.pgbench(&["-n", "-c", &clients.to_string(), "-j", "2", "-T", &seconds.to_string()])?;
+        println!("pgbench TPC-B, {clients} clients: {tps:.0} tps");
+        Ok(tps)
+    }
+
     /// Runs pgbench with `args` on the bench database and returns its tps.
     pub(crate) fn pgbench(&self, args: &[&str]) -> anyhow::Result<f64> {
         let bins = PgBinaries::find()?;

@@ -164,10 +164,7 @@ pub async fn run(b: CapacityBench) -> anyhow::Result<()> {
     let conn = scratch.conn();
     let mut db = better_compute_db::pool::connect(&conn).await?;
     better_compute_db::migrate(&mut db, &crate::registry()?.migrations()).await?;
-    println!("pgbench: initialising TPC-B (scale 10)…");
-    scratch.pgbench(&["-i", "-q", "-s", "10"]).ok();
-    let tpcb = scratch.pgbench(&["-n", "-c", &b.clients.to_string(), "-j", "2", "-T", &b.pgbench_seconds.to_string()])?;
-    println!("pgbench TPC-B, {} clients: {tpcb:.0} tps", b.clients);
+    let tpcb = scratch.tpcb(b.clients, b.pgbench_seconds)?;
     let mut first: Option<f64> = None;
     for nodes in &b.nodes {
         println!("seeding {nodes} nodes x 8 GPUs…");

@@ -53,10 +53,7 @@ pub async fn run(b: CommandsBench) -> anyhow::Result<()> {
     let registry = crate::registry()?;
     let mut db = better_compute_db::pool::connect(&conn).await?;
     better_compute_db::migrate(&mut db, &registry.migrations()).await?;
-    println!("pgbench: initialising TPC-B (scale 10)…");
-    scratch.pgbench(&["-i", "-q", "-s", "10"]).ok();
-    let tpcb = scratch.pgbench(&["-n", "-c", &b.clients.to_string(), "-j", "2", "-T", &b.pgbench_seconds.to_string()])?;
-    println!("pgbench TPC-B, {} clients: {tpcb:.0} tps", b.clients);
+    let tpcb = scratch.tpcb(b.clients, b.pgbench_seconds)?;
     println!("seeding {} nodes…", b.nodes);
     crate::bench_capacity::seed(&db, b.nodes).await?;
     let nodes: Vec<String> = db.query("SELECT id FROM nodes ORDER BY id", &[]).await?.iter().map(|r| r.get(0)).collect();

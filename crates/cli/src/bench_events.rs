@@ -34,10 +34,7 @@ pub async fn run(b: EventsBench) -> anyhow::Result<()> {
     let mut db = better_compute_db::pool::connect(&conn).await?;
     let registry = crate::registry()?;
     better_compute_db::migrate(&mut db, &registry.migrations()).await?;
-    println!("pgbench: initialising TPC-B (scale 10)…");
-    scratch.pgbench(&["-i", "-q", "-s", "10"]).ok();
-    let tpcb = scratch.pgbench(&["-n", "-c", &b.writers.to_string(), "-j", "2", "-T", "5"])?;
-    println!("pgbench TPC-B, {} clients: {tpcb:.0} tps", b.writers);
+    let tpcb = scratch.tpcb(b.writers, 5)?;
     let admin = crate::admin::bootstrap_db(&mut db, "bench", "admin").await?;
     let tenant = admin.tenant.id.clone();
     let pool = better_compute_db::pool::connect_pool(&conn, 32)?;

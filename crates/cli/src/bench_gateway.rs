@@ -89,10 +89,7 @@ pub async fn run(b: GatewayBench) -> anyhow::Result<()> {
     let registry = crate::registry()?;
     let mut db = better_compute_db::pool::connect(&conn).await?;
     better_compute_db::migrate(&mut db, &registry.migrations()).await?;
-    println!("pgbench: initialising TPC-B (scale 10)…");
-    scratch.pgbench(&["-i", "-q", "-s", "10"]).ok();
-    let tpcb = scratch.pgbench(&["-n", "-c", "8", "-j", "2", "-T", "5"])?;
-    println!("pgbench TPC-B, 8 clients: {tpcb:.0} tps");
+    scratch.tpcb(8, 5)?;
 
     let n = b.sessions;
     println!("seeding {n} nodes and signing {n} node certificates…");
@@ -105,31 +102,27 @@ pub async fn run(b: GatewayBench) -> anyhow::Result<()> {
     let mut nodes = Vec::with_capacity(n);
     for chunk in node_ids.chunks(2_000) {
         let (ca, chunk) = (ca.clone(), chunk.to_vec());
-        let signed = tokio::task::spawn_blocking(move || -> anyhow::Result<Vec<(String, String, String, [u8; 32], String)>> {
+        let signed = tokio::task::spawn_blocking(move || -> anyhow::Result<Vec<(String, String, better_compute_gateway::ca::Signed)>> {
             chunk
                 .into_iter()
                 .map(|id| {
-                    let key = rcgen_key_and_csr(&id)?;
-                    let s = ca.sign_node(&key.1, &id, Duration::from_secs(86_400))?;
-                    Ok((id, s.pem, key.0, s.fingerprint, s.serial))
+                    let req = better_compute_daemon::identity::request(&id)?;
+                    let cert = ca.sign_node(&req.csr_pem, &id, Duration::from_secs(86_400))?;
+                    Ok((id, req.key_pem().to_owned(), cert))
                 })
                 .collect()
         })
         .await??;
-        let (ids, fps, serials): (Vec<String>, Vec<Vec<u8>>, Vec<String>) =
-            signed.iter().map(|(id, _, _, fp, serial)| (id.clone(), fp.to_vec(), serial.clone())).fold((vec![], vec![], vec![]), |mut acc, x| {
-                acc.0.push(x.0);
-                acc.1.push(x.1);
-                acc.2.push(x.2);
-                acc
-            });
+        let ids: Vec<&String> = signed.iter().map(|(id, _, _)| id).collect();
+        let fps: Vec<&[u8]> = signed.iter().map(|(_, _, c)| c.fingerprint.as_slice()).collect();
+        let serials: Vec<&String> = signed.iter().map(|(_, _, c)| &c.serial).collect();
         db.execute(
             "INSERT INTO node_certificates (fingerprint_sha256, node_id, serial, not_before, not_after)
              SELECT fp, id, serial, compute_now(), compute_now() + interval '1 day' FROM unnest($1::bytea[], $2::text[], $3::text[]) u(fp, id, serial)",
             &[&fps, &ids, &serials],
         )
         .await?;
-        nodes.extend(signed.into_iter().map(|(id, cert, key, _, _)| (id, cert, key)));
+        nodes.extend(signed.into_iter().map(|(id, key, cert)| (id, cert.pem, key)));
     }
 
     // A worker in this process computes desired state; the gateway runs in a child process so its
@@ -339,10 +332,4 @@ async fn latency_run(
         lat.last().copied().unwrap_or_default().as_secs_f64() * 1e3
     );
     Ok(())
-}
-
-/// A node's key (PEM) and its CSR (PEM).
-fn rcgen_key_and_csr(name: &str) -> anyhow::Result<(String, String)> {
-    let r = better_compute_daemon::identity::request(name)?;
-    Ok((r.key_pem().to_owned(), r.csr_pem))
 }

@@ -49,9 +49,7 @@ pub(crate) async fn start_gateway(
     shutdown: tokio::sync::watch::Receiver<bool>,
 ) -> anyhow::Result<better_compute_gateway::Gateway> {
     let ca = std::sync::Arc::new(better_compute_gateway::Ca::load_or_create(ca_dir)?);
-    let mut id = [0u8; 8];
-    getrandom::fill(&mut id).expect("random source");
-    let mut cfg = better_compute_gateway::GatewayConfig::new(format!("gw_{}", id.iter().map(|b| format!("{b:02x}")).collect::<String>()), listen);
+    let mut cfg = better_compute_gateway::GatewayConfig::new(better_compute_core::id::GatewayId::generate().to_string(), listen);
     cfg.hostnames = hostnames;
     cfg.listen_url = listen_url;
     Ok(better_compute_gateway::Gateway::start(pool, ca, cfg, shutdown).await?)

@@ -173,6 +173,8 @@ id_kinds! {
     EventId, EventKind, "evt", "event";
     /// A worker process.
     WorkerId, WorkerKind, "wrk", "worker";
+    /// A gateway process (its lease is `gateway:<id>`).
+    GatewayId, GatewayKind, "gw", "gateway";
     /// A bearer token (its id; the secret is never stored).
     TokenId, TokenKind, "tok", "token";
     /// A role binding.

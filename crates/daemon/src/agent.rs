@@ -21,7 +21,7 @@ use crate::converge::{self, Applied};
 use crate::identity::{self, Identity};
 use crate::journal::{Journal, Outcome};
 use crate::logs::LogRing;
-use crate::{DaemonConfig, DaemonError, RebootHook};
+use crate::{daemon_msg, DaemonConfig, DaemonError, RebootHook};
 
 /// The kinds this daemon runs.
 pub const KINDS: &[&str] = &["diag.nvml", "inventory.refresh", "logs.collect", "node.reboot"];
@@ -56,10 +56,6 @@ pub struct Daemon {
     run_id: String,
     state: Mutex<State>,
     out: Mutex<Option<mpsc::Sender<DaemonMessage>>>,
-}
-
-fn msg(m: daemon_message::Msg) -> DaemonMessage {
-    DaemonMessage { msg: Some(m) }
 }
 
 fn unix_now() -> i64 {
@@ -217,7 +213,7 @@ impl Daemon {
             daemon_version: env!("CARGO_PKG_VERSION").to_owned(),
             inventory_digest: String::new(),
         };
-        tx.send(msg(daemon_message::Msg::Hello(hello))).await.map_err(|_| DaemonError::Transport("session closed".into()))?;
+        tx.send(daemon_msg(daemon_message::Msg::Hello(hello))).await.map_err(|_| DaemonError::Transport("session closed".into()))?;
         let mut inbound = client
             .session(tokio_stream::wrappers::ReceiverStream::new(rx))
             .await
@@ -253,13 +249,13 @@ impl Daemon {
         if let Some(out) = out {
             // A closed session loses nothing: outcomes are in the journal and the gateway sends
             // in-flight commands again on the next session.
-            let _ = out.send(msg(m)).await;
+            let _ = out.send(daemon_msg(m)).await;
         }
     }
 
     /// Every heartbeat: say so, report health changes, retry a pending spec, expire waiting commands.
     async fn tick(self: &Arc<Self>, tx: &mpsc::Sender<DaemonMessage>) {
-        let _ = tx.send(msg(daemon_message::Msg::Heartbeat(Heartbeat {}))).await;
+        let _ = tx.send(daemon_msg(daemon_message::Msg::Heartbeat(Heartbeat {}))).await;
         self.report_health(false).await;
         let pending = self.state.lock().expect("state").pending.clone();
         if let Some((generation, spec)) = pending {
@@ -557,7 +553,7 @@ impl Daemon {
                 }
                 ok(serde_json::json!({"rescanned": req.rescan, "backend": inv.backend, "sections": report}))
             }
-            Payload::LogsCollect(req) => ok(crate::collect_logs(&self.logs, &req).await),
+            Payload::LogsCollect(req) => ok(crate::logs::collect(&self.logs, &req).await),
             Payload::NodeReboot(req) => {
                 self.logs.line(format!("rebooting in {} s: {}", req.grace_seconds, req.reason));
                 tokio::time::sleep(Duration::from_secs(req.grace_seconds as u64)).await;

@@ -4,6 +4,8 @@ use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
+use better_compute_proto::v1::LogsCollect;
+
 /// Bytes of log lines kept.
 pub const KEEP_BYTES: usize = 1 << 20;
 
@@ -52,6 +54,45 @@ impl LogRing {
         out.reverse();
         (out, truncated)
     }
+}
+
+/// `logs.collect`: the daemon's own lines from memory; other units from journald where there is one.
+pub async fn collect(ring: &LogRing, req: &LogsCollect) -> serde_json::Value {
+    let since = Duration::from_secs(req.since_seconds.max(1) as u64);
+    let mut left = req.max_bytes.max(1) as usize;
+    let mut units = Vec::new();
+    let mut truncated = false;
+    for unit in &req.units {
+        if unit == "better-compute-daemon" {
+            let (lines, cut) = ring.recent(since, left);
+            left = left.saturating_sub(lines.iter().map(|l| l.len() + 1).sum());
+            truncated |= cut;
+            units.push(serde_json::json!({"unit": unit, "lines": lines}));
+            continue;
+        }
+        let out = tokio::time::timeout(
+            Duration::from_secs(10),
+            tokio::process::Command::new("journalctl")
+                .args(["-u", unit, "--since", &format!("-{}s", since.as_secs()), "--no-pager", "-o", "short-iso"])
+                .output(),
+        )
+        .await;
+        match out {
+            Ok(Ok(o)) if o.status.success() => {
+                let text = String::from_utf8_lossy(&o.stdout);
+                let mut lines: Vec<&str> = text.lines().collect();
+                let mut bytes: usize = lines.iter().map(|l| l.len() + 1).sum();
+                while bytes > left && !lines.is_empty() {
+                    bytes -= lines.remove(0).len() + 1;
+                    truncated = true;
+                }
+                left -= bytes;
+                units.push(serde_json::json!({"unit": unit, "lines": lines}));
+            }
+            _ => units.push(serde_json::json!({"unit": unit, "error": "journald is not available for this unit on this node"})),
+        }
+    }
+    serde_json::json!({"units": units, "truncated": truncated})
 }
 
 #[cfg(test)]

@@ -8,10 +8,12 @@ use std::time::Duration;
 
 use better_compute_proto::v1::gateway_client::GatewayClient;
 use better_compute_proto::v1::{
-    daemon_message, gateway_message, CommandAck, CommandResult, DaemonMessage, Heartbeat, Hello, SectionState, SectionStatus, SpecStatus,
+    daemon_message, gateway_message, CommandAck, CommandResult, Heartbeat, Hello, SectionState, SectionStatus, SpecStatus,
 };
 use tokio::sync::{mpsc, watch};
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+
+use crate::daemon_msg;
 
 /// What a simulated node tells its observer.
 pub trait SimObserver: Send + Sync + 'static {
@@ -36,10 +38,6 @@ pub struct SimNode {
     pub gateway_url: String,
     /// Heartbeat interval.
     pub heartbeat: Duration,
-}
-
-fn msg(m: daemon_message::Msg) -> DaemonMessage {
-    DaemonMessage { msg: Some(m) }
 }
 
 impl SimNode {
@@ -68,7 +66,7 @@ impl SimNode {
             daemon_version: "sim".into(),
             inventory_digest: String::new(),
         };
-        tx.send(msg(daemon_message::Msg::Hello(hello))).await.map_err(|e| e.to_string())?;
+        tx.send(daemon_msg(daemon_message::Msg::Hello(hello))).await.map_err(|e| e.to_string())?;
         let mut inbound = client.session(tokio_stream::wrappers::ReceiverStream::new(rx)).await.map_err(|s| s.to_string())?.into_inner();
         let mut ready = ready;
         let mut beat = tokio::time::interval(self.heartbeat);
@@ -76,7 +74,7 @@ impl SimNode {
         loop {
             tokio::select! {
                 _ = async { let _ = stop.wait_for(|s| *s).await; } => return Ok(()),
-                _ = beat.tick() => { let _ = tx.send(msg(daemon_message::Msg::Heartbeat(Heartbeat {}))).await; }
+                _ = beat.tick() => { let _ = tx.send(daemon_msg(daemon_message::Msg::Heartbeat(Heartbeat {}))).await; }
                 m = inbound.message() => {
                     let Some(m) = m.map_err(|s| s.to_string())? else { return Ok(()) };
                     match m.msg {
@@ -91,14 +89,14 @@ impl SimNode {
                                 .map(|s| SectionStatus { section: s.to_string(), state: SectionState::Converged as i32, message: String::new() })
                                 .collect();
                             let status = SpecStatus { generation: d.generation, sections, observed_generation: d.generation };
-                            let _ = tx.send(msg(daemon_message::Msg::SpecStatus(status))).await;
+                            let _ = tx.send(daemon_msg(daemon_message::Msg::SpecStatus(status))).await;
                             observer.applied(&self.node_id, d.generation);
                         }
                         Some(gateway_message::Msg::Command(c)) => {
                             observer.command(&self.node_id, &c.command_id);
-                            let _ = tx.send(msg(daemon_message::Msg::CommandAck(CommandAck { command_id: c.command_id.clone() }))).await;
+                            let _ = tx.send(daemon_msg(daemon_message::Msg::CommandAck(CommandAck { command_id: c.command_id.clone() }))).await;
                             let result = CommandResult { command_id: c.command_id, succeeded: true, reason: String::new(), result_json: "{}".into() };
-                            let _ = tx.send(msg(daemon_message::Msg::CommandResult(result))).await;
+                            let _ = tx.send(daemon_msg(daemon_message::Msg::CommandResult(result))).await;
                         }
                         Some(gateway_message::Msg::Cancel(_)) | None => {}
                     }

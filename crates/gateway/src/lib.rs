@@ -17,7 +17,6 @@ use better_compute_core::lease::GATEWAY_LEASE_RENEW_EVERY_S;
 use better_compute_db::{DbError, Lease, Pool};
 use better_compute_nodes::session;
 use better_compute_proto::v1::{gateway_message, Cancel, Command, CommandBody, DesiredState, GatewayMessage, NodeSpec};
-use futures_util::StreamExt;
 use prost::Message;
 use tokio::sync::{watch, Semaphore};
 
@@ -279,7 +278,7 @@ impl Inner {
         if self.hub.get(&node).is_none() {
             return;
         }
-        let Ok(permit) = self.clone().dispatching_owned().await else { return };
+        let Ok(permit) = self.dispatching.clone().acquire_owned().await else { return };
         tokio::spawn(async move {
             let r = match poke {
                 Poke::Commands(n) => self.dispatch(&n).await,
@@ -290,10 +289,6 @@ impl Inner {
             }
             drop(permit);
         });
-    }
-
-    async fn dispatching_owned(self: Arc<Self>) -> Result<tokio::sync::OwnedSemaphorePermit, ()> {
-        self.dispatching.clone().acquire_owned().await.map_err(|_| ())
     }
 
     /// Every poll: the nodes of our sessions with due commands or cancels, and those behind on
@@ -439,39 +434,18 @@ pub(crate) fn command_message(node_id: &str, c: &session::Dispatch) -> GatewayMe
     }
 }
 
-/// Holds a LISTEN connection for command and desired-state pokes; reconnects after failures.
-/// Only an optimisation: the gateway polls anyway.
+/// Turns command and desired-state notifications into pokes until shutdown. A full poke queue
+/// drops the poke: the poll covers it.
 async fn listen_for_pokes(url: String, pokes: tokio::sync::mpsc::Sender<Poke>, mut shutdown: watch::Receiver<bool>) {
     use better_compute_nodes::commands::COMMANDS_CHANNEL;
     use better_compute_runtime::nodespec::NODESPEC_CHANNEL;
-    loop {
-        if let Ok((client, mut connection)) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await {
-            let forward = pokes.clone();
-            let pump = tokio::spawn(async move {
-                let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
-                while let Some(Ok(m)) = messages.next().await {
-                    if let tokio_postgres::AsyncMessage::Notification(n) = m {
-                        let node = n.payload().to_owned();
-                        let poke = if n.channel() == NODESPEC_CHANNEL { Poke::Spec(node) } else { Poke::Commands(node) };
-                        // Full: dropped; the poll covers it.
-                        let _ = forward.try_send(poke);
-                    }
-                }
-            });
-            if client.batch_execute(&format!("LISTEN {COMMANDS_CHANNEL}; LISTEN {NODESPEC_CHANNEL}")).await.is_ok() {
-                let abort = pump.abort_handle();
-                tokio::select! {
-                    _ = shutdown.wait_for(|s| *s) => { abort.abort(); return; }
-                    _ = pump => {}
-                }
-            } else {
-                pump.abort();
-            }
-        }
-        tokio::select! {
-            _ = shutdown.wait_for(|s| *s) => return,
-            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-        }
+    let listen = better_compute_runtime::work_queue::listen(url, &[COMMANDS_CHANNEL, NODESPEC_CHANNEL], move |channel, node| {
+        let poke = if channel == NODESPEC_CHANNEL { Poke::Spec(node.to_owned()) } else { Poke::Commands(node.to_owned()) };
+        let _ = pokes.try_send(poke);
+    });
+    tokio::select! {
+        _ = shutdown.wait_for(|s| *s) => {}
+        _ = listen => {}
     }
 }
 

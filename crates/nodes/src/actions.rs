@@ -98,13 +98,18 @@ pub async fn untaint(tx: &impl GenericClient, node_id: &str, key: &str) -> Resul
     node_event(tx, node_id, "node.untainted", serde_json::json!({"key": key})).await
 }
 
-/// Sets a node's liveness; `unreachable` and `lost` join `noScheduleReasons`, and leave it when
-/// the node is connected again. Nothing is released.
+/// Sets a node's liveness, since now and with no extra disconnect grace; `unreachable` and `lost`
+/// join `noScheduleReasons`, and leave it when the node is connected again. Nothing is released.
 pub async fn set_liveness(tx: &impl GenericClient, node_id: &str, liveness: &str) -> Result<(), DbError> {
     if !["connected", "disconnected", "unreachable", "lost"].contains(&liveness) {
         return Err(Error::invalid_argument("liveness must be connected, disconnected, unreachable or lost").into());
     }
-    let n = tx.execute("UPDATE nodes SET liveness = $2, version = version + 1 WHERE id = $1", &[&node_id, &liveness]).await?;
+    let n = tx
+        .execute(
+            "UPDATE nodes SET liveness = $2, liveness_since = compute_now(), disconnect_grace_s = 0, version = version + 1 WHERE id = $1",
+            &[&node_id, &liveness],
+        )
+        .await?;
     if n == 0 {
         return Err(Error::not_found("node", node_id).into());
     }

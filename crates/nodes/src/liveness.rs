@@ -121,7 +121,6 @@ pub async fn evaluate(tx: &impl GenericClient) -> Result<LivenessReport, DbError
         .await?;
         for id in &unreachable {
             actions::set_liveness(tx, id, "unreachable").await?;
-            tx.execute("UPDATE nodes SET liveness_since = compute_now() WHERE id = $1", &[id]).await?;
         }
         report.unreachable = unreachable.len() as u64;
     }
@@ -137,7 +136,6 @@ pub async fn evaluate(tx: &impl GenericClient) -> Result<LivenessReport, DbError
     .await?;
     for id in &lost {
         actions::set_liveness(tx, id, "lost").await?;
-        tx.execute("UPDATE nodes SET liveness_since = compute_now() WHERE id = $1", &[id]).await?;
     }
     report.lost = lost.len() as u64;
     Ok(report)

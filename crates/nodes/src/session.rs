@@ -76,7 +76,6 @@ pub async fn open(tx: &impl GenericClient, h: &Hello<'_>) -> Result<Opened, DbEr
     if liveness != "connected" {
         actions::set_liveness(tx, h.node_id, "connected").await?;
     }
-    tx.execute("UPDATE nodes SET liveness_since = compute_now(), disconnect_grace_s = 0 WHERE id = $1", &[&h.node_id]).await?;
     Ok(Opened { session_epoch: epoch, generation, reconnect })
 }
 
@@ -114,7 +113,9 @@ pub async fn close(tx: &impl GenericClient, node_id: &str, epoch: i64, reason: &
 /// connected → disconnected, with `grace_s` more before it can become unreachable.
 pub(crate) async fn mark_disconnected(tx: &impl GenericClient, node_id: &str, grace_s: i32) -> Result<(), DbError> {
     actions::set_liveness(tx, node_id, "disconnected").await?;
-    tx.execute("UPDATE nodes SET liveness_since = compute_now(), disconnect_grace_s = $2 WHERE id = $1", &[&node_id, &grace_s]).await?;
+    if grace_s > 0 {
+        tx.execute("UPDATE nodes SET disconnect_grace_s = $2 WHERE id = $1", &[&node_id, &grace_s]).await?;
+    }
     Ok(())
 }
 

@@ -13,6 +13,44 @@ use better_compute_db::DbError;
 
 use crate::reconciler::{Kind, Outcome};
 
+/// Holds a LISTEN connection on `channels` and calls `on(channel, payload)` for each
+/// notification; reconnects a second after any failure, for as long as it runs. `conn` must be a
+/// direct connection (LISTEN is session state, which PgBouncer's transaction pooling does not
+/// keep). Only ever an optimisation: every listener also polls.
+pub async fn listen(conn: String, channels: &'static [&'static str], on: impl Fn(&str, &str) + Send + Sync + 'static) {
+    use futures_util::StreamExt;
+    let on = std::sync::Arc::new(on);
+    loop {
+        match tokio_postgres::connect(&conn, tokio_postgres::NoTls).await {
+            Ok((client, mut connection)) => {
+                // The connection must be polled for LISTEN to complete and for notifications to arrive.
+                let forward = on.clone();
+                let pump = tokio::spawn(async move {
+                    let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+                    while let Some(Ok(m)) = messages.next().await {
+                        if let tokio_postgres::AsyncMessage::Notification(n) = m {
+                            forward(n.channel(), n.payload());
+                        }
+                    }
+                });
+                let listen: String = channels.iter().map(|c| format!("LISTEN {c};")).collect();
+                match client.batch_execute(&listen).await {
+                    Ok(()) => {
+                        let _ = pump.await;
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %e, "LISTEN failed");
+                        pump.abort();
+                    }
+                }
+                drop(client);
+            }
+            Err(e) => tracing::debug!(error = %e, "poke listener cannot connect"),
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
 /// The channel that pokes workers.
 pub const POKE_CHANNEL: &str = "better_compute_work";
 

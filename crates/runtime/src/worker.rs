@@ -445,7 +445,10 @@ impl Worker {
     /// is work, and otherwise sleeps until a poke or the poll interval.
     pub async fn run(self: Arc<Self>, mut shutdown: tokio::sync::watch::Receiver<bool>) -> Result<(), DbError> {
         let poke = Arc::new(tokio::sync::Notify::new());
-        let listener = self.cfg.listen.clone().map(|conn| tokio::spawn(listen_for_pokes(conn, poke.clone())));
+        let listener = self.cfg.listen.clone().map(|conn| {
+            let poke = poke.clone();
+            tokio::spawn(work_queue::listen(conn, &[work_queue::POKE_CHANNEL], move |_, _| poke.notify_one()))
+        });
         let mut last_maintain: Option<Instant> = None;
         let jobs: Vec<String> = self.registry.job_names().into_iter().map(String::from).collect();
         while !*shutdown.borrow() {
@@ -478,35 +481,3 @@ impl Worker {
     }
 }
 
-/// Holds a LISTEN connection and turns notifications into wake-ups; reconnects after failures.
-/// Only ever an optimisation: the loop polls anyway.
-async fn listen_for_pokes(conn: String, poke: Arc<tokio::sync::Notify>) {
-    loop {
-        match tokio_postgres::connect(&conn, tokio_postgres::NoTls).await {
-            Ok((client, mut connection)) => {
-                // The connection must be polled for LISTEN to complete and for notifications to arrive.
-                let forward = poke.clone();
-                let pump = tokio::spawn(async move {
-                    let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
-                    while let Some(Ok(m)) = messages.next().await {
-                        if matches!(m, tokio_postgres::AsyncMessage::Notification(_)) {
-                            forward.notify_one();
-                        }
-                    }
-                });
-                match client.batch_execute(&format!("LISTEN {}", work_queue::POKE_CHANNEL)).await {
-                    Ok(()) => {
-                        let _ = pump.await;
-                    }
-                    Err(e) => {
-                        tracing::debug!(error = %e, "LISTEN failed");
-                        pump.abort();
-                    }
-                }
-                drop(client);
-            }
-            Err(e) => tracing::debug!(error = %e, "poke listener cannot connect"),
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
-}

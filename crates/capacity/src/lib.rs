@@ -4,6 +4,7 @@
 //! `CHECK` backstops; and the placer locks what it relies on `FOR SHARE`, so an operator's cordon,
 //! taint or quarantine and a placement are strictly ordered.
 
+pub mod invariants;
 pub mod mode;
 pub mod placer;
 pub mod quota;

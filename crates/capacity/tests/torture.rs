@@ -3,17 +3,18 @@
 //! health flips, quarantine, mode changes, clock jumps — while the capacity jobs run; then every
 //! invariant is checked against the database. Seeded: the operations of a seed are the same every
 //! run (their interleaving is the machine's). CI runs a few seeds; for many:
-//! `TORTURE_SEEDS=1-50 cargo nextest run -p better-compute-capacity --run-ignored only torture_seeds_from_env`.
+//! `TORTURE_SEEDS=1-50 cargo nextest run -p better-compute-capacity --run-ignored only torture_seeds_from_env`
+//! (add `TORTURE_PGBOUNCER=1` to send the operations through PgBouncer).
 
 mod fleet;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use better_compute_capacity::reservations::{self, CreateReservation, GpuRequest};
-use better_compute_capacity::{mode, quota, Caller};
+use better_compute_capacity::{invariants, mode, quota, Caller};
 use better_compute_core::time::{parse_rfc3339, rfc3339};
 use better_compute_core::ErrorCode;
 use better_compute_nodes::actions;
@@ -100,7 +101,11 @@ async fn one_op(
         40..=49 => {
             let Some((t, id)) = pick_live(live, rng) else { return Ok("noop") };
             let caller = Caller { tenant_id: TENANTS[t], identity_id: "idn_torture" };
-            let cur = reservations::get(&*c, caller, &id).await?;
+            // In a transaction, as every statement: behind PgBouncer an autocommit statement's
+            // Parse and Bind may reach different server connections.
+            let tx = c.transaction().await.map_err(db)?;
+            let cur = reservations::get(&tx, caller, &id).await?;
+            tx.commit().await.map_err(db)?;
             let end = parse_rfc3339(&cur.ends_at).expect("the API writes RFC 3339") + Duration::from_secs(600 + rng.below(7200));
             reservations::extend(c, caller, &id, &rfc3339(end), None).await?;
             Ok("extend")
@@ -170,7 +175,15 @@ fn pick_live(live: &Mutex<Vec<(usize, String)>>, rng: &mut Rng) -> Option<(usize
     (!l.is_empty()).then(|| l[rng.below(l.len() as u64) as usize].clone())
 }
 
-async fn torture(seed: u64, ops: usize) {
+/// Where the operations' connections go.
+#[derive(Clone, Copy, PartialEq)]
+enum Route {
+    Direct,
+    /// Through PgBouncer in transaction pooling mode, with fewer server connections than clients.
+    PgBouncer,
+}
+
+async fn torture(seed: u64, ops: usize, route: Route) {
     let h = harness().await;
     let modes: Vec<GpuMode> = (0..NODES).map(node_mode).collect();
     let f = fleet(&h, &modes, GPUS).await;
@@ -193,7 +206,10 @@ async fn torture(seed: u64, ops: usize) {
     for _ in 0..CONNECTIONS {
         let (h, f, next, live, tally, failures) = (h.clone(), f.clone(), next.clone(), live.clone(), tally.clone(), failures.clone());
         tasks.push(tokio::spawn(async move {
-            let mut c = h.db().connect().await;
+            let mut c = match route {
+                Route::Direct => h.db().connect().await,
+                Route::PgBouncer => h.db().connect_through_pgbouncer().await,
+            };
             loop {
                 let i = next.fetch_add(1, Ordering::SeqCst);
                 if i >= ops {
@@ -241,151 +257,32 @@ async fn torture(seed: u64, ops: usize) {
     check_invariants(&h, seed, &f).await;
 }
 
-async fn rows_of(h: &Harness, sql: &str) -> Vec<String> {
-    h.db().client().await.query(sql, &[]).await.unwrap().iter().map(|r| r.get::<_, String>(0)).collect()
-}
-
 async fn check_invariants(h: &Harness, seed: u64, f: &Fleet) {
-    let none = |what: &str, rows: Vec<String>| assert!(rows.is_empty(), "seed {seed}: {what}:\n{}", rows.join("\n"));
-    none(
-        "two overlapping bookings on one atom",
-        rows_of(h, "SELECT a.device_id || ' ' || a.allocation_id || ' ' || b.allocation_id FROM device_bookings a
-                     JOIN device_bookings b ON a.device_id = b.device_id AND a.ctid < b.ctid AND a.during && b.during").await,
-    );
-    none(
-        "a parent and a child atom booked at once",
-        rows_of(h, "SELECT p.device_id || ' ' || c.device_id FROM device_bookings p
-                     JOIN devices d ON d.parent_id = p.device_id
-                     JOIN device_bookings c ON c.device_id = d.id AND c.during && p.during
-                    WHERE p.allocation_id NOT LIKE 'change:%' AND c.allocation_id NOT LIKE 'change:%'").await,
-    );
-    none(
-        "scalars differ from the sum of live reservations",
-        rows_of(h, "SELECT nr.node_id || ' ' || nr.vcpu_allocated || ' vs ' || coalesce(sum(r.vcpu), 0) FROM node_resources nr
-                     LEFT JOIN reservations r ON r.node_id = nr.node_id AND r.state IN ('placed', 'active')
-                    GROUP BY nr.node_id, nr.vcpu_allocated, nr.memory_mib_allocated, nr.disk_gib_allocated,
-                             nr.vcpu_allocatable, nr.vcpu_ratio
-                   HAVING nr.vcpu_allocated <> coalesce(sum(r.vcpu), 0)
-                       OR nr.memory_mib_allocated <> coalesce(sum(r.memory_mib), 0)
-                       OR nr.disk_gib_allocated <> coalesce(sum(r.disk_gib), 0)
-                       OR nr.vcpu_allocated > floor(nr.vcpu_allocatable * nr.vcpu_ratio)").await,
-    );
-    none(
-        "quota used differs from the charges of non-terminal reservations",
-        rows_of(h, "WITH charges AS (
-                      SELECT tenant_id, CASE gpu_kind WHEN 'gpu' THEN 'gpus' WHEN 'mig' THEN 'mig_instances' ELSE 'gpu_slots' END AS resource,
-                             gpu_count::bigint AS n FROM reservations WHERE state IN ('pending', 'placed', 'active')
-                      UNION ALL SELECT tenant_id, 'vcpu', vcpu FROM reservations WHERE state IN ('pending', 'placed', 'active')
-                      UNION ALL SELECT tenant_id, 'memory_mib', memory_mib FROM reservations WHERE state IN ('pending', 'placed', 'active')
-                      UNION ALL SELECT tenant_id, 'disk_gib', disk_gib FROM reservations WHERE state IN ('pending', 'placed', 'active'))
-                    SELECT q.tenant_id || ' ' || q.resource || ' ' || q.used || ' vs ' || coalesce(sum(c.n), 0)
-                      FROM quota_usage q LEFT JOIN charges c ON c.tenant_id = q.tenant_id AND c.resource = q.resource
-                     GROUP BY q.tenant_id, q.resource, q.used, q.max
-                    HAVING q.used <> coalesce(sum(c.n), 0) OR q.used > q.max").await,
-    );
-    none(
-        "a live reservation neither fully booked nor pending with Unschedulable",
-        rows_of(h, "SELECT r.id || ' ' || r.state FROM reservations r
-                     WHERE (r.state = 'pending' AND (r.unschedulable IS NULL OR EXISTS (SELECT 1 FROM device_bookings b WHERE b.allocation_id = r.id)))
-                        OR (r.state IN ('placed', 'active') AND (
-                             (SELECT count(DISTINCT device_id) FROM device_bookings b WHERE b.allocation_id = r.id) <> r.gpu_count
-                             OR EXISTS (SELECT 1 FROM (SELECT device_id, range_agg(during) AS covered FROM device_bookings b
-                                                        WHERE b.allocation_id = r.id GROUP BY device_id) x
-                                         WHERE x.covered <> tstzmultirange(r.during))))").await,
-    );
-    // No booking placed on a node or GPU that was ineligible when the booking committed: replay the
-    // outbox in commit order.
-    let events = h
-        .db()
-        .client()
-        .await
-        .query(
-            "SELECT type, subject, data, pg_xact_commit_timestamp(xmin) FROM outbox
-              WHERE type IN ('reservation.placed', 'node.cordoned', 'node.uncordoned', 'node.tainted', 'node.untainted',
-                             'device.quarantined', 'device.released', 'device.unhealthy', 'device.healthy', 'device.mode_changed')
-              ORDER BY 4, txid, seq",
-            &[],
-        )
-        .await
-        .unwrap();
-    let gpu_node: HashMap<String, usize> =
-        f.gpus.iter().enumerate().flat_map(|(i, gs)| gs.iter().map(move |g| (g.clone(), i))).collect();
-    let mut cordoned: HashSet<String> = HashSet::new();
-    let mut tainted: HashSet<String> = HashSet::new();
-    let mut quarantined: HashSet<String> = HashSet::new();
-    let mut unhealthy: HashSet<String> = HashSet::new();
-    let mut modes: HashMap<String, GpuMode> =
-        gpu_node.iter().map(|(g, i)| (g.clone(), node_mode(*i))).collect();
-    let mut violations = Vec::new();
-    let mut placed = 0;
-    let mut i = 0;
-    while i < events.len() {
-        // Events that committed at the same instant are not ordered among themselves: apply the
-        // state changes of that instant only after checking its placements against the state before.
-        let ts: SystemTime = events[i].get(3);
-        let mut j = i;
-        while j < events.len() && events[j].get::<_, SystemTime>(3) == ts {
-            j += 1;
-        }
-        for e in &events[i..j] {
-            if e.get::<_, String>(0) != "reservation.placed" {
-                continue;
-            }
-            placed += 1;
-            let data: serde_json::Value = e.get(2);
-            let node = data["nodeId"].as_str().unwrap_or_default().to_owned();
-            if cordoned.contains(&node) || tainted.contains(&node) {
-                violations.push(format!("{} placed on {node} while it was cordoned or tainted", e.get::<_, String>(1)));
-            }
-            for atom in data["atoms"].as_array().into_iter().flatten().filter_map(|a| a.as_str()) {
-                let gpu = atom.split('/').next().unwrap().to_owned();
-                if quarantined.contains(&gpu) || unhealthy.contains(&gpu) {
-                    violations.push(format!("{} booked {atom} while its GPU was quarantined or unhealthy", e.get::<_, String>(1)));
-                }
-                let m = &modes[&gpu];
-                let active = if atom == gpu { *m == GpuMode::Exclusive } else { m.child_atoms(&gpu, 81_920).iter().any(|c| c.id == atom) };
-                if !active {
-                    violations.push(format!("{} booked {atom}, not an atom of its GPU's mode {m:?}", e.get::<_, String>(1)));
-                }
-            }
-        }
-        for e in &events[i..j] {
-            let (t, subject): (String, String) = (e.get(0), e.get(1));
-            match t.as_str() {
-                "node.cordoned" => { cordoned.insert(subject); }
-                "node.uncordoned" => { cordoned.remove(&subject); }
-                "node.tainted" => { tainted.insert(subject); }
-                "node.untainted" => { tainted.remove(&subject); }
-                "device.quarantined" => { quarantined.insert(subject); }
-                "device.released" => { quarantined.remove(&subject); }
-                "device.unhealthy" => { unhealthy.insert(subject); }
-                "device.healthy" => { unhealthy.remove(&subject); }
-                "device.mode_changed" => {
-                    let data: serde_json::Value = e.get(2);
-                    modes.insert(subject, serde_json::from_value(data["mode"].clone()).unwrap());
-                }
-                _ => {}
-            }
-        }
-        i = j;
-    }
-    assert!(violations.is_empty(), "seed {seed}: placements on ineligible capacity:\n{}", violations.join("\n"));
-    assert!(placed > 50, "seed {seed}: only {placed} placements; the test did not exercise the placer");
+    let initial: HashMap<String, GpuMode> =
+        f.gpus.iter().enumerate().flat_map(|(i, gs)| gs.iter().map(move |g| (g.clone(), node_mode(i)))).collect();
+    let report = invariants::check(&**h.db().client().await, &initial).await.unwrap();
+    assert!(report.violations.is_empty(), "seed {seed}: invariants broken:\n{}", report.violations.join("\n"));
+    assert!(report.placements_checked > 50, "seed {seed}: only {} placements; the test did not exercise the placer", report.placements_checked);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn capacity_torture_seed_1() {
-    torture(1, 1000).await;
+    torture(1, 1000, Route::Direct).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn capacity_torture_seed_2() {
-    torture(2, 1000).await;
+    torture(2, 1000, Route::Direct).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn capacity_torture_seed_3() {
-    torture(3, 1000).await;
+    torture(3, 1000, Route::Direct).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capacity_torture_passes_behind_pgbouncer_in_transaction_mode() {
+    torture(4, 1000, Route::PgBouncer).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -394,6 +291,6 @@ async fn torture_seeds_from_env() {
     let spec = std::env::var("TORTURE_SEEDS").expect("set TORTURE_SEEDS, like 1-50");
     let (a, b) = spec.split_once('-').unwrap_or((&spec, &spec));
     for seed in a.parse::<u64>().unwrap()..=b.parse::<u64>().unwrap() {
-        torture(seed, 1000).await;
+        torture(seed, 1000, if std::env::var_os("TORTURE_PGBOUNCER").is_some() { Route::PgBouncer } else { Route::Direct }).await;
     }
 }

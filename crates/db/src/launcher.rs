@@ -55,6 +55,22 @@ pub enum LaunchError {
         /// The end of what it printed.
         output: String,
     },
+    /// PgBouncer is not installed.
+    #[error(
+        "pgbouncer not found; install Debian's `pgbouncer` package (`apt-get install pgbouncer`) or set \
+         BETTER_COMPUTE_PGBOUNCER to its path"
+    )]
+    PgBouncerNotFound,
+    /// A server did not come up in time.
+    #[error("{program} did not start within {waited_s} s; see {log}")]
+    NotReady {
+        /// Which program.
+        program: String,
+        /// How long we waited.
+        waited_s: u64,
+        /// Its log file.
+        log: String,
+    },
     /// A file-system operation failed.
     #[error("{what} {path}: {source}")]
     Io {
@@ -67,7 +83,7 @@ pub enum LaunchError {
     },
 }
 
-fn io_err(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> LaunchError {
+pub(crate) fn io_err(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> LaunchError {
     let path = path.display().to_string();
     move |source| LaunchError::Io { what, path, source }
 }
@@ -132,8 +148,8 @@ impl PgBinaries {
 /// The unprivileged user the server runs as when this process is root.
 #[derive(Debug, Clone, Copy)]
 pub struct RunAs {
-    uid: u32,
-    gid: u32,
+    pub(crate) uid: u32,
+    pub(crate) gid: u32,
 }
 
 impl RunAs {
@@ -212,8 +228,13 @@ impl Cluster {
         format!("postgresql://{SUPERUSER}@{host}/{dbname}")
     }
 
+    /// The user the server runs as, when this process is root.
+    pub fn run_as(&self) -> Option<RunAs> {
+        self.run_as
+    }
+
     /// Creates a folder owned by the server's user, mode 0700.
-    fn private_dir(&self, dir: &Path) -> Result<(), LaunchError> {
+    pub(crate) fn private_dir(&self, dir: &Path) -> Result<(), LaunchError> {
         std::fs::create_dir_all(dir).map_err(io_err("create", dir))?;
         if let Some(r) = self.run_as {
             std::os::unix::fs::chown(dir, Some(r.uid), Some(r.gid)).map_err(io_err("chown", dir))?;
@@ -342,6 +363,20 @@ impl Cluster {
               "-D".as_ref(), self.opts.data_dir.as_os_str()],
         )?;
         Ok(())
+    }
+}
+
+impl Cluster {
+    /// Crashes the server (`pg_ctl stop -m immediate`: every connection dropped, no checkpoint, as
+    /// a power cut of the database alone) and starts it again, which replays the WAL. Transactions
+    /// that were committing when it went down are in doubt to their clients.
+    pub fn crash_and_restart(&self) -> Result<(), LaunchError> {
+        self.run_ok(
+            "pg_ctl",
+            &["stop".as_ref(), "-w".as_ref(), "-t".as_ref(), "120".as_ref(), "-m".as_ref(), "immediate".as_ref(),
+              "-D".as_ref(), self.opts.data_dir.as_os_str()],
+        )?;
+        self.start()
     }
 }
 

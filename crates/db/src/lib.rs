@@ -10,6 +10,7 @@ pub mod launcher;
 pub mod lease;
 pub mod migrate;
 pub mod paging;
+pub mod pgbouncer;
 pub mod pool;
 pub mod testing;
 pub mod workers;

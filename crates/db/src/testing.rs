@@ -16,6 +16,7 @@ use std::time::{Duration, SystemTime};
 use crate::clock;
 use crate::launcher::{Cluster, ClusterOptions, FileLock, LaunchError};
 use crate::migrate::{fingerprint, migrate, Migration};
+use crate::pgbouncer::PgBouncer;
 use crate::pool::{connect, connect_pool, Pool};
 use crate::DbError;
 
@@ -31,6 +32,33 @@ static RUN_CLUSTER: OnceLock<Result<RunCluster, String>> = OnceLock::new();
 static READY_TEMPLATES: Mutex<Option<HashSet<String>>> = Mutex::new(None);
 static NEXT_DB: AtomicU64 = AtomicU64::new(0);
 static GC_DONE: OnceLock<()> = OnceLock::new();
+static BOUNCER: OnceLock<Result<PgBouncer, String>> = OnceLock::new();
+
+/// This test process's PgBouncer in front of the run's cluster, with a pool of
+/// [`BOUNCER_POOL_SIZE`] server connections per database. Started from a thread that lives as long
+/// as the process, since PgBouncer dies with the thread that started it.
+fn bouncer() -> &'static PgBouncer {
+    let started = BOUNCER.get_or_init(|| {
+        let rc = run_cluster();
+        let dir = rc.root.join(format!("bouncer-{}", std::process::id()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(PgBouncer::start(&rc.cluster, &dir, BOUNCER_POOL_SIZE).map_err(|e| e.to_string()));
+            loop {
+                std::thread::park();
+            }
+        });
+        rx.recv().unwrap_or_else(|_| Err("the PgBouncer thread died".into()))
+    });
+    match started {
+        Ok(b) => b,
+        Err(e) => panic!("PgBouncer could not start: {e}"),
+    }
+}
+
+/// Server connections PgBouncer keeps per test database: fewer than the tests' clients, so
+/// consecutive transactions of one client run on different server connections.
+pub const BOUNCER_POOL_SIZE: u32 = 4;
 
 fn pid_alive(pid: i32) -> bool {
     // SAFETY: signal 0 only checks that the process exists.
@@ -241,6 +269,17 @@ impl TestDb {
     /// A dedicated connection, outside the pool.
     pub async fn connect(&self) -> tokio_postgres::Client {
         connect(&self.conn).await.expect("test connection")
+    }
+
+    /// The connection string of this database through PgBouncer in transaction pooling mode.
+    pub async fn pgbouncer_connection_string(&self) -> String {
+        let name = self.name.clone();
+        tokio::task::spawn_blocking(move || bouncer().connection_string(&name)).await.expect("bouncer task")
+    }
+
+    /// A dedicated connection through PgBouncer in transaction pooling mode.
+    pub async fn connect_through_pgbouncer(&self) -> tokio_postgres::Client {
+        connect(&self.pgbouncer_connection_string().await).await.expect("connection through PgBouncer")
     }
 
     /// Sets simulated time.

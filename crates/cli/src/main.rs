@@ -15,6 +15,8 @@ mod dev_fleet;
 mod jobs;
 mod ops;
 mod server;
+mod sim;
+mod sim_procs;
 
 use std::sync::Arc;
 
@@ -54,6 +56,10 @@ enum Command {
     Capacity(capacity::CapacityArgs),
     /// Run a benchmark and print its figures beside a pgbench baseline from the same run.
     Bench(bench::BenchArgs),
+    /// Run a simulated fleet against real gateway and worker processes with a seeded workload and
+    /// seeded faults (SIGKILLs, partitions, database crashes, clock jumps, zombie workers), checking
+    /// every invariant; stops at the first violation with the seed and a replay command.
+    Sim(sim::SimArgs),
 }
 
 /// Where the database is.
@@ -105,7 +111,7 @@ fn main() -> std::process::ExitCode {
     // Output piped into `head` and closed early ends a short command quietly, as with any CLI tool,
     // instead of panicking in println!. Not the long-running network roles: a peer closing a
     // socket must not kill them (Rust ignores SIGPIPE for that reason).
-    if !matches!(cli.command, Command::Dev(_) | Command::Server(_) | Command::Daemon(_) | Command::Bench(_)) {
+    if !matches!(cli.command, Command::Dev(_) | Command::Server(_) | Command::Daemon(_) | Command::Bench(_) | Command::Sim(_)) {
         // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
         unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     }
@@ -130,6 +136,7 @@ fn main() -> std::process::ExitCode {
             Command::Admin(args) => admin::run(args).await,
             Command::Docs(args) => ops::docs(args),
             Command::Bench(args) => bench::run(args).await,
+            Command::Sim(args) => sim::run(args).await,
         }
     });
     match result {

@@ -102,6 +102,11 @@ pub struct DaemonConfig {
     pub backoff_min: Duration,
     /// …doubling up to this, with jitter.
     pub backoff_max: Duration,
+    /// Test only, never in production: a deliberately broken daemon that runs a command again
+    /// although its journal says an earlier run of it was interrupted and it is not retry-safe.
+    /// `better-compute sim --broken rerun-journaled-commands` uses it to prove the checker
+    /// catches a command that ran twice.
+    pub broken_rerun_journaled_commands: bool,
 }
 
 impl DaemonConfig {
@@ -120,6 +125,7 @@ impl DaemonConfig {
             reboot: RebootHook::Disabled,
             backoff_min: Duration::from_millis(500),
             backoff_max: Duration::from_secs(30),
+            broken_rerun_journaled_commands: false,
         }
     }
 }

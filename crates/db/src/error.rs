@@ -6,7 +6,7 @@ use better_compute_core::{Error, ErrorCode};
 #[derive(Debug, thiserror::Error)]
 pub enum DbError {
     /// A statement or the connection failed.
-    #[error("database: {0}")]
+    #[error("database: {}", detail(.0))]
     Postgres(#[from] tokio_postgres::Error),
     /// No connection could be had from the pool.
     #[error("database pool: {0}")]
@@ -36,6 +36,15 @@ pub enum DbError {
         /// The database's error.
         source: tokio_postgres::Error,
     },
+}
+
+/// tokio-postgres says only "db error" for an error the server raised; the server's message and
+/// SQLSTATE are what an operator reading a log needs.
+fn detail(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{} ({})", db.message(), db.code().code()),
+        None => e.to_string(),
+    }
 }
 
 impl DbError {

@@ -92,6 +92,20 @@ impl PgBouncer {
         Ok(bouncer)
     }
 
+    /// [`PgBouncer::start`] from a thread that lives as long as the process: PgBouncer dies with the
+    /// thread that started it, and a pool's or runtime's threads come and go.
+    pub fn start_on_own_thread(cluster: &Cluster, dir: &Path, pool_size: u32) -> Result<PgBouncer, LaunchError> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (cluster, dir) = (cluster.clone(), dir.to_owned());
+        std::thread::spawn(move || {
+            let _ = tx.send(PgBouncer::start(&cluster, &dir, pool_size));
+            loop {
+                std::thread::park();
+            }
+        });
+        rx.recv().unwrap_or_else(|_| Err(LaunchError::NotReady { program: "pgbouncer".into(), waited_s: 0, log: "its thread died".into() }))
+    }
+
     /// A libpq-style connection string for `dbname` through PgBouncer.
     pub fn connection_string(&self, dbname: &str) -> String {
         format!("host={} port={PORT} user={SUPERUSER} dbname={dbname}", self.dir.display())

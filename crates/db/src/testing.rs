@@ -35,20 +35,12 @@ static GC_DONE: OnceLock<()> = OnceLock::new();
 static BOUNCER: OnceLock<Result<PgBouncer, String>> = OnceLock::new();
 
 /// This test process's PgBouncer in front of the run's cluster, with a pool of
-/// [`BOUNCER_POOL_SIZE`] server connections per database. Started from a thread that lives as long
-/// as the process, since PgBouncer dies with the thread that started it.
+/// [`BOUNCER_POOL_SIZE`] server connections per database.
 fn bouncer() -> &'static PgBouncer {
     let started = BOUNCER.get_or_init(|| {
         let rc = run_cluster();
         let dir = rc.root.join(format!("bouncer-{}", std::process::id()));
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let _ = tx.send(PgBouncer::start(&rc.cluster, &dir, BOUNCER_POOL_SIZE).map_err(|e| e.to_string()));
-            loop {
-                std::thread::park();
-            }
-        });
-        rx.recv().unwrap_or_else(|_| Err("the PgBouncer thread died".into()))
+        PgBouncer::start_on_own_thread(&rc.cluster, &dir, BOUNCER_POOL_SIZE).map_err(|e| e.to_string())
     });
     match started {
         Ok(b) => b,

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use better_compute_proto::v1::GatewayMessage;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 /// What goes down one session's stream.
 pub type Outbound = mpsc::Sender<Result<GatewayMessage, tonic::Status>>;
@@ -21,6 +21,8 @@ pub struct Session {
     last_seen_ms: AtomicU64,
     flushed_ms: AtomicU64,
     sent_generation: AtomicI64,
+    /// Turns true when the hub lets the session go; its reader then ends the stream.
+    ended: watch::Sender<bool>,
 }
 
 impl Session {
@@ -32,7 +34,23 @@ impl Session {
             last_seen_ms: AtomicU64::new(now_ms),
             flushed_ms: AtomicU64::new(0),
             sent_generation: AtomicI64::new(observed_generation),
+            ended: watch::Sender::new(false),
         }
+    }
+
+    /// Ends the session: says why on its stream (when the queue has room) and wakes its reader,
+    /// which lets go of the queue so the stream ends and the daemon reconnects. Dropping the
+    /// session from the hub alone would not end the stream: its reader still holds the queue.
+    pub fn end(&self, why: &str) {
+        if !self.ended.send_replace(true) {
+            let _ = self.out.try_send(Err(tonic::Status::aborted(format!("ABORTED: {why}; reconnect"))));
+        }
+    }
+
+    /// Resolves once the session was ended (see [`Session::end`]).
+    pub async fn ended(&self) {
+        let mut rx = self.ended.subscribe();
+        let _ = rx.wait_for(|e| *e).await;
     }
 
     /// The daemon said something.
@@ -82,7 +100,9 @@ impl Hub {
     /// Holds `session` for `node_id`, replacing (and so ending) an older one of the same node.
     pub fn insert(&self, node_id: &str, session: Arc<Session>) {
         let old = self.sessions.lock().expect("hub").insert(node_id.to_owned(), session);
-        drop(old);
+        if let Some(old) = old {
+            old.end("a newer session of this node replaced this one");
+        }
     }
 
     /// The node's session, if held here.
@@ -90,23 +110,29 @@ impl Hub {
         self.sessions.lock().expect("hub").get(node_id).cloned()
     }
 
-    /// Drops the node's session if it is still the one with `epoch`. Dropping the queue's sender
-    /// ends the stream to the daemon.
-    pub fn remove(&self, node_id: &str, epoch: i64) -> bool {
-        let mut s = self.sessions.lock().expect("hub");
-        if s.get(node_id).is_some_and(|x| x.epoch == epoch) {
-            s.remove(node_id);
-            return true;
+    /// Lets the node's session go, and ends it (see [`Session::end`]), if it is still the one
+    /// with `epoch`.
+    pub fn remove(&self, node_id: &str, epoch: i64, why: &str) -> bool {
+        let removed = {
+            let mut s = self.sessions.lock().expect("hub");
+            if s.get(node_id).is_some_and(|x| x.epoch == epoch) { s.remove(node_id) } else { None }
+        };
+        match removed {
+            Some(x) => {
+                x.end(why);
+                true
+            }
+            None => false,
         }
-        false
     }
 
-    /// Drops every session (the gateway lost its lease, or is stopping).
-    pub fn clear(&self) -> usize {
-        let mut s = self.sessions.lock().expect("hub");
-        let n = s.len();
-        s.clear();
-        n
+    /// Lets every session go and ends them (the gateway lost its lease, or is stopping).
+    pub fn clear(&self, why: &str) -> usize {
+        let all: Vec<Arc<Session>> = self.sessions.lock().expect("hub").drain().map(|(_, x)| x).collect();
+        for x in &all {
+            x.end(why);
+        }
+        all.len()
     }
 
     /// How many sessions are held.

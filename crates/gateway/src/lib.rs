@@ -131,15 +131,18 @@ impl Gateway {
         let mut tasks = vec![tokio::spawn({
             let inner = inner.clone();
             async move {
+                let stopping = inner.clone();
                 let r = server
                     .serve_with_incoming_shutdown(incoming, async move {
                         let _ = stop.wait_for(|s| *s).await;
+                        // Ends every stream, so the graceful shutdown has nothing to wait for.
+                        stopping.hub.clear("this gateway is stopping");
                     })
                     .await;
                 if let Err(e) = r {
                     tracing::error!(error = %e, "gateway server stopped");
                 }
-                inner.hub.clear();
+                inner.hub.clear("this gateway stopped");
             }
         })];
         tasks.push(tokio::spawn(inner.clone().keep_lease(lease, shutdown.clone())));
@@ -207,7 +210,7 @@ impl Inner {
             match renewed {
                 Ok(true) => {}
                 Ok(false) => {
-                    let dropped = self.hub.clear();
+                    let dropped = self.hub.clear("this gateway lost its lease");
                     tracing::warn!(gateway = %self.cfg.id, dropped, "gateway lease lost; sessions dropped");
                     if let Ok(tx) = c.transaction().await {
                         if let Ok(Some(l)) = Lease::acquire(&*tx, lease.name(), &self.cfg.id, better_compute_db::lease::GATEWAY_LEASE_TTL, None).await {
@@ -230,6 +233,21 @@ impl Inner {
         }
     }
 
+    /// Ends the streams of sessions the database no longer gives this gateway (the liveness job
+    /// closed them as silent, say after the clock jumped, or another gateway took them over), so
+    /// their daemons reconnect instead of heartbeating into a closed session forever.
+    fn end_lost_sessions(&self, nodes: &[String], epochs: &[i64], held: &[String]) {
+        let held: std::collections::HashSet<&str> = held.iter().map(String::as_str).collect();
+        for (node, epoch) in nodes.iter().zip(epochs) {
+            if held.contains(node.as_str()) {
+                continue;
+            }
+            if self.hub.remove(node, *epoch, "the control plane closed this session (silent too long, or its gateway's lease lapsed)") {
+                tracing::info!(node = %node, epoch, "session closed by the control plane; its daemon will reconnect");
+            }
+        }
+    }
+
     /// Writes `last seen` as ages for every session heard from since the last flush: one
     /// statement per batch of 5,000.
     async fn flush_loop(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
@@ -246,12 +264,16 @@ impl Inner {
                 let Ok(mut c) = self.pool.get().await else { break };
                 let flushed = async {
                     let tx = c.transaction().await?;
-                    session::flush_last_seen(&*tx, &self.cfg.id, &nodes, &epochs, &ages).await?;
+                    let held = session::flush_last_seen(&*tx, &self.cfg.id, &nodes, &epochs, &ages).await?;
                     tx.commit().await?;
-                    Ok::<_, DbError>(())
+                    Ok::<_, DbError>(held)
                 };
-                if let Err(e) = flushed.await {
-                    tracing::warn!(error = %e, "liveness flush failed");
+                match flushed.await {
+                    Ok(held) => {
+                        tracing::debug!(flushed = nodes.len(), held = held.len(), "liveness flushed");
+                        self.end_lost_sessions(&nodes, &epochs, &held)
+                    }
+                    Err(e) => tracing::warn!(error = %e, "liveness flush failed"),
                 }
                 if nodes.len() < 5_000 {
                     break;
@@ -358,7 +380,7 @@ impl Inner {
         match d {
             Some(d) => Ok(Some((d, slots))),
             None => {
-                self.hub.remove(node_id, s.epoch);
+                self.hub.remove(node_id, s.epoch, "this session was closed or superseded");
                 Ok(None)
             }
         }

@@ -41,7 +41,12 @@ fn status(e: impl Into<Error>) -> Status {
 }
 
 fn db(e: impl Into<DbError>) -> Status {
-    status(e.into())
+    let e = e.into();
+    // The daemon hears only INTERNAL; the operator's log says what the database said.
+    if !matches!(e, DbError::Domain(_)) {
+        tracing::warn!(error = %e, "a gateway request failed on the database");
+    }
+    status(e)
 }
 
 fn ca_error(e: ca::CaError) -> Status {
@@ -192,10 +197,14 @@ async fn read_session(inner: Arc<Inner>, node: String, s: Arc<Session>, mut inbo
     use futures_util::{FutureExt, StreamExt};
     let reason = 'session: loop {
         let mut batch = Vec::new();
-        match inbound.next().await {
-            Some(Ok(m)) => batch.push(m),
-            None => break "daemon-closed",
-            Some(Err(_)) => break "transport-error",
+        tokio::select! {
+            m = inbound.next() => match m {
+                Some(Ok(m)) => batch.push(m),
+                None => break "daemon-closed",
+                Some(Err(_)) => break "transport-error",
+            },
+            // The hub let the session go: closed underneath, superseded, or the lease was lost.
+            () = s.ended() => break "ended-by-gateway",
         }
         // Whatever else has already arrived joins the batch (without waiting for more).
         let mut ended = None;
@@ -229,7 +238,7 @@ async fn read_session(inner: Arc<Inner>, node: String, s: Arc<Session>, mut inbo
             break r;
         }
     };
-    inner.hub.remove(&node, s.epoch);
+    inner.hub.remove(&node, s.epoch, "the session ended");
     if let Ok(mut c) = inner.pool.get().await
         && let Ok(tx) = c.transaction().await
             && session::close(&*tx, &node, s.epoch, reason).await.is_ok() {

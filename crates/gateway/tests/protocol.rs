@@ -317,7 +317,7 @@ async fn a_zombie_gateway_can_neither_route_nor_mark_liveness_after_the_node_rec
     let seen_before: std::time::SystemTime = f.one("SELECT last_seen_at FROM node_sessions WHERE node_id = $1", &node).await.get(0);
     f.h.db().advance(Duration::from_secs(30)).await;
     let wrote = better_compute_nodes::session::flush_last_seen(&**c, "gw_a", &[node.clone()], &[1], &[0.0]).await.unwrap();
-    assert_eq!(wrote, 0);
+    assert!(wrote.is_empty(), "a stale epoch holds no session");
     let seen_after: std::time::SystemTime = f.one("SELECT last_seen_at FROM node_sessions WHERE node_id = $1", &node).await.get(0);
     assert_eq!(seen_before, seen_after);
     {
@@ -394,6 +394,33 @@ async fn killed_mid_command_the_journal_keeps_a_reboot_from_running_twice_a_wipe
     let d = f.start(cfg, fake).await;
     f.wait_command(&node, &third, "succeeded").await;
     assert_eq!(reboots.load(Ordering::SeqCst), 3);
+    d.kill().await;
+    let _ = g.stop.send(true);
+}
+
+#[tokio::test]
+async fn a_session_closed_underneath_its_gateway_ends_its_stream_and_the_daemon_reconnects_to_run_what_is_queued() {
+    let f = Fleet::new().await;
+    let (g, _fake, d, node) = f.joined(true).await;
+    // The gateway's lease lapses (a clock jump past it) and the liveness job closes its sessions
+    // before the gateway renews: the gateway still holds the stream, the database no session.
+    {
+        let mut c = f.h.db().client().await;
+        let tx = c.transaction().await.unwrap();
+        tx.execute("UPDATE leases SET expires_at = compute_now() - interval '1 second' WHERE name = 'gateway:gw_a'", &[]).await.unwrap();
+        let report = better_compute_nodes::liveness::evaluate(&*tx).await.unwrap();
+        assert_eq!(report.gateway_lost, 1);
+        tx.commit().await.unwrap();
+    }
+    let r = f.one("SELECT session_epoch, close_reason FROM node_sessions WHERE node_id = $1", &node).await;
+    assert_eq!((r.get::<_, i64>(0), r.get::<_, Option<String>>(1)), (1, Some("gateway-lost".into())));
+    // A command poked at the closed session finds it closed; the gateway must end the stream
+    // (not only forget it), or the daemon heartbeats into it forever and the command never runs.
+    let id = f.enqueue(&node, "diag.nvml", serde_json::json!({}), "after-close").await;
+    f.wait_command(&node, &id, "succeeded").await;
+    let r = f.one("SELECT session_epoch, closed_at IS NULL FROM node_sessions WHERE node_id = $1", &node).await;
+    assert!(r.get::<_, i64>(0) >= 2 && r.get::<_, bool>(1), "the daemon reconnected in a new session");
+    assert_eq!(f.one("SELECT liveness FROM nodes WHERE id = $1", &node).await.get::<_, String>(0), "connected");
     d.kill().await;
     let _ = g.stop.send(true);
 }

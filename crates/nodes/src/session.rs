@@ -121,19 +121,31 @@ pub(crate) async fn mark_disconnected(tx: &impl GenericClient, node_id: &str, gr
 
 /// Writes when the gateway last heard from each node, as ages ("3.2 s ago"), which the database
 /// turns into `compute_now() - age`: one statement for a whole batch, and no gateway clock in it.
-/// Entries whose epoch no longer holds the session change nothing. Returns the rows written.
-pub async fn flush_last_seen(db: &impl GenericClient, gateway_id: &str, node_ids: &[String], epochs: &[i64], ages_s: &[f64]) -> Result<u64, DbError> {
+/// Entries whose epoch no longer holds the session change nothing. Returns the nodes whose
+/// session still holds; for the others the gateway must end its stream (the liveness job closed
+/// the session as silent, or another gateway took it over), so the daemon reconnects.
+pub async fn flush_last_seen(
+    db: &impl GenericClient,
+    gateway_id: &str,
+    node_ids: &[String],
+    epochs: &[i64],
+    ages_s: &[f64],
+) -> Result<Vec<String>, DbError> {
     if node_ids.is_empty() {
-        return Ok(0);
+        return Ok(Vec::new());
     }
     Ok(db
-        .execute(
+        .query(
             "UPDATE node_sessions s SET last_seen_at = GREATEST(s.last_seen_at, compute_now() - make_interval(secs => u.age))
                FROM unnest($2::text[], $3::bigint[], $4::float8[]) AS u(node_id, epoch, age)
-              WHERE s.node_id = u.node_id AND s.session_epoch = u.epoch AND s.gateway_id = $1 AND s.closed_at IS NULL",
+              WHERE s.node_id = u.node_id AND s.session_epoch = u.epoch AND s.gateway_id = $1 AND s.closed_at IS NULL
+             RETURNING s.node_id",
             &[&gateway_id, &node_ids, &epochs, &ages_s],
         )
-        .await?)
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect())
 }
 
 /// A command on its way to a daemon.

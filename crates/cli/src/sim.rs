@@ -1,0 +1,838 @@
+//! `better-compute sim`: a fleet of simulated daemons against real gateways and workers in
+//! separate OS processes, a seeded workload and seeded faults, and a check of every invariant
+//! while it runs and after the faults heal. It stops at the first violation with the seed and the
+//! command that replays it.
+//!
+//! A seed fixes the workload's operations and the fault schedule; the interleaving is the
+//! machine's, so a replay runs the same operations and faults, not the same instants.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use better_compute_capacity::reservations::{self, CreateReservation, GpuRequest};
+use better_compute_capacity::{invariants, mode, quota, Caller};
+use better_compute_core::ErrorCode;
+use better_compute_db::launcher::{Cluster, ClusterOptions};
+use better_compute_db::pgbouncer::PgBouncer;
+use better_compute_nodes::actions;
+use better_compute_nodes::commands::{self, NewCommand};
+use better_compute_nodes::layout::GpuMode;
+use tokio::sync::watch;
+
+use crate::sim_procs::{start_node, Crash, NodeSetup, Proxy, RebootLog, ServerProc, SimNode};
+
+/// Options of `better-compute sim`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SimArgs {
+    /// Seeds to run, one after another: `7`, or a range such as `1-100`.
+    #[arg(long, default_value = "1")]
+    seeds: String,
+    /// How long each seed runs with faults (`90s`, `10m`); then faults stop and the fleet must heal.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    duration: Duration,
+    /// Simulated nodes: real daemons with fake GPUs (8 x H100-80GB each), in this process.
+    #[arg(long, default_value_t = 8)]
+    nodes: usize,
+    /// Gateway processes; the nodes are spread over them.
+    #[arg(long, default_value_t = 2)]
+    gateways: usize,
+    /// Worker processes.
+    #[arg(long, default_value_t = 2)]
+    workers: usize,
+    /// Seconds in a fault interval: at most one fault starts in each, and heals within it, so the
+    /// fleet can stay live.
+    #[arg(long, default_value_t = 8)]
+    fault_interval_s: u64,
+    /// Workload operations per second.
+    #[arg(long, default_value_t = 10)]
+    ops_per_s: u64,
+    /// Send every server connection (and the workload's) through PgBouncer in transaction pooling
+    /// mode (Debian's `pgbouncer`); LISTEN goes straight to PostgreSQL.
+    #[arg(long)]
+    pgbouncer: bool,
+    /// Also check liveness: no node stays away for more than two fault intervals, and some command
+    /// reaches an end in every interval.
+    #[arg(long)]
+    liveness: bool,
+    /// Seconds the fleet has after the last fault to converge (every node's observedGeneration at
+    /// its generation, no due work left, every sink caught up).
+    #[arg(long, default_value_t = 120)]
+    heal_timeout_s: u64,
+    /// Percent of reboots where the daemon dies mid-reboot and comes back with the same journal and
+    /// boot id, so the gateway sends the in-flight reboot again.
+    #[arg(long, default_value_t = 50)]
+    reboot_crash_percent: u64,
+    /// Test only: run a deliberately broken daemon, to prove the checker catches it.
+    #[arg(long, hide = true, value_enum)]
+    broken: Option<Broken>,
+}
+
+/// Deliberately broken variants (test only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Broken {
+    /// Daemons run a not-retry-safe command again after a restart, ignoring their journal.
+    RerunJournaledCommands,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let bad = || format!("{s:?} is not a duration; write it like 90s, 10m or 1h");
+    let (n, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    let n: u64 = n.parse().map_err(|_| bad())?;
+    Ok(Duration::from_secs(match unit {
+        "" | "s" => n,
+        "m" => n * 60,
+        "h" => n * 3600,
+        _ => return Err(bad()),
+    }))
+}
+
+fn parse_seeds(s: &str) -> anyhow::Result<std::ops::RangeInclusive<u64>> {
+    let bad = || anyhow::anyhow!("--seeds {s:?}: give a seed (7) or a range (1-100)");
+    let (a, b) = s.split_once('-').unwrap_or((s, s));
+    let (a, b): (u64, u64) = (a.trim().parse().map_err(|_| bad())?, b.trim().parse().map_err(|_| bad())?);
+    if a > b {
+        return Err(bad());
+    }
+    Ok(a..=b)
+}
+
+/// SplitMix64: small and seedable.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+const TENANTS: [&str; 3] = ["ten_sim_a", "ten_sim_b", "ten_sim_c"];
+const MODEL: &str = "H100-80GB";
+
+/// Runs the seeds; the first violation ends the run with an error naming the seed and the replay.
+pub async fn run(args: SimArgs) -> anyhow::Result<()> {
+    let seeds = parse_seeds(&args.seeds)?;
+    let (first, last) = (*seeds.start(), *seeds.end());
+    for seed in seeds {
+        println!("seed {seed} of {first}-{last}: {} nodes, {} gateways, {} workers, {:?} of faults{}",
+            args.nodes, args.gateways, args.workers, args.duration, if args.pgbouncer { ", through PgBouncer" } else { "" });
+        let started = Instant::now();
+        let report = run_seed(&args, seed).await.with_context(|| format!("seed {seed} could not run"))?;
+        if !report.violations.is_empty() {
+            anyhow::bail!(
+                "seed {seed}: {} invariant violation(s):\n  {}\nreplay: better-compute sim --seeds {seed} --duration {}s --nodes {} --gateways {} --workers {} --fault-interval-s {} --ops-per-s {} --reboot-crash-percent {}{}{}{}",
+                report.violations.len(),
+                report.violations.join("\n  "),
+                args.duration.as_secs(),
+                args.nodes,
+                args.gateways,
+                args.workers,
+                args.fault_interval_s,
+                args.ops_per_s,
+                args.reboot_crash_percent,
+                if args.pgbouncer { " --pgbouncer" } else { "" },
+                if args.liveness { " --liveness" } else { "" },
+                if args.broken.is_some() { " --broken rerun-journaled-commands" } else { "" },
+            );
+        }
+        println!("seed {seed}: passed in {:.0} s: {}", started.elapsed().as_secs_f64(), report.summary);
+    }
+    Ok(())
+}
+
+/// What one seed found.
+struct SeedReport {
+    violations: Vec<String>,
+    summary: String,
+}
+
+/// Counts of what happened, for the summary line.
+#[derive(Default)]
+struct Tally {
+    ops: AtomicU64,
+    placed: AtomicU64,
+    refused: AtomicU64,
+    unavailable: AtomicU64,
+    commands: AtomicU64,
+    faults: Mutex<HashMap<&'static str, u32>>,
+    /// Per fault interval: placements and succeeded commands seen (for --liveness).
+    interval_placed: AtomicU64,
+}
+
+struct Sim {
+    args: SimArgs,
+    seed: u64,
+    root: PathBuf,
+    cluster: Cluster,
+    /// Where servers and the workload connect (PgBouncer or PostgreSQL).
+    db_conn: String,
+    /// PostgreSQL itself, for LISTEN and the checks.
+    direct_conn: String,
+    pool_id: String,
+    reboots: RebootLog,
+    tally: Tally,
+    started: Instant,
+}
+
+async fn run_seed(args: &SimArgs, seed: u64) -> anyhow::Result<SeedReport> {
+    let root = std::env::temp_dir().join(format!("better-compute-sim-{}-{seed}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(&root)?;
+    // The reaper stops the cluster and removes its folder when this process ends, however it
+    // ends; the logs and daemon state beside it stay for inspection.
+    better_compute_db::testing::spawn_reaper(std::process::id() as i32, &root.join("pg"))?;
+    let cluster = Cluster::new(ClusterOptions {
+        data_dir: root.join("pg/data"),
+        socket_dir: root.join("pg/sock"),
+        durable: false,
+        max_connections: 300,
+    })?;
+    cluster.init_if_needed()?;
+    cluster.start()?;
+    let admin = better_compute_db::pool::connect(&cluster.connection_string("postgres")).await?;
+    // A failing statement is logged with its text, for whoever reads postgres.log after a violation.
+    admin.batch_execute("CREATE DATABASE sim").await?;
+    admin.batch_execute("ALTER SYSTEM SET log_min_error_statement = 'error'").await?;
+    admin.batch_execute("SELECT pg_reload_conf()").await?;
+    let direct_conn = cluster.connection_string("sim");
+    let mut db = better_compute_db::pool::connect(&direct_conn).await?;
+    better_compute_db::migrate(&mut db, &crate::registry()?.migrations()).await?;
+    better_compute_db::clock::use_sim_clock(&db, std::time::SystemTime::now()).await?;
+    let bouncer = if args.pgbouncer { Some(PgBouncer::start_on_own_thread(&cluster, &root.join("bouncer"), 8)?) } else { None };
+    let db_conn = bouncer.as_ref().map(|b| b.connection_string("sim")).unwrap_or_else(|| direct_conn.clone());
+    let pool_id = seed_inventory(&mut db).await?;
+    let sim = Arc::new(Sim {
+        args: args.clone(),
+        seed,
+        root: root.clone(),
+        cluster,
+        db_conn,
+        direct_conn,
+        pool_id,
+        reboots: Default::default(),
+        tally: Tally::default(),
+        started: Instant::now(),
+    });
+    let result = sim.clone().go(&mut db).await;
+    drop(bouncer);
+    let _ = sim.cluster.stop();
+    let _ = std::fs::copy(root.join("pg/data/server.log"), root.join("postgres.log"));
+    if result.as_ref().is_ok_and(|r| r.violations.is_empty()) {
+        let _ = std::fs::remove_dir_all(&root);
+    } else {
+        println!("kept for inspection: {} (server logs, daemon state)", root.display());
+    }
+    result
+}
+
+/// A site, a bare-metal pool, and quotas for the tenants.
+async fn seed_inventory(db: &mut tokio_postgres::Client) -> anyhow::Result<String> {
+    use better_compute_nodes::inventory::{self, NewPool};
+    let tx = db.transaction().await?;
+    let site = inventory::create_site(&tx, "sim").await?;
+    let pool = inventory::create_pool(
+        &tx,
+        &NewPool { site_id: site, name: "sim".into(), kind: "bare-metal".into(), vcpu_ratio: 2.0, memory_ratio: 1.0, disk_ratio: 1.0, lost_after_s: None },
+    )
+    .await?;
+    for t in TENANTS {
+        for (r, max) in [("gpus", 40), ("mig_instances", 16), ("gpu_slots", 16), ("vcpu", 400), ("memory_mib", 4_000_000), ("disk_gib", 40_000)] {
+            quota::set(&tx, t, r, max).await?;
+        }
+    }
+    tx.commit().await?;
+    Ok(pool)
+}
+
+/// The fleet while it runs.
+struct Fleet {
+    gateways: Vec<ServerProc>,
+    workers: Vec<ServerProc>,
+    proxies: Vec<Proxy>,
+    nodes: Vec<SimNode>,
+    gpus: Vec<Vec<String>>,
+}
+
+impl Sim {
+    async fn go(self: Arc<Self>, db: &mut tokio_postgres::Client) -> anyhow::Result<SeedReport> {
+        let (shutdown_tx, shutdown) = watch::channel(false);
+        // The simulated clock follows real time; faults make it jump.
+        let clock_stop = Arc::new(AtomicBool::new(false));
+        let clock = tokio::spawn(tick_clock(self.direct_conn.clone(), clock_stop.clone()));
+        let mut fleet = self.start_fleet(db, shutdown.clone()).await?;
+        let initial_modes: HashMap<String, GpuMode> =
+            fleet.gpus.iter().flatten().map(|g| (g.clone(), GpuMode::Exclusive)).collect();
+        println!("  {} nodes joined and converged; running the workload with faults", fleet.nodes.len());
+
+        let fleet_nodes: Vec<String> = fleet.nodes.iter().map(|n| n.node_id.clone()).collect();
+        let workload_stop = Arc::new(AtomicBool::new(false));
+        let workload = tokio::spawn(self.clone().workload(fleet_nodes.clone(), fleet.gpus.clone(), workload_stop.clone()));
+        let mut violations = Vec::new();
+        let end = Instant::now() + self.args.duration;
+        let mut rng = Rng(self.seed.wrapping_mul(0x5851_f42d_4c95_7f2d));
+        let interval = Duration::from_secs(self.args.fault_interval_s.max(2));
+        let mut idle_intervals = 0;
+        let mut finished_before = 0;
+        let mut away: HashMap<String, u32> = HashMap::new();
+        while Instant::now() < end {
+            self.tally.interval_placed.store(0, Ordering::SeqCst);
+            self.fault(&mut fleet, &mut rng, interval).await?;
+            self.supervise(&mut fleet).await?;
+            if self.tally.interval_placed.load(Ordering::SeqCst) == 0 {
+                idle_intervals += 1;
+            }
+            // The invariants hold at every moment, not only at the end: stop at the first violation.
+            if db.is_closed() {
+                *db = better_compute_db::pool::connect(&self.direct_conn).await?;
+            }
+            match self.check(db, &initial_modes).await {
+                Ok(found) => violations.extend(found),
+                Err(e) => tracing::debug!(error = %e, "a check during the run could not read the database (a fault); next interval"),
+            }
+            if self.args.liveness && violations.is_empty() {
+                match self.liveness(db, &fleet_nodes, &mut away, &mut finished_before).await {
+                    Ok(found) => violations.extend(found),
+                    Err(e) => tracing::debug!(error = %e, "the liveness check could not read the database (a fault); next interval"),
+                }
+            }
+            if !violations.is_empty() {
+                break;
+            }
+        }
+        workload_stop.store(true, Ordering::SeqCst);
+        let _ = workload.await;
+        // Heal: everything running, every link up; then the fleet must converge.
+        for p in fleet.gateways.iter_mut().chain(fleet.workers.iter_mut()) {
+            if p.paused {
+                p.resume();
+            }
+        }
+        self.supervise(&mut fleet).await?;
+        for p in &fleet.proxies {
+            p.set_cut(false);
+        }
+        if violations.is_empty() {
+            if db.is_closed() {
+                *db = better_compute_db::pool::connect(&self.direct_conn).await?;
+            }
+            violations.extend(self.converge(db, &fleet_nodes).await?);
+        }
+        if violations.is_empty() {
+            violations.extend(self.check(db, &initial_modes).await?);
+        }
+        if !violations.is_empty() {
+            self.dump_activity(db).await;
+        }
+        let _ = shutdown_tx.send(true);
+        for p in fleet.gateways.iter_mut().chain(fleet.workers.iter_mut()) {
+            p.kill().await;
+        }
+        clock_stop.store(true, Ordering::SeqCst);
+        let _ = clock.await;
+        let t = &self.tally;
+        let faults = t.faults.lock().expect("faults");
+        let mut faults: Vec<String> = faults.iter().map(|(k, n)| format!("{k} {n}")).collect();
+        faults.sort();
+        Ok(SeedReport {
+            violations,
+            summary: format!(
+                "{} operations ({} placed, {} commands, {} refused, {} failed while the database was away); faults: {}; {} reboots; {idle_intervals} intervals without a placement",
+                t.ops.load(Ordering::SeqCst),
+                t.placed.load(Ordering::SeqCst),
+                t.commands.load(Ordering::SeqCst),
+                t.refused.load(Ordering::SeqCst),
+                t.unavailable.load(Ordering::SeqCst),
+                if faults.is_empty() { "none".into() } else { faults.join(", ") },
+                self.reboots.lock().expect("reboots").len(),
+            ),
+        })
+    }
+
+    /// What every connection was doing when the violation was found, for whoever reads the logs:
+    /// a stuck lock or an idle transaction shows here.
+    async fn dump_activity(&self, db: &tokio_postgres::Client) {
+        let Ok(rows) = db
+            .query(
+                "SELECT format('%s pid %s %s wait %s/%s blocked by %s: %s; in its transaction for %s', coalesce(client_port::text, 'local'),
+                               pid, state, wait_event_type, wait_event, pg_blocking_pids(pid), left(query, 300),
+                               now() - xact_start) -- check-sql-now: allow (pg_stat_activity runs on the real clock)
+                   FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() ORDER BY xact_start NULLS LAST",
+                &[],
+            )
+            .await
+        else {
+            return;
+        };
+        let text: String = rows.iter().map(|r| r.get::<_, String>(0) + "\n").collect();
+        let _ = std::fs::write(self.root.join("pg_stat_activity.txt"), text);
+    }
+
+    fn server_env(&self) -> Vec<(String, String)> {
+        vec![("DATABASE_URL".into(), self.db_conn.clone()), ("BETTER_COMPUTE_DIRECT_URL".into(), self.direct_conn.clone())]
+    }
+
+    async fn start_fleet(&self, db: &mut tokio_postgres::Client, shutdown: watch::Receiver<bool>) -> anyhow::Result<Fleet> {
+        let ca_dir = self.root.join("ca");
+        let ca = better_compute_gateway::Ca::load_or_create(&ca_dir)?;
+        let mut gateways = Vec::new();
+        let mut proxies = Vec::new();
+        for i in 0..self.args.gateways.max(1) {
+            let args = vec![
+                "--gateway-listen".into(), "127.0.0.1:0".into(), "--ca-dir".into(), ca_dir.display().to_string(),
+                "--pool-size".into(), "8".into(),
+            ];
+            let g = ServerProc::start("gateway", i, args, self.server_env(), &self.root).await?;
+            proxies.push(Proxy::start(g.addr.context("the gateway printed no address")?).await?);
+            gateways.push(g);
+        }
+        let mut workers = Vec::new();
+        for i in 0..self.args.workers.max(1) {
+            workers.push(ServerProc::start("worker", i, vec!["--pool-size".into(), "8".into()], self.server_env(), &self.root).await?);
+        }
+        let setup = NodeSetup {
+            ca_pem: ca.cert_pem().to_owned(),
+            reboots: self.reboots.clone(),
+            reboot_crash_percent: self.args.reboot_crash_percent,
+            broken_rerun_journaled_commands: self.args.broken == Some(Broken::RerunJournaledCommands),
+        };
+        let mut nodes = Vec::new();
+        for i in 0..self.args.nodes {
+            let tx = db.transaction().await?;
+            let token = better_compute_nodes::listing::create_join_token(&tx, &self.pool_id, Some(600), "sim").await?;
+            tx.commit().await?;
+            let name = format!("sim-node-{i}");
+            let url = format!("https://127.0.0.1:{}", proxies[i % proxies.len()].addr.port());
+            nodes.push(start_node(name.clone(), self.root.join("daemons").join(&name), url, token.secret, &setup, self.seed ^ i as u64, shutdown.clone()).await?);
+        }
+        // Every node converged once (observedGeneration ≥ 1), so it is eligible.
+        let ids: Vec<String> = nodes.iter().map(|n| n.node_id.clone()).collect();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let ready: i64 = db
+                .query_one("SELECT count(*) FROM nodes WHERE id = ANY($1) AND observed_generation >= 1 AND observed_generation = generation", &[&ids])
+                .await?
+                .get(0);
+            if ready as usize == ids.len() {
+                break;
+            }
+            anyhow::ensure!(Instant::now() < deadline, "only {ready} of {} nodes converged within 60 s; see the logs in {}", ids.len(), self.root.display());
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let mut gpus = Vec::new();
+        for id in &ids {
+            let rows = db.query("SELECT id FROM devices WHERE node_id = $1 AND parent_id IS NULL ORDER BY index", &[id]).await?;
+            gpus.push(rows.iter().map(|r| r.get::<_, String>(0)).collect());
+        }
+        Ok(Fleet { gateways, workers, proxies, nodes, gpus })
+    }
+
+    /// Restarts server processes that exited on their own (as systemd would) and points proxies at
+    /// restarted gateways.
+    async fn supervise(&self, fleet: &mut Fleet) -> anyhow::Result<()> {
+        for (i, g) in fleet.gateways.iter_mut().enumerate() {
+            if g.exited() {
+                self.count("gateway exited by itself", format!("(gateway {i})"));
+                g.restart().await?;
+                fleet.proxies[i].retarget(g.addr.context("the gateway printed no address")?);
+            }
+        }
+        for w in fleet.workers.iter_mut() {
+            if w.exited() {
+                self.count("worker exited by itself", format!("(worker {})", w.index));
+                w.restart().await?;
+            }
+        }
+        Ok(())
+    }
+
+    fn count(&self, fault: &'static str, detail: String) {
+        *self.tally.faults.lock().expect("faults").entry(fault).or_default() += 1;
+        println!("  [{:>5.1} s] {fault} {detail}", self.started.elapsed().as_secs_f64());
+    }
+
+    /// At most one fault in this interval, healed before it ends.
+    async fn fault(&self, fleet: &mut Fleet, rng: &mut Rng, interval: Duration) -> anyhow::Result<()> {
+        let start = Instant::now();
+        let pause = |d: Duration| tokio::time::sleep(d);
+        let at = Duration::from_millis(rng.below(interval.as_millis() as u64 / 3) + 200);
+        pause(at).await;
+        let kind = rng.below(11);
+        match kind {
+            0 => {
+                let i = rng.below(fleet.gateways.len() as u64) as usize;
+                self.count("gateway SIGKILL", format!("(gateway {i})"));
+                fleet.gateways[i].kill().await;
+                pause(Duration::from_millis(500 + rng.below(1500))).await;
+                fleet.gateways[i].restart().await?;
+                fleet.proxies[i].retarget(fleet.gateways[i].addr.context("no address")?);
+            }
+            1 => {
+                let i = rng.below(fleet.workers.len() as u64) as usize;
+                self.count("worker SIGKILL", format!("(worker {i})"));
+                fleet.workers[i].kill().await;
+                pause(Duration::from_millis(500 + rng.below(1500))).await;
+                fleet.workers[i].restart().await?;
+            }
+            2..=4 => {
+                let n = &fleet.nodes[rng.below(fleet.nodes.len() as u64) as usize];
+                let how = match kind {
+                    2 => Crash::Restart,
+                    3 => Crash::WipedJournal,
+                    _ => Crash::Reboot,
+                };
+                self.count(
+                    match how {
+                        Crash::Restart => "daemon crash (same journal)",
+                        Crash::WipedJournal => "daemon crash (wiped journal)",
+                        Crash::Reboot => "daemon crash (new boot id)",
+                    },
+                    format!("({})", n.node_id),
+                );
+                n.crash(how);
+            }
+            5 => {
+                let i = rng.below(fleet.proxies.len() as u64) as usize;
+                self.count("partition daemons | gateway", format!("(gateway {i})"));
+                fleet.proxies[i].set_cut(true);
+                pause(Duration::from_millis(1000 + rng.below(interval.as_millis() as u64 / 3))).await;
+                fleet.proxies[i].set_cut(false);
+            }
+            6 => {
+                self.count("PostgreSQL crash and restart", String::new());
+                let c = self.cluster.clone();
+                tokio::task::spawn_blocking(move || c.crash_and_restart()).await??;
+            }
+            7 | 8 => {
+                let jump = Duration::from_secs(5 + rng.below(40));
+                self.count("clock jump", format!("(+{} s)", jump.as_secs()));
+                advance_clock(&self.direct_conn, jump).await;
+            }
+            9 => {
+                // A worker stops without knowing; its leases expire (the clock jumps past their
+                // 15 s), others take its shards, and then it wakes up as a zombie.
+                let i = rng.below(fleet.workers.len() as u64) as usize;
+                self.count("worker paused past its leases (zombie)", format!("(worker {i})"));
+                fleet.workers[i].pause();
+                advance_clock(&self.direct_conn, Duration::from_secs(20)).await;
+                pause(Duration::from_millis(1500 + rng.below(1500))).await;
+                fleet.workers[i].resume();
+            }
+            _ => {} // a quiet interval
+        }
+        if let Some(rest) = interval.checked_sub(start.elapsed()) {
+            pause(rest).await;
+        }
+        Ok(())
+    }
+
+    /// The seeded workload: tenants reserve, extend and release; operators cordon, taint,
+    /// quarantine and change modes; commands of every kind the API runs.
+    async fn workload(self: Arc<Self>, nodes: Vec<String>, gpus: Vec<Vec<String>>, stop: Arc<AtomicBool>) {
+        let mut rng = Rng(self.seed);
+        let mut live: Vec<(usize, String)> = Vec::new();
+        let mut client: Option<tokio_postgres::Client> = None;
+        let period = Duration::from_millis(1000 / self.args.ops_per_s.max(1));
+        let mut i = 0u64;
+        while !stop.load(Ordering::SeqCst) {
+            tokio::time::sleep(period).await;
+            i += 1;
+            if client.as_ref().is_none_or(|c| c.is_closed()) {
+                client = better_compute_db::pool::connect(&self.db_conn).await.ok();
+            }
+            let Some(c) = client.as_mut() else {
+                self.tally.unavailable.fetch_add(1, Ordering::Relaxed);
+                continue;
+            };
+            self.tally.ops.fetch_add(1, Ordering::Relaxed);
+            match self.one_op(c, &mut rng, i, &nodes, &gpus, &mut live).await {
+                Ok(()) => {}
+                Err(e) if matches!(e.code, ErrorCode::Internal | ErrorCode::Unavailable) => {
+                    // The database went away mid-request (a fault): the outcome is in doubt, and the
+                    // checks afterwards hold whichever way it went.
+                    self.tally.unavailable.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(_) => {
+                    self.tally.refused.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    async fn one_op(
+        &self,
+        c: &mut tokio_postgres::Client,
+        rng: &mut Rng,
+        i: u64,
+        nodes: &[String],
+        gpus: &[Vec<String>],
+        live: &mut Vec<(usize, String)>,
+    ) -> Result<(), better_compute_core::Error> {
+        let db = |e: tokio_postgres::Error| better_compute_core::Error::from(better_compute_db::DbError::from(e));
+        let n = rng.below(nodes.len() as u64) as usize;
+        let gpu = gpus[n][rng.below(gpus[n].len() as u64) as usize].clone();
+        match rng.below(100) {
+            0..=39 => {
+                let t = rng.below(TENANTS.len() as u64) as usize;
+                let (kind, profile, count) = match rng.below(10) {
+                    0..=6 => ("gpu", None, 1 + rng.below(3) as i32),
+                    7 | 8 => ("mig", Some("3g.40gb".to_owned()), 1),
+                    _ => ("slot", None, 1 + rng.below(2) as i32),
+                };
+                let req = CreateReservation {
+                    tenant_id: None,
+                    pool_id: self.pool_id.clone(),
+                    gpu: GpuRequest { kind: kind.into(), model: MODEL.into(), profile, count },
+                    vcpu: 1 + rng.below(16) as i32,
+                    memory_mib: 1024 * (1 + rng.below(64) as i64),
+                    disk_gib: rng.below(200) as i64,
+                    starts_at: None,
+                    ends_at: None,
+                    duration_s: Some(60 + rng.below(1800) as i64),
+                    node_selector: Default::default(),
+                    tolerations: vec![],
+                    idempotency_key: Some(format!("sim-{}-{i}", self.seed)),
+                };
+                let r = reservations::create(c, Caller { tenant_id: TENANTS[t], identity_id: "idn_sim" }, &req).await?;
+                if r.state == "placed" || r.state == "active" {
+                    self.tally.placed.fetch_add(1, Ordering::Relaxed);
+                    self.tally.interval_placed.fetch_add(1, Ordering::Relaxed);
+                }
+                live.push((t, r.id));
+            }
+            40..=47 if !live.is_empty() => {
+                let (t, id) = live[rng.below(live.len() as u64) as usize].clone();
+                let caller = Caller { tenant_id: TENANTS[t], identity_id: "idn_sim" };
+                let tx = c.transaction().await.map_err(db)?;
+                let cur = reservations::get(&tx, caller, &id).await?;
+                tx.commit().await.map_err(db)?;
+                let end = better_compute_core::time::parse_rfc3339(&cur.ends_at).unwrap_or_else(std::time::SystemTime::now)
+                    + Duration::from_secs(60 + rng.below(600));
+                reservations::extend(c, caller, &id, &better_compute_core::time::rfc3339(end), None).await?;
+            }
+            48..=62 if !live.is_empty() => {
+                let (t, id) = live.swap_remove(rng.below(live.len() as u64) as usize);
+                reservations::release(c, Caller { tenant_id: TENANTS[t], identity_id: "idn_sim" }, &id).await?;
+            }
+            63..=68 => {
+                let tx = c.transaction().await.map_err(db)?;
+                if rng.below(2) == 0 { actions::cordon(&tx, &nodes[n]).await } else { actions::uncordon(&tx, &nodes[n]).await }?;
+                tx.commit().await.map_err(db)?;
+            }
+            69..=73 => {
+                let tx = c.transaction().await.map_err(db)?;
+                if rng.below(2) == 0 { actions::taint(&tx, &nodes[n], "maint", "yes").await } else { actions::untaint(&tx, &nodes[n], "maint").await }?;
+                tx.commit().await.map_err(db)?;
+            }
+            74..=78 => {
+                let tx = c.transaction().await.map_err(db)?;
+                if rng.below(2) == 0 { actions::quarantine(&tx, &gpu, "sim").await } else { actions::release_quarantine(&tx, &gpu).await }?;
+                tx.commit().await.map_err(db)?;
+            }
+            79..=82 => {
+                let m = match rng.below(3) {
+                    0 => GpuMode::Exclusive,
+                    1 => GpuMode::Mig { layout: vec!["3g.40gb".into(), "3g.40gb".into()] },
+                    _ => GpuMode::TimeSlice { slots: 4 },
+                };
+                mode::change_gpu_mode(c, &gpu, &m).await?;
+            }
+            _ => {
+                let (kind, payload) = match rng.below(8) {
+                    0 | 1 => ("diag.nvml", serde_json::json!({"level": 1})),
+                    2 | 3 => ("inventory.refresh", serde_json::json!({"sections": ["gpus"]})),
+                    4 | 5 => ("logs.collect", serde_json::json!({"sinceSeconds": 60})),
+                    _ => ("node.reboot", serde_json::json!({"reason": format!("sim seed {} op {i}", self.seed), "graceSeconds": 0})),
+                };
+                let registry = crate::registry().map_err(|e| better_compute_core::Error::internal(e.to_string()))?;
+                let key = format!("sim-{}-{i}", self.seed);
+                let tx = c.transaction().await.map_err(db)?;
+                commands::enqueue(
+                    &tx,
+                    &registry,
+                    NewCommand {
+                        node_id: &nodes[n],
+                        kind,
+                        payload: &payload,
+                        idempotency_key: &key,
+                        not_after: Some(Duration::from_secs(120)),
+                        min_generation: 0,
+                        owner: None,
+                        requested_by: Some("sim"),
+                    },
+                )
+                .await?;
+                tx.commit().await.map_err(db)?;
+                commands::poke_gateway(&*c, &nodes[n]).await;
+                self.tally.commands.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        Ok(())
+    }
+
+    /// After the faults: waits (advancing nothing but real time) until every node's
+    /// observedGeneration reaches its generation, no work is due, and every outbox sink has caught
+    /// up; what is still wrong at the deadline is a violation.
+    async fn converge(&self, db: &mut tokio_postgres::Client, nodes: &[String]) -> anyhow::Result<Vec<String>> {
+        let deadline = Instant::now() + Duration::from_secs(self.args.heal_timeout_s);
+        loop {
+            let mut wrong = Vec::new();
+            if db.is_closed() {
+                *db = better_compute_db::pool::connect(&self.direct_conn).await?;
+            }
+            for r in db
+                .query(
+                    "SELECT n.id, n.generation, n.observed_generation, n.liveness,
+                            coalesce(format('epoch %s on %s, %s', s.session_epoch, s.gateway_id,
+                                            coalesce('closed (' || s.close_reason || ')', 'open, last seen ' || (compute_now() - s.last_seen_at) || ' ago')),
+                                     'none')
+                       FROM nodes n LEFT JOIN node_sessions s ON s.node_id = n.id
+                      WHERE n.id = ANY($1) AND (n.observed_generation IS DISTINCT FROM n.generation OR n.liveness <> 'connected')",
+                    &[&nodes],
+                )
+                .await?
+            {
+                wrong.push(format!(
+                    "node {} has not converged after the faults stopped: generation {}, observedGeneration {:?}, liveness {}, session {}",
+                    r.get::<_, String>(0),
+                    r.get::<_, i64>(1),
+                    r.get::<_, Option<i64>>(2),
+                    r.get::<_, String>(3),
+                    r.get::<_, String>(4)
+                ));
+            }
+            // A key due for a minute and still not run: left unprocessed.
+            for r in db
+                .query(
+                    "SELECT kind, key FROM work_queue
+                      WHERE not_before < compute_now() - interval '60 seconds'
+                        AND (claimed_until IS NULL OR claimed_until < compute_now())",
+                    &[],
+                )
+                .await?
+            {
+                wrong.push(format!("work key {}/{} left unprocessed", r.get::<_, String>(0), r.get::<_, String>(1)));
+            }
+            // Every committed event reached every outbox sink (subscriber) at least once.
+            let registry = crate::registry()?;
+            for sink in registry.outbox_sinks() {
+                let behind: i64 = db
+                    .query_one(
+                        "SELECT count(*) FROM outbox o
+                          WHERE NOT EXISTS (SELECT 1 FROM outbox_cursors c WHERE c.sink = $1 AND (c.txid, c.seq) >= (o.txid, o.seq))",
+                        &[&sink.name()],
+                    )
+                    .await?
+                    .get(0);
+                if behind > 0 {
+                    wrong.push(format!("outbox sink {} has not received {behind} committed event(s)", sink.name()));
+                }
+            }
+            if wrong.is_empty() {
+                return Ok(wrong);
+            }
+            if Instant::now() > deadline {
+                return Ok(wrong);
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    /// Liveness: every node is back within two fault intervals of losing its session, and commands
+    /// keep finishing (some command reaches an end in every interval).
+    async fn liveness(
+        &self,
+        db: &tokio_postgres::Client,
+        nodes: &[String],
+        away: &mut HashMap<String, u32>,
+        finished_before: &mut i64,
+    ) -> anyhow::Result<Vec<String>> {
+        let mut v = Vec::new();
+        let rows = db.query("SELECT id, liveness FROM nodes WHERE id = ANY($1)", &[&nodes]).await?;
+        for r in rows {
+            let (id, liveness): (String, String) = (r.get(0), r.get(1));
+            if liveness == "connected" {
+                away.remove(&id);
+                continue;
+            }
+            let n = away.entry(id.clone()).or_default();
+            *n += 1;
+            if *n > 2 {
+                v.push(format!("liveness: node {id} has been {liveness} for {n} fault intervals"));
+            }
+        }
+        let finished: i64 = db
+            .query_one("SELECT count(*) FROM commands WHERE state IN ('succeeded', 'failed', 'expired', 'cancelled')", &[])
+            .await?
+            .get(0);
+        if finished == *finished_before && self.tally.commands.load(Ordering::SeqCst) > 0 {
+            v.push("liveness: no command reached an end during a fault interval".into());
+        }
+        *finished_before = finished;
+        Ok(v)
+    }
+
+    /// The invariants, at any moment: the capacity invariants (in one snapshot) and no command
+    /// that is not retry-safe run twice.
+    async fn check(&self, db: &mut tokio_postgres::Client, initial_modes: &HashMap<String, GpuMode>) -> anyhow::Result<Vec<String>> {
+        let tx = db.build_transaction().isolation_level(tokio_postgres::IsolationLevel::RepeatableRead).read_only(true).start().await?;
+        let mut v = invariants::check(&tx, initial_modes).await?.violations;
+        tx.commit().await?;
+        // No command that is not retry-safe ran twice.
+        for (reason, runs) in self.reboots.lock().expect("reboots").iter() {
+            if *runs > 1 {
+                v.push(format!("node.reboot ({reason}) is not retry-safe but ran {runs} times"));
+            }
+        }
+        Ok(v)
+    }
+}
+
+/// Moves the simulated clock with real time, 200 ms at a time, until `stop`. While the database is
+/// away, time waits for it.
+async fn tick_clock(conn: String, stop: Arc<AtomicBool>) {
+    let mut last = Instant::now();
+    let mut client: Option<tokio_postgres::Client> = None;
+    while !stop.load(Ordering::SeqCst) {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        if client.as_ref().is_none_or(|c| c.is_closed()) {
+            client = better_compute_db::pool::connect(&conn).await.ok();
+        }
+        let Some(c) = &client else { continue };
+        let now = Instant::now();
+        if better_compute_db::clock::advance_sim_clock(c, now - last).await.is_ok() {
+            last = now;
+        }
+    }
+}
+
+/// Advances the simulated clock; a failure (the database is restarting) only delays time.
+async fn advance_clock(conn: &str, by: Duration) {
+    if let Ok(c) = better_compute_db::pool::connect(conn).await {
+        let _ = better_compute_db::clock::advance_sim_clock(&c, by).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_and_seed_ranges_parse_and_bad_ones_say_how_to_write_them() {
+        assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("10m"), Ok(Duration::from_secs(600)));
+        assert_eq!(parse_duration("2"), Ok(Duration::from_secs(2)));
+        assert!(parse_duration("ten").unwrap_err().contains("like 90s"));
+        assert_eq!(parse_seeds("3").unwrap(), 3..=3);
+        assert_eq!(parse_seeds("1-100").unwrap(), 1..=100);
+        assert!(parse_seeds("9-1").is_err());
+    }
+}

@@ -1,0 +1,55 @@
+//! `better-compute sim` as CI runs it: a few seeds of the fault-injecting simulator (real gateway
+//! and worker processes, real SIGKILL and SIGSTOP, PostgreSQL restarted under load) must pass;
+//! one seed also runs through PgBouncer in transaction pooling mode; and a deliberately broken
+//! daemon must be caught, which proves the checker can fail.
+
+use std::process::{Command, Output, Stdio};
+
+const BIN: &str = env!("CARGO_BIN_EXE_better-compute");
+
+/// Runs the simulator with `args`; its own timeouts bound it (each seed's duration plus a heal
+/// deadline), and nextest's slow-timeout bounds the test.
+fn sim(args: &[&str]) -> Output {
+    Command::new(BIN)
+        .arg("sim")
+        .args(args)
+        .stdin(Stdio::null())
+        .env("BETTER_COMPUTE_LOG", "warn")
+        .output()
+        .expect("run better-compute sim")
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+#[test]
+fn two_seeds_of_faults_keep_every_invariant_and_the_fleet_converges_after() {
+    let o = sim(&["--seeds", "1-2", "--duration", "32s", "--nodes", "6", "--heal-timeout-s", "90"]);
+    let out = text(&o);
+    assert!(o.status.success(), "the simulator found a violation:\n{out}");
+    assert_eq!(out.matches(": passed in ").count(), 2, "both seeds ran to the end:\n{out}");
+    // Faults really happened: every seed prints each one it injected.
+    assert!(out.matches("] ").count() >= 4, "faults were injected:\n{out}");
+}
+
+#[test]
+fn a_seed_passes_through_pgbouncer_in_transaction_pooling_mode() {
+    let o = sim(&["--seeds", "5", "--duration", "24s", "--nodes", "4", "--pgbouncer", "--heal-timeout-s", "90"]);
+    let out = text(&o);
+    assert!(o.status.success(), "the simulator found a violation behind PgBouncer:\n{out}");
+    assert!(out.contains("through PgBouncer") && out.contains(": passed in "), "{out}");
+}
+
+#[test]
+fn a_daemon_that_reruns_journaled_commands_is_caught_with_its_seed_and_a_replay_command() {
+    // Every reboot crashes mid-command, and the broken daemon runs it again on restart.
+    let o = sim(&[
+        "--seeds", "7", "--duration", "30s", "--nodes", "4", "--reboot-crash-percent", "100",
+        "--broken", "rerun-journaled-commands",
+    ]);
+    let out = text(&o);
+    assert!(!o.status.success(), "the checker missed a command that ran twice:\n{out}");
+    assert!(out.contains("seed 7:") && out.contains(" times"), "the violation names the seed and the rerun:\n{out}");
+    assert!(out.contains("replay: better-compute sim --seeds 7 "), "a replay command is printed:\n{out}");
+}

@@ -49,10 +49,13 @@ enum Which {
     /// Events per second from commit to watch-stream (SSE) clients with 100 subscribers, and
     /// commit-to-delivery p50/p99, beside pgbench's TPC-B.
     Events(crate::bench_events::EventsBench),
+    /// Every benchmark above, one after another, with a progress bar; writes one report (Markdown,
+    /// JSON and an SVG of the latency distributions) with the machine, the versions and the ratios.
+    All(crate::bench_report::AllBench),
 }
 
 #[derive(Debug, clap::Args)]
-struct RuntimeBench {
+pub(crate) struct RuntimeBench {
     /// Keys enqueued for each reconcile run.
     #[arg(long, default_value_t = 50_000)]
     keys: usize,
@@ -131,6 +134,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         Which::Api(b) => crate::bench_api::run(b).await,
         Which::Events(b) => crate::bench_events::run(b).await,
         Which::Gateway(b) => crate::bench_gateway::run(b).await,
+        Which::All(b) => crate::bench_report::run(b).await,
     }
 }
 
@@ -209,7 +213,7 @@ impl Drop for Scratch {
     }
 }
 
-async fn runtime_bench(b: RuntimeBench) -> anyhow::Result<()> {
+pub(crate) async fn runtime_bench(b: RuntimeBench) -> anyhow::Result<()> {
     let scratch = Scratch::start(100).await?;
     let conn = scratch.conn();
     let counter = Arc::new(Counter { seen: AtomicU64::new(0) });
@@ -219,6 +223,7 @@ async fn runtime_bench(b: RuntimeBench) -> anyhow::Result<()> {
 
     let pgbench_tps = pgbench_claim_and_delete(&scratch, &db, b.pgbench_seconds).await?;
     println!("pgbench claim-and-delete (one key per transaction, 2 clients): {pgbench_tps:.0} tx/s");
+    let baseline = Some(("pgbench claim-and-delete", pgbench_tps));
 
     for processes in [1usize, 2] {
         let rate = reconciles_per_second(&db, &conn, b.keys, processes).await?;
@@ -227,12 +232,14 @@ async fn runtime_bench(b: RuntimeBench) -> anyhow::Result<()> {
             if processes == 1 { "" } else { "es" },
             rate / pgbench_tps
         );
+        crate::bench_report::figure("runtime", format!("no-op reconciles, {processes} worker process(es)"), rate, "/s", baseline);
     }
 
     for per_tx in [1usize, 100] {
         let total = if per_tx == 1 { b.events } else { b.events * 5 };
         let rate = outbox_events_per_second(&conn, registry.clone(), counter.clone(), total, per_tx).await?;
         println!("outbox events, {per_tx} per transaction, commit to in-process subscriber: {rate:.0}/s");
+        crate::bench_report::figure("runtime", format!("outbox events to a subscriber, {per_tx} per transaction"), rate, "/s", baseline);
     }
     drop(db);
     drop(scratch);

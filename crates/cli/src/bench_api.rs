@@ -64,6 +64,14 @@ fn pct(l: &[Duration], p: f64) -> f64 {
 
 fn line(what: &str, (rate, l): &(f64, Vec<Duration>)) {
     println!("{what:<40} {rate:>8.0} req/s   p50 {:>6.2} ms   p99 {:>6.2} ms", pct(l, 0.5), pct(l, 0.99));
+    crate::bench_report::latencies(format!("api: {what}"), l);
+}
+
+/// Records an HTTP figure beside the same operation in-process.
+fn record(what: &str, http: &(f64, Vec<Duration>), in_process: &(f64, Vec<Duration>)) {
+    println!("  HTTP/in-process: {:.2}x", http.0 / in_process.0);
+    crate::bench_report::figure("api", format!("{what} over HTTP"), http.0, "req/s", Some((&format!("{what} in-process"), in_process.0)));
+    crate::bench_report::figure("api", format!("{what} over HTTP, p99"), pct(&http.1, 0.99), "ms", Some((&format!("{what} in-process, p99"), pct(&in_process.1, 0.99))));
 }
 
 /// A reservation request; both paths carry an idempotency key, as the API requires.
@@ -130,7 +138,7 @@ pub async fn run(b: ApiBench) -> anyhow::Result<()> {
     })
     .await;
     line("nodes.get over HTTP", &http_get);
-    println!("  HTTP/in-process: {:.2}x", http_get.0 / in_get.0);
+    record("nodes.get", &http_get, &in_get);
 
     let (p, tn, idn) = (pool.clone(), tenant.clone(), identity.clone());
     let in_create = measure(b.clients, b.requests / 4, move |_, i| {
@@ -152,7 +160,7 @@ pub async fn run(b: ApiBench) -> anyhow::Result<()> {
     })
     .await;
     line("reservations.create over HTTP", &http_create);
-    println!("  HTTP/in-process: {:.2}x", http_create.0 / in_create.0);
+    record("reservations.create", &http_create, &in_create);
     stop.send(true)?;
     Ok(())
 }

@@ -187,6 +187,18 @@ pub async fn run(b: CapacityBench) -> anyhow::Result<()> {
                 None => String::new(),
             }
         );
+        let tpcb_name = format!("pgbench TPC-B, {} clients", b.clients);
+        crate::bench_report::figure("capacity", format!("placements, {nodes} nodes x 8 GPUs, {} clients", b.clients), rate, "/s", Some((&tpcb_name, tpcb)));
+        crate::bench_report::figure(
+            "capacity",
+            format!("conflicts ending without a placement, {nodes} nodes"),
+            100.0 * (failed + lost) as f64 / b.placements as f64,
+            "%",
+            None,
+        );
+        if let Some(f) = first {
+            crate::bench_report::figure("capacity", format!("placements at {nodes} nodes"), rate, "/s", Some((&format!("placements at {} nodes", b.nodes[0]), f)));
+        }
         first.get_or_insert(rate);
     }
     drop(db);

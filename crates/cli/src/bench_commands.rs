@@ -100,6 +100,8 @@ pub async fn run(b: CommandsBench) -> anyhow::Result<()> {
     }
     let rate = b.commands as f64 / start.elapsed().as_secs_f64();
     println!("commands enqueued, one per transaction, {} clients: {rate:.0}/s ({:.2}x pgbench TPC-B)", b.clients, rate / tpcb);
+    let tpcb_name = format!("pgbench TPC-B, {} clients", b.clients);
+    crate::bench_report::figure("commands", format!("commands enqueued, one per transaction, {} clients", b.clients), rate, "/s", Some((&tpcb_name, tpcb)));
 
     // Desired state: compute every node's spec once, then change the site and time the recomputation.
     let pool = better_compute_db::pool::connect_pool(&conn, 40)?;
@@ -125,6 +127,7 @@ pub async fn run(b: CommandsBench) -> anyhow::Result<()> {
         b.nodes,
         rate / tpcb
     );
+    crate::bench_report::figure("commands", format!("desired-state recomputations, {} nodes, one worker", b.nodes), rate, "/s", Some((&tpcb_name, tpcb)));
     worker.shutdown().await?;
     drop(db);
     drop(scratch);

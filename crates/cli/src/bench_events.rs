@@ -119,6 +119,15 @@ pub async fn run(b: EventsBench) -> anyhow::Result<()> {
         pct(&lat, 0.5),
         pct(&lat, 0.99)
     );
+    crate::bench_report::figure(
+        "events",
+        format!("events committed and delivered to {} watch streams", b.subscribers),
+        written as f64 / wrote_s,
+        "/s",
+        Some((&format!("pgbench TPC-B, {} clients", b.writers), tpcb)),
+    );
+    crate::bench_report::figure("events", "commit to SSE client, p99", pct(&lat, 0.99), "ms", None);
+    crate::bench_report::latencies("event: commit to SSE client", &lat);
     stop.send(true)?;
     Ok(())
 }

@@ -218,6 +218,16 @@ pub async fn run(b: GatewayBench) -> anyhow::Result<()> {
         (own_full.saturating_sub(own_idle)) as f64 / open.max(1) as f64
     );
 
+    crate::bench_report::figure("gateway", "sessions held by one gateway process", open as f64, "sessions", None);
+    crate::bench_report::figure(
+        "gateway",
+        "gateway memory per session",
+        (rss_full.saturating_sub(rss_idle)) as f64 / open.max(1) as f64,
+        "KiB",
+        None,
+    );
+    crate::bench_report::figure("gateway", "sessions opened (mTLS handshake to Welcome)", open as f64 / opened.as_secs_f64(), "/s", None);
+
     // Latency: commands at a steady rate (a fifth of the target first, then the target), each to
     // a node chosen round-robin; from the enqueue's commit to the simulated daemon receiving it.
     let node_ids = Arc::new(node_ids);
@@ -246,6 +256,7 @@ pub async fn run(b: GatewayBench) -> anyhow::Result<()> {
         n as f64 / recomputed.as_secs_f64()
     );
     let _ = converged;
+    crate::bench_report::figure("gateway", format!("convergence: {n} nodes apply one change to every node"), start.elapsed().as_secs_f64(), "s", None);
     stop.send(true)?;
     for s in sessions {
         let _ = tokio::time::timeout(Duration::from_secs(5), s).await;
@@ -331,5 +342,7 @@ async fn latency_run(
         percentile(&lat, 0.99).as_secs_f64() * 1e3,
         lat.last().copied().unwrap_or_default().as_secs_f64() * 1e3
     );
+    crate::bench_report::figure("gateway", format!("command enqueue to daemon at {rate}/s, p99"), percentile(&lat, 0.99).as_secs_f64() * 1e3, "ms", None);
+    crate::bench_report::latencies(format!("command: enqueue to daemon at {rate}/s"), &lat);
     Ok(())
 }

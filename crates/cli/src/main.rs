@@ -7,6 +7,7 @@ mod bench_api;
 mod bench_events;
 mod bench_gateway;
 mod bench_capacity;
+mod bench_report;
 mod bench_commands;
 mod capacity;
 mod daemon;

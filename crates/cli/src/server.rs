@@ -103,6 +103,11 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     if let Some(bad) = args.roles.iter().find(|r| !KNOWN_ROLES.contains(&r.as_str())) {
         anyhow::bail!("unknown role {bad:?}; available roles: {}", KNOWN_ROLES.join(", "));
     }
+    if std::env::var_os("BETTER_COMPUTE_TEST_BROKEN_FENCE").is_some_and(|v| v == "1") {
+        // Only the simulator's checker test sets this: it must catch the stale writes that follow.
+        tracing::error!("BETTER_COMPUTE_TEST_BROKEN_FENCE=1: fenced transactions skip their fence; never run this in production");
+        better_compute_db::lease::break_the_fence_for_tests();
+    }
     let registry = crate::registry()?;
     let pool = better_compute_db::pool::connect_pool(&args.db.database_url, args.pool_size)?;
     let (stop, stopped) = tokio::sync::watch::channel(false);

@@ -66,9 +66,31 @@ pub struct SimArgs {
     /// boot id, so the gateway sends the in-flight reboot again.
     #[arg(long, default_value_t = 50)]
     reboot_crash_percent: u64,
-    /// Test only: run a deliberately broken daemon, to prove the checker catches it.
+    /// Inject only these faults (comma-separated); all of them when not given.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    faults: Vec<Fault>,
+    /// Test only: run a deliberately broken variant, to prove the checker catches it.
     #[arg(long, hide = true, value_enum)]
     broken: Option<Broken>,
+}
+
+/// The kinds of fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Fault {
+    /// SIGKILL a gateway and restart it.
+    GatewayKill,
+    /// SIGKILL a worker and restart it.
+    WorkerKill,
+    /// Crash a daemon: same journal, wiped journal, or a new boot id.
+    DaemonCrash,
+    /// Cut the streams between a gateway and its daemons for a while.
+    Partition,
+    /// Crash PostgreSQL under load and start it again.
+    PostgresCrash,
+    /// Jump the simulated clock 5 to 45 s.
+    ClockJump,
+    /// Pause a worker past its leases until others take them over, then let it wake up.
+    Zombie,
 }
 
 /// Deliberately broken variants (test only).
@@ -76,6 +98,8 @@ pub struct SimArgs {
 pub enum Broken {
     /// Daemons run a not-retry-safe command again after a restart, ignoring their journal.
     RerunJournaledCommands,
+    /// Workers skip the lease fence of their transactions (`BETTER_COMPUTE_TEST_BROKEN_FENCE`).
+    SkipFence,
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -129,7 +153,7 @@ pub async fn run(args: SimArgs) -> anyhow::Result<()> {
         let report = run_seed(&args, seed).await.with_context(|| format!("seed {seed} could not run"))?;
         if !report.violations.is_empty() {
             anyhow::bail!(
-                "seed {seed}: {} invariant violation(s):\n  {}\nreplay: better-compute sim --seeds {seed} --duration {}s --nodes {} --gateways {} --workers {} --fault-interval-s {} --ops-per-s {} --reboot-crash-percent {}{}{}{}",
+                "seed {seed}: {} invariant violation(s):\n  {}\nreplay: better-compute sim --seeds {seed} --duration {}s --nodes {} --gateways {} --workers {} --fault-interval-s {} --ops-per-s {} --reboot-crash-percent {}{}{}{}{}",
                 report.violations.len(),
                 report.violations.join("\n  "),
                 args.duration.as_secs(),
@@ -141,12 +165,23 @@ pub async fn run(args: SimArgs) -> anyhow::Result<()> {
                 args.reboot_crash_percent,
                 if args.pgbouncer { " --pgbouncer" } else { "" },
                 if args.liveness { " --liveness" } else { "" },
-                if args.broken.is_some() { " --broken rerun-journaled-commands" } else { "" },
+                if args.faults.is_empty() { String::new() } else { format!(" --faults {}", value_names(&args.faults).join(",")) },
+                replay_tail(&args),
             );
         }
         println!("seed {seed}: passed in {:.0} s: {}", started.elapsed().as_secs_f64(), report.summary);
     }
     Ok(())
+}
+
+/// The `--broken` part of a replay command.
+fn replay_tail(args: &SimArgs) -> String {
+    args.broken.map(|b| format!(" --broken {}", value_names(&[b])[0])).unwrap_or_default()
+}
+
+/// Values as they are written on the command line.
+fn value_names<T: clap::ValueEnum>(vs: &[T]) -> Vec<String> {
+    vs.iter().filter_map(|v| v.to_possible_value()).map(|p| p.get_name().to_owned()).collect()
 }
 
 /// What one seed found.
@@ -207,6 +242,7 @@ async fn run_seed(args: &SimArgs, seed: u64) -> anyhow::Result<SeedReport> {
     let mut db = better_compute_db::pool::connect(&direct_conn).await?;
     better_compute_db::migrate(&mut db, &crate::registry()?.migrations()).await?;
     better_compute_db::clock::use_sim_clock(&db, std::time::SystemTime::now()).await?;
+    db.batch_execute(STALE_EPOCH_AUDIT).await?;
     let bouncer = if args.pgbouncer { Some(PgBouncer::start_on_own_thread(&cluster, &root.join("bouncer"), 8)?) } else { None };
     let db_conn = bouncer.as_ref().map(|b| b.connection_string("sim")).unwrap_or_else(|| direct_conn.clone());
     let pool_id = seed_inventory(&mut db).await?;
@@ -233,6 +269,33 @@ async fn run_seed(args: &SimArgs, seed: u64) -> anyhow::Result<SeedReport> {
     }
     result
 }
+
+/// The stale-epoch audit, installed in the simulator's throwaway database only: every row a
+/// fenced transaction writes is checked against the lease it was fenced by (the fence names it in
+/// `better_compute.fence`); a write made after the lease moved to a newer epoch is recorded, and
+/// recorded only if it commits, which is exactly a stale-epoch write accepted.
+const STALE_EPOCH_AUDIT: &str = "
+CREATE TABLE sim_stale_writes (tbl text NOT NULL, op text NOT NULL, fence text NOT NULL, epoch_now bigint);
+CREATE FUNCTION sim_audit_fence() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+  f text := current_setting('better_compute.fence', true);
+  held bigint;
+BEGIN
+  IF coalesce(f, '') <> '' THEN
+    SELECT epoch INTO held FROM leases WHERE name = split_part(f, '@', 1);
+    IF held IS DISTINCT FROM split_part(f, '@', 2)::bigint THEN
+      INSERT INTO sim_stale_writes (tbl, op, fence, epoch_now) VALUES (TG_TABLE_NAME, TG_OP, f, held);
+    END IF;
+  END IF;
+  RETURN NULL;
+END $$;
+DO $$
+DECLARE t text;
+BEGIN
+  FOR t IN SELECT tablename FROM pg_tables WHERE schemaname = 'public' AND tablename NOT IN ('sim_stale_writes', 'compute_sim_clock') LOOP
+    EXECUTE format('CREATE TRIGGER sim_audit_fence AFTER INSERT OR UPDATE OR DELETE ON %I FOR EACH ROW EXECUTE FUNCTION sim_audit_fence()', t);
+  END LOOP;
+END $$;";
 
 /// A site, a bare-metal pool, and quotas for the tenants.
 async fn seed_inventory(db: &mut tokio_postgres::Client) -> anyhow::Result<String> {
@@ -377,7 +440,11 @@ impl Sim {
     }
 
     fn server_env(&self) -> Vec<(String, String)> {
-        vec![("DATABASE_URL".into(), self.db_conn.clone()), ("BETTER_COMPUTE_DIRECT_URL".into(), self.direct_conn.clone())]
+        let mut env = vec![("DATABASE_URL".into(), self.db_conn.clone()), ("BETTER_COMPUTE_DIRECT_URL".into(), self.direct_conn.clone())];
+        if self.args.broken == Some(Broken::SkipFence) {
+            env.push(("BETTER_COMPUTE_TEST_BROKEN_FENCE".into(), "1".into()));
+        }
+        env
     }
 
     async fn start_fleet(&self, db: &mut tokio_postgres::Client, shutdown: watch::Receiver<bool>) -> anyhow::Result<Fleet> {
@@ -465,7 +532,21 @@ impl Sim {
         let pause = |d: Duration| tokio::time::sleep(d);
         let at = Duration::from_millis(rng.below(interval.as_millis() as u64 / 3) + 200);
         pause(at).await;
-        let kind = rng.below(11);
+        // Eleven slots: the seven kinds (daemon crashes and clock jumps take more than one) and a
+        // quiet one. With --faults, every interval has one of the kinds given.
+        let kind = if self.args.faults.is_empty() {
+            rng.below(11)
+        } else {
+            match self.args.faults[rng.below(self.args.faults.len() as u64) as usize] {
+                Fault::GatewayKill => 0,
+                Fault::WorkerKill => 1,
+                Fault::DaemonCrash => 2 + rng.below(3),
+                Fault::Partition => 5,
+                Fault::PostgresCrash => 6,
+                Fault::ClockJump => 7,
+                Fault::Zombie => 9,
+            }
+        };
         match kind {
             0 => {
                 let i = rng.below(fleet.gateways.len() as u64) as usize;
@@ -518,12 +599,14 @@ impl Sim {
             }
             9 => {
                 // A worker stops without knowing; its leases expire (the clock jumps past their
-                // 15 s), others take its shards, and then it wakes up as a zombie.
+                // 15 s), others take its shards (or wait for its open fenced transactions), and
+                // then it wakes up as a zombie.
                 let i = rng.below(fleet.workers.len() as u64) as usize;
                 self.count("worker paused past its leases (zombie)", format!("(worker {i})"));
                 fleet.workers[i].pause();
                 advance_clock(&self.direct_conn, Duration::from_secs(20)).await;
-                pause(Duration::from_millis(1500 + rng.below(1500))).await;
+                self.wait_for_takeover(Duration::from_secs(interval.as_secs() / 2)).await;
+                pause(Duration::from_millis(200 + rng.below(800))).await;
                 fleet.workers[i].resume();
             }
             _ => {} // a quiet interval
@@ -532,6 +615,26 @@ impl Sim {
             pause(rest).await;
         }
         Ok(())
+    }
+
+    /// Waits (at most `patience`) until no worker lease is left expired: the awake workers took
+    /// over what the paused one held.
+    async fn wait_for_takeover(&self, patience: Duration) {
+        let Ok(db) = better_compute_db::pool::connect(&self.direct_conn).await else { return };
+        let deadline = Instant::now() + patience;
+        while Instant::now() < deadline {
+            let expired = db
+                .query_one(
+                    "SELECT count(*) FROM leases WHERE (name LIKE 'shard:%' OR name LIKE 'singleton:%') AND expires_at <= compute_now()",
+                    &[],
+                )
+                .await
+                .map(|r| r.get::<_, i64>(0));
+            if matches!(expired, Ok(0)) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// The seeded workload: tenants reserve, extend and release; operators cordon, taint,
@@ -785,6 +888,20 @@ impl Sim {
     async fn check(&self, db: &mut tokio_postgres::Client, initial_modes: &HashMap<String, GpuMode>) -> anyhow::Result<Vec<String>> {
         let tx = db.build_transaction().isolation_level(tokio_postgres::IsolationLevel::RepeatableRead).read_only(true).start().await?;
         let mut v = invariants::check(&tx, initial_modes).await?.violations;
+        // No stale-epoch write was accepted (see STALE_EPOCH_AUDIT).
+        for r in tx
+            .query("SELECT tbl, op, fence, epoch_now, count(*) FROM sim_stale_writes GROUP BY 1, 2, 3, 4 ORDER BY 5 DESC LIMIT 5", &[])
+            .await?
+        {
+            v.push(format!(
+                "stale-epoch write accepted: {} row(s) of {} ({}) written under lease {} after the lease moved to epoch {:?}",
+                r.get::<_, i64>(4),
+                r.get::<_, String>(0),
+                r.get::<_, String>(1),
+                r.get::<_, String>(2),
+                r.get::<_, Option<i64>>(3)
+            ));
+        }
         tx.commit().await?;
         // No command that is not retry-safe ran twice.
         for (reason, runs) in self.reboots.lock().expect("reboots").iter() {

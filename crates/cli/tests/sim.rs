@@ -53,3 +53,14 @@ fn a_daemon_that_reruns_journaled_commands_is_caught_with_its_seed_and_a_replay_
     assert!(out.contains("seed 7:") && out.contains(" times"), "the violation names the seed and the rerun:\n{out}");
     assert!(out.contains("replay: better-compute sim --seeds 7 "), "a replay command is printed:\n{out}");
 }
+
+#[test]
+fn a_worker_that_skips_its_lease_fence_is_caught_writing_under_a_stale_epoch() {
+    // Only zombies: a worker paused until others took its leases wakes up and, with its fence
+    // broken, writes under the epochs it lost; the audit of fenced writes must catch it.
+    let o = sim(&["--seeds", "11", "--duration", "64s", "--nodes", "4", "--faults", "zombie", "--broken", "skip-fence"]);
+    let out = text(&o);
+    assert!(!o.status.success(), "the checker missed a zombie's writes:\n{out}");
+    assert!(out.contains("stale-epoch write accepted"), "the violation says what was written under which epoch:\n{out}");
+    assert!(out.contains("--faults zombie --broken skip-fence"), "the replay command keeps the switches:\n{out}");
+}

@@ -35,11 +35,29 @@ UPDATE leases SET expires_at = compute_now() + make_interval(secs => $4)
  WHERE name = $1 AND owner = $2 AND epoch = $3
 RETURNING compute_now()";
 
-/// The fence: the first statement of every fenced transaction. The row lock is what fences.
+/// The fence: the first statement of every fenced transaction. The row lock is what fences. It
+/// also names the lease and epoch in the transaction-local setting [`FENCE_SETTING`], so an audit
+/// (the simulator's stale-epoch check) can tell which epoch each write was made under.
 const FENCE_SQL: &str = "
-SELECT 1 FROM leases
+SELECT set_config('better_compute.fence', name || '@' || epoch, true) FROM leases
  WHERE name = $1 AND owner = $2 AND epoch = $3 AND expires_at > compute_now()
    FOR SHARE";
+
+/// The transaction-local setting a fenced transaction carries: `<lease name>@<epoch>`.
+pub const FENCE_SETTING: &str = "better_compute.fence";
+
+/// A deliberately broken fence, for the test that proves the simulator's stale-epoch check can
+/// fail: it names the lease and epoch but checks and locks nothing.
+const BROKEN_FENCE_SQL: &str = "SELECT set_config('better_compute.fence', $1::text || '@' || $2::bigint::text, true)";
+
+static BROKEN_FENCE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Test only: makes every fenced transaction of this process skip the fence (a zombie's writes then
+/// go through). Only the simulator's checker test turns it on, through
+/// `BETTER_COMPUTE_TEST_BROKEN_FENCE=1` on a server process.
+pub fn break_the_fence_for_tests() {
+    BROKEN_FENCE.store(true, std::sync::atomic::Ordering::SeqCst);
+}
 
 /// Lets the lease go at once, so the next holder need not wait for it to expire.
 const RELEASE_SQL: &str = "
@@ -110,7 +128,11 @@ impl Lease {
     /// back) when the lease is no longer ours.
     pub async fn begin_fenced<'a>(&self, client: &'a mut Client) -> Result<FencedTransaction<'a>, DbError> {
         let tx = client.transaction().await?;
-        let fenced = tx.query_opt(FENCE_SQL, &[&self.name, &self.owner, &self.epoch]).await?;
+        let fenced = if BROKEN_FENCE.load(std::sync::atomic::Ordering::Relaxed) {
+            tx.query_opt(BROKEN_FENCE_SQL, &[&self.name, &self.epoch]).await?
+        } else {
+            tx.query_opt(FENCE_SQL, &[&self.name, &self.owner, &self.epoch]).await?
+        };
         if fenced.is_none() {
             tx.rollback().await?;
             return Err(DbError::LeaseLost { name: self.name.clone(), epoch: self.epoch });

@@ -1,0 +1,345 @@
+//! `better-compute bench all`: runs every benchmark one after another and writes one report (Markdown,
+//! JSON, and an SVG of the latency distributions) with the machine, the versions, and each figure
+//! beside the baseline measured in the same run. The benchmarks record their figures here as they
+//! print them.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::Parser;
+use serde::Serialize;
+
+/// One measured figure, beside its baseline when it has one.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Figure {
+    bench: String,
+    name: String,
+    value: f64,
+    unit: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    baseline: Option<Baseline>,
+}
+
+/// What a figure is compared with, measured on the same database in the same run.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Baseline {
+    name: String,
+    value: f64,
+    /// `value / baseline`, both in their own units.
+    ratio: f64,
+}
+
+/// A latency distribution for the chart: sorted samples in milliseconds (at most 2,000, evenly
+/// picked, so the report stays small).
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Latencies {
+    name: String,
+    samples_ms: Vec<f64>,
+}
+
+static FIGURES: Mutex<Vec<Figure>> = Mutex::new(Vec::new());
+static LATENCIES: Mutex<Vec<Latencies>> = Mutex::new(Vec::new());
+
+/// Records a figure of `bench` (printed by the benchmark itself).
+pub(crate) fn figure(bench: &str, name: impl Into<String>, value: f64, unit: &str, baseline: Option<(&str, f64)>) {
+    let baseline = baseline.map(|(n, b)| Baseline { name: n.to_owned(), value: b, ratio: if b > 0.0 { value / b } else { 0.0 } });
+    FIGURES.lock().expect("figures").push(Figure { bench: bench.into(), name: name.into(), value, unit: unit.into(), baseline });
+}
+
+/// Records a latency distribution (any order) for the chart.
+pub(crate) fn latencies(name: impl Into<String>, samples: &[Duration]) {
+    let mut ms: Vec<f64> = samples.iter().map(|d| d.as_secs_f64() * 1e3).collect();
+    ms.sort_by(f64::total_cmp);
+    const KEEP: usize = 2_000;
+    if ms.len() > KEEP {
+        let step = (ms.len() - 1) as f64 / (KEEP - 1) as f64;
+        ms = (0..KEEP).map(|i| ms[(i as f64 * step).round() as usize]).collect();
+    }
+    LATENCIES.lock().expect("latencies").push(Latencies { name: name.into(), samples_ms: ms });
+}
+
+/// Options of `bench all`.
+#[derive(Debug, clap::Args)]
+pub struct AllBench {
+    /// Folder for the report: `bench.md`, `bench.json`, `bench-latency.svg`.
+    #[arg(long, default_value = "docs/bench")]
+    out: PathBuf,
+    /// Smaller runs (fewer nodes, sessions and requests), for a quick look; the report says so.
+    #[arg(long)]
+    quick: bool,
+}
+
+/// Parses a benchmark's options from its defaults plus `args`, as its own subcommand would.
+fn defaults<T: clap::Args>(args: &[&str]) -> anyhow::Result<T> {
+    #[derive(clap::Parser)]
+    struct Wrap<T: clap::Args> {
+        #[command(flatten)]
+        inner: T,
+    }
+    Ok(Wrap::<T>::try_parse_from(std::iter::once("bench").chain(args.iter().copied()))?.inner)
+}
+
+/// Runs every benchmark and writes the report.
+pub async fn run(b: AllBench) -> anyhow::Result<()> {
+    type Step = (&'static str, Box<dyn FnOnce() -> std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<()>>>>>);
+    let q = b.quick;
+    let steps: Vec<Step> = vec![
+        ("runtime: reconciles and outbox", {
+            let a = defaults::<crate::bench::RuntimeBench>(if q { &["--keys", "10000", "--events", "5000"] } else { &[] })?;
+            Box::new(move || Box::pin(crate::bench::runtime_bench(a)))
+        }),
+        ("capacity: placements", {
+            let a = defaults::<crate::bench_capacity::CapacityBench>(if q { &["--nodes", "100,1000", "--placements", "1000"] } else { &[] })?;
+            Box::new(move || Box::pin(crate::bench_capacity::run(a)))
+        }),
+        ("commands: enqueue and desired state", {
+            let a = defaults::<crate::bench_commands::CommandsBench>(if q { &["--nodes", "1000", "--commands", "5000"] } else { &[] })?;
+            Box::new(move || Box::pin(crate::bench_commands::run(a)))
+        }),
+        ("api: HTTP beside in-process", {
+            let a = defaults::<crate::bench_api::ApiBench>(if q { &["--requests", "1000"] } else { &[] })?;
+            Box::new(move || Box::pin(crate::bench_api::run(a)))
+        }),
+        ("events: outbox to watch streams", {
+            let a = defaults::<crate::bench_events::EventsBench>(if q { &["--events", "500"] } else { &[] })?;
+            Box::new(move || Box::pin(crate::bench_events::run(a)))
+        }),
+        ("gateway: sessions, command latency, convergence", {
+            let a = defaults::<crate::bench_gateway::GatewayBench>(if q { &["--sessions", "1000", "--command-seconds", "5"] } else { &[] })?;
+            Box::new(move || Box::pin(crate::bench_gateway::run(a)))
+        }),
+    ];
+    std::fs::create_dir_all(&b.out).with_context(|| format!("create {}", b.out.display()))?;
+    let started = Instant::now();
+    let total = steps.len();
+    let mut failed = Vec::new();
+    for (i, (name, step)) in steps.into_iter().enumerate() {
+        progress(i, total, name, started.elapsed());
+        let t = Instant::now();
+        // One benchmark failing (a missing pgbench, say) does not lose the others' figures.
+        if let Err(e) = step().await {
+            eprintln!("bench {name} failed: {e:#}");
+            failed.push(format!("{name}: {e:#}"));
+        }
+        println!("  ({name}: {:.0} s)", t.elapsed().as_secs_f64());
+    }
+    progress(total, total, "done", started.elapsed());
+    let report = Report {
+        generated_at: better_compute_core::time::rfc3339(std::time::SystemTime::now()),
+        quick: q,
+        took_s: started.elapsed().as_secs_f64().round(),
+        machine: machine(),
+        versions: versions(),
+        figures: FIGURES.lock().expect("figures").clone(),
+        latencies: LATENCIES.lock().expect("latencies").clone(),
+        failed,
+    };
+    write(&b.out, &report)?;
+    println!("report: {}, {}, {}", b.out.join("bench.md").display(), b.out.join("bench.json").display(), b.out.join("bench-latency.svg").display());
+    Ok(())
+}
+
+/// A progress bar between benchmarks (they print their own lines while they run).
+fn progress(done: usize, total: usize, next: &str, elapsed: Duration) {
+    const WIDTH: usize = 30;
+    let filled = WIDTH * done / total.max(1);
+    println!(
+        "[{}{}] {done}/{total} {:>4.0} s  {}",
+        "#".repeat(filled),
+        "-".repeat(WIDTH - filled),
+        elapsed.as_secs_f64(),
+        if done < total { format!("running {next}…") } else { next.to_owned() }
+    );
+}
+
+#[derive(Debug, Serialize)]
+struct Report {
+    generated_at: String,
+    quick: bool,
+    took_s: f64,
+    machine: Vec<(String, String)>,
+    versions: Vec<(String, String)>,
+    figures: Vec<Figure>,
+    latencies: Vec<Latencies>,
+    failed: Vec<String>,
+}
+
+fn first_line(cmd: &str, args: &[&str]) -> Option<String> {
+    let out = std::process::Command::new(cmd).args(args).output().ok()?;
+    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).lines().next().unwrap_or_default().trim().to_owned())
+}
+
+fn machine() -> Vec<(String, String)> {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let cpu = cpuinfo.lines().find_map(|l| l.strip_prefix("model name")?.split(':').nth(1).map(|s| s.trim().to_owned()));
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let mem_kib = meminfo.lines().find_map(|l| l.strip_prefix("MemTotal:")?.split_whitespace().next()?.parse::<u64>().ok());
+    vec![
+        ("cpu".into(), cpu.unwrap_or_else(|| "unknown".into())),
+        ("cores".into(), std::thread::available_parallelism().map(|n| n.get().to_string()).unwrap_or_default()),
+        ("memory".into(), mem_kib.map(|k| format!("{:.1} GiB", k as f64 / 1024.0 / 1024.0)).unwrap_or_default()),
+        ("kernel".into(), first_line("uname", &["-sr"]).unwrap_or_default()),
+    ]
+}
+
+fn versions() -> Vec<(String, String)> {
+    let pg = better_compute_db::launcher::PgBinaries::find().ok();
+    let bin = |name: &str| pg.as_ref().map(|b| b.bindir().join(name).display().to_string()).unwrap_or_else(|| name.to_owned());
+    vec![
+        ("better-compute".into(), env!("CARGO_PKG_VERSION").into()),
+        ("commit".into(), first_line("git", &["rev-parse", "--short", "HEAD"]).unwrap_or_else(|| "unknown".into())),
+        ("postgres".into(), first_line(&bin("postgres"), &["--version"]).unwrap_or_default()),
+        ("pgbench".into(), first_line(&bin("pgbench"), &["--version"]).unwrap_or_default()),
+        ("rustc".into(), first_line("rustc", &["--version"]).unwrap_or_default()),
+    ]
+}
+
+fn write(out: &Path, r: &Report) -> anyhow::Result<()> {
+    std::fs::write(out.join("bench.json"), serde_json::to_string_pretty(r)?)?;
+    std::fs::write(out.join("bench-latency.svg"), svg(&r.latencies))?;
+    std::fs::write(out.join("bench.md"), markdown(r))?;
+    Ok(())
+}
+
+fn number(v: f64) -> String {
+    if v.abs() >= 100.0 {
+        format!("{v:.0}")
+    } else if v.abs() >= 10.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+fn markdown(r: &Report) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "# Benchmark report\n");
+    let _ = writeln!(
+        s,
+        "Written by `better-compute bench all{}` on {} in {:.0} minutes. Every figure is measured on a throwaway \
+         PostgreSQL cluster with fsync and synchronous_commit on, beside its baseline measured on the same \
+         database in the same run; the ratio is figure / baseline. These machines are shared: read ratios, \
+         not absolute numbers.\n",
+        if r.quick { " --quick" } else { "" },
+        r.generated_at,
+        r.took_s / 60.0
+    );
+    let _ = writeln!(s, "| machine | |\n|---|---|");
+    for (k, v) in &r.machine {
+        let _ = writeln!(s, "| {k} | {v} |");
+    }
+    let _ = writeln!(s, "\n| version | |\n|---|---|");
+    for (k, v) in &r.versions {
+        let _ = writeln!(s, "| {k} | {v} |");
+    }
+    let _ = writeln!(s, "\n## Figures\n\n| bench | figure | value | baseline | ratio |\n|---|---|---:|---|---:|");
+    for f in &r.figures {
+        let (base, ratio) = match &f.baseline {
+            Some(b) => (format!("{} ({})", b.name, number(b.value)), format!("{:.2}x", b.ratio)),
+            None => ("".into(), "".into()),
+        };
+        let _ = writeln!(s, "| {} | {} | {} {} | {base} | {ratio} |", f.bench, f.name, number(f.value), f.unit);
+    }
+    if !r.latencies.is_empty() {
+        let _ = writeln!(s, "\n## Latency distributions\n\n![latency distributions](bench-latency.svg)\n\n| distribution | samples | p50 | p90 | p99 | max |\n|---|---:|---:|---:|---:|---:|");
+        for l in &r.latencies {
+            let p = |q: f64| l.samples_ms.get(((l.samples_ms.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(0.0);
+            let _ = writeln!(s, "| {} | {} | {} ms | {} ms | {} ms | {} ms |", l.name, l.samples_ms.len(), number(p(0.5)), number(p(0.9)), number(p(0.99)), number(p(1.0)));
+        }
+    }
+    if !r.failed.is_empty() {
+        let _ = writeln!(s, "\n## Benchmarks that failed\n");
+        for f in &r.failed {
+            let _ = writeln!(s, "- {f}");
+        }
+    }
+    s
+}
+
+/// The distributions as cumulative curves: latency on a log scale across, fraction of requests up.
+fn svg(ls: &[Latencies]) -> String {
+    const W: f64 = 960.0;
+    const H: f64 = 420.0;
+    const L: f64 = 60.0; // left margin
+    const B: f64 = 40.0; // bottom margin
+    const T: f64 = 20.0;
+    const R: f64 = 330.0; // right margin, for the legend
+    let colors = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"];
+    let all = ls.iter().flat_map(|l| l.samples_ms.iter().copied()).filter(|v| *v > 0.0);
+    let (lo, hi) = all.fold((f64::MAX, f64::MIN), |(a, b), v| (a.min(v), b.max(v)));
+    let (lo, hi) = if lo <= hi { (10f64.powf(lo.log10().floor()), 10f64.powf(hi.log10().ceil())) } else { (0.1, 1000.0) };
+    let x = |v: f64| L + (v.max(lo).log10() - lo.log10()) / (hi.log10() - lo.log10()).max(1e-9) * (W - L - R);
+    let y = |q: f64| T + (1.0 - q) * (H - T - B);
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{W}\" height=\"{H}\" font-family=\"sans-serif\" font-size=\"11\">\n\
+         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+    );
+    // Axes and grid: a line per decade, and at the quartiles and 90%.
+    let mut d = lo;
+    while d <= hi * 1.0001 {
+        let _ = writeln!(s, "<line x1=\"{:.1}\" y1=\"{T}\" x2=\"{:.1}\" y2=\"{:.1}\" stroke=\"#ddd\"/>", x(d), x(d), H - B);
+        let _ = writeln!(s, "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{} ms</text>", x(d), H - B + 15.0, number(d));
+        d *= 10.0;
+    }
+    for q in [0.0, 0.25, 0.5, 0.75, 0.9, 1.0] {
+        let _ = writeln!(s, "<line x1=\"{L}\" y1=\"{:.1}\" x2=\"{:.1}\" y2=\"{:.1}\" stroke=\"#ddd\"/>", y(q), W - R, y(q));
+        let _ = writeln!(s, "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{}%</text>", L - 5.0, y(q) + 4.0, q * 100.0);
+    }
+    let _ = writeln!(s, "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">latency (log scale); up: fraction of requests at most that slow</text>", (L + W - R) / 2.0, H - 8.0);
+    for (i, l) in ls.iter().enumerate() {
+        let c = colors[i % colors.len()];
+        let n = l.samples_ms.len().max(1) as f64;
+        let points: Vec<String> = l.samples_ms.iter().enumerate().map(|(k, v)| format!("{:.1},{:.1}", x(*v), y((k + 1) as f64 / n))).collect();
+        let _ = writeln!(s, "<polyline fill=\"none\" stroke=\"{c}\" stroke-width=\"1.5\" points=\"{}\"/>", points.join(" "));
+        let ly = T + 10.0 + i as f64 * 16.0;
+        let _ = writeln!(s, "<line x1=\"{:.1}\" y1=\"{ly:.1}\" x2=\"{:.1}\" y2=\"{ly:.1}\" stroke=\"{c}\" stroke-width=\"3\"/>", W - R + 10.0, W - R + 28.0);
+        let _ = writeln!(s, "<text x=\"{:.1}\" y=\"{:.1}\">{}</text>", W - R + 33.0, ly + 4.0, xml(&l.name));
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+fn xml(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_report_puts_each_figure_beside_its_baseline_and_draws_each_distribution() {
+        let r = Report {
+            generated_at: "2026-12-03T00:00:00Z".into(),
+            quick: true,
+            took_s: 60.0,
+            machine: vec![("cores".into(), "2".into())],
+            versions: vec![("postgres".into(), "postgres (PostgreSQL) 15.8".into())],
+            figures: vec![Figure {
+                bench: "capacity".into(),
+                name: "placements, 1,000 nodes".into(),
+                value: 150.0,
+                unit: "/s".into(),
+                baseline: Some(Baseline { name: "pgbench TPC-B".into(), value: 3000.0, ratio: 0.05 }),
+            }],
+            latencies: vec![Latencies { name: "a <b>".into(), samples_ms: vec![1.0, 2.0, 3.0, 40.0] }],
+            failed: vec![],
+        };
+        let md = markdown(&r);
+        assert!(md.contains("| capacity | placements, 1,000 nodes | 150 /s | pgbench TPC-B (3000) | 0.05x |"), "{md}");
+        assert!(md.contains("| a <b> | 4 | 3.00 ms |"), "{md}");
+        let svg = svg(&r.latencies);
+        assert_eq!(svg.matches("<polyline").count(), 1);
+        assert!(svg.contains("a &lt;b&gt;") && svg.contains("100 ms"), "{svg}");
+    }
+
+    #[test]
+    fn a_benchmarks_defaults_parse_and_overrides_apply() {
+        let a: crate::bench_capacity::CapacityBench = defaults(&["--nodes", "100"]).unwrap();
+        assert!(format!("{a:?}").contains("nodes: [100]"), "{a:?}");
+        assert!(defaults::<crate::bench_capacity::CapacityBench>(&["--no-such-flag"]).is_err());
+    }
+}

@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use better_compute_core::seeded::Rng;
 use better_compute_capacity::reservations::{self, CreateReservation, GpuRequest};
 use better_compute_capacity::{invariants, mode, quota, Caller};
 use better_compute_core::time::{parse_rfc3339, rfc3339};
@@ -27,20 +28,6 @@ const GPUS: usize = 8;
 const CONNECTIONS: usize = 16;
 const TENANTS: [&str; 3] = ["ten_a", "ten_b", "ten_c"];
 
-/// SplitMix64: small, seedable, good enough to pick operations.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 fn node_mode(i: usize) -> GpuMode {
     match i {

@@ -89,7 +89,8 @@ pub async fn run(b: GatewayBench) -> anyhow::Result<()> {
     let registry = crate::registry()?;
     let mut db = better_compute_db::pool::connect(&conn).await?;
     better_compute_db::migrate(&mut db, &registry.migrations()).await?;
-    scratch.tpcb(8, 5)?;
+    let tpcb = scratch.tpcb(8, 5)?;
+    let baseline = Some(("pgbench TPC-B, 8 clients", tpcb));
 
     let n = b.sessions;
     println!("seeding {n} nodes and signing {n} node certificates…");
@@ -226,7 +227,7 @@ pub async fn run(b: GatewayBench) -> anyhow::Result<()> {
         "KiB",
         None,
     );
-    crate::bench_report::figure("gateway", "sessions opened (mTLS handshake to Welcome)", open as f64 / opened.as_secs_f64(), "/s", None);
+    crate::bench_report::figure("gateway", "sessions opened (mTLS handshake to Welcome, one transaction each)", open as f64 / opened.as_secs_f64(), "/s", baseline);
 
     // Latency: commands at a steady rate (a fifth of the target first, then the target), each to
     // a node chosen round-robin; from the enqueue's commit to the simulated daemon receiving it.
@@ -256,7 +257,9 @@ pub async fn run(b: GatewayBench) -> anyhow::Result<()> {
         n as f64 / recomputed.as_secs_f64()
     );
     let _ = converged;
-    crate::bench_report::figure("gateway", format!("convergence: {n} nodes apply one change to every node"), start.elapsed().as_secs_f64(), "s", None);
+    let took_s = start.elapsed().as_secs_f64();
+    crate::bench_report::figure("gateway", format!("convergence: {n} nodes apply one change to every node"), took_s, "s", None);
+    crate::bench_report::figure("gateway", "convergence: nodes applied per second", n as f64 / took_s, "/s", baseline);
     stop.send(true)?;
     for s in sessions {
         let _ = tokio::time::timeout(Duration::from_secs(5), s).await;

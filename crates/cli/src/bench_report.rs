@@ -190,7 +190,7 @@ fn versions() -> Vec<(String, String)> {
     let bin = |name: &str| pg.as_ref().map(|b| b.bindir().join(name).display().to_string()).unwrap_or_else(|| name.to_owned());
     vec![
         ("better-compute".into(), env!("CARGO_PKG_VERSION").into()),
-        ("commit".into(), first_line("git", &["rev-parse", "--short", "HEAD"]).unwrap_or_else(|| "unknown".into())),
+        ("commit".into(), first_line("git", &["describe", "--always", "--dirty"]).unwrap_or_else(|| "unknown".into())),
         ("postgres".into(), first_line(&bin("postgres"), &["--version"]).unwrap_or_default()),
         ("pgbench".into(), first_line(&bin("pgbench"), &["--version"]).unwrap_or_default()),
         ("rustc".into(), first_line("rustc", &["--version"]).unwrap_or_default()),

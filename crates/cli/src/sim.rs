@@ -18,6 +18,7 @@ use better_compute_capacity::{invariants, mode, quota, Caller};
 use better_compute_core::ErrorCode;
 use better_compute_db::launcher::{Cluster, ClusterOptions};
 use better_compute_db::pgbouncer::PgBouncer;
+use better_compute_core::seeded::Rng;
 use better_compute_nodes::actions;
 use better_compute_nodes::commands::{self, NewCommand};
 use better_compute_nodes::layout::GpuMode;
@@ -124,20 +125,6 @@ fn parse_seeds(s: &str) -> anyhow::Result<std::ops::RangeInclusive<u64>> {
     Ok(a..=b)
 }
 
-/// SplitMix64: small and seedable.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
 
 const TENANTS: [&str; 3] = ["ten_sim_a", "ten_sim_b", "ten_sim_c"];
 const MODEL: &str = "H100-80GB";

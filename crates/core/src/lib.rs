@@ -5,6 +5,7 @@
 pub mod error;
 pub mod id;
 pub mod lease;
+pub mod seeded;
 pub mod page;
 pub mod state;
 pub mod time;

@@ -77,23 +77,37 @@ pub async fn start(
         let backend = better_compute_daemon::backend::open(gpus, &name)?;
         let (reboot_tx, reboot_rx) = mpsc::channel(1);
         cfg.reboot = RebootHook::Callback(Arc::new(move |_| {
-            let _ = reboot_tx.try_send(());
+            let _ = reboot_tx.try_send(Crash::Reboot);
         }));
         let d = Daemon::start(cfg.clone(), backend.clone()).await.with_context(|| format!("{name} could not start"))?;
         node_ids.push(d.node_id());
         cfg.join_token = None;
-        tasks.push(tokio::spawn(supervise(d, cfg, backend, reboot_rx, format!("dev-{boot}"), shutdown.clone())));
+        // The machine goes down with the daemon and comes back two seconds later with a new boot id.
+        tasks.push(tokio::spawn(supervise(d, cfg, backend, reboot_rx, format!("dev-{boot}"), Duration::from_secs(2), shutdown.clone())));
     }
     Ok(DevFleet { node_ids, tasks })
 }
 
-/// Runs one simulated machine: its daemon, and after a reboot a new daemon with a new boot id.
-async fn supervise(
+/// How a simulated node's daemon goes down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Crash {
+    /// The daemon process dies and comes back: same journal, same boot.
+    Restart,
+    /// The daemon comes back with its journal gone (a reinstalled node).
+    WipedJournal,
+    /// The machine reboots: a new boot id (`<boot_prefix>-<n>`).
+    Reboot,
+}
+
+/// Runs one simulated machine's daemon; after a crash, starts it again `down` later the way the
+/// crash says, until `shutdown`.
+pub(crate) async fn supervise(
     mut daemon: Arc<Daemon>,
     mut cfg: DaemonConfig,
     backend: Arc<dyn GpuBackend>,
-    mut reboots: mpsc::Receiver<()>,
+    mut crashes: mpsc::Receiver<Crash>,
     boot_prefix: String,
+    down: Duration,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut boot = 1;
@@ -103,23 +117,32 @@ async fn supervise(
         tokio::select! {
             _ = async { let _ = shutdown.wait_for(|s| *s).await; } => {
                 let _ = stop.send(true);
-                let _ = task.await;
+                let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
                 return;
             }
-            _ = reboots.recv() => {
-                // The machine goes down: the daemon dies with it, and comes back with a new boot id.
+            how = crashes.recv() => {
+                let Some(how) = how else { return };
                 task.abort();
                 let _ = task.await;
                 drop(daemon);
-                tokio::time::sleep(Duration::from_secs(2)).await;
-                boot += 1;
-                cfg.boot_id = format!("{boot_prefix}-{boot}");
+                tokio::time::sleep(down).await;
+                if how == Crash::WipedJournal {
+                    let _ = std::fs::remove_file(cfg.state_dir.join("journal.redb"));
+                }
+                if how == Crash::Reboot {
+                    boot += 1;
+                    cfg.boot_id = format!("{boot_prefix}-{boot}");
+                }
                 loop {
                     match Daemon::start(cfg.clone(), backend.clone()).await {
                         Ok(d) => { daemon = d; break; }
                         // The old daemon's journal may still be closing.
-                        Err(e) => { tracing::warn!(error = %e, "simulated node could not start again yet"); tokio::time::sleep(Duration::from_millis(500)).await; }
+                        Err(e) => {
+                            tracing::debug!(error = %e, "simulated node could not start again yet");
+                            tokio::time::sleep(Duration::from_millis(200)).await;
+                        }
                     }
+                    if *shutdown.borrow() { return; }
                 }
             }
         }

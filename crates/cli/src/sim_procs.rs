@@ -11,7 +11,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context;
-use better_compute_daemon::backend::GpuBackend;
+pub use crate::dev_fleet::Crash;
+use crate::dev_fleet::supervise;
 use better_compute_daemon::{Daemon, DaemonConfig, HostResources, RebootHook};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
@@ -174,17 +175,6 @@ impl Proxy {
     }
 }
 
-/// How a simulated node's daemon goes down.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Crash {
-    /// The daemon process dies and comes back: same journal, same boot.
-    Restart,
-    /// The daemon comes back with its journal gone (a reinstalled node).
-    WipedJournal,
-    /// The machine reboots: a new boot id.
-    Reboot,
-}
-
 /// Every `node.reboot` a daemon started, by the command's reason (unique per command): a
 /// command that is not retry-safe must appear at most once.
 pub type RebootLog = Arc<Mutex<HashMap<String, u32>>>;
@@ -250,50 +240,6 @@ pub async fn start_node(
     let d = Daemon::start(cfg.clone(), backend.clone()).await.with_context(|| format!("{name} could not start"))?;
     let node_id = d.node_id();
     cfg.join_token = None;
-    tokio::spawn(supervise(d, cfg, backend, crash_rx, shutdown));
+    tokio::spawn(supervise(d, cfg, backend, crash_rx, format!("{name}-boot"), Duration::from_millis(300), shutdown));
     Ok(SimNode { node_id, crash: crash_tx })
-}
-
-/// Runs one node's daemon; after a crash, starts it again the way the crash says.
-async fn supervise(
-    mut daemon: Arc<Daemon>,
-    mut cfg: DaemonConfig,
-    backend: Arc<dyn GpuBackend>,
-    mut crashes: mpsc::Receiver<Crash>,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    let mut boot = 1;
-    loop {
-        let (stop, stopped) = watch::channel(false);
-        let task = tokio::spawn(daemon.clone().run(stopped));
-        tokio::select! {
-            _ = async { let _ = shutdown.wait_for(|s| *s).await; } => {
-                let _ = stop.send(true);
-                let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
-                return;
-            }
-            how = crashes.recv() => {
-                let Some(how) = how else { return };
-                task.abort();
-                let _ = task.await;
-                drop(daemon);
-                tokio::time::sleep(Duration::from_millis(300)).await;
-                if how == Crash::WipedJournal {
-                    let _ = std::fs::remove_file(cfg.state_dir.join("journal.redb"));
-                }
-                if how == Crash::Reboot {
-                    boot += 1;
-                    cfg.boot_id = format!("{}-boot-{boot}", cfg.node_name);
-                }
-                loop {
-                    match Daemon::start(cfg.clone(), backend.clone()).await {
-                        Ok(d) => { daemon = d; break; }
-                        // The old daemon's journal may still be closing.
-                        Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
-                    }
-                    if *shutdown.borrow() { return; }
-                }
-            }
-        }
-    }
 }

@@ -45,6 +45,8 @@ impl PgBouncer {
         cluster.private_dir(dir)?;
         let log = dir.join("pgbouncer.log");
         let ini = dir.join("pgbouncer.ini");
+        // server_login_retry = 1: after PostgreSQL restarts (the simulator crashes it), logins are
+        // retried after 1 s instead of every client being refused for the default 15 s.
         let text = format!(
             "[databases]\n\
              * = host={pg} user={SUPERUSER}\n\
@@ -57,6 +59,7 @@ impl PgBouncer {
              default_pool_size = {pool_size}\n\
              max_client_conn = 2000\n\
              ignore_startup_parameters = extra_float_digits,options\n\
+             server_login_retry = 1\n\
              logfile = {log}\n\
              log_connections = 0\n\
              log_disconnections = 0\n",

@@ -9,6 +9,7 @@ use better_compute_capacity::reservations::{self, CreateReservation, GpuRequest}
 use better_compute_core::Caller;
 
 use crate::bench::Scratch;
+use crate::bench_report::pct_ms;
 
 /// Options of `better-compute bench api`.
 #[derive(Debug, clap::Args)]
@@ -58,12 +59,8 @@ where
     (rate, all)
 }
 
-fn pct(l: &[Duration], p: f64) -> f64 {
-    l.get(((l.len() as f64 - 1.0) * p) as usize).map(|d| d.as_secs_f64() * 1000.0).unwrap_or(0.0)
-}
-
 fn line(what: &str, (rate, l): &(f64, Vec<Duration>)) {
-    println!("{what:<40} {rate:>8.0} req/s   p50 {:>6.2} ms   p99 {:>6.2} ms", pct(l, 0.5), pct(l, 0.99));
+    println!("{what:<40} {rate:>8.0} req/s   p50 {:>6.2} ms   p99 {:>6.2} ms", pct_ms(l, 0.5), pct_ms(l, 0.99));
     crate::bench_report::latencies(format!("api: {what}"), l);
 }
 
@@ -71,7 +68,7 @@ fn line(what: &str, (rate, l): &(f64, Vec<Duration>)) {
 fn record(what: &str, http: &(f64, Vec<Duration>), in_process: &(f64, Vec<Duration>)) {
     println!("  HTTP/in-process: {:.2}x", http.0 / in_process.0);
     crate::bench_report::figure("api", format!("{what} over HTTP"), http.0, "req/s", Some((&format!("{what} in-process"), in_process.0)));
-    crate::bench_report::figure("api", format!("{what} over HTTP, p99"), pct(&http.1, 0.99), "ms", Some((&format!("{what} in-process, p99"), pct(&in_process.1, 0.99))));
+    crate::bench_report::figure("api", format!("{what} over HTTP, p99"), pct_ms(&http.1, 0.99), "ms", Some((&format!("{what} in-process, p99"), pct_ms(&in_process.1, 0.99))));
 }
 
 /// A reservation request; both paths carry an idempotency key, as the API requires.

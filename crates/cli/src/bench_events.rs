@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use better_compute_runtime::outbox::{self, NewEvent};
 
 use crate::bench::Scratch;
+use crate::bench_report::pct_ms;
 
 /// Options of `better-compute bench events`.
 #[derive(Debug, clap::Args)]
@@ -21,10 +22,6 @@ pub struct EventsBench {
     /// Concurrent writers.
     #[arg(long, default_value_t = 4)]
     writers: usize,
-}
-
-fn pct(l: &[Duration], p: f64) -> f64 {
-    l.get(((l.len() as f64 - 1.0) * p) as usize).map(|d| d.as_secs_f64() * 1000.0).unwrap_or(0.0)
 }
 
 /// Runs the benchmark.
@@ -116,8 +113,8 @@ pub async fn run(b: EventsBench) -> anyhow::Result<()> {
         "delivered {} events to watch streams: {:.0} events/s in all; commit to SSE client p50 {:.1} ms, p99 {:.1} ms",
         lat.len(),
         lat.len() as f64 / all_s,
-        pct(&lat, 0.5),
-        pct(&lat, 0.99)
+        pct_ms(&lat, 0.5),
+        pct_ms(&lat, 0.99)
     );
     crate::bench_report::figure(
         "events",
@@ -126,7 +123,7 @@ pub async fn run(b: EventsBench) -> anyhow::Result<()> {
         "/s",
         Some((&format!("pgbench TPC-B, {} clients", b.writers), tpcb)),
     );
-    crate::bench_report::figure("events", "commit to SSE client, p99", pct(&lat, 0.99), "ms", None);
+    crate::bench_report::figure("events", "commit to SSE client, p99", pct_ms(&lat, 0.99), "ms", None);
     crate::bench_report::latencies("event: commit to SSE client", &lat);
     stop.send(true)?;
     Ok(())

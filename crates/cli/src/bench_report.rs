@@ -49,6 +49,11 @@ pub(crate) fn figure(bench: &str, name: impl Into<String>, value: f64, unit: &st
     FIGURES.lock().expect("figures").push(Figure { bench: bench.into(), name: name.into(), value, unit: unit.into(), baseline });
 }
 
+/// The `p` quantile of sorted latencies, in milliseconds (0 when there are none).
+pub(crate) fn pct_ms(sorted: &[Duration], p: f64) -> f64 {
+    sorted.get(((sorted.len() as f64 - 1.0) * p) as usize).map(|d| d.as_secs_f64() * 1000.0).unwrap_or(0.0)
+}
+
 /// Records a latency distribution (any order) for the chart.
 pub(crate) fn latencies(name: impl Into<String>, samples: &[Duration]) {
     let mut ms: Vec<f64> = samples.iter().map(|d| d.as_secs_f64() * 1e3).collect();

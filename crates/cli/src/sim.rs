@@ -186,7 +186,7 @@ struct Tally {
     unavailable: AtomicU64,
     commands: AtomicU64,
     faults: Mutex<HashMap<&'static str, u32>>,
-    /// Per fault interval: placements and succeeded commands seen (for --liveness).
+    /// Placements in the current fault interval (intervals without one are counted in the summary).
     interval_placed: AtomicU64,
 }
 
@@ -341,9 +341,7 @@ impl Sim {
                 idle_intervals += 1;
             }
             // The invariants hold at every moment, not only at the end: stop at the first violation.
-            if db.is_closed() {
-                *db = better_compute_db::pool::connect(&self.direct_conn).await?;
-            }
+            self.reconnect(db).await?;
             match self.check(db, &initial_modes).await {
                 Ok(found) => violations.extend(found),
                 Err(e) => tracing::debug!(error = %e, "a check during the run could not read the database (a fault); next interval"),
@@ -371,9 +369,7 @@ impl Sim {
             p.set_cut(false);
         }
         if violations.is_empty() {
-            if db.is_closed() {
-                *db = better_compute_db::pool::connect(&self.direct_conn).await?;
-            }
+            self.reconnect(db).await?;
             violations.extend(self.converge(db, &fleet_nodes).await?);
         }
         if violations.is_empty() {
@@ -405,6 +401,14 @@ impl Sim {
                 self.reboots.lock().expect("reboots").len(),
             ),
         })
+    }
+
+    /// A new direct connection for the checks when a fault (PostgreSQL restarted) closed the old one.
+    async fn reconnect(&self, db: &mut tokio_postgres::Client) -> anyhow::Result<()> {
+        if db.is_closed() {
+            *db = better_compute_db::pool::connect(&self.direct_conn).await?;
+        }
+        Ok(())
     }
 
     /// What every connection was doing when the violation was found, for whoever reads the logs:
@@ -775,9 +779,7 @@ impl Sim {
         let deadline = Instant::now() + Duration::from_secs(self.args.heal_timeout_s);
         loop {
             let mut wrong = Vec::new();
-            if db.is_closed() {
-                *db = better_compute_db::pool::connect(&self.direct_conn).await?;
-            }
+            self.reconnect(db).await?;
             for r in db
                 .query(
                     "SELECT n.id, n.generation, n.observed_generation, n.liveness,

@@ -36,15 +36,13 @@ UPDATE leases SET expires_at = compute_now() + make_interval(secs => $4)
 RETURNING compute_now()";
 
 /// The fence: the first statement of every fenced transaction. The row lock is what fences. It
-/// also names the lease and epoch in the transaction-local setting [`FENCE_SETTING`], so an audit
-/// (the simulator's stale-epoch check) can tell which epoch each write was made under.
+/// also names the lease and epoch (`<name>@<epoch>`) in the transaction-local setting
+/// `better_compute.fence`, so an audit (the simulator's stale-epoch check) can tell which epoch
+/// each write was made under.
 const FENCE_SQL: &str = "
 SELECT set_config('better_compute.fence', name || '@' || epoch, true) FROM leases
  WHERE name = $1 AND owner = $2 AND epoch = $3 AND expires_at > compute_now()
    FOR SHARE";
-
-/// The transaction-local setting a fenced transaction carries: `<lease name>@<epoch>`.
-pub const FENCE_SETTING: &str = "better_compute.fence";
 
 /// A deliberately broken fence, for the test that proves the simulator's stale-epoch check can
 /// fail: it names the lease and epoch but checks and locks nothing.

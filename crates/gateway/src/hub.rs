@@ -47,10 +47,10 @@ impl Session {
         }
     }
 
-    /// Resolves once the session was ended (see [`Session::end`]).
-    pub async fn ended(&self) {
-        let mut rx = self.ended.subscribe();
-        let _ = rx.wait_for(|e| *e).await;
+    /// Watches for the session's end (see [`Session::end`]): `wait_for(|e| *e)` resolves once it
+    /// ended, also if it already had.
+    pub fn ended(&self) -> watch::Receiver<bool> {
+        self.ended.subscribe()
     }
 
     /// The daemon said something.

@@ -195,6 +195,7 @@ const BATCH: usize = 64;
 /// then closes it (a superseded session closes nothing).
 async fn read_session(inner: Arc<Inner>, node: String, s: Arc<Session>, mut inbound: Streaming<DaemonMessage>) {
     use futures_util::{FutureExt, StreamExt};
+    let mut ended = s.ended();
     let reason = 'session: loop {
         let mut batch = Vec::new();
         tokio::select! {
@@ -204,7 +205,7 @@ async fn read_session(inner: Arc<Inner>, node: String, s: Arc<Session>, mut inbo
                 Some(Err(_)) => break "transport-error",
             },
             // The hub let the session go: closed underneath, superseded, or the lease was lost.
-            () = s.ended() => break "ended-by-gateway",
+            _ = ended.wait_for(|e| *e) => break "ended-by-gateway",
         }
         // Whatever else has already arrived joins the batch (without waiting for more).
         let mut ended = None;

@@ -19,8 +19,10 @@ use better_compute_db::Migration;
 use better_compute_runtime::{Kind, Reconciler, ShardBy, Sink};
 
 /// The capacity module's migrations.
-pub const CAPACITY_MIGRATIONS: &[Migration] =
-    &[Migration { module: "capacity", name: "0001_capacity", sql: include_str!("migrations/capacity/0001_capacity.sql") }];
+pub const CAPACITY_MIGRATIONS: &[Migration] = &[
+    Migration { module: "capacity", name: "0001_capacity", sql: include_str!("migrations/capacity/0001_capacity.sql") },
+    Migration { module: "capacity", name: "0002_placer", sql: include_str!("migrations/capacity/0002_placer.sql") },
+];
 
 /// Moves a reservation through time (start, end) and retries it while pending; key: reservation
 /// id. One key per reservation, so reservations never contend on a shared queue row.

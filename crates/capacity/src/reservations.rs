@@ -298,7 +298,7 @@ async fn emit(tx: &impl GenericClient, v: &ReservationView, tenant_id: &str, eve
 /// reservation pending with an `Unschedulable` condition, retried every 30 s.
 pub async fn create(client: &mut Client, caller: Caller<'_>, req: &CreateReservation) -> Result<ReservationView, Error> {
     let d = demand(req)?;
-    let mut tx = client.transaction().await.map_err(DbError::from)?;
+    let tx = client.transaction().await.map_err(DbError::from)?;
     let request = serde_json::to_value(req).expect("request serializes");
     let scope = req.idempotency_key.as_deref().map(|key| IdempotencyScope { tenant_id: caller.tenant_id, identity_id: caller.identity_id, key });
     if let Some(scope) = scope {
@@ -313,7 +313,7 @@ pub async fn create(client: &mut Client, caller: Caller<'_>, req: &CreateReserva
     quota::charge(&tx, caller.tenant_id, &charge).await?;
     check_pool_can_fit(&tx, &d).await?;
     let id = ReservationId::generate().to_string();
-    let placement = placer::place(&mut tx, &d, &id, &during).await?;
+    let placement = placer::place(&tx, &d, &id, &during).await?;
     let (state, node_id, unschedulable) = match &placement {
         Placement::Placed { node_id, .. } => ("placed", Some(node_id.clone()), None),
         Placement::Unschedulable { reason, message } => {
@@ -337,7 +337,7 @@ pub async fn create(client: &mut Client, caller: Caller<'_>, req: &CreateReserva
     .await
     .map_err(DbError::from)?;
     let event = if state == "placed" { "reservation.placed" } else { "reservation.pending" };
-    let v = after_change(&tx, caller.tenant_id, &id, node_id.as_deref(), event).await?;
+    let v = after_change(&tx, caller.tenant_id, &id, node_id.as_deref(), event, None).await?;
     if let Some(scope) = scope {
         idempotency::complete(&tx, scope, &serde_json::to_value(&v).expect("view serializes")).await?;
     }
@@ -346,21 +346,35 @@ pub async fn create(client: &mut Client, caller: Caller<'_>, req: &CreateReserva
     Ok(v)
 }
 
-/// The shared tail of every change: the outbox event, the node's desired state, and a wake-up of
-/// the reservation's own reconciler key (which arms its timers). Callers poke after commit.
+/// The shared tail of every change: for a reservation that `ended`, its scalars and idle atoms
+/// given back; then the outbox event, the node's desired state and a wake-up of the reservation's
+/// own reconciler key (which arms its timers). Callers poke after commit. It comes last because the
+/// node's rows it locks (counters, the node's desired-state key) are the placer's hottest, held to
+/// commit. The last three writes go out pipelined, in one round trip: they need nothing from each
+/// other, and only one of them (the node's key) is a row other transactions lock, so the order
+/// they go out in cannot matter.
 async fn after_change(
     tx: &Transaction<'_>,
     tenant_id: &str,
     id: &str,
     node_id: Option<&str>,
     event_type: &str,
+    ended: Option<&Locked>,
 ) -> Result<ReservationView, DbError> {
     let v = view(tx, tenant_id, id).await?;
-    emit(tx, &v, tenant_id, event_type).await?;
-    if let Some(node) = node_id {
-        desired::invalidate(tx, node).await?;
+    if let Some(l) = ended {
+        give_back_scalars(tx, id, l).await?;
     }
-    work_queue::enqueue(tx, &RESERVATIONS_KIND, id).await?;
+    tokio::try_join!(
+        emit(tx, &v, tenant_id, event_type),
+        async {
+            match node_id {
+                Some(node) => desired::invalidate(tx, node).await,
+                None => Ok(()),
+            }
+        },
+        work_queue::enqueue(tx, &RESERVATIONS_KIND, id),
+    )?;
     Ok(v)
 }
 
@@ -421,6 +435,8 @@ struct Locked {
     version: i64,
     node_id: Option<String>,
     charge: Charge,
+    /// vCPU, memory and disk, given back to the node when it ends.
+    scalars: (i32, i64, i64),
 }
 
 /// Locks the reservation row first (before quota and the rest of the lock order).
@@ -439,6 +455,7 @@ async fn lock(tx: &impl GenericClient, tenant_id: &str, id: &str) -> Result<Lock
         version: r.get(1),
         node_id: r.get(2),
         charge: Charge::of(&kind, r.get::<_, i32>(4) as i64, r.get::<_, i32>(5) as i64, r.get(6), r.get(7)),
+        scalars: (r.get(5), r.get(6), r.get(7)),
     })
 }
 
@@ -459,41 +476,51 @@ async fn set_state(tx: &impl GenericClient, id: &str, l: &Locked, to: Reservatio
     Ok(())
 }
 
-/// Gives back everything a reservation holds from now on: quota first, then the future part of
-/// its bookings, then its scalars.
-async fn give_back(tx: &impl GenericClient, id: &str, tenant_id: &str, l: &Locked) -> Result<(), DbError> {
+/// Gives back what a reservation holds from now on, first part: quota first, then the future
+/// part of its bookings (deleted) and the current one (cut at now), in one statement. Its scalars
+/// and idle atoms go back in [`after_change`], last, as they lock the node's hottest rows.
+async fn give_back_quota_and_bookings(tx: &impl GenericClient, id: &str, tenant_id: &str, l: &Locked) -> Result<(), DbError> {
+    // Quota first, as every release: the lock order's first table.
     quota::refund(tx, tenant_id, &l.charge).await?;
-    tx.execute("DELETE FROM device_bookings WHERE allocation_id = $1 AND lower(during) >= compute_now()", &[&id]).await?;
+    // The two touch disjoint rows: those starting from now on, and those started before.
     tx.execute(
-        "UPDATE device_bookings SET during = tstzrange(lower(during), compute_now(), '[)')
-          WHERE allocation_id = $1 AND during @> compute_now()",
+        "WITH future AS (DELETE FROM device_bookings WHERE allocation_id = $1 AND lower(during) >= compute_now())
+         UPDATE device_bookings SET during = tstzrange(lower(during), compute_now(), '[)')
+          WHERE allocation_id = $1 AND during @> compute_now() AND lower(during) < compute_now()",
         &[&id],
     )
     .await?;
-    if let (Some(node), true) = (&l.node_id, matches!(l.state, ReservationState::Placed | ReservationState::Active)) {
-        let r = tx
-            .query_one("SELECT vcpu, memory_mib, disk_gib FROM reservations WHERE id = $1", &[&id])
-            .await?;
-        tx.execute(
-            "UPDATE node_resources SET vcpu_allocated = vcpu_allocated - $2, memory_mib_allocated = memory_mib_allocated - $3,
-                    disk_gib_allocated = disk_gib_allocated - $4
-              WHERE node_id = $1",
-            &[node, &r.get::<_, i32>(0), &r.get::<_, i64>(1), &r.get::<_, i64>(2)],
-        )
-        .await?;
-        // The reservation's atoms that now have nothing booked from now on are idle again.
-        tx.execute(
-            "UPDATE node_atom_counts c SET idle = LEAST(c.total, c.idle + (
-                SELECT count(DISTINCT b.device_id) FROM device_bookings b
-                 WHERE b.allocation_id = $2
-                   AND NOT EXISTS (SELECT 1 FROM device_bookings o WHERE o.device_id = b.device_id AND upper(o.during) > compute_now())))
-               FROM reservations r
-              WHERE r.id = $2 AND c.node_id = $1 AND c.kind = r.gpu_kind AND c.model = r.gpu_model
-                AND c.profile = coalesce(r.mig_profile, '')",
-            &[node, &id],
-        )
-        .await?;
-    }
+    Ok(())
+}
+
+/// Gives back what a reservation holds from now on, last part: the scalars it took on its node and
+/// its atoms that now have nothing booked from now on (idle again). Lock order: node_resources,
+/// then node_atom_counts.
+async fn give_back_scalars(tx: &impl GenericClient, id: &str, l: &Locked) -> Result<(), DbError> {
+    let (Some(node), true) = (&l.node_id, matches!(l.state, ReservationState::Placed | ReservationState::Active)) else {
+        return Ok(());
+    };
+    let (vcpu, memory_mib, disk_gib) = l.scalars;
+    // One after the other, never pipelined: pipelined statements may go out in either order, and
+    // these two rows are locked by every placement and release on the node, in this order.
+    tx.execute(
+        "UPDATE node_resources SET vcpu_allocated = vcpu_allocated - $2, memory_mib_allocated = memory_mib_allocated - $3,
+                disk_gib_allocated = disk_gib_allocated - $4
+          WHERE node_id = $1",
+        &[node, &vcpu, &memory_mib, &disk_gib],
+    )
+    .await?;
+    tx.execute(
+        "UPDATE node_atom_counts c SET idle = LEAST(c.total, c.idle + (
+            SELECT count(DISTINCT b.device_id) FROM device_bookings b
+             WHERE b.allocation_id = $2
+               AND NOT EXISTS (SELECT 1 FROM device_bookings o WHERE o.device_id = b.device_id AND upper(o.during) > compute_now())))
+           FROM reservations r
+          WHERE r.id = $2 AND c.node_id = $1 AND c.kind = r.gpu_kind AND c.model = r.gpu_model
+            AND c.profile = coalesce(r.mig_profile, '')",
+        &[node, &id],
+    )
+    .await?;
     Ok(())
 }
 
@@ -507,9 +534,9 @@ pub async fn release(client: &mut Client, caller: Caller<'_>, id: &str) -> Resul
         tx.commit().await.map_err(DbError::from)?;
         return Ok(v);
     }
-    give_back(&tx, id, caller.tenant_id, &l).await?;
+    give_back_quota_and_bookings(&tx, id, caller.tenant_id, &l).await?;
     set_state(&tx, id, &l, ReservationState::Released).await?;
-    let v = after_change(&tx, caller.tenant_id, id, l.node_id.as_deref(), "reservation.released").await?;
+    let v = after_change(&tx, caller.tenant_id, id, l.node_id.as_deref(), "reservation.released", Some(&l)).await?;
     tx.commit().await.map_err(DbError::from)?;
     work_queue::poke(&*client).await;
     Ok(v)
@@ -591,7 +618,7 @@ pub async fn extend(
     if n == 0 {
         return Err(Error::conflict(format!("reservation {id} changed concurrently; retry")));
     }
-    let v = after_change(&tx, caller.tenant_id, id, l.node_id.as_deref(), "reservation.extended").await?;
+    let v = after_change(&tx, caller.tenant_id, id, l.node_id.as_deref(), "reservation.extended", None).await?;
     if let Some(scope) = scope {
         idempotency::complete(&tx, scope, &serde_json::to_value(&v).expect("view serializes")).await?;
     }
@@ -637,18 +664,19 @@ pub async fn step(tx: &mut Transaction<'_>, id: &str) -> Result<Step, DbError> {
         version: r.get(16),
         node_id: r.get(17),
         charge: Charge::of(&kind, r.get::<_, i32>(10) as i64, r.get::<_, i32>(11) as i64, r.get(12), r.get(13)),
+        scalars: (r.get(11), r.get(12), r.get(13)),
     };
     let (ended, started, retry_due): (bool, bool, bool) = (r.get(2), r.get(3), r.get(4));
     match l.state {
         ReservationState::Placed | ReservationState::Active | ReservationState::Pending if ended => {
-            give_back(&*tx, id, &tenant_id, &l).await?;
+            give_back_quota_and_bookings(&*tx, id, &tenant_id, &l).await?;
             set_state(&*tx, id, &l, ReservationState::Expired).await?;
-            after_change(tx, &tenant_id, id, l.node_id.as_deref(), "reservation.expired").await?;
+            after_change(tx, &tenant_id, id, l.node_id.as_deref(), "reservation.expired", Some(&l)).await?;
             Ok(Step::Expired)
         }
         ReservationState::Placed if started => {
             set_state(&*tx, id, &l, ReservationState::Active).await?;
-            after_change(tx, &tenant_id, id, l.node_id.as_deref(), "reservation.active").await?;
+            after_change(tx, &tenant_id, id, l.node_id.as_deref(), "reservation.active", None).await?;
             Ok(Step::Activated)
         }
         ReservationState::Pending if retry_due => {
@@ -682,7 +710,7 @@ pub async fn step(tx: &mut Transaction<'_>, id: &str) -> Result<Step, DbError> {
                         &[&id, &l.version, &node_id, &during],
                     )
                     .await?;
-                    after_change(tx, &tenant_id, id, Some(&node_id), "reservation.placed").await?;
+                    after_change(tx, &tenant_id, id, Some(&node_id), "reservation.placed", None).await?;
                     Ok(Step::Placed)
                 }
                 Placement::Unschedulable { reason, message } => {

@@ -22,6 +22,9 @@ pub struct CapacityBench {
     /// Fleet sizes, in nodes of 8 GPUs.
     #[arg(long, value_delimiter = ',', default_value = "1000,10000")]
     nodes: Vec<usize>,
+    /// Percent of requests aimed at the few hot nodes (by node selector).
+    #[arg(long, default_value_t = 20)]
+    hot_percent: u64,
     /// Seconds pgbench runs.
     #[arg(long, default_value_t = 10)]
     pgbench_seconds: u32,
@@ -90,7 +93,7 @@ fn rand_below(n: u64) -> u64 {
     u64::from_le_bytes(b) % n
 }
 
-async fn placements_per_second(conn: &str, clients: usize, total: usize) -> anyhow::Result<(f64, Arc<Outcomes>)> {
+async fn placements_per_second(conn: &str, clients: usize, total: usize, hot_percent: u64) -> anyhow::Result<(f64, Arc<Outcomes>)> {
     let next = Arc::new(AtomicUsize::new(0));
     let outcomes = Arc::new(Outcomes::default());
     let mut conns = Vec::new();
@@ -121,8 +124,8 @@ async fn placements_per_second(conn: &str, clients: usize, total: usize) -> anyh
                     tolerations: vec![],
                     idempotency_key: None,
                 };
-                // A fifth of the requests aim at the few hot nodes.
-                if rand_below(5) == 0 {
+                // Some requests (a fifth by default) aim at the few hot nodes.
+                if rand_below(100) < hot_percent {
                     req.node_selector.insert("hot".into(), serde_json::json!("yes"));
                 }
                 match reservations::create(&mut c, me, &req).await {
@@ -169,13 +172,14 @@ pub async fn run(b: CapacityBench) -> anyhow::Result<()> {
     for nodes in &b.nodes {
         println!("seeding {nodes} nodes x 8 GPUs…");
         seed(&db, *nodes).await?;
-        let (rate, o) = placements_per_second(&conn, b.clients, b.placements).await?;
+        let (rate, o) = placements_per_second(&conn, b.clients, b.placements, b.hot_percent).await?;
         let failed = o.failed.load(Ordering::Relaxed);
         let lost = o.pending_on_conflicts.load(Ordering::Relaxed);
         println!(
-            "{nodes} nodes x 8 GPUs, {} clients, 20% aimed at {HOT_NODES} hot nodes: {rate:.0} placements/s ({:.2}x pgbench TPC-B); \
+            "{nodes} nodes x 8 GPUs, {} clients, {}% aimed at {HOT_NODES} hot nodes: {rate:.0} placements/s ({:.2}x pgbench TPC-B); \
              placed {}, pending {} ({} of them after losing every race), errors {}; conflicts ending without a placement: {:.2}%{}",
             b.clients,
+            b.hot_percent,
             rate / tpcb,
             o.placed.load(Ordering::Relaxed),
             o.pending.load(Ordering::Relaxed),
@@ -204,6 +208,7 @@ pub async fn run(b: CapacityBench) -> anyhow::Result<()> {
     drop(db);
     if b.keep {
         println!("kept: psql -h {} -U postgres bench", scratch.cluster.options().socket_dir.display());
+        std::fs::write(scratch.root().join("keep"), b"")?;
         std::mem::forget(scratch);
     }
     Ok(())

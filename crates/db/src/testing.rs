@@ -85,12 +85,13 @@ fn remove_orphaned_runs() {
 }
 
 /// Starts a detached process that, once the process `run_pid` is gone, stops the cluster in
-/// `<root>/data` and removes `root`. It is in its own session, so the runner's timeouts and Ctrl-C
+/// `<root>/data` and removes `root`, unless a file `<root>/keep` exists by then. It is in its own session, so the runner's timeouts and Ctrl-C
 /// do not reach it. Test runs and benchmarks use it, so a killed one leaves no cluster behind.
 pub fn spawn_reaper(run_pid: i32, root: &std::path::Path) -> std::io::Result<()> {
     use std::os::unix::process::CommandExt;
     let script = r#"
         while kill -0 "$1" 2>/dev/null; do sleep 1; done
+        [ -e "$2/keep" ] && exit 0
         pm=$(head -n 1 "$2/data/postmaster.pid" 2>/dev/null)
         if [ -n "$pm" ]; then
           kill -QUIT "$pm" 2>/dev/null

@@ -15,6 +15,16 @@ LANGUAGE sql IMMUTABLE AS $$
                                            AND (o->>'value' IS NULL OR o->>'value' = t->>'value')))
 $$;
 
+-- The node eligibility rules, in one place: converged at least once, nothing in noScheduleReasons
+-- (cordoned, unreachable, lost, …), every taint tolerated. A single expression, so the planner
+-- inlines it into each query that calls it. Labels are matched by the callers that have a selector.
+CREATE FUNCTION capacity_node_takes(p_observed_generation bigint, p_no_schedule_reasons text[], p_taints jsonb,
+                                    p_tolerations jsonb) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+  SELECT p_observed_generation >= 1 AND cardinality(p_no_schedule_reasons) = 0
+     AND (jsonb_array_length(p_taints) = 0 OR capacity_tolerates(p_taints, p_tolerations))
+$$;
+
 -- Up to 8 candidate nodes for a demand, best first. Best fit: nodes with enough idle atoms, fewest
 -- first, to pack; otherwise nodes with enough atoms at all, most idle first (room under contention,
 -- and ranges in the future). Ties are broken by chance, so concurrent placers spread over the nodes
@@ -38,8 +48,8 @@ BEGIN
              WHERE n.pool_id = p_pool AND c.kind = p_kind AND c.model = p_model AND c.profile = p_profile
                AND CASE WHEN p_best_fit THEN c.idle ELSE c.total END >= p_count
                AND NOT (n.id = ANY(p_excluded))
-               AND n.labels @> p_selector AND n.observed_generation >= 1 AND cardinality(n.no_schedule_reasons) = 0
-               AND (jsonb_array_length(n.taints) = 0 OR capacity_tolerates(n.taints, p_tolerations))) s
+               AND n.labels @> p_selector
+               AND capacity_node_takes(n.observed_generation, n.no_schedule_reasons, n.taints, p_tolerations)) s
      WHERE s.o <= 8;
     RETURN;
   END IF;
@@ -55,8 +65,7 @@ BEGIN
                        ORDER BY a.idle, a.node_id LIMIT v_window) c
                 JOIN nodes n ON n.id = c.node_id
                WHERE NOT (c.node_id = ANY(p_excluded))
-                 AND n.observed_generation >= 1 AND cardinality(n.no_schedule_reasons) = 0
-                 AND (jsonb_array_length(n.taints) = 0 OR capacity_tolerates(n.taints, p_tolerations))
+                 AND capacity_node_takes(n.observed_generation, n.no_schedule_reasons, n.taints, p_tolerations)
                ORDER BY c.idle, r LIMIT 8) s;
     ELSE
       SELECT array_agg(s.node_id ORDER BY s.idle DESC, s.r), array_agg(s.idle ORDER BY s.idle DESC, s.r) INTO nodes, idles
@@ -67,8 +76,7 @@ BEGIN
                        ORDER BY a.idle DESC, a.node_id DESC LIMIT v_window) c
                 JOIN nodes n ON n.id = c.node_id
                WHERE NOT (c.node_id = ANY(p_excluded))
-                 AND n.observed_generation >= 1 AND cardinality(n.no_schedule_reasons) = 0
-                 AND (jsonb_array_length(n.taints) = 0 OR capacity_tolerates(n.taints, p_tolerations))
+                 AND capacity_node_takes(n.observed_generation, n.no_schedule_reasons, n.taints, p_tolerations)
                ORDER BY c.idle DESC, r LIMIT 8) s;
     END IF;
     EXIT WHEN coalesce(cardinality(nodes), 0) = 8;
@@ -134,9 +142,8 @@ BEGIN
       -- The node, FOR SHARE, with the eligibility rules rechecked under the lock: a cordon or taint
       -- that committed first is seen; one that comes later waits for us.
       PERFORM 1 FROM nodes n
-        WHERE n.id = v_node AND n.labels @> p_selector AND n.observed_generation >= 1
-          AND cardinality(n.no_schedule_reasons) = 0
-          AND (jsonb_array_length(n.taints) = 0 OR capacity_tolerates(n.taints, p_tolerations))
+        WHERE n.id = v_node AND n.labels @> p_selector
+          AND capacity_node_takes(n.observed_generation, n.no_schedule_reasons, n.taints, p_tolerations)
         FOR SHARE;
       IF NOT FOUND THEN
         RAISE EXCEPTION USING ERRCODE = 'BCRAC', MESSAGE = 'became ineligible';

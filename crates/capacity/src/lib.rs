@@ -22,6 +22,7 @@ use better_compute_runtime::{Kind, Reconciler, ShardBy, Sink};
 pub const CAPACITY_MIGRATIONS: &[Migration] = &[
     Migration { module: "capacity", name: "0001_capacity", sql: include_str!("migrations/capacity/0001_capacity.sql") },
     Migration { module: "capacity", name: "0002_placer", sql: include_str!("migrations/capacity/0002_placer.sql") },
+    Migration { module: "capacity", name: "0003_reservations", sql: include_str!("migrations/capacity/0003_reservations.sql") },
 ];
 
 /// Moves a reservation through time (start, end) and retries it while pending; key: reservation

@@ -426,3 +426,39 @@ async fn a_nodes_desired_state_follows_its_reservations_and_gpu_modes() {
     assert_eq!(generation, 4);
     assert_eq!(s["gpus"]["gpus"][1]["mode"], "GPU_MODE_TIME_SLICE");
 }
+
+#[tokio::test]
+async fn the_database_allows_exactly_the_transitions_of_the_reservation_state_table() {
+    use better_compute_core::state::{ReservationState, State, RESERVATION_STATE_TABLE};
+    let h = harness().await;
+    let c = h.db().client().await;
+    for from in ReservationState::ALL {
+        for to in ReservationState::ALL {
+            if from == to {
+                continue;
+            }
+            let allowed: bool = c
+                .query_one("SELECT capacity_reservation_may_become($1, $2)", &[&from.as_str(), &to.as_str()])
+                .await
+                .unwrap()
+                .get(0);
+            assert_eq!(allowed, RESERVATION_STATE_TABLE.check(*from, *to).is_ok(), "{} -> {}", from.as_str(), to.as_str());
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_undeclared_transition_is_refused_by_the_database_and_changes_nothing() {
+    let h = harness().await;
+    let f = fleet(&h, &exclusive(1), 8).await;
+    let mut c = h.db().connect().await;
+    let r = reservations::create(&mut c, ME, &whole(&f.pool_id, 1)).await.unwrap();
+    reservations::release(&mut c, ME, &r.id).await.unwrap();
+    // released is terminal: even a statement written by hand cannot bring it back.
+    let err = c.execute("UPDATE reservations SET state = 'active' WHERE id = $1", &[&r.id]).await.unwrap_err();
+    let err: better_compute_core::Error = better_compute_db::DbError::from(err).into();
+    assert_eq!(err.code, ErrorCode::FailedPrecondition);
+    assert_eq!(err.details["reason"], "ILLEGAL_TRANSITION");
+    assert_eq!((err.details["from"].as_str(), err.details["to"].as_str()), (Some("released"), Some("active")));
+    assert_eq!(reservations::get(&c, ME, &r.id).await.unwrap().state, "released");
+}

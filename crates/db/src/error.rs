@@ -57,9 +57,37 @@ impl DbError {
     }
 }
 
+/// Domain errors raised by SQL functions (SQLSTATE class `BC`), and their API codes. The message is
+/// the API's message; `DETAIL`, when given, is the error's details as JSON.
+///
+/// The class also holds codes that never leave the function that raises them (the placer's
+/// `BCRAC` and `BCFIT`); one that escapes anyway is an internal error.
+pub const SQL_DOMAIN_ERRORS: &[(&str, ErrorCode)] = &[
+    ("BCINV", ErrorCode::InvalidArgument),
+    ("BCNFD", ErrorCode::NotFound),
+    ("BCFPC", ErrorCode::FailedPrecondition),
+    ("BCCNF", ErrorCode::Conflict),
+    ("BCQUO", ErrorCode::QuotaExceeded),
+];
+
+fn sql_domain_error(db: &tokio_postgres::error::DbError) -> Option<Error> {
+    let (_, code) = SQL_DOMAIN_ERRORS.iter().find(|(c, _)| *c == db.code().code())?;
+    let err = Error::new(*code, db.message());
+    Some(match db.detail().map(serde_json::from_str::<serde_json::Value>) {
+        Some(Ok(details)) => err.with_details(details),
+        _ => err,
+    })
+}
+
 impl From<DbError> for Error {
     fn from(e: DbError) -> Error {
         use tokio_postgres::error::SqlState;
+        if let Some(err) = match &e {
+            DbError::Postgres(pg) => pg.as_db_error().and_then(sql_domain_error),
+            _ => None,
+        } {
+            return err;
+        }
         match e {
             DbError::Domain(err) => err,
             DbError::LeaseLost { .. } => Error::new(ErrorCode::Unavailable, e.to_string()),

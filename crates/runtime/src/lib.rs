@@ -21,7 +21,8 @@ pub use outbox::{Event, NewEvent, Sink};
 pub use reconciler::{Kind, Outcome, Periodic, ReconcileContext, Reconciler, RunError, ShardBy};
 pub use worker::{Worker, WorkerConfig};
 
-/// The runtime's own migrations: the work queue, job status, the outbox and its cursors.
+/// The runtime's own migrations: the work queue, job status, the outbox and its cursors, and the
+/// SQL functions that enqueue and emit.
 pub const RUNTIME_MIGRATIONS: &[better_compute_db::Migration] = &[
     better_compute_db::Migration {
         module: "runtime",
@@ -32,5 +33,10 @@ pub const RUNTIME_MIGRATIONS: &[better_compute_db::Migration] = &[
         module: "runtime",
         name: "0002_outbox",
         sql: include_str!("migrations/runtime/0002_outbox.sql"),
+    },
+    better_compute_db::Migration {
+        module: "runtime",
+        name: "0003_sql_functions",
+        sql: include_str!("migrations/runtime/0003_sql_functions.sql"),
     },
 ];

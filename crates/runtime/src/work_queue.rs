@@ -123,22 +123,9 @@ pub async fn enqueue_stored(
     if keys.is_empty() {
         return Ok(());
     }
-    tx.execute(
-        "INSERT INTO work_queue AS w (kind, key, shard, not_before)
-           SELECT $1, k.key, k.shard, compute_now() + make_interval(secs => $4)
-             FROM unnest($2::text[], $3::int2[]) AS k(key, shard)
-            -- rows in key order, so two transactions enqueueing overlapping keys cannot deadlock
-            ORDER BY k.key
-           ON CONFLICT (kind, key) DO UPDATE
-              SET gen = w.gen + 1,
-                  -- a key under a live claim is running: remember the time for after the run
-                  not_before = CASE WHEN w.claimed_until > compute_now() THEN w.not_before
-                                    ELSE LEAST(w.not_before, EXCLUDED.not_before) END,
-                  dirty_not_before = CASE WHEN w.claimed_until > compute_now()
-                                          THEN LEAST(w.dirty_not_before, EXCLUDED.not_before)
-                                          ELSE w.dirty_not_before END",
-        &[&kind, &keys, &shards, &after.as_secs_f64()],
-    )
+    // The statement lives in work_queue_enqueue (migrations/runtime/0003_sql_functions.sql), which
+    // the modules whose writes run in the database call as well.
+    tx.execute("SELECT work_queue_enqueue($1, $2, $3, $4)", &[&kind, &keys, &shards, &after.as_secs_f64()])
     .await?;
     Ok(())
 }

@@ -1,0 +1,300 @@
+-- Reservations' writes run in the database too: create, release and each move through time are one
+-- statement, so one round trip, with the plans kept by the backend. The Rust side checks the
+-- request's shape, makes the ids, and maps the errors raised here onto API codes (SQLSTATE class
+-- BC: better_compute_db::SQL_DOMAIN_ERRORS).
+--
+-- Lock order, as every transaction that takes several of these: the reservation's own row,
+-- quota_usage, pools, nodes, devices, node_resources, node_atom_counts; then the outbox and the
+-- work_queue rows.
+--
+-- enable_seqscan = off on the entry points, as on capacity_place: every statement has an index to
+-- follow, and a plan kept from a nearly empty table must not stay a sequential scan.
+
+-- reservationStateTable (better_compute_core::state::RESERVATION_STATE_TABLE) as the database
+-- enforces it: no statement moves a reservation along a transition the table does not declare. A
+-- test compares the two.
+CREATE FUNCTION capacity_reservation_may_become(p_from text, p_to text) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+  SELECT (p_from, p_to) IN (('pending', 'placed'), ('pending', 'released'), ('pending', 'expired'), ('pending', 'failed'),
+                            ('placed', 'active'), ('placed', 'released'), ('placed', 'expired'), ('placed', 'failed'),
+                            ('active', 'released'), ('active', 'expired'), ('active', 'failed'))
+$$;
+
+CREATE FUNCTION capacity_reservation_state_guard() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+  IF NOT capacity_reservation_may_become(OLD.state, NEW.state) THEN
+    RAISE EXCEPTION USING ERRCODE = 'BCFPC',
+      MESSAGE = format('a reservation in state %s cannot become %s', OLD.state, NEW.state),
+      DETAIL = jsonb_build_object('reason', 'ILLEGAL_TRANSITION', 'from', OLD.state, 'to', NEW.state)::text;
+  END IF;
+  RETURN NEW;
+END $$;
+
+CREATE TRIGGER reservations_state_guard BEFORE UPDATE OF state ON reservations
+  FOR EACH ROW WHEN (OLD.state IS DISTINCT FROM NEW.state) EXECUTE FUNCTION capacity_reservation_state_guard();
+
+-- A reservation as its tenant sees it: reservations::ReservationView's JSON.
+CREATE FUNCTION capacity_view(r reservations) RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+  SELECT jsonb_build_object(
+    'id', r.id, 'state', r.state, 'version', r.version, 'poolId', r.pool_id,
+    'gpu', jsonb_build_object('kind', r.gpu_kind, 'model', r.gpu_model, 'profile', r.mig_profile, 'count', r.gpu_count),
+    'vcpu', r.vcpu, 'memoryMib', r.memory_mib, 'diskGib', r.disk_gib,
+    'startsAt', to_char(lower(r.during) AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+    'endsAt', to_char(upper(r.during) AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+    'nodeId', r.node_id,
+    'atoms', (SELECT coalesce(jsonb_agg(a.device_id ORDER BY a.device_id), '[]')
+                FROM (SELECT DISTINCT b.device_id FROM device_bookings b WHERE b.allocation_id = r.id) a),
+    'conditions', CASE WHEN r.unschedulable IS NULL THEN '[]'::jsonb
+                       ELSE jsonb_build_array(jsonb_build_object('type', 'Unschedulable') || r.unschedulable) END)
+$$;
+
+-- What a reservation charges its tenant's quota: (resource, amount) in charge order, amounts above
+-- zero only.
+CREATE FUNCTION capacity_charge_of(p_kind text, p_count bigint, p_vcpu bigint, p_memory_mib bigint, p_disk_gib bigint)
+RETURNS TABLE (resource text, amount bigint)
+LANGUAGE sql IMMUTABLE AS $$
+  SELECT c.resource, c.amount
+    FROM (VALUES (1, CASE p_kind WHEN 'gpu' THEN 'gpus' WHEN 'mig' THEN 'mig_instances' ELSE 'gpu_slots' END, p_count),
+                 (2, 'vcpu', p_vcpu), (3, 'memory_mib', p_memory_mib), (4, 'disk_gib', p_disk_gib)) c(o, resource, amount)
+   WHERE c.amount > 0
+   ORDER BY c.o
+$$;
+
+-- Charges the tenant in one guarded statement: the rows are locked in resource order (so two
+-- charges never wait on each other in opposite orders), and each is updated only if its charge fits
+-- under max. A resource that does not fit (or has no quota line) raises QUOTA_EXCEEDED, final for
+-- the request.
+CREATE FUNCTION capacity_charge(p_tenant text, p_kind text, p_count bigint, p_vcpu bigint, p_memory_mib bigint,
+                                p_disk_gib bigint) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+  v_charged text[];
+  v_short record;
+  v_quota record;
+BEGIN
+  WITH c AS (SELECT * FROM capacity_charge_of(p_kind, p_count, p_vcpu, p_memory_mib, p_disk_gib)),
+       locked AS (SELECT q.resource FROM quota_usage q
+                   WHERE q.tenant_id = p_tenant AND q.resource IN (SELECT resource FROM c)
+                   ORDER BY q.resource FOR UPDATE),
+       charged AS (UPDATE quota_usage q SET used = q.used + c.amount
+                     FROM c JOIN locked l ON l.resource = c.resource
+                    WHERE q.tenant_id = p_tenant AND q.resource = c.resource AND q.used + c.amount <= q.max
+                   RETURNING q.resource)
+  SELECT coalesce(array_agg(resource), '{}') INTO v_charged FROM charged;
+  SELECT c.resource, c.amount INTO v_short
+    FROM capacity_charge_of(p_kind, p_count, p_vcpu, p_memory_mib, p_disk_gib) c
+   WHERE NOT (c.resource = ANY(v_charged))
+   LIMIT 1;
+  IF v_short.resource IS NULL THEN
+    RETURN;
+  END IF;
+  SELECT used, max INTO v_quota FROM quota_usage WHERE tenant_id = p_tenant AND resource = v_short.resource;
+  RAISE EXCEPTION USING ERRCODE = 'BCQUO',
+    MESSAGE = CASE WHEN v_quota.max IS NULL
+                   THEN format('the tenant has no quota for %s; ask an operator to set one', v_short.resource)
+                   ELSE format('quota for %s exceeded: %s of %s used, %s more asked; release reservations or ask an operator for more',
+                               v_short.resource, v_quota.used, v_quota.max, v_short.amount) END,
+    DETAIL = jsonb_build_object('resource', v_short.resource, 'asked', v_short.amount)::text;
+END $$;
+
+-- Refunds a charge, locking the rows in the same resource order as capacity_charge.
+CREATE FUNCTION capacity_refund(p_tenant text, p_kind text, p_count bigint, p_vcpu bigint, p_memory_mib bigint,
+                                p_disk_gib bigint) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+  WITH c AS (SELECT * FROM capacity_charge_of(p_kind, p_count, p_vcpu, p_memory_mib, p_disk_gib)),
+       locked AS (SELECT q.resource FROM quota_usage q
+                   WHERE q.tenant_id = p_tenant AND q.resource IN (SELECT resource FROM c)
+                   ORDER BY q.resource FOR UPDATE)
+  UPDATE quota_usage q SET used = q.used - c.amount
+    FROM c JOIN locked l ON l.resource = c.resource
+   WHERE q.tenant_id = p_tenant AND q.resource = c.resource;
+END $$;
+
+-- Why a demand could not be placed now, as the reservation's Unschedulable condition: a stable
+-- reason (Conflicts when a concurrent change turned a node away, else NoCandidates) and a message
+-- a tenant or operator can act on, naming what happened on each node tried.
+CREATE FUNCTION capacity_unschedulable(p_kind text, p_model text, p_profile text, p_count int, p_tried text[],
+                                       p_raced boolean, p_retry_s float8) RETURNS jsonb
+LANGUAGE sql IMMUTABLE AS $$
+  SELECT jsonb_build_object(
+    'reason', CASE WHEN p_raced THEN 'Conflicts' ELSE 'NoCandidates' END,
+    'message', format(CASE WHEN p_raced THEN 'concurrent placements took the nodes that fit %s%s; retrying every %s s'
+                           ELSE 'no eligible node in the pool has %s and the vCPU, memory and disk free for the range%s; retrying every %s s' END,
+                      format('%s %s%s atom%s of %s', p_count, p_kind, CASE WHEN p_profile = '' THEN '' ELSE ' ' || p_profile END,
+                             CASE WHEN p_count = 1 THEN '' ELSE 's' END, p_model),
+                      CASE WHEN cardinality(p_tried) = 0 THEN '' ELSE ' (tried ' || array_to_string(p_tried, '; ') || ')' END,
+                      p_retry_s))
+$$;
+
+-- The shared tail of every change: the outbox event, the node's desired state (its nodespec key)
+-- and a wake-up of the reservation's own reconciler key (which arms its timers). Returns the view.
+-- The kinds' names are desired::NODESPEC's and RESERVATIONS_KIND's; the node's key goes to the
+-- node's stored shard, the reservation's to p_shard (computed by the caller).
+CREATE FUNCTION capacity_after_change(p_id text, p_event_type text, p_event_id text, p_shard int2) RETURNS jsonb
+LANGUAGE plpgsql AS $$
+DECLARE
+  r reservations;
+  v jsonb;
+  v_node_shard int2;
+BEGIN
+  SELECT * INTO STRICT r FROM reservations WHERE id = p_id;
+  v := capacity_view(r);
+  PERFORM outbox_emit(p_event_id, p_event_type, r.tenant_id, r.id,
+                      jsonb_build_object('state', v->'state', 'nodeId', v->'nodeId', 'atoms', v->'atoms', 'version', v->'version'));
+  IF r.node_id IS NOT NULL THEN
+    SELECT shard INTO STRICT v_node_shard FROM nodes WHERE id = r.node_id;
+    PERFORM work_queue_enqueue('nodespec', ARRAY[r.node_id], ARRAY[v_node_shard], 0);
+  END IF;
+  PERFORM work_queue_enqueue('capacity.reservations', ARRAY[p_id], ARRAY[p_shard], 0);
+  RETURN v;
+END $$;
+
+-- reservations.create, after the request's shape was checked: the range (a past or absent start is
+-- now), the quota charge (final if it does not fit), the pool and the class, then the placer; the
+-- reservation is placed, or pending with an Unschedulable condition and retried every p_retry_s.
+CREATE FUNCTION capacity_reserve(
+  p_id text, p_tenant text, p_identity text, p_pool text, p_kind text, p_model text, p_profile text, p_count int,
+  p_vcpu int, p_memory_mib bigint, p_disk_gib bigint, p_starts_at timestamptz, p_ends_at timestamptz,
+  p_duration_s float8, p_selector jsonb, p_tolerations jsonb, p_max_replans int, p_retry_s float8,
+  p_max_duration_s float8, p_event_id text, p_shard int2) RETURNS jsonb
+LANGUAGE plpgsql SET enable_seqscan = off AS $$
+DECLARE
+  v_start timestamptz := greatest(coalesce(p_starts_at, compute_now()), compute_now());
+  v_stop timestamptz;
+  v_most int;
+  v_class text := concat_ws(' ', p_kind, p_model, nullif(p_profile, ''));
+  v_place record;
+  v_unschedulable jsonb;
+BEGIN
+  v_stop := coalesce(p_ends_at, v_start + make_interval(secs => p_duration_s));
+  IF NOT v_start < v_stop THEN
+    RAISE EXCEPTION USING ERRCODE = 'BCINV', MESSAGE = 'endsAt must be after startsAt and in the future';
+  END IF;
+  IF v_stop - v_start > make_interval(secs => p_max_duration_s)
+     OR v_start > compute_now() + make_interval(secs => p_max_duration_s) THEN
+    RAISE EXCEPTION USING ERRCODE = 'BCINV', MESSAGE = 'a reservation may last at most 366 days and start within 366 days';
+  END IF;
+  -- Quota first: the lock order's first table.
+  PERFORM capacity_charge(p_tenant, p_kind, p_count, p_vcpu, p_memory_mib, p_disk_gib);
+  -- The pool FOR SHARE: it cannot go away under us.
+  PERFORM 1 FROM pools WHERE id = p_pool FOR SHARE;
+  IF NOT FOUND THEN
+    RAISE EXCEPTION USING ERRCODE = 'BCNFD', MESSAGE = format('pool %s not found', p_pool);
+  END IF;
+  IF p_count > 0 THEN
+    SELECT max(total) INTO v_most FROM node_atom_counts
+     WHERE pool_id = p_pool AND kind = p_kind AND model = p_model AND profile = p_profile AND total > 0;
+    IF v_most IS NULL THEN
+      RAISE EXCEPTION USING ERRCODE = 'BCINV',
+        MESSAGE = format('pool %s has no %s atoms; check gpu.model, gpu.kind and gpu.profile', p_pool, v_class);
+    ELSIF v_most < p_count THEN
+      RAISE EXCEPTION USING ERRCODE = 'BCFPC',
+        MESSAGE = format('no node in pool %s has %s %s atoms (the most on one node is %s); ask for fewer', p_pool, p_count, v_class, v_most);
+    END IF;
+  END IF;
+  SELECT * INTO v_place
+    FROM capacity_place(p_pool, p_kind, p_model, p_profile, p_count, p_vcpu, p_memory_mib, p_disk_gib, p_selector,
+                        p_tolerations, p_id, tstzrange(v_start, v_stop, '[)'), p_max_replans);
+  IF v_place.placed_node IS NULL THEN
+    v_unschedulable := capacity_unschedulable(p_kind, p_model, p_profile, p_count, v_place.tried, v_place.raced, p_retry_s)
+                       || jsonb_build_object('since', compute_now());
+  END IF;
+  INSERT INTO reservations (id, tenant_id, pool_id, state, gpu_kind, gpu_model, mig_profile, gpu_count, vcpu, memory_mib,
+                            disk_gib, during, node_selector, tolerations, node_id, unschedulable, next_attempt_at, created_by)
+  VALUES (p_id, p_tenant, p_pool, CASE WHEN v_place.placed_node IS NULL THEN 'pending' ELSE 'placed' END, p_kind, p_model,
+          nullif(p_profile, ''), p_count, p_vcpu, p_memory_mib, p_disk_gib, tstzrange(v_start, v_stop, '[)'), p_selector,
+          p_tolerations, v_place.placed_node, v_unschedulable,
+          CASE WHEN v_place.placed_node IS NULL THEN compute_now() + make_interval(secs => p_retry_s) END, p_identity);
+  RETURN capacity_after_change(p_id, CASE WHEN v_place.placed_node IS NULL THEN 'reservation.pending' ELSE 'reservation.placed' END,
+                               p_event_id, p_shard);
+END $$;
+
+-- Ends a reservation at compute_now() as p_to (released or expired) and gives back what it holds
+-- from then on: quota first, then the future part of its bookings (deleted) and the current one
+-- (cut), then the scalars it took on its node and the atoms that now have nothing booked ahead.
+-- A reservation already ended is returned unchanged. p_tenant, when given, must own it.
+CREATE FUNCTION capacity_end(p_id text, p_tenant text, p_to text, p_event_id text, p_shard int2) RETURNS jsonb
+LANGUAGE plpgsql SET enable_seqscan = off AS $$
+DECLARE
+  r reservations;
+BEGIN
+  -- The reservation's row first, before quota and the rest of the lock order.
+  SELECT * INTO r FROM reservations WHERE id = p_id AND (p_tenant IS NULL OR tenant_id = p_tenant) FOR UPDATE;
+  IF NOT FOUND THEN
+    RAISE EXCEPTION USING ERRCODE = 'BCNFD', MESSAGE = format('reservation %s not found', p_id);
+  END IF;
+  IF r.state IN ('released', 'expired', 'failed') THEN
+    RETURN capacity_view(r);
+  END IF;
+  PERFORM capacity_refund(r.tenant_id, r.gpu_kind, r.gpu_count, r.vcpu, r.memory_mib, r.disk_gib);
+  -- The two touch disjoint rows: those starting from now on, and those started before.
+  WITH future AS (DELETE FROM device_bookings WHERE allocation_id = p_id AND lower(during) >= compute_now())
+  UPDATE device_bookings SET during = tstzrange(lower(during), compute_now(), '[)')
+   WHERE allocation_id = p_id AND during @> compute_now() AND lower(during) < compute_now();
+  IF r.node_id IS NOT NULL AND r.state IN ('placed', 'active') THEN
+    UPDATE node_resources
+       SET vcpu_allocated = vcpu_allocated - r.vcpu, memory_mib_allocated = memory_mib_allocated - r.memory_mib,
+           disk_gib_allocated = disk_gib_allocated - r.disk_gib
+     WHERE node_id = r.node_id;
+    UPDATE node_atom_counts c SET idle = LEAST(c.total, c.idle + (
+        SELECT count(DISTINCT b.device_id) FROM device_bookings b
+         WHERE b.allocation_id = p_id
+           AND NOT EXISTS (SELECT 1 FROM device_bookings o WHERE o.device_id = b.device_id AND upper(o.during) > compute_now())))
+     WHERE c.node_id = r.node_id AND c.kind = r.gpu_kind AND c.model = r.gpu_model AND c.profile = coalesce(r.mig_profile, '');
+  END IF;
+  UPDATE reservations SET state = p_to, version = version + 1, updated_at = compute_now(), unschedulable = NULL,
+                          next_attempt_at = NULL
+   WHERE id = p_id;
+  RETURN capacity_after_change(p_id, 'reservation.' || p_to, p_event_id, p_shard);
+END $$;
+
+-- Moves one reservation through time, in the caller's (fenced) transaction: one whose end has
+-- passed expires and gives back what it holds; a placed one whose start has come becomes active;
+-- a pending one due for a retry is placed again (from now at the earliest) or waits p_retry_s
+-- more. Returns what it did: nothing, expired, activated, placed or still_pending.
+CREATE FUNCTION capacity_step(p_id text, p_max_replans int, p_retry_s float8, p_event_id text, p_shard int2) RETURNS text
+LANGUAGE plpgsql SET enable_seqscan = off AS $$
+DECLARE
+  r reservations;
+  v_during tstzrange;
+  v_place record;
+BEGIN
+  SELECT * INTO r FROM reservations WHERE id = p_id FOR UPDATE;
+  IF NOT FOUND OR r.state IN ('released', 'expired', 'failed') THEN
+    RETURN 'nothing';
+  END IF;
+  IF upper(r.during) <= compute_now() THEN
+    PERFORM capacity_end(p_id, NULL, 'expired', p_event_id, p_shard);
+    RETURN 'expired';
+  END IF;
+  IF r.state = 'placed' AND lower(r.during) <= compute_now() THEN
+    UPDATE reservations SET state = 'active', version = version + 1, updated_at = compute_now() WHERE id = p_id;
+    PERFORM capacity_after_change(p_id, 'reservation.active', p_event_id, p_shard);
+    RETURN 'activated';
+  END IF;
+  IF r.state <> 'pending' OR NOT coalesce(r.next_attempt_at <= compute_now(), false) THEN
+    RETURN 'nothing';
+  END IF;
+  -- Quota was charged at create and stays charged while pending; only the booking is retried.
+  v_during := tstzrange(greatest(lower(r.during), compute_now()), upper(r.during), '[)');
+  SELECT * INTO v_place
+    FROM capacity_place(r.pool_id, r.gpu_kind, r.gpu_model, coalesce(r.mig_profile, ''), r.gpu_count, r.vcpu, r.memory_mib,
+                        r.disk_gib, r.node_selector, r.tolerations, p_id, v_during, p_max_replans);
+  IF v_place.placed_node IS NULL THEN
+    UPDATE reservations
+       SET unschedulable = capacity_unschedulable(r.gpu_kind, r.gpu_model, coalesce(r.mig_profile, ''), r.gpu_count,
+                                                  v_place.tried, v_place.raced, p_retry_s)
+                           || jsonb_build_object('since', r.unschedulable->'since'),
+           next_attempt_at = compute_now() + make_interval(secs => p_retry_s)
+     WHERE id = p_id;
+    RETURN 'still_pending';
+  END IF;
+  UPDATE reservations SET state = 'placed', node_id = v_place.placed_node, during = v_during, unschedulable = NULL,
+                          next_attempt_at = NULL, version = version + 1, updated_at = compute_now()
+   WHERE id = p_id;
+  PERFORM capacity_after_change(p_id, 'reservation.placed', p_event_id, p_shard);
+  RETURN 'placed';
+END $$;

@@ -14,11 +14,12 @@
 -- enforces it: no statement moves a reservation along a transition the table does not declare. A
 -- test compares the two.
 CREATE FUNCTION capacity_reservation_may_become(p_from text, p_to text) RETURNS boolean
-LANGUAGE sql IMMUTABLE AS $$
-  SELECT (p_from, p_to) IN (('pending', 'placed'), ('pending', 'released'), ('pending', 'expired'), ('pending', 'failed'),
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+  RETURN (p_from, p_to) IN (('pending', 'placed'), ('pending', 'released'), ('pending', 'expired'), ('pending', 'failed'),
                             ('placed', 'active'), ('placed', 'released'), ('placed', 'expired'), ('placed', 'failed'),
-                            ('active', 'released'), ('active', 'expired'), ('active', 'failed'))
-$$;
+                            ('active', 'released'), ('active', 'expired'), ('active', 'failed'));
+END $$;
 
 CREATE FUNCTION capacity_reservation_state_guard() RETURNS trigger
 LANGUAGE plpgsql AS $$
@@ -34,10 +35,12 @@ END $$;
 CREATE TRIGGER reservations_state_guard BEFORE UPDATE OF state ON reservations
   FOR EACH ROW WHEN (OLD.state IS DISTINCT FROM NEW.state) EXECUTE FUNCTION capacity_reservation_state_guard();
 
--- A reservation as its tenant sees it: reservations::ReservationView's JSON.
+-- A reservation as its tenant sees it: reservations::ReservationView's JSON. PL/pgSQL, not SQL: a
+-- SQL function with a subquery is never inlined, and is parsed and planned again at every call.
 CREATE FUNCTION capacity_view(r reservations) RETURNS jsonb
-LANGUAGE sql STABLE AS $$
-  SELECT jsonb_build_object(
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+  RETURN jsonb_build_object(
     'id', r.id, 'state', r.state, 'version', r.version, 'poolId', r.pool_id,
     'gpu', jsonb_build_object('kind', r.gpu_kind, 'model', r.gpu_model, 'profile', r.mig_profile, 'count', r.gpu_count),
     'vcpu', r.vcpu, 'memoryMib', r.memory_mib, 'diskGib', r.disk_gib,
@@ -47,8 +50,8 @@ LANGUAGE sql STABLE AS $$
     'atoms', (SELECT coalesce(jsonb_agg(a.device_id ORDER BY a.device_id), '[]')
                 FROM (SELECT DISTINCT b.device_id FROM device_bookings b WHERE b.allocation_id = r.id) a),
     'conditions', CASE WHEN r.unschedulable IS NULL THEN '[]'::jsonb
-                       ELSE jsonb_build_array(jsonb_build_object('type', 'Unschedulable') || r.unschedulable) END)
-$$;
+                       ELSE jsonb_build_array(jsonb_build_object('type', 'Unschedulable') || r.unschedulable) END);
+END $$;
 
 -- What a reservation charges its tenant's quota: (resource, amount) in charge order, amounts above
 -- zero only.
@@ -230,10 +233,12 @@ BEGIN
     RETURN capacity_view(r);
   END IF;
   PERFORM capacity_refund(r.tenant_id, r.gpu_kind, r.gpu_count, r.vcpu, r.memory_mib, r.disk_gib);
-  -- The two touch disjoint rows: those starting from now on, and those started before.
+  -- The two touch disjoint rows: those starting from now on, and those started before and not yet
+  -- ended (bookings are '[)' ranges). Bounds, not `during @> compute_now()`: that one matches the
+  -- exclusion index, and the planner ANDed a scan of every current booking with this allocation's.
   WITH future AS (DELETE FROM device_bookings WHERE allocation_id = p_id AND lower(during) >= compute_now())
   UPDATE device_bookings SET during = tstzrange(lower(during), compute_now(), '[)')
-   WHERE allocation_id = p_id AND during @> compute_now() AND lower(during) < compute_now();
+   WHERE allocation_id = p_id AND lower(during) < compute_now() AND upper(during) > compute_now();
   IF r.node_id IS NOT NULL AND r.state IN ('placed', 'active') THEN
     UPDATE node_resources
        SET vcpu_allocated = vcpu_allocated - r.vcpu, memory_mib_allocated = memory_mib_allocated - r.memory_mib,

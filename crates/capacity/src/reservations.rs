@@ -151,7 +151,7 @@ struct Demand {
     count: i32,
     node_selector: serde_json::Value,
     tolerations: serde_json::Value,
-    /// At most one of `ends_at` and `duration_s` is given; the database computes the range.
+    /// Exactly one of `ends_at` and `duration_s` is given; the database computes the range.
     ends_at: Option<String>,
     duration_s: Option<f64>,
 }

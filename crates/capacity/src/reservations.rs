@@ -289,7 +289,7 @@ async fn after_change(tx: &impl GenericClient, id: &str, event_type: &str) -> Re
     let (event_id, shard) = change_ids(id);
     let row = tx
         .query_typed_one(
-            "SELECT capacity_after_change($1, $2, $3, $4)",
+            "SELECT capacity_after_change(r, $2, $3, $4) FROM reservations r WHERE r.id = $1",
             &[(&id, Type::TEXT), (&event_type, Type::TEXT), (&event_id, Type::TEXT), (&shard, Type::INT2)],
         )
         .await?;

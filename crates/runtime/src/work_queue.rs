@@ -125,8 +125,8 @@ pub async fn enqueue_stored(
     }
     // The statement lives in work_queue_enqueue (migrations/runtime/0003_sql_functions.sql), which
     // the modules whose writes run in the database call as well.
-    tx.execute("SELECT work_queue_enqueue($1, $2, $3, $4)", &[&kind, &keys, &shards, &after.as_secs_f64()])
-    .await?;
+    let kinds = vec![kind; keys.len()];
+    tx.execute("SELECT work_queue_enqueue($1, $2, $3, $4)", &[&kinds, &keys, &shards, &after.as_secs_f64()]).await?;
     Ok(())
 }
 

@@ -68,9 +68,10 @@ $$;
 -- Charges the tenant in one guarded statement: the rows are locked in resource order (so two
 -- charges never wait on each other in opposite orders), and each is updated only if its charge fits
 -- under max. A resource that does not fit (or has no quota line) raises QUOTA_EXCEEDED, final for
--- the request.
+-- the request. Returns how many resources were charged (a value, so callers assign instead of
+-- PERFORM, which runs a query).
 CREATE FUNCTION capacity_charge(p_tenant text, p_kind text, p_count bigint, p_vcpu bigint, p_memory_mib bigint,
-                                p_disk_gib bigint) RETURNS void
+                                p_disk_gib bigint) RETURNS int
 LANGUAGE plpgsql AS $$
 DECLARE
   v_charged text[];
@@ -86,13 +87,14 @@ BEGIN
                     WHERE q.tenant_id = p_tenant AND q.resource = c.resource AND q.used + c.amount <= q.max
                    RETURNING q.resource)
   SELECT coalesce(array_agg(resource), '{}') INTO v_charged FROM charged;
+  -- Every amount above zero charged: done (capacity_charge_of's rule, without a query).
+  IF cardinality(v_charged) = (p_count > 0)::int + (p_vcpu > 0)::int + (p_memory_mib > 0)::int + (p_disk_gib > 0)::int THEN
+    RETURN cardinality(v_charged);
+  END IF;
   SELECT c.resource, c.amount INTO v_short
     FROM capacity_charge_of(p_kind, p_count, p_vcpu, p_memory_mib, p_disk_gib) c
    WHERE NOT (c.resource = ANY(v_charged))
    LIMIT 1;
-  IF v_short.resource IS NULL THEN
-    RETURN;
-  END IF;
   SELECT used, max INTO v_quota FROM quota_usage WHERE tenant_id = p_tenant AND resource = v_short.resource;
   RAISE EXCEPTION USING ERRCODE = 'BCQUO',
     MESSAGE = CASE WHEN v_quota.max IS NULL
@@ -102,10 +104,13 @@ BEGIN
     DETAIL = jsonb_build_object('resource', v_short.resource, 'asked', v_short.amount)::text;
 END $$;
 
--- Refunds a charge, locking the rows in the same resource order as capacity_charge.
+-- Refunds a charge, locking the rows in the same resource order as capacity_charge; returns how
+-- many resources were refunded.
 CREATE FUNCTION capacity_refund(p_tenant text, p_kind text, p_count bigint, p_vcpu bigint, p_memory_mib bigint,
-                                p_disk_gib bigint) RETURNS void
+                                p_disk_gib bigint) RETURNS int
 LANGUAGE plpgsql AS $$
+DECLARE
+  v_refunded int;
 BEGIN
   WITH c AS (SELECT * FROM capacity_charge_of(p_kind, p_count, p_vcpu, p_memory_mib, p_disk_gib)),
        locked AS (SELECT q.resource FROM quota_usage q
@@ -114,6 +119,8 @@ BEGIN
   UPDATE quota_usage q SET used = q.used - c.amount
     FROM c JOIN locked l ON l.resource = c.resource
    WHERE q.tenant_id = p_tenant AND q.resource = c.resource;
+  GET DIAGNOSTICS v_refunded = ROW_COUNT;
+  RETURN v_refunded;
 END $$;
 
 -- Why a demand could not be placed now, as the reservation's Unschedulable condition: a stable
@@ -132,32 +139,35 @@ LANGUAGE sql IMMUTABLE AS $$
                       p_retry_s))
 $$;
 
--- The shared tail of every change: the outbox event, the node's desired state (its nodespec key)
--- and a wake-up of the reservation's own reconciler key (which arms its timers). Returns the view.
--- The kinds' names are desired::NODESPEC's and RESERVATIONS_KIND's; the node's key goes to the
--- node's stored shard, the reservation's to p_shard (computed by the caller).
-CREATE FUNCTION capacity_after_change(p_id text, p_event_type text, p_event_id text, p_shard int2) RETURNS jsonb
+-- The shared tail of every change, given the reservation's row as the change left it: the outbox
+-- event, and wake-ups of the node's desired state (its nodespec key, in the node's stored shard) and
+-- of the reservation's own reconciler key (which arms its timers; p_shard, computed by the caller),
+-- both in one statement. The kinds' names are desired::NODESPEC's and RESERVATIONS_KIND's. Returns
+-- the view.
+CREATE FUNCTION capacity_after_change(r reservations, p_event_type text, p_event_id text, p_shard int2) RETURNS jsonb
 LANGUAGE plpgsql AS $$
 DECLARE
-  r reservations;
   v jsonb;
-  v_node_shard int2;
+  v_event text;
+  v_keys int;
 BEGIN
-  SELECT * INTO STRICT r FROM reservations WHERE id = p_id;
   v := capacity_view(r);
-  PERFORM outbox_emit(p_event_id, p_event_type, r.tenant_id, r.id,
-                      jsonb_build_object('state', v->'state', 'nodeId', v->'nodeId', 'atoms', v->'atoms', 'version', v->'version'));
-  IF r.node_id IS NOT NULL THEN
-    SELECT shard INTO STRICT v_node_shard FROM nodes WHERE id = r.node_id;
-    PERFORM work_queue_enqueue('nodespec', ARRAY[r.node_id], ARRAY[v_node_shard], 0);
+  v_event := outbox_emit(p_event_id, p_event_type, r.tenant_id, r.id,
+                         jsonb_build_object('state', v->'state', 'nodeId', v->'nodeId', 'atoms', v->'atoms', 'version', v->'version'));
+  IF r.node_id IS NULL THEN
+    v_keys := work_queue_enqueue(ARRAY['capacity.reservations'], ARRAY[r.id], ARRAY[p_shard], 0);
+  ELSE
+    v_keys := work_queue_enqueue(ARRAY['capacity.reservations', 'nodespec'], ARRAY[r.id, r.node_id],
+                                 ARRAY[p_shard, (SELECT n.shard FROM nodes n WHERE n.id = r.node_id)], 0);
   END IF;
-  PERFORM work_queue_enqueue('capacity.reservations', ARRAY[p_id], ARRAY[p_shard], 0);
   RETURN v;
 END $$;
 
 -- reservations.create, after the request's shape was checked: the range (a past or absent start is
--- now), the quota charge (final if it does not fit), the pool and the class, then the placer; the
--- reservation is placed, or pending with an Unschedulable condition and retried every p_retry_s.
+-- now), the quota charge (final if it does not fit), the pool, then the placer; the reservation is
+-- placed, or pending with an Unschedulable condition and retried every p_retry_s. A class no node
+-- of the pool has enough atoms of is refused, and the statement's writes with it; it is looked up
+-- only when the placer found no room, since a placement proves the class fits.
 CREATE FUNCTION capacity_reserve(
   p_id text, p_tenant text, p_identity text, p_pool text, p_kind text, p_model text, p_profile text, p_count int,
   p_vcpu int, p_memory_mib bigint, p_disk_gib bigint, p_starts_at timestamptz, p_ends_at timestamptz,
@@ -171,6 +181,8 @@ DECLARE
   v_class text := concat_ws(' ', p_kind, p_model, nullif(p_profile, ''));
   v_place record;
   v_unschedulable jsonb;
+  v_charged int;
+  r reservations;
 BEGIN
   v_stop := coalesce(p_ends_at, v_start + make_interval(secs => p_duration_s));
   IF NOT v_start < v_stop THEN
@@ -181,27 +193,27 @@ BEGIN
     RAISE EXCEPTION USING ERRCODE = 'BCINV', MESSAGE = 'a reservation may last at most 366 days and start within 366 days';
   END IF;
   -- Quota first: the lock order's first table.
-  PERFORM capacity_charge(p_tenant, p_kind, p_count, p_vcpu, p_memory_mib, p_disk_gib);
+  v_charged := capacity_charge(p_tenant, p_kind, p_count, p_vcpu, p_memory_mib, p_disk_gib);
   -- The pool FOR SHARE: it cannot go away under us.
   PERFORM 1 FROM pools WHERE id = p_pool FOR SHARE;
   IF NOT FOUND THEN
     RAISE EXCEPTION USING ERRCODE = 'BCNFD', MESSAGE = format('pool %s not found', p_pool);
   END IF;
-  IF p_count > 0 THEN
-    SELECT max(total) INTO v_most FROM node_atom_counts
-     WHERE pool_id = p_pool AND kind = p_kind AND model = p_model AND profile = p_profile AND total > 0;
-    IF v_most IS NULL THEN
-      RAISE EXCEPTION USING ERRCODE = 'BCINV',
-        MESSAGE = format('pool %s has no %s atoms; check gpu.model, gpu.kind and gpu.profile', p_pool, v_class);
-    ELSIF v_most < p_count THEN
-      RAISE EXCEPTION USING ERRCODE = 'BCFPC',
-        MESSAGE = format('no node in pool %s has %s %s atoms (the most on one node is %s); ask for fewer', p_pool, p_count, v_class, v_most);
-    END IF;
-  END IF;
   SELECT * INTO v_place
     FROM capacity_place(p_pool, p_kind, p_model, p_profile, p_count, p_vcpu, p_memory_mib, p_disk_gib, p_selector,
                         p_tolerations, p_id, tstzrange(v_start, v_stop, '[)'), p_max_replans);
   IF v_place.placed_node IS NULL THEN
+    IF p_count > 0 THEN
+      SELECT max(total) INTO v_most FROM node_atom_counts
+       WHERE pool_id = p_pool AND kind = p_kind AND model = p_model AND profile = p_profile AND total > 0;
+      IF v_most IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'BCINV',
+          MESSAGE = format('pool %s has no %s atoms; check gpu.model, gpu.kind and gpu.profile', p_pool, v_class);
+      ELSIF v_most < p_count THEN
+        RAISE EXCEPTION USING ERRCODE = 'BCFPC',
+          MESSAGE = format('no node in pool %s has %s %s atoms (the most on one node is %s); ask for fewer', p_pool, p_count, v_class, v_most);
+      END IF;
+    END IF;
     v_unschedulable := capacity_unschedulable(p_kind, p_model, p_profile, p_count, v_place.tried, v_place.raced, p_retry_s)
                        || jsonb_build_object('since', compute_now());
   END IF;
@@ -210,9 +222,9 @@ BEGIN
   VALUES (p_id, p_tenant, p_pool, CASE WHEN v_place.placed_node IS NULL THEN 'pending' ELSE 'placed' END, p_kind, p_model,
           nullif(p_profile, ''), p_count, p_vcpu, p_memory_mib, p_disk_gib, tstzrange(v_start, v_stop, '[)'), p_selector,
           p_tolerations, v_place.placed_node, v_unschedulable,
-          CASE WHEN v_place.placed_node IS NULL THEN compute_now() + make_interval(secs => p_retry_s) END, p_identity);
-  RETURN capacity_after_change(p_id, CASE WHEN v_place.placed_node IS NULL THEN 'reservation.pending' ELSE 'reservation.placed' END,
-                               p_event_id, p_shard);
+          CASE WHEN v_place.placed_node IS NULL THEN compute_now() + make_interval(secs => p_retry_s) END, p_identity)
+  RETURNING * INTO r;
+  RETURN capacity_after_change(r, 'reservation.' || r.state, p_event_id, p_shard);
 END $$;
 
 -- Ends a reservation at compute_now() as p_to (released or expired) and gives back what it holds
@@ -223,6 +235,7 @@ CREATE FUNCTION capacity_end(p_id text, p_tenant text, p_to text, p_event_id tex
 LANGUAGE plpgsql SET enable_seqscan = off AS $$
 DECLARE
   r reservations;
+  v_refunded int;
 BEGIN
   -- The reservation's row first, before quota and the rest of the lock order.
   SELECT * INTO r FROM reservations WHERE id = p_id AND (p_tenant IS NULL OR tenant_id = p_tenant) FOR UPDATE;
@@ -232,7 +245,7 @@ BEGIN
   IF r.state IN ('released', 'expired', 'failed') THEN
     RETURN capacity_view(r);
   END IF;
-  PERFORM capacity_refund(r.tenant_id, r.gpu_kind, r.gpu_count, r.vcpu, r.memory_mib, r.disk_gib);
+  v_refunded := capacity_refund(r.tenant_id, r.gpu_kind, r.gpu_count, r.vcpu, r.memory_mib, r.disk_gib);
   -- The two touch disjoint rows: those starting from now on, and those started before and not yet
   -- ended (bookings are '[)' ranges). Bounds, not `during @> compute_now()`: that one matches the
   -- exclusion index, and the planner ANDed a scan of every current booking with this allocation's.
@@ -252,8 +265,9 @@ BEGIN
   END IF;
   UPDATE reservations SET state = p_to, version = version + 1, updated_at = compute_now(), unschedulable = NULL,
                           next_attempt_at = NULL
-   WHERE id = p_id;
-  RETURN capacity_after_change(p_id, 'reservation.' || p_to, p_event_id, p_shard);
+   WHERE id = p_id
+  RETURNING * INTO r;
+  RETURN capacity_after_change(r, 'reservation.' || p_to, p_event_id, p_shard);
 END $$;
 
 -- Moves one reservation through time, in the caller's (fenced) transaction: one whose end has
@@ -266,18 +280,20 @@ DECLARE
   r reservations;
   v_during tstzrange;
   v_place record;
+  v jsonb;
 BEGIN
   SELECT * INTO r FROM reservations WHERE id = p_id FOR UPDATE;
   IF NOT FOUND OR r.state IN ('released', 'expired', 'failed') THEN
     RETURN 'nothing';
   END IF;
   IF upper(r.during) <= compute_now() THEN
-    PERFORM capacity_end(p_id, NULL, 'expired', p_event_id, p_shard);
+    v := capacity_end(p_id, NULL, 'expired', p_event_id, p_shard);
     RETURN 'expired';
   END IF;
   IF r.state = 'placed' AND lower(r.during) <= compute_now() THEN
-    UPDATE reservations SET state = 'active', version = version + 1, updated_at = compute_now() WHERE id = p_id;
-    PERFORM capacity_after_change(p_id, 'reservation.active', p_event_id, p_shard);
+    UPDATE reservations SET state = 'active', version = version + 1, updated_at = compute_now() WHERE id = p_id
+    RETURNING * INTO r;
+    v := capacity_after_change(r, 'reservation.active', p_event_id, p_shard);
     RETURN 'activated';
   END IF;
   IF r.state <> 'pending' OR NOT coalesce(r.next_attempt_at <= compute_now(), false) THEN
@@ -299,7 +315,8 @@ BEGIN
   END IF;
   UPDATE reservations SET state = 'placed', node_id = v_place.placed_node, during = v_during, unschedulable = NULL,
                           next_attempt_at = NULL, version = version + 1, updated_at = compute_now()
-   WHERE id = p_id;
-  PERFORM capacity_after_change(p_id, 'reservation.placed', p_event_id, p_shard);
+   WHERE id = p_id
+  RETURNING * INTO r;
+  v := capacity_after_change(r, 'reservation.placed', p_event_id, p_shard);
   RETURN 'placed';
 END $$;

@@ -1,18 +1,21 @@
 -- The work queue's enqueue and the outbox's emit as SQL functions, so that a module whose writes
 -- run in the database (one round trip per request, such as capacity's reservations) runs the very
 -- statements the Rust API runs: work_queue::enqueue_stored and outbox::emit call these too.
+--
+-- Both return a value, though no caller needs it: PL/pgSQL runs `x := f(…)` as a plain expression,
+-- but `PERFORM f(…)` (the only way to call a void function) as a query through the executor.
 
--- Enqueues keys of a kind with their shards, due p_after_s from now. A key already queued gets its
--- gen bumped and keeps the earlier time; while it is claimed, the time is remembered for after the
--- run (dirty_not_before).
-CREATE FUNCTION work_queue_enqueue(p_kind text, p_keys text[], p_shards int2[], p_after_s float8) RETURNS void
+-- Enqueues (kind, key) pairs with their shards, due p_after_s from now; returns how many. A key
+-- already queued gets its gen bumped and keeps the earlier time; while it is claimed, the time is
+-- remembered for after the run (dirty_not_before).
+CREATE FUNCTION work_queue_enqueue(p_kinds text[], p_keys text[], p_shards int2[], p_after_s float8) RETURNS int
 LANGUAGE plpgsql AS $$
 BEGIN
   INSERT INTO work_queue AS w (kind, key, shard, not_before)
-    SELECT p_kind, k.key, k.shard, compute_now() + make_interval(secs => p_after_s)
-      FROM unnest(p_keys, p_shards) AS k(key, shard)
-     -- rows in key order, so two transactions enqueueing overlapping keys cannot deadlock
-     ORDER BY k.key
+    SELECT k.kind, k.key, k.shard, compute_now() + make_interval(secs => p_after_s)
+      FROM unnest(p_kinds, p_keys, p_shards) AS k(kind, key, shard)
+     -- rows in (kind, key) order, so two transactions enqueueing overlapping keys cannot deadlock
+     ORDER BY k.kind, k.key
     ON CONFLICT (kind, key) DO UPDATE
        SET gen = w.gen + 1,
            -- a key under a live claim is running: remember the time for after the run
@@ -21,11 +24,13 @@ BEGIN
            dirty_not_before = CASE WHEN w.claimed_until > compute_now()
                                    THEN LEAST(w.dirty_not_before, EXCLUDED.not_before)
                                    ELSE w.dirty_not_before END;
+  RETURN cardinality(p_keys);
 END $$;
 
--- Writes an event in the caller's transaction.
-CREATE FUNCTION outbox_emit(p_id text, p_type text, p_tenant_id text, p_subject text, p_data jsonb) RETURNS void
+-- Writes an event in the caller's transaction; returns its id.
+CREATE FUNCTION outbox_emit(p_id text, p_type text, p_tenant_id text, p_subject text, p_data jsonb) RETURNS text
 LANGUAGE plpgsql AS $$
 BEGIN
   INSERT INTO outbox (id, type, tenant_id, subject, data) VALUES (p_id, p_type, p_tenant_id, p_subject, p_data);
+  RETURN p_id;
 END $$;

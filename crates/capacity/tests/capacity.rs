@@ -462,3 +462,52 @@ async fn an_undeclared_transition_is_refused_by_the_database_and_changes_nothing
     assert_eq!((err.details["from"].as_str(), err.details["to"].as_str()), (Some("released"), Some("active")));
     assert_eq!(reservations::get(&c, ME, &r.id).await.unwrap().state, "released");
 }
+
+#[tokio::test]
+async fn a_release_takes_the_nodes_counters_before_its_bookings_as_the_placer_does() {
+    // The placer updates a node's node_resources row and then inserts bookings. A release that cut
+    // its bookings first and then waited for that row deadlocked with a placement booking the same
+    // atom over an overlapping range (one whose snapshot predates the released booking): the
+    // capacity bench met it. Here a transaction stands in for that placement, step by step.
+    let h = harness().await;
+    let f = fleet(&h, &exclusive(1), 1).await;
+    let mut c = h.db().connect().await;
+    let r = reservations::create(&mut c, ME, &whole(&f.pool_id, 1)).await.unwrap();
+    let (node, atom) = (r.node_id.clone().unwrap(), r.atoms[0].clone());
+    let mut p = h.db().connect().await;
+    let placement = p.transaction().await.unwrap();
+    placement.execute("UPDATE node_resources SET vcpu_allocated = vcpu_allocated + 1 WHERE node_id = $1", &[&node]).await.unwrap();
+    let id = r.id.clone();
+    let release = tokio::spawn(async move { reservations::release(&mut c, ME, &id).await });
+    // The release now waits for the node's row, having touched no booking yet.
+    let watcher = h.db().client().await;
+    tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            let waiting: i64 = watcher
+                .query_one("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%capacity_end%'", &[])
+                .await
+                .unwrap()
+                .get(0);
+            if waiting > 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the release never waited for the node's counters");
+    // The placement books the same atom: the release's booking is committed and untouched, so the
+    // insert sees the conflict at once (no row) instead of waiting for the release.
+    let booked = placement
+        .execute(
+            "INSERT INTO device_bookings (device_id, allocation_id, during)
+             VALUES ($1, 'res_standin', tstzrange(compute_now(), compute_now() + interval '1 hour', '[)')) ON CONFLICT DO NOTHING",
+            &[&atom],
+        )
+        .await
+        .expect("the placement's booking must not deadlock with the release");
+    assert_eq!(booked, 0);
+    placement.rollback().await.unwrap();
+    let v = tokio::time::timeout(Duration::from_secs(30), release).await.expect("release hung").unwrap().unwrap();
+    assert_eq!(v.state, "released");
+}

@@ -4,8 +4,8 @@
 -- BC: better_compute_db::SQL_DOMAIN_ERRORS).
 --
 -- Lock order, as every transaction that takes several of these: the reservation's own row,
--- quota_usage, pools, nodes, devices, node_resources, node_atom_counts; then the outbox and the
--- work_queue rows.
+-- quota_usage, pools, nodes, devices, node_resources, device_bookings, node_atom_counts; then the
+-- outbox and the work_queue rows.
 --
 -- enable_seqscan = off on the entry points, as on capacity_place: every statement has an index to
 -- follow, and a plan kept from a nearly empty table must not stay a sequential scan.
@@ -228,8 +228,8 @@ BEGIN
 END $$;
 
 -- Ends a reservation at compute_now() as p_to (released or expired) and gives back what it holds
--- from then on: quota first, then the future part of its bookings (deleted) and the current one
--- (cut), then the scalars it took on its node and the atoms that now have nothing booked ahead.
+-- from then on: quota first, then the scalars it took on its node, the future part of its bookings
+-- (deleted) and the current one (cut), and the atoms that now have nothing booked ahead.
 -- A reservation already ended is returned unchanged. p_tenant, when given, must own it.
 CREATE FUNCTION capacity_end(p_id text, p_tenant text, p_to text, p_event_id text, p_shard int2) RETURNS jsonb
 LANGUAGE plpgsql SET enable_seqscan = off AS $$
@@ -246,17 +246,24 @@ BEGIN
     RETURN capacity_view(r);
   END IF;
   v_refunded := capacity_refund(r.tenant_id, r.gpu_kind, r.gpu_count, r.vcpu, r.memory_mib, r.disk_gib);
+  -- The node's scalars before the bookings, in the placer's order (node_resources, then
+  -- device_bookings, then node_atom_counts). The other way round, a placement holding this node's
+  -- row and inserting a booking that overlaps ours would wait for our uncommitted cut while we wait
+  -- for its row: the capacity bench met that deadlock.
+  IF r.node_id IS NOT NULL AND r.state IN ('placed', 'active') THEN
+    UPDATE node_resources
+       SET vcpu_allocated = vcpu_allocated - r.vcpu, memory_mib_allocated = memory_mib_allocated - r.memory_mib,
+           disk_gib_allocated = disk_gib_allocated - r.disk_gib
+     WHERE node_id = r.node_id;
+  END IF;
   -- The two touch disjoint rows: those starting from now on, and those started before and not yet
   -- ended (bookings are '[)' ranges). Bounds, not `during @> compute_now()`: that one matches the
   -- exclusion index, and the planner ANDed a scan of every current booking with this allocation's.
   WITH future AS (DELETE FROM device_bookings WHERE allocation_id = p_id AND lower(during) >= compute_now())
   UPDATE device_bookings SET during = tstzrange(lower(during), compute_now(), '[)')
    WHERE allocation_id = p_id AND lower(during) < compute_now() AND upper(during) > compute_now();
+  -- The atoms that now have nothing booked from now on are idle again.
   IF r.node_id IS NOT NULL AND r.state IN ('placed', 'active') THEN
-    UPDATE node_resources
-       SET vcpu_allocated = vcpu_allocated - r.vcpu, memory_mib_allocated = memory_mib_allocated - r.memory_mib,
-           disk_gib_allocated = disk_gib_allocated - r.disk_gib
-     WHERE node_id = r.node_id;
     UPDATE node_atom_counts c SET idle = LEAST(c.total, c.idle + (
         SELECT count(DISTINCT b.device_id) FROM device_bookings b
          WHERE b.allocation_id = p_id

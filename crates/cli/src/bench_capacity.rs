@@ -41,6 +41,7 @@ struct Outcomes {
     pending: AtomicUsize,
     pending_on_conflicts: AtomicUsize,
     failed: AtomicUsize,
+    release_failed: AtomicUsize,
 }
 
 pub(crate) async fn seed(db: &tokio_postgres::Client, nodes: usize) -> anyhow::Result<()> {
@@ -149,6 +150,7 @@ async fn placements_per_second(conn: &str, clients: usize, total: usize, hot_per
                 while held.len() > 2 {
                     let id = held.pop_front().expect("non-empty");
                     if let Err(e) = reservations::release(&mut c, me, &id).await {
+                        outcomes.release_failed.fetch_add(1, Ordering::Relaxed);
                         tracing::warn!(error = %e, "release failed");
                     }
                 }
@@ -177,7 +179,7 @@ pub async fn run(b: CapacityBench) -> anyhow::Result<()> {
         let lost = o.pending_on_conflicts.load(Ordering::Relaxed);
         println!(
             "{nodes} nodes x 8 GPUs, {} clients, {}% aimed at {HOT_NODES} hot nodes: {rate:.0} placements/s ({:.2}x pgbench TPC-B); \
-             placed {}, pending {} ({} of them after losing every race), errors {}; conflicts ending without a placement: {:.2}%{}",
+             placed {}, pending {} ({} of them after losing every race), errors {} (releases: {}); conflicts ending without a placement: {:.2}%{}",
             b.clients,
             b.hot_percent,
             rate / tpcb,
@@ -185,6 +187,7 @@ pub async fn run(b: CapacityBench) -> anyhow::Result<()> {
             o.pending.load(Ordering::Relaxed),
             lost,
             failed,
+            o.release_failed.load(Ordering::Relaxed),
             100.0 * (failed + lost) as f64 / b.placements as f64,
             match first {
                 Some(f) => format!("; {:.2}x the {}-node figure", rate / f, b.nodes[0]),

@@ -88,13 +88,26 @@ pub(crate) async fn seed(db: &tokio_postgres::Client, nodes: usize) -> anyhow::R
     Ok(())
 }
 
+/// CPU time spent by the whole machine so far (user, nice, system, irq, softirq; not idle, iowait or
+/// steal), from Linux's /proc/stat; None elsewhere. Under saturation the throughput swings with the
+/// machine's other load, the CPU spent per placement much less: the figure to compare changes by.
+fn machine_cpu_s() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let ticks: Vec<u64> = stat.lines().next()?.split_whitespace().skip(1).map(|t| t.parse().unwrap_or(0)).collect();
+    let busy: u64 = [0, 1, 2, 5, 6].iter().filter_map(|i| ticks.get(*i)).sum();
+    // USER_HZ is 100 on every Linux this runs on.
+    Some(busy as f64 / 100.0)
+}
+
 fn rand_below(n: u64) -> u64 {
     let mut b = [0u8; 8];
     let _ = getrandom::fill(&mut b);
     u64::from_le_bytes(b) % n
 }
 
-async fn placements_per_second(conn: &str, clients: usize, total: usize, hot_percent: u64) -> anyhow::Result<(f64, Arc<Outcomes>)> {
+/// Placements per second, the CPU the machine spent per placement (milliseconds, where known), and
+/// the outcomes.
+async fn placements_per_second(conn: &str, clients: usize, total: usize, hot_percent: u64) -> anyhow::Result<(f64, Option<f64>, Arc<Outcomes>)> {
     let next = Arc::new(AtomicUsize::new(0));
     let outcomes = Arc::new(Outcomes::default());
     let mut conns = Vec::new();
@@ -102,6 +115,7 @@ async fn placements_per_second(conn: &str, clients: usize, total: usize, hot_per
         conns.push(better_compute_db::pool::connect(conn).await?);
     }
     let start = Instant::now();
+    let cpu_start = machine_cpu_s();
     let mut tasks = Vec::new();
     for (i, mut c) in conns.into_iter().enumerate() {
         let (next, outcomes) = (next.clone(), outcomes.clone());
@@ -160,7 +174,9 @@ async fn placements_per_second(conn: &str, clients: usize, total: usize, hot_per
     for t in tasks {
         t.await?;
     }
-    Ok((total as f64 / start.elapsed().as_secs_f64(), outcomes))
+    let rate = total as f64 / start.elapsed().as_secs_f64();
+    let cpu_ms = cpu_start.zip(machine_cpu_s()).map(|(a, b)| 1000.0 * (b - a) / total as f64);
+    Ok((rate, cpu_ms, outcomes))
 }
 
 /// Runs the benchmark.
@@ -169,20 +185,26 @@ pub async fn run(b: CapacityBench) -> anyhow::Result<()> {
     let conn = scratch.conn();
     let mut db = better_compute_db::pool::connect(&conn).await?;
     better_compute_db::migrate(&mut db, &crate::registry()?.migrations()).await?;
+    let cpu_start = machine_cpu_s();
     let tpcb = scratch.tpcb(b.clients, b.pgbench_seconds)?;
+    let tpcb_cpu_ms = cpu_start.zip(machine_cpu_s()).map(|(a, c)| 1000.0 * (c - a) / (tpcb * b.pgbench_seconds as f64));
+    if let Some(ms) = tpcb_cpu_ms {
+        println!("pgbench TPC-B: {ms:.2} ms of CPU per transaction (the whole machine's, pgbench included)");
+    }
     let mut first: Option<f64> = None;
     for nodes in &b.nodes {
         println!("seeding {nodes} nodes x 8 GPUs…");
         seed(&db, *nodes).await?;
-        let (rate, o) = placements_per_second(&conn, b.clients, b.placements, b.hot_percent).await?;
+        let (rate, cpu_ms, o) = placements_per_second(&conn, b.clients, b.placements, b.hot_percent).await?;
         let failed = o.failed.load(Ordering::Relaxed);
         let lost = o.pending_on_conflicts.load(Ordering::Relaxed);
         println!(
-            "{nodes} nodes x 8 GPUs, {} clients, {}% aimed at {HOT_NODES} hot nodes: {rate:.0} placements/s ({:.2}x pgbench TPC-B); \
+            "{nodes} nodes x 8 GPUs, {} clients, {}% aimed at {HOT_NODES} hot nodes: {rate:.0} placements/s ({:.2}x pgbench TPC-B){}; \
              placed {}, pending {} ({} of them after losing every race), errors {} (releases: {}); conflicts ending without a placement: {:.2}%{}",
             b.clients,
             b.hot_percent,
             rate / tpcb,
+            cpu_ms.map(|ms| format!(", {ms:.2} ms of CPU per placement and its release")).unwrap_or_default(),
             o.placed.load(Ordering::Relaxed),
             o.pending.load(Ordering::Relaxed),
             lost,

@@ -327,3 +327,147 @@ BEGIN
   v := capacity_after_change(r, 'reservation.placed', p_event_id, p_shard);
   RETURN 'placed';
 END $$;
+
+-- The bookings of one device that end after a given time, in a few btree pages: "is this atom
+-- booked in this range" (the placer) and "has it anything booked from now on" (release, expiry,
+-- the idle counts). The exclusion constraint's GiST answers both too, but for an equality on text
+-- it is barely selective (btree_gist keeps a range of keys per page, and the ranges overlap): the
+-- capacity bench measured a millisecond per lookup once a device had fifty past bookings, and past
+-- bookings stay.
+CREATE INDEX device_bookings_device_end ON device_bookings (device_id, upper(during));
+
+-- capacity_place as in 0002_placer, but for the atoms' bookings check, written so that the btree
+-- index above serves it.
+CREATE OR REPLACE FUNCTION capacity_place(
+  p_pool text, p_kind text, p_model text, p_profile text, p_count int,
+  p_vcpu int, p_memory_mib bigint, p_disk_gib bigint, p_selector jsonb, p_tolerations jsonb,
+  p_allocation text, p_during tstzrange, p_max_replans int,
+  OUT placed_node text, OUT placed_atoms text[], OUT tried text[], OUT raced boolean)
+LANGUAGE plpgsql SET enable_seqscan = off AS $$
+DECLARE
+  v_excluded text[] := '{}';
+  v_nodes text[];
+  v_idles int[];
+  v_near int;
+  v_node text;
+  v_parents text[];
+  v_atoms text[];
+  v_fits bigint;
+  v_booked bigint;
+BEGIN
+  tried := '{}';
+  raced := false;
+  FOR v_attempt IN 0..p_max_replans LOOP
+    -- The first plans pack (best fit). A replan means others are working the full nodes right
+    -- now, so the last replans spread to the emptiest nodes, where there is room.
+    SELECT c.nodes, c.idles INTO v_nodes, v_idles
+      FROM capacity_candidates(p_pool, p_kind, p_model, p_profile, p_count, p_selector, p_tolerations, v_excluded, v_attempt < 2) c;
+    IF v_nodes IS NULL THEN
+      SELECT c.nodes, c.idles INTO v_nodes, v_idles
+        FROM capacity_candidates(p_pool, p_kind, p_model, p_profile, p_count, p_selector, p_tolerations, v_excluded, v_attempt >= 2) c;
+    END IF;
+    EXIT WHEN v_nodes IS NULL;
+    -- Among the nodes nearly as good as the best (within the request's size), chance spreads
+    -- concurrent placements instead of queueing them all on one node's counters; the first replan
+    -- picks among all candidates.
+    v_near := 1;
+    WHILE v_near < cardinality(v_nodes) AND abs(v_idles[v_near + 1] - v_idles[1]) <= greatest(p_count, 1) LOOP
+      v_near := v_near + 1;
+    END LOOP;
+    IF v_attempt = 1 THEN
+      v_near := cardinality(v_nodes);
+    END IF;
+    v_node := v_nodes[1 + floor(random() * v_near)::int];
+    BEGIN
+      -- The node, FOR SHARE, with the eligibility rules rechecked under the lock: a cordon or taint
+      -- that committed first is seen; one that comes later waits for us.
+      PERFORM 1 FROM nodes n
+        WHERE n.id = v_node AND n.labels @> p_selector
+          AND capacity_node_takes(n.observed_generation, n.no_schedule_reasons, n.taints, p_tolerations)
+        FOR SHARE;
+      IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'BCRAC', MESSAGE = 'became ineligible';
+      END IF;
+      -- For MIG instances and slots, first their GPUs, FOR SHARE and in id order (placements on
+      -- sibling atoms share them; a mode change locks a GPU and then its atoms, so we take them in
+      -- that order too), and only those still healthy and not quarantined under the lock.
+      v_parents := '{}';
+      IF p_kind <> 'gpu' THEN
+        SELECT coalesce(array_agg(s.id), '{}') INTO v_parents
+          FROM (SELECT g.id FROM devices g
+                 WHERE g.node_id = v_node AND g.parent_id IS NULL AND g.model = p_model AND g.healthy AND NOT g.quarantined
+                   AND EXISTS (SELECT 1 FROM devices a WHERE a.parent_id = g.id AND a.bookable AND a.kind = p_kind)
+                 ORDER BY g.id FOR SHARE) s;
+      END IF;
+      -- Then the atoms, FOR NO KEY UPDATE SKIP LOCKED: a stronger lock than FOR SHARE, so
+      -- quarantine, health and mode changes (updates of these rows) are ordered with us as with FOR
+      -- SHARE, and concurrent placements on the node skip each other's atoms instead of colliding.
+      -- Whole GPUs are taken in random order to spread placements; MIG instances and slots in
+      -- order, to fill one GPU before the next.
+      SELECT coalesce(array_agg(s.id), '{}') INTO v_atoms
+        FROM (SELECT a.id FROM devices a JOIN devices g ON g.id = coalesce(a.parent_id, a.id)
+               WHERE a.node_id = v_node AND a.bookable AND a.kind = p_kind AND a.model = p_model
+                 AND coalesce(a.profile, '') = p_profile
+                 AND g.healthy AND NOT g.quarantined AND (a.parent_id IS NULL OR a.parent_id = ANY(v_parents))
+                 -- Rechecked on the locked row itself: when a concurrent update commits while we
+                 -- wait, PostgreSQL re-evaluates the conditions on the new version of the locked row
+                 -- (a), not on the other side of the join (g), which for a whole GPU is the same row.
+                 AND (a.parent_id IS NOT NULL OR (a.healthy AND NOT a.quarantined))
+                 -- The overlap written with bounds (bookings are '[)' ranges), so that the btree
+                 -- index serves it: `&&` makes the planner pick the exclusion constraint's GiST.
+                 -- Only a hint either way: the constraint decides at the insert below.
+                 AND NOT EXISTS (SELECT 1 FROM device_bookings b
+                                  WHERE b.device_id = a.id AND upper(b.during) > lower(p_during)
+                                    AND lower(b.during) < upper(p_during))
+               ORDER BY CASE WHEN p_kind = 'gpu' THEN random() ELSE 0 END, g.index, a.index
+               LIMIT p_count
+               FOR NO KEY UPDATE OF a SKIP LOCKED) s;
+      IF cardinality(v_atoms) < p_count THEN
+        RAISE EXCEPTION USING ERRCODE = 'BCFIT', MESSAGE = 'atoms booked in that range';
+      END IF;
+      -- The scalars, guarded: only if they fit under floor(allocatable * ratio). A placement or
+      -- release holding the row is waited for, not skipped: skipping turned measured waits into
+      -- more replans, each dearer than the wait (the capacity bench, 64 clients).
+      UPDATE node_resources
+         SET vcpu_allocated = vcpu_allocated + p_vcpu, memory_mib_allocated = memory_mib_allocated + p_memory_mib,
+             disk_gib_allocated = disk_gib_allocated + p_disk_gib
+       WHERE node_id = v_node
+         AND vcpu_allocated + p_vcpu <= floor(vcpu_allocatable * vcpu_ratio)
+         AND memory_mib_allocated + p_memory_mib <= floor(memory_mib_allocatable * memory_ratio)
+         AND disk_gib_allocated + p_disk_gib <= floor(disk_gib_allocatable * disk_ratio);
+      GET DIAGNOSTICS v_fits = ROW_COUNT;
+      IF v_fits = 0 THEN
+        RAISE EXCEPTION USING ERRCODE = 'BCFIT', MESSAGE = 'not enough vCPU, memory or disk';
+      END IF;
+      -- The exclusion constraint is the truth: a concurrent booking of the same atom makes this
+      -- insert wait for it and then skip the row, which shows as fewer rows than atoms. In atom
+      -- order, so two placements can never wait on each other's bookings in a cycle.
+      INSERT INTO device_bookings (device_id, allocation_id, during)
+        SELECT a, p_allocation, p_during FROM unnest(v_atoms) a ORDER BY a
+        ON CONFLICT DO NOTHING;
+      GET DIAGNOSTICS v_booked = ROW_COUNT;
+      IF v_booked < cardinality(v_atoms) THEN
+        RAISE EXCEPTION USING ERRCODE = 'BCRAC', MESSAGE = 'atoms taken by a concurrent placement';
+      END IF;
+      -- The atoms that had nothing else booked from now on are no longer idle. A hint: concurrent
+      -- bookings of one atom's different futures can both count it, so it is floored at 0, and a
+      -- full refresh (inventory changes) makes it exact again.
+      UPDATE node_atom_counts c SET idle = greatest(0, c.idle - (
+          SELECT count(*) FROM unnest(v_atoms) a
+           WHERE NOT EXISTS (SELECT 1 FROM device_bookings b
+                              WHERE b.device_id = a AND b.allocation_id <> p_allocation AND upper(b.during) > compute_now())))
+       WHERE c.node_id = v_node AND c.kind = p_kind AND c.model = p_model AND c.profile = p_profile;
+      placed_node := v_node;
+      placed_atoms := v_atoms;
+      RETURN;
+    EXCEPTION
+      WHEN SQLSTATE 'BCRAC' THEN
+        raced := true;
+        tried := tried || (v_node || ': ' || SQLERRM);
+        v_excluded := v_excluded || v_node;
+      WHEN SQLSTATE 'BCFIT' THEN
+        tried := tried || (v_node || ': ' || SQLERRM);
+        v_excluded := v_excluded || v_node;
+    END;
+  END LOOP;
+END $$;

@@ -85,8 +85,9 @@ fn remove_orphaned_runs() {
 }
 
 /// Starts a detached process that, once the process `run_pid` is gone, stops the cluster in
-/// `<root>/data` and removes `root`, unless a file `<root>/keep` exists by then. It is in its own session, so the runner's timeouts and Ctrl-C
-/// do not reach it. Test runs and benchmarks use it, so a killed one leaves no cluster behind.
+/// `<root>/data` and removes `root`, unless a file `<root>/keep` exists by then (`bench --keep`). It
+/// is in its own session, so the runner's timeouts and Ctrl-C do not reach it. Test runs and
+/// benchmarks use it, so a killed one leaves no cluster behind.
 pub fn spawn_reaper(run_pid: i32, root: &std::path::Path) -> std::io::Result<()> {
     use std::os::unix::process::CommandExt;
     let script = r#"

@@ -178,7 +178,7 @@ DECLARE
   v_start timestamptz := greatest(coalesce(p_starts_at, compute_now()), compute_now());
   v_stop timestamptz;
   v_most int;
-  v_class text := concat_ws(' ', p_kind, p_model, nullif(p_profile, ''));
+  v_class text;
   v_place record;
   v_unschedulable jsonb;
   v_charged int;
@@ -203,6 +203,7 @@ BEGIN
     FROM capacity_place(p_pool, p_kind, p_model, p_profile, p_count, p_vcpu, p_memory_mib, p_disk_gib, p_selector,
                         p_tolerations, p_id, tstzrange(v_start, v_stop, '[)'), p_max_replans);
   IF v_place.placed_node IS NULL THEN
+    v_class := concat_ws(' ', p_kind, p_model, nullif(p_profile, ''));
     IF p_count > 0 THEN
       SELECT max(total) INTO v_most FROM node_atom_counts
        WHERE pool_id = p_pool AND kind = p_kind AND model = p_model AND profile = p_profile AND total > 0;
@@ -236,6 +237,7 @@ LANGUAGE plpgsql SET enable_seqscan = off AS $$
 DECLARE
   r reservations;
   v_refunded int;
+  v_on_node boolean;
 BEGIN
   -- The reservation's row first, before quota and the rest of the lock order.
   SELECT * INTO r FROM reservations WHERE id = p_id AND (p_tenant IS NULL OR tenant_id = p_tenant) FOR UPDATE;
@@ -245,12 +247,14 @@ BEGIN
   IF r.state IN ('released', 'expired', 'failed') THEN
     RETURN capacity_view(r);
   END IF;
+  -- Placed or active: it holds scalars and idle-atom counts on its node.
+  v_on_node := r.node_id IS NOT NULL AND r.state IN ('placed', 'active');
   v_refunded := capacity_refund(r.tenant_id, r.gpu_kind, r.gpu_count, r.vcpu, r.memory_mib, r.disk_gib);
   -- The node's scalars before the bookings, in the placer's order (node_resources, then
   -- device_bookings, then node_atom_counts). The other way round, a placement holding this node's
   -- row and inserting a booking that overlaps ours would wait for our uncommitted cut while we wait
   -- for its row: the capacity bench met that deadlock.
-  IF r.node_id IS NOT NULL AND r.state IN ('placed', 'active') THEN
+  IF v_on_node THEN
     UPDATE node_resources
        SET vcpu_allocated = vcpu_allocated - r.vcpu, memory_mib_allocated = memory_mib_allocated - r.memory_mib,
            disk_gib_allocated = disk_gib_allocated - r.disk_gib
@@ -263,7 +267,7 @@ BEGIN
   UPDATE device_bookings SET during = tstzrange(lower(during), compute_now(), '[)')
    WHERE allocation_id = p_id AND lower(during) < compute_now() AND upper(during) > compute_now();
   -- The atoms that now have nothing booked from now on are idle again.
-  IF r.node_id IS NOT NULL AND r.state IN ('placed', 'active') THEN
+  IF v_on_node THEN
     UPDATE node_atom_counts c SET idle = LEAST(c.total, c.idle + (
         SELECT count(DISTINCT b.device_id) FROM device_bookings b
          WHERE b.allocation_id = p_id

@@ -511,3 +511,47 @@ async fn a_release_takes_the_nodes_counters_before_its_bookings_as_the_placer_do
     let v = tokio::time::timeout(Duration::from_secs(30), release).await.expect("release hung").unwrap().unwrap();
     assert_eq!(v.state, "released");
 }
+
+#[tokio::test]
+async fn two_releases_racing_end_a_reservation_once_and_give_its_atoms_back_once() {
+    // Release ends the reservation's row in its first statement. The second of two racing releases
+    // waits for the first's lock, re-reads the row as ended, and changes nothing: one refund, one
+    // event, the idle counts back to the node's total once.
+    let h = harness().await;
+    let f = fleet(&h, &exclusive(1), 4).await;
+    let mut c = h.db().connect().await;
+    let r = reservations::create(&mut c, ME, &whole(&f.pool_id, 2)).await.unwrap();
+    h.db().advance(Duration::from_secs(60)).await;
+    let mut a = h.db().connect().await;
+    let first = a.transaction().await.unwrap();
+    let ended: serde_json::Value = first
+        .query_one("SELECT capacity_end($1, $2, 'released', 'evt_first', 0::int2)", &[&r.id, &ME.tenant_id])
+        .await
+        .unwrap()
+        .get(0);
+    let id = r.id.clone();
+    let second = tokio::spawn(async move { reservations::release(&mut c, ME, &id).await });
+    let watcher = h.db().client().await;
+    tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            let waiting: i64 = watcher
+                .query_one("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%capacity_end%'", &[])
+                .await
+                .unwrap()
+                .get(0);
+            if waiting > 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the second release never waited for the first");
+    first.commit().await.unwrap();
+    let v = tokio::time::timeout(Duration::from_secs(30), second).await.expect("release hung").unwrap().unwrap();
+    assert_eq!((v.state.as_str(), serde_json::json!(v.version)), ("released", ended["version"].clone()));
+    assert_eq!(count(&h, "SELECT coalesce(sum(used), 0)::bigint FROM quota_usage").await, 0);
+    assert_eq!(count(&h, "SELECT sum(vcpu_allocated)::bigint FROM node_resources").await, 0);
+    assert_eq!(count(&h, &format!("SELECT count(*) FROM outbox WHERE subject = '{}' AND type = 'reservation.released'", r.id)).await, 1);
+    assert_eq!(count(&h, "SELECT sum(total - idle)::bigint FROM node_atom_counts").await, 0);
+}

@@ -123,6 +123,12 @@ impl BenchClient {
     /// Creates one reservation (a fifth of them, by default, aimed at the hot nodes), then releases
     /// down to two held.
     async fn churn(&mut self, hot_percent: u64, outcomes: &Outcomes) {
+        self.place(hot_percent, outcomes).await;
+        self.release_down_to(2, outcomes).await;
+    }
+
+    /// Creates one reservation, a fifth of them (by default) aimed at the hot nodes, and holds it.
+    async fn place(&mut self, hot_percent: u64, outcomes: &Outcomes) {
         let mut req = CreateReservation {
             tenant_id: None,
             pool_id: "pool_bench".into(),
@@ -158,7 +164,6 @@ impl BenchClient {
                 tracing::warn!(error = %e, "placement failed");
             }
         }
-        self.release_down_to(2, outcomes).await;
     }
 
     async fn release_down_to(&mut self, keep: usize, outcomes: &Outcomes) {
@@ -173,9 +178,8 @@ impl BenchClient {
     }
 }
 
-/// Placements per second, the CPU the machine spent per placement (milliseconds, where known), and
-/// the outcomes of the timed part.
-async fn placements_per_second(conn: &str, clients: usize, total: usize, hot_percent: u64) -> anyhow::Result<(f64, Option<f64>, Arc<Outcomes>)> {
+/// One connected client per tenant, warmed up (see WARM_UP_PER_CLIENT) and holding nothing.
+async fn warm_clients(conn: &str, clients: usize, hot_percent: u64) -> anyhow::Result<Vec<BenchClient>> {
     // One tenant per client: a tenant's reservations serialize on its quota rows (the guarded quota
     // update holds them to commit), so one tenant measures that row, not the placer.
     let mut warming = Vec::new();
@@ -194,25 +198,80 @@ async fn placements_per_second(conn: &str, clients: usize, total: usize, hot_per
     for t in warming {
         warm.push(t.await?);
     }
-    let next = Arc::new(AtomicUsize::new(0));
-    let outcomes = Arc::new(Outcomes::default());
+    Ok(warm)
+}
+
+/// Runs `work` on every client at once until each returns; the clients come back with the seconds
+/// it took and the CPU the machine spent (seconds, where known).
+async fn timed<F, Fut>(clients: Vec<BenchClient>, work: F) -> anyhow::Result<(Vec<BenchClient>, f64, Option<f64>)>
+where
+    F: Fn(BenchClient) -> Fut,
+    Fut: std::future::Future<Output = BenchClient> + Send + 'static,
+{
     let start = Instant::now();
     let cpu_start = machine_cpu_s();
-    let mut tasks = Vec::new();
-    for mut c in warm {
+    let tasks: Vec<_> = clients.into_iter().map(|c| tokio::spawn(work(c))).collect();
+    let mut back = Vec::new();
+    for t in tasks {
+        back.push(t.await?);
+    }
+    let cpu_s = cpu_start.zip(machine_cpu_s()).map(|(a, b)| b - a);
+    Ok((back, start.elapsed().as_secs_f64(), cpu_s))
+}
+
+/// Steady state: each client creates and releases all but its two newest, `total` creates in all.
+/// Placements per second, the CPU the machine spent per placement and its release (milliseconds,
+/// where known), and the outcomes.
+async fn placements_per_second(conn: &str, clients: usize, total: usize, hot_percent: u64) -> anyhow::Result<(f64, Option<f64>, Arc<Outcomes>)> {
+    let warm = warm_clients(conn, clients, hot_percent).await?;
+    let next = Arc::new(AtomicUsize::new(0));
+    let outcomes = Arc::new(Outcomes::default());
+    let (_, elapsed_s, cpu_s) = timed(warm, |mut c| {
         let (next, outcomes) = (next.clone(), outcomes.clone());
-        tasks.push(tokio::spawn(async move {
+        async move {
             while next.fetch_add(1, Ordering::SeqCst) < total {
                 c.churn(hot_percent, &outcomes).await;
             }
-        }));
-    }
-    for t in tasks {
-        t.await?;
-    }
-    let rate = total as f64 / start.elapsed().as_secs_f64();
-    let cpu_ms = cpu_start.zip(machine_cpu_s()).map(|(a, b)| 1000.0 * (b - a) / total as f64);
-    Ok((rate, cpu_ms, outcomes))
+            c
+        }
+    })
+    .await?;
+    Ok((total as f64 / elapsed_s, cpu_s.map(|s| 1000.0 * s / total as f64), outcomes))
+}
+
+/// A burst: `total` creates with no release in the timed window, then every reservation released
+/// in a second timed window. Placed reservations per second and the CPU per create, releases per
+/// second and the CPU per release, and the creates' outcomes.
+async fn burst(conn: &str, clients: usize, total: usize, hot_percent: u64) -> anyhow::Result<(f64, Option<f64>, f64, Option<f64>, Arc<Outcomes>)> {
+    let warm = warm_clients(conn, clients, hot_percent).await?;
+    let next = Arc::new(AtomicUsize::new(0));
+    let outcomes = Arc::new(Outcomes::default());
+    let (held, place_s, place_cpu_s) = timed(warm, |mut c| {
+        let (next, outcomes) = (next.clone(), outcomes.clone());
+        async move {
+            while next.fetch_add(1, Ordering::SeqCst) < total {
+                c.place(hot_percent, &outcomes).await;
+            }
+            c
+        }
+    })
+    .await?;
+    let releases = held.iter().map(|c| c.held.len()).sum::<usize>().max(1);
+    let (_, release_s, release_cpu_s) = timed(held, |mut c| {
+        let outcomes = outcomes.clone();
+        async move {
+            c.release_down_to(0, &outcomes).await;
+            c
+        }
+    })
+    .await?;
+    Ok((
+        outcomes.placed.load(Ordering::Relaxed) as f64 / place_s,
+        place_cpu_s.map(|s| 1000.0 * s / total as f64),
+        releases as f64 / release_s,
+        release_cpu_s.map(|s| 1000.0 * s / releases as f64),
+        outcomes,
+    ))
 }
 
 /// Runs the benchmark.
@@ -265,6 +324,28 @@ pub async fn run(b: CapacityBench) -> anyhow::Result<()> {
             crate::bench_report::figure("capacity", format!("placements at {nodes} nodes"), rate, "/s", Some((&format!("placements at {} nodes", b.nodes[0]), f)));
         }
         first.get_or_insert(rate);
+
+        seed(&db, *nodes).await?;
+        let (placed_rate, create_cpu_ms, release_rate, release_cpu_ms, o) = burst(&conn, b.clients, b.placements, b.hot_percent).await?;
+        let ms = |cpu: Option<f64>, what: &str| cpu.map(|ms| format!(", {ms:.2} ms of CPU per {what}")).unwrap_or_default();
+        println!(
+            "{nodes} nodes, a burst with no release in the window: {placed_rate:.0} placements/s ({:.2}x pgbench TPC-B){}; placed {}, pending {} ({} after losing every race), errors {}; \
+             then every reservation released: {release_rate:.0} releases/s ({:.2}x){}{}",
+            placed_rate / tpcb,
+            ms(create_cpu_ms, "create"),
+            o.placed.load(Ordering::Relaxed),
+            o.pending.load(Ordering::Relaxed),
+            o.pending_on_conflicts.load(Ordering::Relaxed),
+            o.failed.load(Ordering::Relaxed),
+            release_rate / tpcb,
+            ms(release_cpu_ms, "release"),
+            match o.release_failed.load(Ordering::Relaxed) {
+                0 => String::new(),
+                n => format!(", {n} failed"),
+            }
+        );
+        crate::bench_report::figure("capacity", format!("placements in a burst with no release, {nodes} nodes"), placed_rate, "/s", Some((&tpcb_name, tpcb)));
+        crate::bench_report::figure("capacity", format!("releases after the burst, {nodes} nodes"), release_rate, "/s", Some((&tpcb_name, tpcb)));
     }
     drop(db);
     if b.keep {

@@ -198,6 +198,9 @@ async fn warm_clients(conn: &str, clients: usize, hot_percent: u64) -> anyhow::R
     for t in warming {
         warm.push(t.await?);
     }
+    // Statistics as autovacuum keeps them on a running system: the fleet was analyzed before it had
+    // a booking. Analyzing also invalidates the plans made from those statistics.
+    better_compute_db::pool::connect(conn).await?.batch_execute("ANALYZE").await?;
     Ok(warm)
 }
 

@@ -6,10 +6,47 @@
 --    concurrent release that commits first is waited for, and the row is then re-read and matches
 --    nothing, so a reservation is ended once.
 -- 2. "Has this atom anything booked from now on" reads the latest end of the atom's bookings,
---    max(upper(during)), which only the btree on (device_id, upper(during)) can answer in order, one
---    index entry. Written as NOT EXISTS (… upper(during) > now), the planner could pick the exclusion
---    constraint's GiST instead and read every booking the atom ever had: a millisecond per release
---    at fifty past bookings of an atom, most of a release's time.
+--    max(upper(during)), through the btree below, one index entry. Through the exclusion
+--    constraint's GiST, as the planner chose for NOT EXISTS (… upper(during) > now), it read every
+--    booking the atom ever had: a millisecond per release at fifty past bookings of an atom, most of
+--    a release's time.
+
+-- One atom's bookings by end, for "is this atom booked in this range" (the placer) and "has it
+-- anything booked from now on" (release, expiry, the idle counts), replacing 0003's
+-- device_bookings_device_end. Its device_id is in the "C" collation, and so are the lookups that
+-- should use it: the exclusion constraint's GiST indexes device_id in the default collation, so it
+-- cannot serve them. The planner kept choosing it: btree_gist keeps a range of text keys per page,
+-- the ranges overlap, and an equality reads most of the index (a millisecond per lookup once
+-- bookings pile up), which its estimates do not show. Plans made from statistics of a nearly empty
+-- table went the other way, reading every live booking of the table for each atom (2,200 buffers per
+-- placement in the capacity bench). With one index to choose, and the lookups written as scalar
+-- subqueries (run per atom, the atom's id in the index condition), neither can happen. Equality on text
+-- is byte equality in every deterministic collation, so the answers are the same.
+CREATE INDEX device_bookings_atom_end ON device_bookings (device_id COLLATE "C", upper(during));
+DROP INDEX device_bookings_device_end;
+
+-- capacity_refresh_node_counts as in 0001_capacity, its idle check (nothing booked from now on) read
+-- from the latest end of the atom's bookings in the index above.
+CREATE OR REPLACE FUNCTION capacity_refresh_node_counts(p_node text) RETURNS void LANGUAGE sql AS $$
+  WITH fresh AS (
+    SELECT a.node_id, n.pool_id, a.kind, a.model, coalesce(a.profile, '') AS profile, count(*)::int AS total,
+           (count(*) FILTER (WHERE coalesce((SELECT max(upper(b.during)) FROM device_bookings b
+                                              WHERE b.device_id COLLATE "C" = a.id), '-infinity') <= compute_now()))::int AS idle
+      FROM devices a
+      JOIN devices g ON g.id = coalesce(a.parent_id, a.id)
+      JOIN nodes n ON n.id = a.node_id
+     WHERE a.node_id = p_node AND a.bookable AND g.healthy AND NOT g.quarantined
+     GROUP BY a.node_id, n.pool_id, a.kind, a.model, coalesce(a.profile, '')),
+  up AS (
+    INSERT INTO node_atom_counts (node_id, pool_id, kind, model, profile, total, idle)
+    SELECT * FROM fresh
+    ON CONFLICT (node_id, kind, model, profile)
+      DO UPDATE SET pool_id = EXCLUDED.pool_id, total = EXCLUDED.total, idle = EXCLUDED.idle)
+  UPDATE node_atom_counts c SET total = 0, idle = 0
+   WHERE c.node_id = p_node AND c.total > 0
+     AND NOT EXISTS (SELECT 1 FROM fresh f WHERE f.kind = c.kind AND f.model = c.model AND f.profile = c.profile);
+$$;
+
 CREATE OR REPLACE FUNCTION capacity_end(p_id text, p_tenant text, p_to text, p_event_id text, p_shard int2) RETURNS jsonb
 LANGUAGE plpgsql SET enable_seqscan = off AS $$
 DECLARE
@@ -52,7 +89,7 @@ BEGIN
   IF r.node_id IS NOT NULL THEN
     UPDATE node_atom_counts c SET idle = LEAST(c.total, c.idle + (
         SELECT count(*) FROM (SELECT DISTINCT b.device_id FROM device_bookings b WHERE b.allocation_id = p_id) a
-         WHERE coalesce((SELECT max(upper(o.during)) FROM device_bookings o WHERE o.device_id = a.device_id),
+         WHERE coalesce((SELECT max(upper(o.during)) FROM device_bookings o WHERE o.device_id COLLATE "C" = a.device_id),
                         '-infinity') <= compute_now()))
      WHERE c.node_id = r.node_id AND c.kind = r.gpu_kind AND c.model = r.gpu_model AND c.profile = coalesce(r.mig_profile, '');
   END IF;

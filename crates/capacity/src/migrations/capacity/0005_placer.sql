@@ -156,10 +156,10 @@ BEGIN
       -- SHARE, and concurrent placements on the node skip each other's atoms instead of colliding.
       -- Whole GPUs are taken in random order to spread placements; MIG instances and slots in
       -- order, to fill one GPU before the next. Each comes with whether it had nothing booked from
-      -- now on (it was idle), read through the btree on the latest end of its bookings.
+      -- now on (it was idle), read from the latest end of its bookings in the same btree.
       SELECT coalesce(array_agg(s.id), '{}'), count(*) FILTER (WHERE s.idle) INTO v_atoms, v_were_idle
         FROM (SELECT a.id,
-                     coalesce((SELECT max(upper(o.during)) FROM device_bookings o WHERE o.device_id = a.id),
+                     coalesce((SELECT max(upper(o.during)) FROM device_bookings o WHERE o.device_id COLLATE "C" = a.id),
                               '-infinity') <= compute_now() AS idle
                 FROM devices a JOIN devices g ON g.id = coalesce(a.parent_id, a.id)
                WHERE a.node_id = v_node AND a.bookable AND a.kind = p_kind AND a.model = p_model
@@ -169,12 +169,16 @@ BEGIN
                  -- wait, PostgreSQL re-evaluates the conditions on the new version of the locked row
                  -- (a), not on the other side of the join (g), which for a whole GPU is the same row.
                  AND (a.parent_id IS NOT NULL OR (a.healthy AND NOT a.quarantined))
-                 -- The overlap written with bounds (bookings are '[)' ranges), so that the btree
-                 -- index serves it: `&&` makes the planner pick the exclusion constraint's GiST.
-                 -- Only a hint either way: the constraint decides at the insert below.
-                 AND NOT EXISTS (SELECT 1 FROM device_bookings b
-                                  WHERE b.device_id = a.id AND upper(b.during) > lower(p_during)
-                                    AND lower(b.during) < upper(p_during))
+                 -- Free over the range: of its bookings that start before the range ends, the
+                 -- latest ends by the range's start (bookings are '[)' ranges). A scalar subquery,
+                 -- so it runs per atom with the atom's id in the index condition; device_id in the
+                 -- "C" collation, so only the btree device_bookings_atom_end serves it
+                 -- (0004_release). As NOT EXISTS it became an anti-join, which a plan made from a
+                 -- nearly empty table's statistics ran as a scan of every live booking per atom.
+                 -- Only a hint: the constraint decides at the insert below.
+                 AND coalesce((SELECT max(upper(b.during)) FROM device_bookings b
+                                WHERE b.device_id COLLATE "C" = a.id AND lower(b.during) < upper(p_during)),
+                              '-infinity') <= lower(p_during)
                ORDER BY CASE WHEN p_kind = 'gpu' THEN random() ELSE 0 END, g.index, a.index
                LIMIT p_count
                FOR NO KEY UPDATE OF a SKIP LOCKED) s;

@@ -34,7 +34,8 @@ enum Which {
     #[command(hide = true)]
     RuntimeWorker(RuntimeWorker),
     /// Placements per second with 64 concurrent clients on 1,000 and 10,000 nodes of 8 GPUs, 20% of
-    /// requests aimed at a few hot nodes, beside pgbench's TPC-B on the same database.
+    /// requests aimed at a few hot nodes, beside pgbench's TPC-B on the same database: in a steady
+    /// state (each placement followed by a release) and in a burst (placements, then releases).
     Capacity(crate::bench_capacity::CapacityBench),
     /// Commands enqueued per second (one per transaction) and desired-state recomputations per
     /// second for 10,000 nodes after a site-wide change, beside pgbench's TPC-B.

@@ -1,5 +1,6 @@
 //! `better-compute bench capacity`: placements per second under contention, at two fleet sizes,
-//! beside pgbench's TPC-B on the same database.
+//! beside pgbench's TPC-B on the same database: in a steady state (each placement followed by a
+//! release) and in a burst (placements with no release in the window, then the releases alone).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -16,7 +17,7 @@ pub struct CapacityBench {
     /// Concurrent clients, each a tenant of its own (at most 1,024).
     #[arg(long, default_value_t = 64)]
     clients: usize,
-    /// Reservations created per fleet size.
+    /// Reservations created per fleet size, in the steady state and again in the burst.
     #[arg(long, default_value_t = 4000)]
     placements: usize,
     /// Fleet sizes, in nodes of 8 GPUs.

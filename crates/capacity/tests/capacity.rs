@@ -16,6 +16,29 @@ async fn count(h: &better_compute_runtime::harness::Harness, sql: &str) -> i64 {
     h.db().client().await.query_one(sql, &[]).await.unwrap().get(0)
 }
 
+/// Returns once a `capacity_end` statement waits for a lock (within 30 s, else fails with `why`).
+async fn release_waits_for_a_lock(h: &better_compute_runtime::harness::Harness, why: &str) {
+    let watcher = h.db().client().await;
+    let waiting = async {
+        loop {
+            let n: i64 = watcher
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity
+                      WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%capacity_end%'",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            if n > 0 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), waiting).await.expect(why);
+}
+
 #[tokio::test]
 async fn a_reservation_books_whole_gpus_scalars_and_quota_on_one_node() {
     let h = harness().await;
@@ -480,22 +503,7 @@ async fn a_release_takes_the_nodes_counters_before_its_bookings_as_the_placer_do
     let id = r.id.clone();
     let release = tokio::spawn(async move { reservations::release(&mut c, ME, &id).await });
     // The release now waits for the node's row, having touched no booking yet.
-    let watcher = h.db().client().await;
-    tokio::time::timeout(Duration::from_secs(30), async {
-        loop {
-            let waiting: i64 = watcher
-                .query_one("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%capacity_end%'", &[])
-                .await
-                .unwrap()
-                .get(0);
-            if waiting > 0 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await
-    .expect("the release never waited for the node's counters");
+    release_waits_for_a_lock(&h, "the release never waited for the node's counters").await;
     // The placement books the same atom: the release's booking is committed and untouched, so the
     // insert sees the conflict at once (no row) instead of waiting for the release.
     let booked = placement
@@ -531,22 +539,7 @@ async fn two_releases_racing_end_a_reservation_once_and_give_its_atoms_back_once
         .get(0);
     let id = r.id.clone();
     let second = tokio::spawn(async move { reservations::release(&mut c, ME, &id).await });
-    let watcher = h.db().client().await;
-    tokio::time::timeout(Duration::from_secs(30), async {
-        loop {
-            let waiting: i64 = watcher
-                .query_one("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%capacity_end%'", &[])
-                .await
-                .unwrap()
-                .get(0);
-            if waiting > 0 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await
-    .expect("the second release never waited for the first");
+    release_waits_for_a_lock(&h, "the second release never waited for the first").await;
     first.commit().await.unwrap();
     let v = tokio::time::timeout(Duration::from_secs(30), second).await.expect("release hung").unwrap().unwrap();
     assert_eq!((v.state.as_str(), serde_json::json!(v.version)), ("released", ended["version"].clone()));

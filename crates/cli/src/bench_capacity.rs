@@ -167,6 +167,7 @@ impl BenchClient {
         }
     }
 
+    /// Releases the oldest reservations until `keep` are held.
     async fn release_down_to(&mut self, keep: usize, outcomes: &Outcomes) {
         while self.held.len() > keep {
             let id = self.held.pop_front().expect("non-empty");

@@ -184,22 +184,19 @@ impl BenchClient {
 async fn warm_clients(conn: &str, clients: usize, hot_percent: u64) -> anyhow::Result<Vec<BenchClient>> {
     // One tenant per client: a tenant's reservations serialize on its quota rows (the guarded quota
     // update holds them to commit), so one tenant measures that row, not the placer.
-    let mut warming = Vec::new();
+    let mut cold = Vec::new();
     for i in 0..clients {
-        let mut c = BenchClient { db: better_compute_db::pool::connect(conn).await?, tenant: format!("ten_bench{i}"), held: Default::default() };
-        warming.push(tokio::spawn(async move {
-            let scratch = Outcomes::default();
-            for _ in 0..WARM_UP_PER_CLIENT {
-                c.churn(hot_percent, &scratch).await;
-            }
-            c.release_down_to(0, &scratch).await;
-            c
-        }));
+        cold.push(BenchClient { db: better_compute_db::pool::connect(conn).await?, tenant: format!("ten_bench{i}"), held: Default::default() });
     }
-    let mut warm = Vec::new();
-    for t in warming {
-        warm.push(t.await?);
-    }
+    let (warm, _, _) = timed(cold, |mut c| async move {
+        let scratch = Outcomes::default();
+        for _ in 0..WARM_UP_PER_CLIENT {
+            c.churn(hot_percent, &scratch).await;
+        }
+        c.release_down_to(0, &scratch).await;
+        c
+    })
+    .await?;
     // Statistics as autovacuum keeps them on a running system: the fleet was analyzed before it had
     // a booking. Analyzing also invalidates the plans made from those statistics.
     better_compute_db::pool::connect(conn).await?.batch_execute("ANALYZE").await?;
@@ -224,23 +221,39 @@ where
     Ok((back, start.elapsed().as_secs_f64(), cpu_s))
 }
 
-/// Steady state: each client creates and releases all but its two newest, `total` creates in all.
-/// Placements per second, the CPU the machine spent per placement and its release (milliseconds,
-/// where known), and the outcomes.
-async fn placements_per_second(conn: &str, clients: usize, total: usize, hot_percent: u64) -> anyhow::Result<(f64, Option<f64>, Arc<Outcomes>)> {
-    let warm = warm_clients(conn, clients, hot_percent).await?;
+/// `total` creates shared out among the clients, timed (see `timed`), each followed by releases down
+/// to two held when `churn`; also returns their outcomes.
+async fn timed_creates(
+    clients: Vec<BenchClient>,
+    total: usize,
+    hot_percent: u64,
+    churn: bool,
+) -> anyhow::Result<(Vec<BenchClient>, f64, Option<f64>, Arc<Outcomes>)> {
     let next = Arc::new(AtomicUsize::new(0));
     let outcomes = Arc::new(Outcomes::default());
-    let (_, elapsed_s, cpu_s) = timed(warm, |mut c| {
+    let (clients, elapsed_s, cpu_s) = timed(clients, |mut c| {
         let (next, outcomes) = (next.clone(), outcomes.clone());
         async move {
             while next.fetch_add(1, Ordering::SeqCst) < total {
-                c.churn(hot_percent, &outcomes).await;
+                if churn {
+                    c.churn(hot_percent, &outcomes).await;
+                } else {
+                    c.place(hot_percent, &outcomes).await;
+                }
             }
             c
         }
     })
     .await?;
+    Ok((clients, elapsed_s, cpu_s, outcomes))
+}
+
+/// Steady state: each client creates and releases all but its two newest, `total` creates in all.
+/// Placements per second, the CPU the machine spent per placement and its release (milliseconds,
+/// where known), and the outcomes.
+async fn placements_per_second(conn: &str, clients: usize, total: usize, hot_percent: u64) -> anyhow::Result<(f64, Option<f64>, Arc<Outcomes>)> {
+    let warm = warm_clients(conn, clients, hot_percent).await?;
+    let (_, elapsed_s, cpu_s, outcomes) = timed_creates(warm, total, hot_percent, true).await?;
     Ok((total as f64 / elapsed_s, cpu_s.map(|s| 1000.0 * s / total as f64), outcomes))
 }
 
@@ -249,18 +262,7 @@ async fn placements_per_second(conn: &str, clients: usize, total: usize, hot_per
 /// second and the CPU per release, and the creates' outcomes.
 async fn burst(conn: &str, clients: usize, total: usize, hot_percent: u64) -> anyhow::Result<(f64, Option<f64>, f64, Option<f64>, Arc<Outcomes>)> {
     let warm = warm_clients(conn, clients, hot_percent).await?;
-    let next = Arc::new(AtomicUsize::new(0));
-    let outcomes = Arc::new(Outcomes::default());
-    let (held, place_s, place_cpu_s) = timed(warm, |mut c| {
-        let (next, outcomes) = (next.clone(), outcomes.clone());
-        async move {
-            while next.fetch_add(1, Ordering::SeqCst) < total {
-                c.place(hot_percent, &outcomes).await;
-            }
-            c
-        }
-    })
-    .await?;
+    let (held, place_s, place_cpu_s, outcomes) = timed_creates(warm, total, hot_percent, false).await?;
     let releases = held.iter().map(|c| c.held.len()).sum::<usize>().max(1);
     let (_, release_s, release_cpu_s) = timed(held, |mut c| {
         let outcomes = outcomes.clone();

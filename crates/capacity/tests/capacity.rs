@@ -588,3 +588,57 @@ async fn an_atoms_bookings_are_looked_up_through_the_btree_whatever_the_statisti
         assert!(cond.contains("Index Cond") && cond.contains("device_id"), "{q}:\n{plan}");
     }
 }
+
+#[tokio::test]
+async fn the_candidate_searches_run_on_generic_plans_that_walk_the_class_in_index_order() {
+    // capacity_candidates forces generic plans: under load the plan cache kept planning its searches
+    // again at most calls, which cost more than running them. Its generic plans must then be the
+    // ones the searches are written for: the class's counts in index order, within the window.
+    let h = harness().await;
+    let c = h.db().connect().await;
+    let config: Option<Vec<String>> = c
+        .query_one("SELECT proconfig FROM pg_proc WHERE proname = 'capacity_candidates'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(config.unwrap_or_default().contains(&"plan_cache_mode=force_generic_plan".to_owned()));
+    c.batch_execute(
+        "SET plan_cache_mode = force_generic_plan;
+         PREPARE best_fit(text, text, text, text, int, jsonb, text[], bigint) AS
+           SELECT array_agg(s.node_id ORDER BY s.idle, s.r)
+             FROM (SELECT c.node_id, c.idle, random() AS r
+                     FROM (SELECT a.node_id, a.idle FROM node_atom_counts a
+                            WHERE a.pool_id = $1 AND a.kind = $2 AND a.model = $3 AND a.profile = $4 AND a.idle >= $5
+                            ORDER BY a.idle, a.node_id LIMIT $8) c
+                     JOIN nodes n ON n.id = c.node_id
+                    WHERE NOT (c.node_id = ANY($7))
+                      AND capacity_node_takes(n.observed_generation, n.no_schedule_reasons, n.taints, $6)
+                    ORDER BY c.idle, r LIMIT 32) s;
+         PREPARE worst_fit(text, text, text, text, int, jsonb, text[], bigint) AS
+           SELECT array_agg(s.node_id ORDER BY s.idle DESC, s.r)
+             FROM (SELECT c.node_id, c.idle, random() AS r
+                     FROM (SELECT a.node_id, a.idle FROM node_atom_counts a
+                            WHERE a.pool_id = $1 AND a.kind = $2 AND a.model = $3 AND a.profile = $4 AND a.total >= $5
+                            ORDER BY a.idle DESC, a.node_id DESC LIMIT $8) c
+                     JOIN nodes n ON n.id = c.node_id
+                    WHERE NOT (c.node_id = ANY($7))
+                      AND capacity_node_takes(n.observed_generation, n.no_schedule_reasons, n.taints, $6)
+                    ORDER BY c.idle DESC, r LIMIT 32) s;",
+    )
+    .await
+    .unwrap();
+    for q in [
+        "EXPLAIN EXECUTE best_fit('pool_a', 'gpu', 'H100', '', 1, '[]', '{}', 64)",
+        "EXPLAIN EXECUTE worst_fit('pool_a', 'gpu', 'H100', '', 1, '[]', '{}', 64)",
+    ] {
+        let plan: Vec<String> = c.query(q, &[]).await.unwrap().iter().map(|r| r.get(0)).collect();
+        let plan = plan.join("\n");
+        // The window's LIMIT sits right on the walk of node_atom_counts_fit, with the class in the
+        // index condition: the search reads the window, not the class.
+        let walk = plan.lines().position(|l| l.contains("node_atom_counts_fit")).unwrap_or_else(|| panic!("{q}:\n{plan}"));
+        let lines: Vec<&str> = plan.lines().collect();
+        assert!(lines[walk - 1].contains("Limit"), "{q}:\n{plan}");
+        assert!(lines[walk + 1].contains("Index Cond") && lines[walk + 1].contains("pool_id"), "{q}:\n{plan}");
+    }
+}
+

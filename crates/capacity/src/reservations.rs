@@ -265,9 +265,8 @@ pub async fn create(client: &mut Client, caller: Caller<'_>, req: &CreateReserva
     let d = demand(req)?;
     let id = ReservationId::generate().to_string();
     let Some(key) = req.idempotency_key.as_deref() else {
-        let v = reserve(&*client, caller, req, &d, &id).await?;
-        work_queue::poke(&*client).await;
-        return Ok(v);
+        let (v, ()) = with_poke(&*client, reserve(&*client, caller, req, &d, &id)).await;
+        return Ok(v?);
     };
     let tx = client.transaction().await.map_err(DbError::from)?;
     let request = serde_json::to_value(req).expect("request serializes");
@@ -351,16 +350,20 @@ pub async fn list(
 /// one statement (`capacity_end`). Releasing a finished reservation returns it unchanged.
 pub async fn release(client: &mut Client, caller: Caller<'_>, id: &str) -> Result<ReservationView, Error> {
     let (event_id, shard) = change_ids(id);
-    let row = client
-        .query_typed_one(
-            "SELECT capacity_end($1, $2, 'released', $3, $4)",
-            &[(&id, Type::TEXT), (&caller.tenant_id, Type::TEXT), (&event_id, Type::TEXT), (&shard, Type::INT2)],
-        )
-        .await
-        .map_err(DbError::from)?;
-    let v = from_json(row.get(0))?;
-    work_queue::poke(&*client).await;
-    Ok(v)
+    let params: [(&(dyn ToSql + Sync), Type); 4] =
+        [(&id, Type::TEXT), (&caller.tenant_id, Type::TEXT), (&event_id, Type::TEXT), (&shard, Type::INT2)];
+    let end = client.query_typed_one("SELECT capacity_end($1, $2, 'released', $3, $4)", &params);
+    let (row, ()) = with_poke(&*client, end).await;
+    Ok(from_json(row.map_err(DbError::from)?.get(0))?)
+}
+
+/// Runs one statement outside a transaction (it commits on its own) with the workers' poke
+/// pipelined behind it: both go out in one write and the poke costs no round trip of its own. The
+/// statement's request is queued first (`join!` polls in order, and a query queues its request at
+/// its first poll), so the poke's NOTIFY runs after the statement has committed, as a poke must; a
+/// statement that failed gets a harmless extra poke.
+async fn with_poke<T>(client: &Client, statement: impl std::future::Future<Output = T>) -> (T, ()) {
+    tokio::join!(statement, work_queue::poke(client))
 }
 
 /// `reservations.extend`: moves the end later. The added range is booked on the same atoms with

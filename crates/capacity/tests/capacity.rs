@@ -642,3 +642,65 @@ async fn the_candidate_searches_run_on_generic_plans_that_walk_the_class_in_inde
     }
 }
 
+#[tokio::test]
+async fn a_creates_poke_reaches_the_workers_only_after_the_create_has_committed() {
+    // The poke is pipelined behind the create's statement on the same connection. Held up by a lock
+    // on the tenant's quota, the create has not committed, and no poke may arrive; once it commits,
+    // the poke arrives and a woken worker finds the reservation.
+    let h = harness().await;
+    let f = fleet(&h, &exclusive(1), 1).await;
+    let (tx, mut pokes) = tokio::sync::mpsc::unbounded_channel::<()>();
+    tokio::spawn(better_compute_runtime::work_queue::listen(
+        h.db().connection_string().to_owned(),
+        &[better_compute_runtime::work_queue::POKE_CHANNEL],
+        move |_, _| {
+            let _ = tx.send(());
+        },
+    ));
+    // The listener connects in the background: poke until it hears one.
+    tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            better_compute_runtime::work_queue::poke(&**h.db().client().await).await;
+            if tokio::time::timeout(Duration::from_millis(50), pokes.recv()).await.is_ok() {
+                return;
+            }
+        }
+    })
+    .await
+    .expect("the listener never heard a poke");
+    let mut blocker = h.db().connect().await;
+    let lock = blocker.transaction().await.unwrap();
+    lock.execute("SELECT 1 FROM quota_usage WHERE tenant_id = $1 FOR UPDATE", &[&TENANT]).await.unwrap();
+    while pokes.try_recv().is_ok() {}
+    let mut c = h.db().connect().await;
+    let pool = f.pool_id.clone();
+    let create = tokio::spawn(async move { reservations::create(&mut c, ME, &whole(&pool, 1)).await });
+    let watcher = h.db().client().await;
+    tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            let n: i64 = watcher
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity
+                      WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%capacity_reserve%'",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            if n > 0 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the create never waited for the quota lock");
+    // Queued behind the waiting statement, the poke cannot have run, however long we look.
+    assert!(tokio::time::timeout(Duration::from_millis(200), pokes.recv()).await.is_err(), "a poke arrived before the create committed");
+    lock.commit().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(30), pokes.recv()).await.expect("no poke after the create committed");
+    let placed = count(&h, "SELECT count(*) FROM reservations WHERE state = 'placed'").await;
+    assert_eq!(placed, 1, "the poke arrived before the reservation was visible");
+    let v = tokio::time::timeout(Duration::from_secs(30), create).await.expect("create hung").unwrap().unwrap();
+    assert_eq!(v.state, "placed");
+}

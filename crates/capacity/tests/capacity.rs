@@ -16,16 +16,16 @@ async fn count(h: &better_compute_runtime::harness::Harness, sql: &str) -> i64 {
     h.db().client().await.query_one(sql, &[]).await.unwrap().get(0)
 }
 
-/// Returns once a `capacity_end` statement waits for a lock (within 30 s, else fails with `why`).
-async fn release_waits_for_a_lock(h: &better_compute_runtime::harness::Harness, why: &str) {
+/// Returns once a statement calling `function` waits for a lock (within 30 s, else fails with `why`).
+async fn waits_for_a_lock(h: &better_compute_runtime::harness::Harness, function: &str, why: &str) {
     let watcher = h.db().client().await;
     let waiting = async {
         loop {
             let n: i64 = watcher
                 .query_one(
                     "SELECT count(*) FROM pg_stat_activity
-                      WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%capacity_end%'",
-                    &[],
+                      WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%' || $1 || '%'",
+                    &[&function],
                 )
                 .await
                 .unwrap()
@@ -503,7 +503,7 @@ async fn a_release_takes_the_nodes_counters_before_its_bookings_as_the_placer_do
     let id = r.id.clone();
     let release = tokio::spawn(async move { reservations::release(&mut c, ME, &id).await });
     // The release now waits for the node's row, having touched no booking yet.
-    release_waits_for_a_lock(&h, "the release never waited for the node's counters").await;
+    waits_for_a_lock(&h, "capacity_end", "the release never waited for the node's counters").await;
     // The placement books the same atom: the release's booking is committed and untouched, so the
     // insert sees the conflict at once (no row) instead of waiting for the release.
     let booked = placement
@@ -539,7 +539,7 @@ async fn two_releases_racing_end_a_reservation_once_and_give_its_atoms_back_once
         .get(0);
     let id = r.id.clone();
     let second = tokio::spawn(async move { reservations::release(&mut c, ME, &id).await });
-    release_waits_for_a_lock(&h, "the second release never waited for the first").await;
+    waits_for_a_lock(&h, "capacity_end", "the second release never waited for the first").await;
     first.commit().await.unwrap();
     let v = tokio::time::timeout(Duration::from_secs(30), second).await.expect("release hung").unwrap().unwrap();
     assert_eq!((v.state.as_str(), serde_json::json!(v.version)), ("released", ended["version"].clone()));
@@ -675,26 +675,7 @@ async fn a_creates_poke_reaches_the_workers_only_after_the_create_has_committed(
     let mut c = h.db().connect().await;
     let pool = f.pool_id.clone();
     let create = tokio::spawn(async move { reservations::create(&mut c, ME, &whole(&pool, 1)).await });
-    let watcher = h.db().client().await;
-    tokio::time::timeout(Duration::from_secs(30), async {
-        loop {
-            let n: i64 = watcher
-                .query_one(
-                    "SELECT count(*) FROM pg_stat_activity
-                      WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%capacity_reserve%'",
-                    &[],
-                )
-                .await
-                .unwrap()
-                .get(0);
-            if n > 0 {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await
-    .expect("the create never waited for the quota lock");
+    waits_for_a_lock(&h, "capacity_reserve", "the create never waited for the quota lock").await;
     // Queued behind the waiting statement, the poke cannot have run, however long we look.
     assert!(tokio::time::timeout(Duration::from_millis(200), pokes.recv()).await.is_err(), "a poke arrived before the create committed");
     lock.commit().await.unwrap();

@@ -265,7 +265,7 @@ pub async fn create(client: &mut Client, caller: Caller<'_>, req: &CreateReserva
     let d = demand(req)?;
     let id = ReservationId::generate().to_string();
     let Some(key) = req.idempotency_key.as_deref() else {
-        return Ok(with_poke(&*client, reserve(&*client, caller, req, &d, &id)).await?);
+        return Ok(work_queue::poke_after(&*client, reserve(&*client, caller, req, &d, &id)).await?);
     };
     let tx = client.transaction().await.map_err(DbError::from)?;
     let request = serde_json::to_value(req).expect("request serializes");
@@ -352,18 +352,10 @@ pub async fn release(client: &mut Client, caller: Caller<'_>, id: &str) -> Resul
     let params: [(&(dyn ToSql + Sync), Type); 4] =
         [(&id, Type::TEXT), (&caller.tenant_id, Type::TEXT), (&event_id, Type::TEXT), (&shard, Type::INT2)];
     let end = client.query_typed_one("SELECT capacity_end($1, $2, 'released', $3, $4)", &params);
-    let row = with_poke(&*client, end).await.map_err(DbError::from)?;
+    let row = work_queue::poke_after(&*client, end).await.map_err(DbError::from)?;
     Ok(from_json(row.get(0))?)
 }
 
-/// Runs one statement outside a transaction (it commits on its own) with the workers' poke
-/// pipelined behind it: both go out in one write and the poke costs no round trip of its own. The
-/// statement's request is queued first (`join!` polls in order, and a query queues its request at
-/// its first poll), so the poke's NOTIFY runs after the statement has committed, as a poke must; a
-/// statement that failed gets a harmless extra poke.
-async fn with_poke<T>(client: &Client, statement: impl std::future::Future<Output = T>) -> T {
-    tokio::join!(statement, work_queue::poke(client)).0
-}
 
 /// `reservations.extend`: moves the end later. The added range is booked on the same atoms with
 /// `ON CONFLICT DO NOTHING`; if another reservation holds any of them then, nothing changes and the

@@ -62,6 +62,16 @@ pub async fn poke(db: &impl GenericClient) {
     notify(db, POKE_CHANNEL, "").await;
 }
 
+/// Runs `statement`, one statement outside a transaction (it commits on its own), with a [`poke`]
+/// pipelined behind it on the same connection: both go out in one write, and the poke costs no
+/// round trip of its own. The statement's request is queued first (`join!` polls in order, and a
+/// query queues its request at its first poll), and the connection runs requests in order, so the
+/// NOTIFY runs after the statement has committed, as a poke must; a statement that failed gets a
+/// harmless extra poke. Returns the statement's result.
+pub async fn poke_after<T>(db: &impl GenericClient, statement: impl std::future::Future<Output = T>) -> T {
+    tokio::join!(statement, poke(db)).0
+}
+
 /// Sends one notification, best effort, over the simple query protocol: no prepared statement, so
 /// it is safe outside a transaction behind PgBouncer in transaction pooling mode.
 pub async fn notify(db: &impl GenericClient, channel: &str, payload: &str) {

@@ -84,6 +84,25 @@ impl Reconciler for Rollup {
     async fn run(&self, ctx: &ReconcileContext, pool: &str) -> Result<Outcome, RunError> {
         let mut c = ctx.client().await?;
         let tx = ctx.begin_fenced(&mut c).await?;
+        // The counts' open flags (0007_open_counts), put right where a refresh raced a change of
+        // its node: the stale nodes FOR SHARE, in id order (nodes before their counts, the lock
+        // order), so the flag is set from a version of the node that cannot change before commit.
+        let repaired = tx
+            .execute(
+                "WITH stale AS (
+                   SELECT n.id, capacity_node_open(n.observed_generation, n.no_schedule_reasons, n.taints) AS open
+                     FROM nodes n
+                    WHERE n.pool_id = $1
+                      AND EXISTS (SELECT 1 FROM node_atom_counts c WHERE c.node_id = n.id
+                                     AND c.open IS DISTINCT FROM capacity_node_open(n.observed_generation, n.no_schedule_reasons, n.taints))
+                    ORDER BY n.id FOR SHARE OF n)
+                 UPDATE node_atom_counts c SET open = s.open FROM stale s WHERE c.node_id = s.id AND c.open IS DISTINCT FROM s.open",
+                &[&pool],
+            )
+            .await?;
+        if repaired > 0 {
+            tracing::info!(pool, repaired, "capacity.rollup: open flags of node counts put right");
+        }
         // Recomputed from the truth each time: counts of bookable, healthy atoms and their idle
         // share, schedulable nodes, and free scalars.
         tx.execute(

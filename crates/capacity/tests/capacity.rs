@@ -154,6 +154,95 @@ async fn ineligible_nodes_and_gpus_are_skipped() {
     assert_eq!(reservations::create(&mut c, ME, &picky).await.unwrap().state, "pending");
 }
 
+/// Whether a node's atom counts say it is open (all its rows agree, or this fails).
+async fn counts_open(h: &better_compute_runtime::harness::Harness, node: &str) -> bool {
+    let rows = h.db().client().await.query("SELECT open FROM node_atom_counts WHERE node_id = $1", &[&node]).await.unwrap();
+    let flags: Vec<bool> = rows.iter().map(|r| r.get(0)).collect();
+    assert!(!flags.is_empty() && flags.iter().all(|o| *o == flags[0]), "{node}: {flags:?}");
+    flags[0]
+}
+
+#[tokio::test]
+async fn a_nodes_counts_close_in_the_transaction_that_makes_it_ineligible_and_reopen_with_it() {
+    let h = harness().await;
+    let f = fleet(&h, &exclusive(2), 2).await;
+    let mut c = h.db().connect().await;
+    let node = f.nodes[0].clone();
+    assert!(counts_open(&h, &node).await);
+    {
+        let tx = c.transaction().await.unwrap();
+        actions::cordon(&tx, &node).await.unwrap();
+        // Closed before the cordon commits, in its transaction: nothing can see one without the other.
+        let o: bool = tx.query_one("SELECT bool_or(open) FROM node_atom_counts WHERE node_id = $1", &[&node]).await.unwrap().get(0);
+        assert!(!o);
+        tx.commit().await.unwrap();
+    }
+    assert!(!counts_open(&h, &node).await);
+    {
+        let tx = c.transaction().await.unwrap();
+        actions::uncordon(&tx, &node).await.unwrap();
+        tx.commit().await.unwrap();
+    }
+    assert!(counts_open(&h, &node).await);
+    {
+        let tx = c.transaction().await.unwrap();
+        actions::taint(&tx, &node, "dedicated", "team-x").await.unwrap();
+        tx.commit().await.unwrap();
+    }
+    assert!(!counts_open(&h, &node).await);
+    {
+        let tx = c.transaction().await.unwrap();
+        actions::untaint(&tx, &node, "dedicated").await.unwrap();
+        tx.commit().await.unwrap();
+    }
+    assert!(counts_open(&h, &node).await);
+    c.execute("UPDATE nodes SET observed_generation = 0 WHERE id = $1", &[&node]).await.unwrap();
+    assert!(!counts_open(&h, &node).await);
+    c.execute("UPDATE nodes SET observed_generation = 3 WHERE id = $1", &[&node]).await.unwrap();
+    assert!(counts_open(&h, &node).await);
+}
+
+#[tokio::test]
+async fn a_stale_open_flag_costs_a_replan_never_a_placement_and_the_rollup_puts_it_right() {
+    // A flag left open on a cordoned node, as a refresh racing the cordon can leave it.
+    let h = harness().await;
+    let f = fleet(&h, &exclusive(2), 4).await;
+    let mut c = h.db().connect().await;
+    for node in &f.nodes {
+        let tx = c.transaction().await.unwrap();
+        actions::cordon(&tx, node).await.unwrap();
+        tx.commit().await.unwrap();
+    }
+    c.execute("UPDATE node_atom_counts SET open = true, idle = 1 WHERE node_id = $1", &[&f.nodes[0]]).await.unwrap();
+    // The only candidate: tried, and turned away by the recheck under the node's lock.
+    let r = reservations::create(&mut c, ME, &whole(&f.pool_id, 1)).await.unwrap();
+    assert_eq!(r.state, "pending", "{r:?}");
+    let why = r.conditions[0]["message"].as_str().unwrap_or_default().to_owned();
+    assert!(why.contains(&format!("{}: became ineligible", f.nodes[0])), "{why}");
+    // With the other node open again, placements go there, best fit trying the stale node first.
+    {
+        let tx = c.transaction().await.unwrap();
+        actions::uncordon(&tx, &f.nodes[1]).await.unwrap();
+        tx.commit().await.unwrap();
+    }
+    for _ in 0..3 {
+        let r = reservations::create(&mut c, ME, &whole(&f.pool_id, 1)).await.unwrap();
+        assert_eq!(r.node_id.as_deref(), Some(f.nodes[1].as_str()), "{r:?}");
+    }
+    // The pool's rollup, as after any inventory change, closes it again.
+    let pools = std::slice::from_ref(&f.pool_id);
+    better_compute_runtime::work_queue::enqueue_many(&**h.db().client().await, &better_compute_capacity::ROLLUP_KIND, pools).await.unwrap();
+    h.job("capacity.rollup").drain(5).await;
+    let stale = count(
+        &h,
+        "SELECT count(*) FROM node_atom_counts c JOIN nodes n ON n.id = c.node_id
+          WHERE c.open IS DISTINCT FROM capacity_node_open(n.observed_generation, n.no_schedule_reasons, n.taints)",
+    )
+    .await;
+    assert_eq!(stale, 0);
+    assert_eq!(count(&h, &format!("SELECT count(*) FROM node_atom_counts WHERE node_id = '{}' AND open", f.nodes[0])).await, 0);
+}
+
 #[tokio::test]
 async fn a_pending_reservation_is_retried_every_30_seconds_and_placed_when_capacity_frees() {
     let h = harness().await;
@@ -607,22 +696,34 @@ async fn the_candidate_searches_run_on_generic_plans_that_walk_the_class_in_inde
          PREPARE best_fit(text, text, text, text, int, jsonb, text[], bigint) AS
            SELECT array_agg(s.node_id ORDER BY s.idle, s.r)
              FROM (SELECT c.node_id, c.idle, random() AS r
-                     FROM (SELECT a.node_id, a.idle FROM node_atom_counts a
-                            WHERE a.pool_id = $1 AND a.kind = $2 AND a.model = $3 AND a.profile = $4 AND a.idle >= $5
-                            ORDER BY a.idle, a.node_id LIMIT $8) c
-                     JOIN nodes n ON n.id = c.node_id
+                     FROM ((SELECT a.node_id, a.idle FROM node_atom_counts a
+                             WHERE a.pool_id = $1 AND a.kind = $2 AND a.model = $3 AND a.profile = $4 AND a.open AND a.idle >= $5
+                             ORDER BY a.idle, a.node_id LIMIT $8)
+                           UNION ALL
+                           (SELECT t.node_id, t.idle
+                              FROM (SELECT a.node_id, a.idle FROM node_atom_counts a
+                                     WHERE $6 <> '[]'::jsonb AND a.pool_id = $1 AND a.kind = $2 AND a.model = $3
+                                       AND a.profile = $4 AND NOT a.open AND a.idle >= $5
+                                     ORDER BY a.idle, a.node_id LIMIT $8) t
+                              JOIN nodes n ON n.id = t.node_id
+                             WHERE capacity_node_takes(n.observed_generation, n.no_schedule_reasons, n.taints, $6))) c
                     WHERE NOT (c.node_id = ANY($7))
-                      AND capacity_node_takes(n.observed_generation, n.no_schedule_reasons, n.taints, $6)
                     ORDER BY c.idle, r LIMIT 32) s;
          PREPARE worst_fit(text, text, text, text, int, jsonb, text[], bigint) AS
            SELECT array_agg(s.node_id ORDER BY s.idle DESC, s.r)
              FROM (SELECT c.node_id, c.idle, random() AS r
-                     FROM (SELECT a.node_id, a.idle FROM node_atom_counts a
-                            WHERE a.pool_id = $1 AND a.kind = $2 AND a.model = $3 AND a.profile = $4 AND a.total >= $5
-                            ORDER BY a.idle DESC, a.node_id DESC LIMIT $8) c
-                     JOIN nodes n ON n.id = c.node_id
+                     FROM ((SELECT a.node_id, a.idle FROM node_atom_counts a
+                             WHERE a.pool_id = $1 AND a.kind = $2 AND a.model = $3 AND a.profile = $4 AND a.open AND a.total >= $5
+                             ORDER BY a.idle DESC, a.node_id DESC LIMIT $8)
+                           UNION ALL
+                           (SELECT t.node_id, t.idle
+                              FROM (SELECT a.node_id, a.idle FROM node_atom_counts a
+                                     WHERE $6 <> '[]'::jsonb AND a.pool_id = $1 AND a.kind = $2 AND a.model = $3
+                                       AND a.profile = $4 AND NOT a.open AND a.total >= $5
+                                     ORDER BY a.idle DESC, a.node_id DESC LIMIT $8) t
+                              JOIN nodes n ON n.id = t.node_id
+                             WHERE capacity_node_takes(n.observed_generation, n.no_schedule_reasons, n.taints, $6))) c
                     WHERE NOT (c.node_id = ANY($7))
-                      AND capacity_node_takes(n.observed_generation, n.no_schedule_reasons, n.taints, $6)
                     ORDER BY c.idle DESC, r LIMIT 32) s;",
     )
     .await
@@ -635,10 +736,20 @@ async fn the_candidate_searches_run_on_generic_plans_that_walk_the_class_in_inde
         let plan = plan.join("\n");
         // The window's LIMIT sits right on the walk of node_atom_counts_fit, with the class in the
         // index condition: the search reads the window, not the class.
-        let walk = plan.lines().position(|l| l.contains("node_atom_counts_fit")).unwrap_or_else(|| panic!("{q}:\n{plan}"));
+        // Both parts (the open counts; the closed ones, for tolerations) walk it so; the closed
+        // part's walk runs under its one-time filter, itself under the LIMIT.
         let lines: Vec<&str> = plan.lines().collect();
-        assert!(lines[walk - 1].contains("Limit"), "{q}:\n{plan}");
-        assert!(lines[walk + 1].contains("Index Cond") && lines[walk + 1].contains("pool_id"), "{q}:\n{plan}");
+        let walks: Vec<usize> = (0..lines.len()).filter(|&i| lines[i].contains("node_atom_counts_fit")).collect();
+        assert_eq!(walks.len(), 2, "{q}:\n{plan}");
+        for walk in walks {
+            let limited = lines[walk - 1].contains("Limit") || (lines[walk - 1].contains("One-Time Filter") && lines[walk - 3].contains("Limit"));
+            assert!(limited, "{q}:\n{plan}");
+            let cond = lines[walk + 1];
+            assert!(cond.contains("Index Cond") && cond.contains("pool_id") && cond.contains("open"), "{q}:\n{plan}");
+        }
+        // The nodes are joined only in the part that a request without tolerations skips.
+        assert!(plan.contains("One-Time Filter"), "{q}:\n{plan}");
+        assert_eq!(plan.matches("nodes_pkey").count(), 1, "{q}:\n{plan}");
     }
 }
 

@@ -154,10 +154,8 @@ async fn handle(state: &Arc<ApiState>, name: &str, headers: &HeaderMap, body: Bo
         .clone();
     let secret = bearer(headers)?;
     let principal = state.iam.authenticate(secret).await?;
-    if let Some(ct) = headers.get(header::CONTENT_TYPE) {
-        if !ct.to_str().unwrap_or_default().starts_with("application/json") {
-            return Err(Error::invalid_argument("Content-Type must be application/json"));
-        }
+    if let Some(ct) = headers.get(header::CONTENT_TYPE) && !ct.to_str().unwrap_or_default().starts_with("application/json") {
+        return Err(Error::invalid_argument("Content-Type must be application/json"));
     }
     let bytes = axum::body::to_bytes(body, MAX_BODY_BYTES)
         .await

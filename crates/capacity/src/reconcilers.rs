@@ -158,10 +158,8 @@ impl Sink for InventoryWatcher {
                 t if t.starts_with("device.") => e.data.get("nodeId").and_then(|v| v.as_str()).map(String::from),
                 _ => None,
             };
-            if let Some(n) = node {
-                if !nodes.contains(&n) {
-                    nodes.push(n);
-                }
+            if let Some(n) = node && !nodes.contains(&n) {
+                nodes.push(n);
             }
         }
         refresh_nodes(tx, &nodes).await?;

@@ -321,10 +321,8 @@ pub async fn list(
     if !(1..=500).contains(&limit) {
         return Err(Error::invalid_argument("limit must be between 1 and 500"));
     }
-    if let Some(s) = state {
-        if ReservationState::parse(s).is_none() {
-            return Err(Error::invalid_argument("state must be pending, placed, active, released, expired or failed"));
-        }
+    if let Some(s) = state && ReservationState::parse(s).is_none() {
+        return Err(Error::invalid_argument("state must be pending, placed, active, released, expired or failed"));
     }
     let rows = db
         .query(
@@ -371,11 +369,9 @@ pub async fn extend(
     let mut tx = client.transaction().await.map_err(DbError::from)?;
     let request = serde_json::json!({"reservationId": id, "endsAt": ends_at});
     let scope = idempotency_key.map(|key| IdempotencyScope { tenant_id: caller.tenant_id, identity_id: caller.identity_id, key });
-    if let Some(scope) = scope {
-        if let Claim::Replay(v) = idempotency::claim(&tx, scope, "reservations.extend", &request).await? {
-            tx.commit().await.map_err(DbError::from)?;
-            return serde_json::from_value(v).map_err(|e| Error::internal(e.to_string()));
-        }
+    if let Some(scope) = scope && let Claim::Replay(v) = idempotency::claim(&tx, scope, "reservations.extend", &request).await? {
+        tx.commit().await.map_err(DbError::from)?;
+        return serde_json::from_value(v).map_err(|e| Error::internal(e.to_string()));
     }
     // The reservation's row first, before the rest of the lock order.
     let r = tx

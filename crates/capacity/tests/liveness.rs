@@ -83,7 +83,7 @@ async fn liveness_moves_through_each_grace_in_simulated_time_and_an_unreachable_
     let lease = Lease::acquire(&**c, &session::gateway_lease_name("gw_1"), "gw_1", Duration::from_secs(20), None).await.unwrap().unwrap();
     open_session(&h, &node, "gw_1").await;
     assert_eq!(liveness_of(&h, &node).await, ("connected".to_owned(), vec![]));
-    session::flush_last_seen(&**c, "gw_1", &[node.clone()], &[1], &[0.0]).await.unwrap();
+    session::flush_last_seen(&**c, "gw_1", std::slice::from_ref(&node), &[1], &[0.0]).await.unwrap();
     run_for(&h, 15).await;
     assert_eq!(liveness_of(&h, &node).await.0, "connected", "the lease still holds");
     run_for(&h, 10).await;

@@ -223,12 +223,10 @@ pub async fn run(mut args: ApiArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let mut body = body_of(&args.fields)?;
-    if let Some(t) = &args.tenant {
-        if !body.contains_key("tenantId") {
-            let doc = client.openapi().await?;
-            if request_schema(&doc, &method).is_some_and(|s| s["properties"].get("tenantId").is_some()) {
-                body.insert("tenantId".into(), Value::String(t.clone()));
-            }
+    if let Some(t) = &args.tenant && !body.contains_key("tenantId") {
+        let doc = client.openapi().await?;
+        if request_schema(&doc, &method).is_some_and(|s| s["properties"].get("tenantId").is_some()) {
+            body.insert("tenantId".into(), Value::String(t.clone()));
         }
     }
     let mut v = client.call(&method, &Value::Object(body.clone())).await?;

@@ -170,10 +170,10 @@ async fn admin_credentials(db: &mut tokio_postgres::Client, root: &Path) -> anyh
     let path = root.join("admin-token");
     if let Ok(text) = std::fs::read_to_string(&path) {
         let mut parts = text.split_whitespace();
-        if let (Some(t), Some(i), Some(s)) = (parts.next(), parts.next(), parts.next()) {
-            if better_compute_iam::tokens::authenticate(&*db, s).await.is_ok() {
-                return Ok(DevAdmin { tenant_id: t.into(), identity: i.into(), secret: s.into() });
-            }
+        if let (Some(t), Some(i), Some(s)) = (parts.next(), parts.next(), parts.next())
+            && better_compute_iam::tokens::authenticate(&*db, s).await.is_ok()
+        {
+            return Ok(DevAdmin { tenant_id: t.into(), identity: i.into(), secret: s.into() });
         }
     }
     let existing = db.query_opt("SELECT b.tenant_id, b.identity_id FROM role_bindings b WHERE b.scope_kind = 'fleet' ORDER BY b.created_at LIMIT 1", &[]).await?;

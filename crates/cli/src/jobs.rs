@@ -23,7 +23,7 @@ pub async fn run(args: JobsArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
     }
-    println!("{:<24} {:>7} {:>6} {:>8} {:>8} {:>12}  {}", "JOB", "QUEUED", "DUE", "CLAIMED", "FAILING", "OLDEST DUE", "LAST ERROR");
+    println!("{:<24} {:>7} {:>6} {:>8} {:>8} {:>12}  LAST ERROR", "JOB", "QUEUED", "DUE", "CLAIMED", "FAILING", "OLDEST DUE");
     for q in &queues {
         let oldest = match (&q.oldest_due_s, &q.oldest_due_key) {
             (Some(s), Some(k)) => format!("{s:.1}s {k}"),
@@ -41,12 +41,12 @@ pub async fn run(args: JobsArgs) -> anyhow::Result<()> {
         );
     }
     println!();
-    println!("{:<24} {:<32} {:>8}  {}", "JOB", "WORKER", "TICKS", "LAST TICK");
+    println!("{:<24} {:<32} {:>8}  LAST TICK", "JOB", "WORKER", "TICKS");
     for r in &runs {
         println!("{:<24} {:<32} {:>8}  {}", r.job, r.worker_id, r.ticks, r.last_report);
     }
     println!();
-    println!("{:<32} {:>5} {:>7}  {}", "WORKER", "LIVE", "SHARDS", "SINGLETONS");
+    println!("{:<32} {:>5} {:>7}  SINGLETONS", "WORKER", "LIVE", "SHARDS");
     for h in &holders {
         println!("{:<32} {:>5} {:>7}  {}", h.worker_id, h.live, h.shards.len(), h.singletons.join(", "));
     }

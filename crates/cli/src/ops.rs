@@ -77,7 +77,7 @@ pub async fn nodes_table(client: &tokio_postgres::Client) -> anyhow::Result<Stri
         )
         .await?;
     let mut out = String::new();
-    writeln!(out, "{:<32} {:<16} {:<10} {:<13} {:>10} {:>8}  {}", "NODE", "NAME", "POOL", "LIVENESS", "GENERATION", "OBSERVED", "NO-SCHEDULE")?;
+    writeln!(out, "{:<32} {:<16} {:<10} {:<13} {:>10} {:>8}  NO-SCHEDULE", "NODE", "NAME", "POOL", "LIVENESS", "GENERATION", "OBSERVED")?;
     for r in rows {
         let (generation, observed): (i64, i64) = (r.get(4), r.get(5));
         writeln!(

@@ -240,7 +240,7 @@ mod tests {
         let mig = GpusSection {
             gpus: vec![better_compute_proto::v1::Gpu { uuid: uuid.clone(), index: 0, mode: GpuMode::Mig as i32, mig_layout: vec!["3g.40gb".into()], slots: 0 }],
         };
-        assert!(matches!(f.apply_gpus(&mig, &[uuid.clone()]).unwrap()[0].1, GpuApply::Pending(_)));
+        assert!(matches!(f.apply_gpus(&mig, std::slice::from_ref(&uuid)).unwrap()[0].1, GpuApply::Pending(_)));
         assert_eq!(f.apply_gpus(&mig, &[]).unwrap()[0].1, GpuApply::Converged);
         assert!(f.inventory().unwrap().gpus[0].mig_enabled);
         assert_eq!(f.apply_gpus(&mig, &[]).unwrap()[0].1, GpuApply::Converged, "idempotent");

@@ -210,7 +210,7 @@ mod tests {
     #[test]
     fn health_is_judged_from_xids_ecc_and_temperature() {
         assert_eq!(judge(&[], 0, 50), (true, String::new()));
-        assert_eq!(judge(&[13], 0, 50).0, true, "XID 13 is an application error, not the GPU's");
+        assert!(judge(&[13], 0, 50).0, "XID 13 is an application error, not the GPU's");
         assert_eq!(judge(&[13, 79], 0, 50), (false, "XID 79".into()));
         assert!(!judge(&[], 2, 50).0);
         assert!(!judge(&[], 0, 95).0);

@@ -204,6 +204,12 @@ fn signed_ms(a: SystemTime, b: SystemTime) -> i64 {
     }
 }
 
+/// SQL that renders a `timestamptz` expression as RFC 3339 in UTC, with microseconds: how every
+/// time leaves the database for the API.
+pub fn rfc3339_sql(expr: &str) -> String {
+    format!("to_char(({expr}) AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -247,10 +253,4 @@ mod tests {
         let clock = Clock::fixed(sim_epoch());
         assert_eq!(clock.now(), sim_epoch());
     }
-}
-
-/// SQL that renders a `timestamptz` expression as RFC 3339 in UTC, with microseconds: how every
-/// time leaves the database for the API.
-pub fn rfc3339_sql(expr: &str) -> String {
-    format!("to_char(({expr}) AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')")
 }

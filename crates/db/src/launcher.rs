@@ -102,10 +102,8 @@ impl PgBinaries {
         if let Some(dir) = std::env::var_os("BETTER_COMPUTE_PG_BIN") {
             candidates.push(PathBuf::from(dir));
         }
-        if let Ok(out) = Command::new("pg_config").arg("--bindir").stderr(Stdio::null()).output() {
-            if out.status.success() {
-                candidates.push(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()));
-            }
+        if let Ok(out) = Command::new("pg_config").arg("--bindir").stderr(Stdio::null()).output() && out.status.success() {
+            candidates.push(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()));
         }
         if let Ok(entries) = std::fs::read_dir("/usr/lib/postgresql") {
             let mut versions: Vec<(u32, PathBuf)> = entries
@@ -115,7 +113,7 @@ impl PgBinaries {
                     Some((v, e.path().join("bin")))
                 })
                 .collect();
-            versions.sort_by(|a, b| b.0.cmp(&a.0));
+            versions.sort_by_key(|v| std::cmp::Reverse(v.0));
             candidates.extend(versions.into_iter().map(|(_, p)| p));
         }
         if let Some(path) = std::env::var_os("PATH") {

@@ -74,11 +74,11 @@ fn remove_orphaned_runs() {
             continue;
         }
         let dir = e.path();
-        if let Ok(text) = std::fs::read_to_string(dir.join("data/postmaster.pid")) {
-            if let Some(pm) = text.lines().next().and_then(|l| l.trim().parse::<i32>().ok()) {
-                // SAFETY: SIGQUIT asks the postmaster for an immediate shutdown.
-                unsafe { libc::kill(pm, libc::SIGQUIT) };
-            }
+        if let Ok(text) = std::fs::read_to_string(dir.join("data/postmaster.pid"))
+            && let Some(pm) = text.lines().next().and_then(|l| l.trim().parse::<i32>().ok())
+        {
+            // SAFETY: SIGQUIT asks the postmaster for an immediate shutdown.
+            unsafe { libc::kill(pm, libc::SIGQUIT) };
         }
         let _ = std::fs::remove_dir_all(&dir);
     }

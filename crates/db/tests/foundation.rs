@@ -449,7 +449,7 @@ async fn racing_transitions_from_one_version_let_exactly_one_win() {
 fn missing_server_binaries_give_one_error_naming_the_package() {
     let empty = std::env::temp_dir().join(format!("bc-empty-{}", std::process::id()));
     std::fs::create_dir_all(&empty).unwrap();
-    let err = PgBinaries::find_in(&[empty.clone()]).unwrap_err();
+    let err = PgBinaries::find_in(std::slice::from_ref(&empty)).unwrap_err();
     let msg = err.to_string();
     assert!(matches!(err, LaunchError::BinariesNotFound { .. }));
     assert!(msg.contains("apt-get install postgresql") && msg.contains("BETTER_COMPUTE_PG_BIN"), "{msg}");

@@ -95,10 +95,8 @@ pub fn check_url(url: &str, policy: EgressPolicy) -> Result<Url, Error> {
         Some(url::Host::Ipv4(v4)) => Some(IpAddr::V4(v4)),
         Some(url::Host::Ipv6(v6)) => Some(IpAddr::V6(v6)),
     };
-    if let Some(ip) = ip {
-        if !policy.allow_private && !is_public(ip) {
-            return Err(bad(&format!("{ip} is not a public address")));
-        }
+    if let Some(ip) = ip && !policy.allow_private && !is_public(ip) {
+        return Err(bad(&format!("{ip} is not a public address")));
     }
     Ok(u)
 }

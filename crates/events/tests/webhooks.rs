@@ -71,10 +71,13 @@ enum Reply {
     Hang,
 }
 
+/// A delivery as the receiver saw it: its headers and body.
+type Seen = (HeaderMap, Vec<u8>);
+
 #[derive(Clone, Default)]
 struct Receiver {
     script: Arc<Mutex<Vec<Reply>>>,
-    seen: Arc<Mutex<Vec<(HeaderMap, Vec<u8>)>>>,
+    seen: Arc<Mutex<Vec<Seen>>>,
     connections: Arc<AtomicUsize>,
 }
 

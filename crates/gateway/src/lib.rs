@@ -212,24 +212,22 @@ impl Inner {
                 Ok(false) => {
                     let dropped = self.hub.clear("this gateway lost its lease");
                     tracing::warn!(gateway = %self.cfg.id, dropped, "gateway lease lost; sessions dropped");
-                    if let Ok(tx) = c.transaction().await {
-                        if let Ok(Some(l)) = Lease::acquire(&*tx, lease.name(), &self.cfg.id, better_compute_db::lease::GATEWAY_LEASE_TTL, None).await {
-                            if tx.commit().await.is_ok() {
-                                lease = l;
-                            }
-                        }
+                    if let Ok(tx) = c.transaction().await
+                        && let Ok(Some(l)) = Lease::acquire(&*tx, lease.name(), &self.cfg.id, better_compute_db::lease::GATEWAY_LEASE_TTL, None).await
+                        && tx.commit().await.is_ok()
+                    {
+                        lease = l;
                     }
                 }
                 Err(e) => tracing::warn!(error = %e, "gateway lease renewal failed"),
             }
         }
         // A clean stop: the sessions close as their streams end; the lease goes at once.
-        if let Ok(mut c) = self.pool.get().await {
-            if let Ok(tx) = c.transaction().await {
-                if lease.release(&*tx).await.is_ok() {
-                    let _ = tx.commit().await;
-                }
-            }
+        if let Ok(mut c) = self.pool.get().await
+            && let Ok(tx) = c.transaction().await
+            && lease.release(&*tx).await.is_ok()
+        {
+            let _ = tx.commit().await;
         }
     }
 

@@ -163,10 +163,8 @@ impl Gateway for GatewayService {
         inner.hub.insert(&node, s.clone());
         let welcome = Welcome { session_epoch: opened.session_epoch, generation: opened.generation };
         let _ = out.try_send(Ok(GatewayMessage { msg: Some(gateway_message::Msg::Welcome(welcome)) }));
-        if let Some((generation, json)) = spec {
-            if s.claim_generation(generation) {
-                crate::send_spec(&node, &s, generation, json);
-            }
+        if let Some((generation, json)) = spec && s.claim_generation(generation) {
+            crate::send_spec(&node, &s, generation, json);
         }
         for d in &again {
             let _ = out.try_send(Ok(crate::command_message(&node, d)));
@@ -242,9 +240,10 @@ async fn read_session(inner: Arc<Inner>, node: String, s: Arc<Session>, mut inbo
     inner.hub.remove(&node, s.epoch, "the session ended");
     if let Ok(mut c) = inner.pool.get().await
         && let Ok(tx) = c.transaction().await
-            && session::close(&*tx, &node, s.epoch, reason).await.is_ok() {
-                let _ = tx.commit().await;
-            }
+        && session::close(&*tx, &node, s.epoch, reason).await.is_ok()
+    {
+        let _ = tx.commit().await;
+    }
     tracing::debug!(node = %node, epoch = s.epoch, reason, "session closed");
 }
 

@@ -96,10 +96,8 @@ impl Iam {
     pub async fn authenticate(&self, secret: &str) -> Result<Principal, Error> {
         let key = tokens::secret_sha256(secret);
         let now = (self.clock)();
-        if let Some((p, until)) = self.caches().auth.get(&key) {
-            if now < *until {
-                return Ok(p.clone());
-            }
+        if let Some((p, until)) = self.caches().auth.get(&key) && now < *until {
+            return Ok(p.clone());
         }
         let db = self.pool.get().await.map_err(DbError::from)?;
         let owner = tokens::authenticate(&**db, secret).await?;
@@ -183,11 +181,9 @@ impl Iam {
                 tracing::warn!(error = %e, "authz_changes tail failed; cached decisions still expire on their TTLs");
             }
             polls += 1;
-            if polls % 600 == 0 {
-                if let Ok(db) = self.pool.get().await {
-                    // One clock: the prune compares with compute_now().
-                    let _ = db.execute("DELETE FROM authz_changes WHERE at < compute_now() - interval '1 day'", &[]).await;
-                }
+            if polls.is_multiple_of(600) && let Ok(db) = self.pool.get().await {
+                // One clock: the prune compares with compute_now().
+                let _ = db.execute("DELETE FROM authz_changes WHERE at < compute_now() - interval '1 day'", &[]).await;
             }
             tokio::select! {
                 _ = tokio::time::sleep(interval) => {}

@@ -79,13 +79,11 @@ pub async fn create_pool(tx: &impl GenericClient, p: &NewPool) -> Result<String,
             return Err(Error::invalid_argument(format!("{field} must be between 1 and {max}")).into());
         }
     }
-    if let Some(s) = p.lost_after_s {
-        if s <= 0 || p.kind == "bare-metal" {
-            return Err(Error::invalid_argument(
-                "lostAfterS must be positive, and only provider and vps-host pools may set it (bare metal is never lost automatically)",
-            )
-            .into());
-        }
+    if let Some(s) = p.lost_after_s && (s <= 0 || p.kind == "bare-metal") {
+        return Err(Error::invalid_argument(
+            "lostAfterS must be positive, and only provider and vps-host pools may set it (bare metal is never lost automatically)",
+        )
+        .into());
     }
     let site = tx.query_opt("SELECT 1 FROM sites WHERE id = $1", &[&p.site_id]).await?;
     if site.is_none() {

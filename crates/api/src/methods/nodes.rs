@@ -136,10 +136,8 @@ pub(super) fn methods() -> Vec<Method> {
                 Some(p) => ctx.check("compute:nodes:read", Resource::Pool(p)).await?,
                 None => ctx.check("compute:nodes:read", Resource::Fleet).await?,
             }
-            if let Some(l) = &r.liveness {
-                if !["connected", "disconnected", "unreachable", "lost"].contains(&l.as_str()) {
-                    return Err(Error::invalid_argument("liveness must be connected, disconnected, unreachable or lost"));
-                }
+            if let Some(l) = &r.liveness && !["connected", "disconnected", "unreachable", "lost"].contains(&l.as_str()) {
+                return Err(Error::invalid_argument("liveness must be connected, disconnected, unreachable or lost"));
             }
             let f = NodeFilter { pool_id: r.pool_id.as_deref(), cordoned: r.cordoned, liveness: r.liveness.as_deref() };
             listing::list_nodes(&**ctx.db().await?, &f, &super::page(r.page_size, r.page_token)).await

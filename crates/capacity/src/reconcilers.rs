@@ -85,8 +85,10 @@ impl Reconciler for Rollup {
         let mut c = ctx.client().await?;
         let tx = ctx.begin_fenced(&mut c).await?;
         // The counts' open flags (0007_open_counts), put right where a refresh raced a change of
-        // its node: the stale nodes FOR SHARE, in id order (nodes before their counts, the lock
-        // order), so the flag is set from a version of the node that cannot change before commit.
+        // its node: the stale nodes FOR SHARE (nodes before their counts, the lock order), so the
+        // flag is set from a version of the node that cannot change before commit. SKIP LOCKED: a
+        // node being changed right now is left to that change's trigger and to the next run, and
+        // this never waits on a node, so it cannot deadlock with a statement changing many.
         let repaired = tx
             .execute(
                 "WITH stale AS (
@@ -95,7 +97,7 @@ impl Reconciler for Rollup {
                     WHERE n.pool_id = $1
                       AND EXISTS (SELECT 1 FROM node_atom_counts c WHERE c.node_id = n.id
                                      AND c.open IS DISTINCT FROM capacity_node_open(n.observed_generation, n.no_schedule_reasons, n.taints))
-                    ORDER BY n.id FOR SHARE OF n)
+                    FOR SHARE OF n SKIP LOCKED)
                  UPDATE node_atom_counts c SET open = s.open FROM stale s WHERE c.node_id = s.id AND c.open IS DISTINCT FROM s.open",
                 &[&pool],
             )

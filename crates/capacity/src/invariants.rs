@@ -76,6 +76,19 @@ const RULES: [(&str, &str); 5] = [
     ),
 ];
 
+/// The atom-count rows whose open flag (0007_open_counts) disagrees with their node, as
+/// "node kind open". Not one of the invariants: the flag is a hint that a refresh racing a change
+/// of its node may leave stale until `capacity.rollup` runs, so this holds once the jobs have run
+/// after the last change, not at every moment.
+pub async fn stale_open_flags(db: &impl GenericClient) -> Result<Vec<String>, DbError> {
+    rows_of(
+        db,
+        "SELECT c.node_id || ' ' || c.kind || ' ' || c.open FROM node_atom_counts c JOIN nodes n ON n.id = c.node_id
+          WHERE c.open IS DISTINCT FROM capacity_node_open(n.observed_generation, n.no_schedule_reasons, n.taints)",
+    )
+    .await
+}
+
 /// Checks every capacity invariant: no two overlapping bookings on an atom; never a parent and a
 /// child atom booked at once; scalars equal the sum of live reservations and stay within
 /// `floor(allocatable * ratio)`; quota used equals the charges of non-terminal reservations and

@@ -233,13 +233,8 @@ async fn a_stale_open_flag_costs_a_replan_never_a_placement_and_the_rollup_puts_
     let pools = std::slice::from_ref(&f.pool_id);
     better_compute_runtime::work_queue::enqueue_many(&**h.db().client().await, &better_compute_capacity::ROLLUP_KIND, pools).await.unwrap();
     h.job("capacity.rollup").drain(5).await;
-    let stale = count(
-        &h,
-        "SELECT count(*) FROM node_atom_counts c JOIN nodes n ON n.id = c.node_id
-          WHERE c.open IS DISTINCT FROM capacity_node_open(n.observed_generation, n.no_schedule_reasons, n.taints)",
-    )
-    .await;
-    assert_eq!(stale, 0);
+    let stale = better_compute_capacity::invariants::stale_open_flags(&**h.db().client().await).await.unwrap();
+    assert!(stale.is_empty(), "{stale:?}");
     assert_eq!(count(&h, &format!("SELECT count(*) FROM node_atom_counts WHERE node_id = '{}' AND open", f.nodes[0])).await, 0);
 }
 

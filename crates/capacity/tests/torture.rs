@@ -252,20 +252,7 @@ async fn check_invariants(h: &Harness, seed: u64, f: &Fleet) {
     assert!(report.placements_checked > 50, "seed {seed}: only {} placements; the test did not exercise the placer", report.placements_checked);
     // The counts' open flags, kept by a trigger and put right by the rollup, agree with their
     // nodes once the jobs have run after the last change.
-    let stale: Vec<String> = h
-        .db()
-        .client()
-        .await
-        .query(
-            "SELECT c.node_id || ' ' || c.kind || ' ' || c.open FROM node_atom_counts c JOIN nodes n ON n.id = c.node_id
-              WHERE c.open IS DISTINCT FROM capacity_node_open(n.observed_generation, n.no_schedule_reasons, n.taints)",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let stale = invariants::stale_open_flags(&**h.db().client().await).await.unwrap();
     assert!(stale.is_empty(), "seed {seed}: open flags disagree with their nodes: {stale:?}");
 }
 

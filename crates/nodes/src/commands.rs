@@ -132,13 +132,13 @@ pub async fn enqueue(tx: &impl GenericClient, registry: &Registry, c: NewCommand
     };
     let inserted = tx
         .query_opt(
-            &"INSERT INTO commands (id, node_id, seq, kind, lane, body, payload, idempotency_key, min_generation,
+            "INSERT INTO commands (id, node_id, seq, kind, lane, body, payload, idempotency_key, min_generation,
                                        not_after, timeout_s, retry_safe, self_terminating, state, owner_kind, owner_key,
                                        owner_shard, requested_by)
                  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, compute_now() + make_interval(secs => $10), $11, $12, $13,
                          'pending', $14, $15, $16, $17)
                  ON CONFLICT (node_id, idempotency_key) DO NOTHING
-                 RETURNING id".to_string(),
+                 RETURNING id",
             &[
                 &id, &c.node_id, &seq, &kind.name, &kind.lane, &body.encode_to_vec(), &payload, &c.idempotency_key,
                 &c.min_generation, &not_after.as_secs_f64(), &(kind.timeout.as_secs() as i32), &kind.retry_safe,

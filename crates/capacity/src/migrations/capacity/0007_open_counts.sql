@@ -15,10 +15,11 @@
 -- rollup, which runs after every inventory change and at every resync, puts such a row right, under
 -- the node's lock (reconcilers::Rollup).
 
--- Whether a node takes a request that tolerates nothing (capacity_node_takes with no tolerations).
+-- Whether a node takes a request that tolerates nothing: the eligibility rules stay in one place,
+-- capacity_node_takes (0002_placer), and both inline into the queries that call them.
 CREATE FUNCTION capacity_node_open(p_observed_generation bigint, p_no_schedule_reasons text[], p_taints jsonb)
 RETURNS boolean LANGUAGE sql IMMUTABLE AS $$
-  SELECT p_observed_generation >= 1 AND cardinality(p_no_schedule_reasons) = 0 AND jsonb_array_length(p_taints) = 0
+  SELECT capacity_node_takes(p_observed_generation, p_no_schedule_reasons, p_taints, '[]'::jsonb)
 $$;
 
 ALTER TABLE node_atom_counts ADD COLUMN open boolean NOT NULL DEFAULT false;

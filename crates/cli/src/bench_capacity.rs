@@ -287,6 +287,8 @@ pub async fn run(b: CapacityBench) -> anyhow::Result<()> {
     let conn = scratch.conn();
     let mut db = better_compute_db::pool::connect(&conn).await?;
     better_compute_db::migrate(&mut db, &crate::registry()?.migrations()).await?;
+    // The clients' pokes folded together, as in a server (work_queue::Poker).
+    better_compute_runtime::work_queue::Poker::install(better_compute_db::pool::connect_pool(&conn, 1)?);
     let cpu_start = machine_cpu_s();
     let tpcb = scratch.tpcb(b.clients, b.pgbench_seconds)?;
     let tpcb_cpu_ms = cpu_start.zip(machine_cpu_s()).map(|(a, c)| 1000.0 * (c - a) / (tpcb * b.pgbench_seconds as f64));

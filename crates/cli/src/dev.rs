@@ -94,6 +94,7 @@ async fn serve(cluster: &Cluster, root: &Path, args: &DevArgs) -> anyhow::Result
         println!("created site dev, pools gpus (bare metal) and burst (a provider's, lost after 1 h unreachable), and a quota for tenant dev");
     }
     let pool = better_compute_db::pool::connect_pool(&conn, 32)?;
+    better_compute_runtime::work_queue::Poker::install(pool.clone());
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let stopped_status = stopped.clone();
     let (api_addr, api) = crate::server::start_api(pool.clone(), registry.clone(), &args.api_listen, stopped.clone()).await?;

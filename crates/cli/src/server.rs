@@ -110,6 +110,8 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     }
     let registry = crate::registry()?;
     let pool = better_compute_db::pool::connect_pool(&args.db.database_url, args.pool_size)?;
+    // Every role's pokes share one NOTIFY stream (see work_queue::Poker).
+    better_compute_runtime::work_queue::Poker::install(pool.clone());
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let mut api = None;
     if args.roles.iter().any(|r| r == "api") {

@@ -481,6 +481,46 @@ async fn a_poke_wakes_a_sleeping_worker_at_once() {
     assert!(!holders.iter().any(|x| x.worker_id == "wrk_listening"), "{holders:?}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pokes_that_come_together_share_a_notify_and_every_poke_is_followed_by_one() {
+    let probe = Arc::new(Probe::new(NODE_KIND, ShardBy::Node));
+    let h = harness_with(probe, vec![]).await;
+    let seen = Arc::new(AtomicUsize::new(0));
+    let counter = seen.clone();
+    let listener = tokio::spawn(work_queue::listen(h.db().connection_string().to_owned(), &[work_queue::POKE_CHANNEL], move |_, _| {
+        counter.fetch_add(1, Ordering::SeqCst);
+    }));
+    let poker = work_queue::Poker::start(h.db().pool.clone());
+    // A poke sent before the listener listens is lost by design (polling covers it): poke until
+    // one arrives.
+    within("the listener hears a poke", async {
+        while seen.load(Ordering::SeqCst) == 0 {
+            poker.poke();
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    // The warm-up's last poke may still be on its way.
+    let start = seen.load(Ordering::SeqCst) + 1;
+    for burst in 1..=3 {
+        let before = seen.load(Ordering::SeqCst);
+        for _ in 0..1000 {
+            poker.poke();
+        }
+        within("a burst of pokes is followed by a NOTIFY", async {
+            while seen.load(Ordering::SeqCst) == before {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await;
+        // A burst is folded into the NOTIFY being sent when it came, if any, and one after it: never
+        // more than two a burst, however late they arrive (one per poke would be a thousand).
+        let sent = seen.load(Ordering::SeqCst).saturating_sub(start);
+        assert!(sent <= 2 * burst, "{sent} NOTIFYs for {burst} bursts of 1,000 pokes");
+    }
+    listener.abort();
+}
+
 #[tokio::test]
 async fn the_operator_view_shows_queues_job_runs_and_shard_holders() {
     let probe = Arc::new(Probe::new(NODE_KIND, ShardBy::Node));

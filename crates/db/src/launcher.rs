@@ -303,6 +303,7 @@ impl Cluster {
              unix_socket_permissions = 0700\n\
              max_connections = {}\n\
              shared_buffers = 128MB\n\
+             autovacuum_naptime = 5s\n\
              log_min_messages = warning\n\
              log_min_error_statement = panic\n",
             self.opts.max_connections

@@ -22,7 +22,7 @@ pub use reconciler::{Kind, Outcome, Periodic, ReconcileContext, Reconciler, RunE
 pub use worker::{Worker, WorkerConfig};
 
 /// The runtime's own migrations: the work queue, job status, the outbox and its cursors, and the
-/// SQL functions that enqueue and emit.
+/// SQL functions that enqueue and emit, and the work queue's autovacuum settings.
 pub const RUNTIME_MIGRATIONS: &[better_compute_db::Migration] = &[
     better_compute_db::Migration {
         module: "runtime",
@@ -38,5 +38,10 @@ pub const RUNTIME_MIGRATIONS: &[better_compute_db::Migration] = &[
         module: "runtime",
         name: "0003_sql_functions",
         sql: include_str!("migrations/runtime/0003_sql_functions.sql"),
+    },
+    better_compute_db::Migration {
+        module: "runtime",
+        name: "0004_autovacuum",
+        sql: include_str!("migrations/runtime/0004_autovacuum.sql"),
     },
 ];

@@ -94,7 +94,7 @@ pub const POKE_MIN_GAP: Duration = Duration::from_millis(5);
 /// Folds a process's pokes together: a poke asks for one NOTIFY sent after it; pokes that come
 /// while one is being sent, or within [`POKE_MIN_GAP`] of it, share the next. Without it, every
 /// change made by a busy API server costs a transaction of its own for its NOTIFY (the capacity
-/// bench: a placement and its release cost 12% more CPU with a NOTIFY each). No poke is lost: a
+/// bench, 64 clients: a release cost 1.37 ms of CPU with a NOTIFY each, 1.06 with them folded). No poke is lost: a
 /// poke stores a permit in a [`tokio::sync::Notify`], and the sender starts a NOTIFY only after
 /// taking the permit, so every poke is followed by a NOTIFY that began after it.
 #[derive(Clone)]
@@ -108,8 +108,12 @@ impl Poker {
     /// and makes it the process's: from then on [`poke`] and [`poke_after`] hand it their pokes.
     /// Returns the poker, or `None` if the process already has one (which stays).
     pub fn install(pool: better_compute_db::Pool) -> Option<Poker> {
-        let poker = Poker::start(pool);
-        POKER.set(poker.clone()).ok().map(|()| poker)
+        let mut fresh = false;
+        let poker = POKER.get_or_init(|| {
+            fresh = true;
+            Poker::start(pool)
+        });
+        fresh.then(|| poker.clone())
     }
 
     /// Starts a poker without making it the process's (see [`Poker::install`]).

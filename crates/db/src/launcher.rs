@@ -296,8 +296,6 @@ impl Cluster {
     /// Writes the settings we own; rewritten at every start so a moved socket folder takes effect.
     fn write_settings(&self) -> Result<(), LaunchError> {
         let sock = self.opts.socket_dir.display().to_string().replace('\'', "''");
-        // autovacuum_naptime: how often the launcher checks each database's tables against their
-        // thresholds, which the tables placements churn lower to 2% dead (capacity's 0008_autovacuum).
         let mut s = format!(
             "# Written by better-compute at every start; edits are overwritten.\n\
              listen_addresses = ''\n\
@@ -305,7 +303,6 @@ impl Cluster {
              unix_socket_permissions = 0700\n\
              max_connections = {}\n\
              shared_buffers = 128MB\n\
-             autovacuum_naptime = 5s\n\
              log_min_messages = warning\n\
              log_min_error_statement = panic\n",
             self.opts.max_connections

@@ -23,6 +23,10 @@ async fn pools_in(ctx: &ReconcileContext, shards: &[i16]) -> Result<Vec<String>,
         .collect())
 }
 
+/// The most steps one run takes a reservation through (placed, active, expired, and one spare); what
+/// is still due after them is due at once, so the timer armed last runs it again.
+const MAX_STEPS_PER_RUN: usize = 4;
+
 /// `capacity.reservations`, keyed by reservation.
 pub struct Reservations;
 
@@ -34,12 +38,17 @@ impl Reconciler for Reservations {
 
     async fn run(&self, ctx: &ReconcileContext, id: &str) -> Result<Outcome, RunError> {
         let mut c = ctx.client().await?;
+        // Everything due now (a reservation may be both started and ended by a clock jump), one
+        // step per transaction: a step ends by queueing wake-ups, the last table of the lock
+        // order, and the next one may begin with quota, the first. In one transaction, a release
+        // holding quota and queueing the same node's wake-up deadlocked with the run.
         let mut tx = ctx.begin_fenced(&mut c).await?;
-        // Everything due now (a reservation may be both started and ended by a clock jump).
-        for _ in 0..4 {
+        for _ in 0..MAX_STEPS_PER_RUN {
             if reservations::step(&mut tx, id).await? == reservations::Step::Nothing {
                 break;
             }
+            tx.commit().await?;
+            tx = ctx.begin_fenced(&mut c).await?;
         }
         // Arm the timer for what is due next: its start, its end, or its next retry.
         let next: Option<f64> = tx

@@ -605,6 +605,80 @@ async fn a_release_takes_the_nodes_counters_before_its_bookings_as_the_placer_do
 }
 
 #[tokio::test]
+async fn a_reservation_run_commits_each_step_so_its_wake_ups_never_wait_on_a_release_holding_quota() {
+    // A run of capacity.reservations may take a reservation through several steps (activated, then
+    // expired once the clock has moved on). Each step ends by queueing its node's desired-state
+    // wake-up, the last table of the lock order; an expiry begins with the quota rows, the first. In
+    // one transaction, a run that queued the wake-up and then waited for quota held by a release
+    // deadlocked with it once the release went on to queue the same wake-up: the torture test met
+    // it about once per 200 seeds. Here a transaction stands in for that release, step by step.
+    let h = harness().await;
+    let f = fleet(&h, &exclusive(1), 8).await;
+    let node = f.nodes[0].clone();
+    let mut c = h.db().connect().await;
+    let mut later = whole(&f.pool_id, 2);
+    later.duration_s = None;
+    later.starts_at = Some("2030-01-01T01:00:00Z".into());
+    later.ends_at = Some("2030-01-01T01:00:20Z".into());
+    let r = reservations::create(&mut c, ME, &later).await.unwrap();
+    h.job("capacity.reservations").drain(5).await;
+    h.db().advance(Duration::from_secs(3610)).await;
+    // The worker renews its leases (and queues its periodic keys) now; the clock will move 12 s
+    // during the run, within the leases' 15 s.
+    h.worker().maintain().await.unwrap();
+    // The node's wake-up is held, so the run's first step (the activation) waits at its end.
+    let mut z = h.db().connect().await;
+    let wake_up = z.transaction().await.unwrap();
+    wake_up.execute("SELECT work_queue_enqueue(ARRAY['nodespec'], ARRAY[$1], ARRAY[0::int2], 0)", &[&node]).await.unwrap();
+    let mut y = h.db().connect().await;
+    let y_pid: i32 = y.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0);
+    let release = y.transaction().await.unwrap();
+    let run = async { h.worker().tick("capacity.reservations").await.unwrap() };
+    let standin = async {
+        waits_for_a_lock(&h, "capacity_step", "the run never waited for the node's wake-up").await;
+        // The clock passes the reservation's end, the release takes the tenant's quota rows (its
+        // first lock) and the held wake-up commits: the run's next step, the expiry, waits for quota.
+        h.db().advance(Duration::from_secs(12)).await;
+        release.execute("SELECT 1 FROM quota_usage WHERE tenant_id = $1 FOR UPDATE", &[&TENANT]).await.unwrap();
+        wake_up.commit().await.unwrap();
+        let watcher = h.db().client().await;
+        let blocked = async {
+            while watcher
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity
+                      WHERE query LIKE '%capacity_step%' AND $1 = ANY(pg_blocking_pids(pid))",
+                    &[&y_pid],
+                )
+                .await
+                .unwrap()
+                .get::<_, i64>(0)
+                == 0
+            {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(30), blocked).await.expect("the expiry never waited for quota");
+        // The release ends as every change does: it queues the node's wake-up.
+        release
+            .execute("SELECT work_queue_enqueue(ARRAY['nodespec'], ARRAY[$1], ARRAY[0::int2], 0)", &[&node])
+            .await
+            .expect("the release's wake-up must not deadlock with the run");
+        release.commit().await.unwrap();
+    };
+    let (report, ()) = tokio::time::timeout(Duration::from_secs(60), async { tokio::join!(run, standin) }).await.expect("hung");
+    assert_eq!((report.errors, report.last_error), (0, None));
+    assert_eq!(reservations::get(&c, ME, &r.id).await.unwrap().state, "expired");
+    let events: Vec<String> = c
+        .query("SELECT type FROM outbox WHERE subject = $1 ORDER BY txid, seq", &[&r.id])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(events, ["reservation.placed", "reservation.active", "reservation.expired"]);
+}
+
+#[tokio::test]
 async fn two_releases_racing_end_a_reservation_once_and_give_its_atoms_back_once() {
     // Release ends the reservation's row in its first statement. The second of two racing releases
     // waits for the first's lock, re-reads the row as ended, and changes nothing: one refund, one

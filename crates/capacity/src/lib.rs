@@ -29,6 +29,7 @@ pub const CAPACITY_MIGRATIONS: &[Migration] = &[
     Migration { module: "capacity", name: "0007_open_counts", sql: include_str!("migrations/capacity/0007_open_counts.sql") },
     Migration { module: "capacity", name: "0008_autovacuum", sql: include_str!("migrations/capacity/0008_autovacuum.sql") },
     Migration { module: "capacity", name: "0009_refresh_lock_order", sql: include_str!("migrations/capacity/0009_refresh_lock_order.sql") },
+    Migration { module: "capacity", name: "0010_counts_lock_order", sql: include_str!("migrations/capacity/0010_counts_lock_order.sql") },
 ];
 
 /// Moves a reservation through time (start, end) and retries it while pending; key: reservation

@@ -106,8 +106,15 @@ impl Reconciler for Rollup {
                     WHERE n.pool_id = $1
                       AND EXISTS (SELECT 1 FROM node_atom_counts c WHERE c.node_id = n.id
                                      AND c.open IS DISTINCT FROM capacity_node_open(n.observed_generation, n.no_schedule_reasons, n.taints))
-                    FOR SHARE OF n SKIP LOCKED)
-                 UPDATE node_atom_counts c SET open = s.open FROM stale s WHERE c.node_id = s.id AND c.open IS DISTINCT FROM s.open",
+                    FOR SHARE OF n SKIP LOCKED),
+                   -- their count rows in key order, as every statement that locks several
+                   locked AS (
+                   SELECT c.node_id, c.kind, c.model, c.profile, s.open FROM node_atom_counts c JOIN stale s ON s.id = c.node_id
+                    WHERE c.open IS DISTINCT FROM s.open
+                    ORDER BY c.node_id COLLATE \"C\", c.kind, c.model, c.profile
+                      FOR UPDATE OF c)
+                 UPDATE node_atom_counts c SET open = l.open FROM locked l
+                  WHERE c.node_id = l.node_id AND c.kind = l.kind AND c.model = l.model AND c.profile = l.profile",
                 &[&pool],
             )
             .await?;
@@ -180,7 +187,11 @@ impl Sink for InventoryWatcher {
 
 /// Refreshes the atom counts of `nodes` and wakes their pools' rollups.
 pub async fn refresh_nodes(tx: &impl tokio_postgres::GenericClient, nodes: &[String]) -> Result<(), DbError> {
-    for n in nodes {
+    // In id order (bytes, as the rollup's repair of open flags orders them, in the "C" collation):
+    // each refresh locks its node's count rows.
+    let mut nodes = nodes.to_vec();
+    nodes.sort();
+    for n in &nodes {
         tx.execute("SELECT capacity_refresh_node_counts($1)", &[n]).await?;
     }
     let pools: Vec<String> = tx

@@ -679,6 +679,47 @@ async fn a_reservation_run_commits_each_step_so_its_wake_ups_never_wait_on_a_rel
 }
 
 #[tokio::test]
+async fn a_taint_and_a_refresh_lock_a_nodes_count_rows_in_the_same_order() {
+    // A taint (or cordon) updates the node's row and, by trigger, the open flag of every count row
+    // of the node; a refresh (the inventory subscriber's, a mode change's) upserts them in key
+    // order. The trigger took them in its plan's order, which for a sequential scan is the heap's:
+    // a node with two classes could have them locked in opposite orders, and the torture test met
+    // the deadlock about once per 400 seeds. Here a transaction stands in for the refresh.
+    let h = harness().await;
+    let f = fleet(&h, &exclusive(1), 2).await;
+    let node = f.nodes[0].clone();
+    let mut c = h.db().connect().await;
+    mode::change_gpu_mode(&mut c, &f.gpus[0][1], &GpuMode::Mig { layout: vec!["3g.40gb".into(), "3g.40gb".into()] }).await.unwrap();
+    settle_outbox(&h).await;
+    h.job("event-subscribers").drain(20).await;
+    // A new version of the gpu row: in the heap it now comes after the mig row, though before it in
+    // key order ('gpu' < 'mig').
+    c.execute("UPDATE node_atom_counts SET idle = idle WHERE node_id = $1 AND kind = 'gpu'", &[&node]).await.unwrap();
+    assert_eq!(count(&h, &format!("SELECT count(*) FROM node_atom_counts WHERE node_id = '{node}' AND open")).await, 2);
+    let mut z = h.db().connect().await;
+    let refresh = z.transaction().await.unwrap();
+    refresh.execute("UPDATE node_atom_counts SET idle = idle WHERE node_id = $1 AND kind = 'gpu'", &[&node]).await.unwrap();
+    let mut t = h.db().connect().await;
+    // The trigger's statement planned as a sequential scan, in heap order.
+    t.batch_execute("SET enable_indexscan = off; SET enable_bitmapscan = off").await.unwrap();
+    let taint_tx = t.transaction().await.unwrap();
+    let taint = async {
+        actions::taint(&taint_tx, &node, "maint", "yes").await.expect("the taint must not deadlock with the refresh");
+        taint_tx.commit().await.unwrap();
+    };
+    let standin = async {
+        waits_for_a_lock(&h, "UPDATE nodes SET taints", "the taint never waited for the refresh's first row").await;
+        refresh
+            .execute("UPDATE node_atom_counts SET idle = idle WHERE node_id = $1 AND kind = 'mig'", &[&node])
+            .await
+            .expect("the refresh's second row must not deadlock with the taint");
+        refresh.commit().await.unwrap();
+    };
+    tokio::time::timeout(Duration::from_secs(60), async { tokio::join!(taint, standin) }).await.expect("hung");
+    assert_eq!(count(&h, &format!("SELECT count(*) FROM node_atom_counts WHERE node_id = '{node}' AND open")).await, 0);
+}
+
+#[tokio::test]
 async fn two_releases_racing_end_a_reservation_once_and_give_its_atoms_back_once() {
     // Release ends the reservation's row in its first statement. The second of two racing releases
     // waits for the first's lock, re-reads the row as ended, and changes nothing: one refund, one

@@ -268,10 +268,7 @@ async fn reservations_become_active_at_their_start_and_expire_at_their_end_givin
     let h = harness().await;
     let f = fleet(&h, &exclusive(1), 8).await;
     let mut c = h.db().connect().await;
-    let mut later = whole(&f.pool_id, 2);
-    later.duration_s = None;
-    later.starts_at = Some("2030-01-01T01:00:00Z".into());
-    later.ends_at = Some("2030-01-01T02:00:00Z".into());
+    let later = whole_between(&f.pool_id, 2, "2030-01-01T01:00:00Z", "2030-01-01T02:00:00Z");
     let r = reservations::create(&mut c, ME, &later).await.unwrap();
     assert_eq!((r.state.as_str(), r.starts_at.as_str()), ("placed", "2030-01-01T01:00:00.000000Z"));
     h.job("capacity.reservations").drain(5).await;
@@ -329,10 +326,7 @@ async fn extend_books_the_added_time_or_changes_nothing() {
     // A retry with the same key replays.
     assert_eq!(reservations::extend(&mut c, ME, &r.id, "2030-01-01T02:00:00Z", Some("ext-1")).await.unwrap(), e);
     // Someone books the GPU after our end; extending into it is a conflict and changes nothing.
-    let mut next = whole(&f.pool_id, 1);
-    next.duration_s = None;
-    next.starts_at = Some("2030-01-01T02:00:00Z".into());
-    next.ends_at = Some("2030-01-01T03:00:00Z".into());
+    let next = whole_between(&f.pool_id, 1, "2030-01-01T02:00:00Z", "2030-01-01T03:00:00Z");
     assert_eq!(reservations::create(&mut c, ME, &next).await.unwrap().state, "placed");
     let err = reservations::extend(&mut c, ME, &r.id, "2030-01-01T02:30:00Z", None).await.unwrap_err();
     assert_eq!(err.code, ErrorCode::Conflict);
@@ -616,10 +610,7 @@ async fn a_reservation_run_commits_each_step_so_its_wake_ups_never_wait_on_a_rel
     let f = fleet(&h, &exclusive(1), 8).await;
     let node = f.nodes[0].clone();
     let mut c = h.db().connect().await;
-    let mut later = whole(&f.pool_id, 2);
-    later.duration_s = None;
-    later.starts_at = Some("2030-01-01T01:00:00Z".into());
-    later.ends_at = Some("2030-01-01T01:00:20Z".into());
+    let later = whole_between(&f.pool_id, 2, "2030-01-01T01:00:00Z", "2030-01-01T01:00:20Z");
     let r = reservations::create(&mut c, ME, &later).await.unwrap();
     h.job("capacity.reservations").drain(5).await;
     h.db().advance(Duration::from_secs(3610)).await;

@@ -105,6 +105,11 @@ pub fn whole(pool: &str, count: i32) -> CreateReservation {
     }
 }
 
+/// `whole(pool, count)` over a fixed range, RFC 3339 bounds.
+pub fn whole_between(pool: &str, count: i32, starts_at: &str, ends_at: &str) -> CreateReservation {
+    CreateReservation { duration_s: None, starts_at: Some(starts_at.into()), ends_at: Some(ends_at.into()), ..whole(pool, count) }
+}
+
 pub fn exclusive(n: usize) -> Vec<GpuMode> {
     vec![GpuMode::Exclusive; n]
 }

@@ -386,14 +386,26 @@ pub async fn extend(
     }
     let row = tx
         .query_one(
-            "SELECT $2::text::timestamptz > upper(during), $2::text::timestamptz - lower(during) <= make_interval(secs => $3),
-                    CASE WHEN $2::text::timestamptz > upper(during)
-                         THEN tstzrange(upper(during), $2::text::timestamptz, '[)')::text END
-               FROM reservations WHERE id = $1",
+            &format!(
+                "SELECT $2::text::timestamptz > upper(during), $2::text::timestamptz - lower(during) <= make_interval(secs => $3),
+                        CASE WHEN $2::text::timestamptz > upper(during)
+                             THEN tstzrange(upper(during), $2::text::timestamptz, '[)')::text END,
+                        upper(during) <= compute_now(), {}
+                   FROM reservations WHERE id = $1",
+                crate::time::rfc3339_sql("upper(during)")
+            ),
             &[&id, &ends_at, &(MAX_DURATION.as_secs() as f64)],
         )
         .await
         .map_err(DbError::from)?;
+    // Its end has come: it is over, though capacity.reservations may not have marked it expired
+    // yet. Extending it would book from the past, and would succeed or not with the job's latency.
+    if row.get::<_, bool>(3) {
+        return Err(Error::failed_precondition(format!(
+            "reservation {id} ended at {}; reserve again instead",
+            row.get::<_, String>(4)
+        )));
+    }
     if !row.get::<_, bool>(0) {
         return Err(Error::invalid_argument("endsAt must be later than the reservation's current end"));
     }
@@ -409,6 +421,10 @@ pub async fn extend(
         .iter()
         .map(|r| r.get(0))
         .collect();
+    // The atoms before their bookings, in id order, as the placer takes them (the lock order): the
+    // bookings' foreign key would lock each atom only after its booking is in, and a mode change
+    // holding the GPU and booking its change window over ours then waited for us as we waited for it.
+    sp.execute("SELECT 1 FROM devices WHERE id = ANY($1) ORDER BY id FOR KEY SHARE", &[&atoms]).await.map_err(DbError::from)?;
     let booked = sp
         .execute(
             "INSERT INTO device_bookings (device_id, allocation_id, during)

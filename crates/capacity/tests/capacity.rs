@@ -333,6 +333,49 @@ async fn extend_books_the_added_time_or_changes_nothing() {
     assert_eq!(reservations::get(&c, ME, &r.id).await.unwrap(), e);
     let err = reservations::extend(&mut c, ME, &r.id, "2030-01-01T01:30:00Z", None).await.unwrap_err();
     assert_eq!(err.code, ErrorCode::InvalidArgument);
+    // Once its end has come it is over, whether or not capacity.reservations has marked it expired.
+    h.db().advance(Duration::from_secs(7200)).await;
+    let err = reservations::extend(&mut c, ME, &r.id, "2030-01-01T05:00:00Z", None).await.unwrap_err();
+    assert_eq!((err.code, err.message.contains("ended at 2030-01-01T02:00:00")), (ErrorCode::FailedPrecondition, true), "{err:?}");
+    assert_eq!(reservations::get(&c, ME, &r.id).await.unwrap(), e);
+}
+
+#[tokio::test]
+async fn extend_locks_its_atoms_before_booking_them_as_a_mode_change_does() {
+    // Extend's bookings used to lock their atoms only through the foreign key, after the insert. A
+    // mode change holding the GPU and booking its change window over the added time then waited for
+    // the extend's booking while the extend waited for the GPU: the torture test met it once in 600
+    // seeds. Here a transaction stands in for the mode change.
+    let h = harness().await;
+    let f = fleet(&h, &exclusive(1), 1).await;
+    let mut c = h.db().connect().await;
+    let r = reservations::create(&mut c, ME, &whole_between(&f.pool_id, 1, "2030-01-01T00:00:00Z", "2030-01-01T01:00:00Z"))
+        .await
+        .unwrap();
+    let atom = r.atoms[0].clone();
+    let mut m = h.db().connect().await;
+    let change = m.transaction().await.unwrap();
+    change.execute("SELECT 1 FROM devices WHERE id = $1 FOR UPDATE", &[&atom]).await.unwrap();
+    let extend = async { reservations::extend(&mut c, ME, &r.id, "2030-01-01T02:00:00Z", None).await };
+    let standin = async {
+        waits_for_a_lock(&h, "device", "the extend never waited for the GPU").await;
+        let held = change
+            .execute(
+                "INSERT INTO device_bookings (device_id, allocation_id, during)
+                 VALUES ($1, 'change:standin', tstzrange('2030-01-01T01:00:00Z', '2030-01-01T01:02:00Z', '[)')) ON CONFLICT DO NOTHING",
+                &[&atom],
+            )
+            .await
+            .expect("the change window must not deadlock with the extend");
+        change.commit().await.unwrap();
+        held
+    };
+    let (extended, held) = tokio::time::timeout(Duration::from_secs(60), async { tokio::join!(extend, standin) }).await.expect("hung");
+    assert_eq!(held, 1);
+    // Refused for the booking it met, not as a deadlock's victim ("a concurrent change interfered").
+    let err = extended.unwrap_err();
+    assert_eq!((err.code, err.message.contains("booked by another reservation")), (ErrorCode::Conflict, true), "{err:?}");
+    assert_eq!(reservations::get(&c, ME, &r.id).await.unwrap().ends_at, "2030-01-01T01:00:00.000000Z");
 }
 
 #[tokio::test]

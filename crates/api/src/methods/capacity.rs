@@ -131,7 +131,7 @@ pub(super) fn methods() -> Vec<Method> {
             let p = reservations::list(&**ctx.db().await?, ctx.caller(), r.state.as_deref(), r.page_token.as_deref(), size).await?;
             Ok(Page::<ReservationView> { items: p.items, next_page_token: p.next_cursor })
         }),
-        method("reservations.extend", "Move a reservation's end later, on the same atoms.", "compute:reservations:write at tenant scope", |ctx: Ctx, r: ExtendReservation| async move {
+        method("reservations.extend", "Move a reservation's end later, on the same atoms. One whose end has come cannot be extended (FAILED_PRECONDITION): reserve again.", "compute:reservations:write at tenant scope", |ctx: Ctx, r: ExtendReservation| async move {
             ctx.in_tenant(r.tenant_id.as_deref(), "compute:reservations:write").await?;
             let key = super::required_key(Some(&r.idempotency_key), "reservations.extend")?;
             let mut db = ctx.db().await?;

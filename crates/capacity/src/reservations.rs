@@ -414,17 +414,21 @@ pub async fn extend(
     }
     let added: String = row.get::<_, Option<String>>(2).expect("checked: endsAt is later");
     let sp = tx.savepoint("extend").await.map_err(DbError::from)?;
+    // The reservation's atoms, locked before their bookings in id order (the lock order: devices,
+    // then device_bookings): the bookings' foreign key would lock each atom only after its booking
+    // is in, and a mode change holding the GPU and booking its change window over ours then waited
+    // for us as we waited for it.
     let atoms: Vec<String> = sp
-        .query("SELECT DISTINCT device_id FROM device_bookings WHERE allocation_id = $1", &[&id])
+        .query(
+            "SELECT id FROM devices WHERE id IN (SELECT device_id FROM device_bookings WHERE allocation_id = $1)
+              ORDER BY id FOR KEY SHARE",
+            &[&id],
+        )
         .await
         .map_err(DbError::from)?
         .iter()
         .map(|r| r.get(0))
         .collect();
-    // The atoms before their bookings, in id order, as the placer takes them (the lock order): the
-    // bookings' foreign key would lock each atom only after its booking is in, and a mode change
-    // holding the GPU and booking its change window over ours then waited for us as we waited for it.
-    sp.execute("SELECT 1 FROM devices WHERE id = ANY($1) ORDER BY id FOR KEY SHARE", &[&atoms]).await.map_err(DbError::from)?;
     let booked = sp
         .execute(
             "INSERT INTO device_bookings (device_id, allocation_id, during)

@@ -21,31 +21,13 @@ BEGIN
   RETURN NULL;
 END $$;
 
--- capacity_refresh_node_counts as in 0009_refresh_lock_order, in PL/pgSQL so that the lock comes
--- first, in its own statement.
-CREATE OR REPLACE FUNCTION capacity_refresh_node_counts(p_node text) RETURNS void
+-- capacity_refresh_node_counts: 0009_refresh_lock_order's upsert, kept whole under a new name, after
+-- the lock on the node's existing rows. The lock is its own statement, so it comes first.
+ALTER FUNCTION capacity_refresh_node_counts(text) RENAME TO capacity_upsert_node_counts;
+CREATE FUNCTION capacity_refresh_node_counts(p_node text) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
   -- the node's existing count rows, in key order, before any of them is written
   PERFORM 1 FROM node_atom_counts WHERE node_id = p_node ORDER BY kind, model, profile FOR UPDATE;
-  WITH fresh AS (
-    SELECT a.node_id, n.pool_id, a.kind, a.model, coalesce(a.profile, '') AS profile, count(*)::int AS total,
-           (count(*) FILTER (WHERE coalesce((SELECT max(upper(b.during)) FROM device_bookings b
-                                              WHERE b.device_id COLLATE "C" = a.id), '-infinity') <= compute_now()))::int AS idle,
-           capacity_node_open(n.observed_generation, n.no_schedule_reasons, n.taints) AS open
-      FROM devices a
-      JOIN devices g ON g.id = coalesce(a.parent_id, a.id)
-      JOIN nodes n ON n.id = a.node_id
-     WHERE a.node_id = p_node AND a.bookable AND g.healthy AND NOT g.quarantined
-     GROUP BY a.node_id, n.id, a.kind, a.model, coalesce(a.profile, '')),
-  up AS (
-    INSERT INTO node_atom_counts (node_id, pool_id, kind, model, profile, total, idle, open)
-    SELECT * FROM fresh ORDER BY kind, model, profile
-    ON CONFLICT (node_id, kind, model, profile)
-      DO UPDATE SET pool_id = EXCLUDED.pool_id, total = EXCLUDED.total, idle = EXCLUDED.idle)
-  -- The rows of classes the node no longer has (after a mode or layout change): rare, and disjoint
-  -- from the upserted ones.
-  UPDATE node_atom_counts c SET total = 0, idle = 0
-   WHERE c.node_id = p_node AND c.total > 0
-     AND NOT EXISTS (SELECT 1 FROM fresh f WHERE f.kind = c.kind AND f.model = c.model AND f.profile = c.profile);
+  PERFORM capacity_upsert_node_counts(p_node);
 END $$;

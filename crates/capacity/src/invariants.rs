@@ -23,18 +23,26 @@ async fn rows_of(db: &impl GenericClient, sql: &str) -> Result<Vec<String>, DbEr
 }
 
 /// The rules checked by one query each: a name, and a query listing the rows that break it.
-const RULES: [(&str, &str); 5] = [
+const RULES: [(&str, &str); 6] = [
     (
         "two overlapping bookings on one atom",
         "SELECT a.device_id || ' ' || a.allocation_id || ' ' || b.allocation_id FROM device_bookings a
            JOIN device_bookings b ON a.device_id = b.device_id AND a.ctid < b.ctid AND a.during && b.during",
     ),
     (
+        // The history too: a GPU's mode changes only once nothing on it is booked from now on.
         "a parent and a child atom booked at once",
-        "SELECT p.device_id || ' ' || c.device_id FROM device_bookings p
+        "WITH b AS (SELECT device_id, allocation_id, during FROM device_bookings
+                    UNION ALL SELECT device_id, allocation_id, during FROM device_booking_history)
+         SELECT p.device_id || ' ' || c.device_id FROM b p
            JOIN devices d ON d.parent_id = p.device_id
-           JOIN device_bookings c ON c.device_id = d.id AND c.during && p.during
+           JOIN b c ON c.device_id = d.id AND c.during && p.during
           WHERE p.allocation_id NOT LIKE 'change:%' AND c.allocation_id NOT LIKE 'change:%'",
+    ),
+    (
+        "an ended reservation still booked",
+        "SELECT r.id || ' ' || r.state || ' ' || b.device_id FROM device_bookings b
+           JOIN reservations r ON r.id = b.allocation_id WHERE r.state IN ('released', 'expired', 'failed')",
     ),
     (
         "scalars differ from the sum of live reservations, or exceed floor(allocatable * ratio)",
@@ -90,7 +98,7 @@ pub async fn stale_open_flags(db: &impl GenericClient) -> Result<Vec<String>, Db
 }
 
 /// Checks every capacity invariant: no two overlapping bookings on an atom; never a parent and a
-/// child atom booked at once; scalars equal the sum of live reservations and stay within
+/// child atom booked at once (live or in the history); no ended reservation still booked; scalars equal the sum of live reservations and stay within
 /// `floor(allocatable * ratio)`; quota used equals the charges of non-terminal reservations and
 /// stays within max; every non-terminal reservation fully booked or `pending` with
 /// `Unschedulable`; and, replaying the outbox in commit order (it needs `track_commit_timestamp`),

@@ -1,6 +1,7 @@
 //! Capacity: atoms, bookings, quotas, reservations and the placer. Double-booking is impossible
-//! because every claim on an atom is a row in `device_bookings`, whose exclusion constraint refuses
-//! overlaps whatever the code does; scalars and quotas change only through guarded updates with
+//! because every live claim on an atom is a row in `device_bookings`, whose exclusion constraint
+//! refuses overlaps whatever the code does (an ended reservation's bookings move to
+//! `device_booking_history`); scalars and quotas change only through guarded updates with
 //! `CHECK` backstops; and the placer locks what it relies on `FOR SHARE`, so an operator's cordon,
 //! taint or quarantine and a placement are strictly ordered.
 
@@ -30,6 +31,7 @@ pub const CAPACITY_MIGRATIONS: &[Migration] = &[
     Migration { module: "capacity", name: "0008_autovacuum", sql: include_str!("migrations/capacity/0008_autovacuum.sql") },
     Migration { module: "capacity", name: "0009_refresh_lock_order", sql: include_str!("migrations/capacity/0009_refresh_lock_order.sql") },
     Migration { module: "capacity", name: "0010_counts_lock_order", sql: include_str!("migrations/capacity/0010_counts_lock_order.sql") },
+    Migration { module: "capacity", name: "0011_booking_history", sql: include_str!("migrations/capacity/0011_booking_history.sql") },
 ];
 
 /// Moves a reservation through time (start, end) and retries it while pending; key: reservation

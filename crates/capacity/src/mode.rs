@@ -68,6 +68,17 @@ pub async fn change_gpu_mode(client: &mut Client, uuid: &str, mode: &GpuMode) ->
             b.get::<_, String>(1)
         )));
     }
+    // The GPU's ended change windows leave the live table for the history (capacity 0011), so a
+    // GPU keeps at most its last window in the exclusion index however often it changes.
+    tx.execute(
+        "WITH gone AS (DELETE FROM device_bookings
+                        WHERE device_id COLLATE \"C\" = ANY($1) AND allocation_id LIKE 'change:%' AND upper(during) <= compute_now()
+                       RETURNING device_id, allocation_id, during)
+         INSERT INTO device_booking_history (device_id, allocation_id, during) SELECT * FROM gone",
+        &[&atoms],
+    )
+    .await
+    .map_err(DbError::from)?;
     let allocation = change_allocation(uuid, version);
     let window = CHANGE_WINDOW.as_secs_f64();
     let hold = "INSERT INTO device_bookings (device_id, allocation_id, during)

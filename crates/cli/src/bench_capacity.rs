@@ -47,7 +47,7 @@ struct Outcomes {
 
 pub(crate) async fn seed(db: &tokio_postgres::Client, nodes: usize) -> anyhow::Result<()> {
     db.batch_execute(
-        "TRUNCATE reservations, device_bookings, node_atom_counts, pool_capacity_rollup, node_resources, devices, nodes,
+        "TRUNCATE reservations, device_bookings, device_booking_history, node_atom_counts, pool_capacity_rollup, node_resources, devices, nodes,
                   pools, sites, quota_usage, outbox, work_queue, idempotency_keys CASCADE",
     )
     .await?;

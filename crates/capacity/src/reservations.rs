@@ -123,7 +123,7 @@ pub struct ReservationView {
     pub ends_at: String,
     /// The node, once placed.
     pub node_id: Option<String>,
-    /// The atoms booked.
+    /// The atoms booked; once ended, those it held (none if it ended before its start).
     pub atoms: Vec<String>,
     /// Conditions: `Unschedulable` with its reason and message while pending.
     pub conditions: Vec<serde_json::Value>,

@@ -825,7 +825,7 @@ async fn an_atoms_bookings_are_looked_up_through_the_btree_whatever_the_statisti
     // plans over a table analyzed after its bookings were moved out, the worst case for the
     // planner's estimates, under the settings of those functions.
     let h = harness().await;
-    let f = fleet(&h, &exclusive(1), 2).await;
+    let _fleet = fleet(&h, &exclusive(1), 2).await;
     let c = h.db().connect().await;
     // Indexes of some size, on a table with nothing live left in it.
     c.batch_execute(

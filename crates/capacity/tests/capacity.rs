@@ -790,7 +790,7 @@ async fn a_taint_and_a_refresh_lock_a_nodes_count_rows_in_the_same_order() {
 async fn two_releases_racing_end_a_reservation_once_and_give_its_atoms_back_once() {
     // Release ends the reservation's row in its first statement. The second of two racing releases
     // waits for the first's lock, re-reads the row as ended, and changes nothing: one refund, one
-    // event, the idle counts back to the node's total once.
+    // event, the idle counts back to the node's total once, its bookings moved once.
     let h = harness().await;
     let f = fleet(&h, &exclusive(1), 4).await;
     let mut c = h.db().connect().await;
@@ -813,6 +813,9 @@ async fn two_releases_racing_end_a_reservation_once_and_give_its_atoms_back_once
     assert_eq!(count(&h, "SELECT sum(vcpu_allocated)::bigint FROM node_resources").await, 0);
     assert_eq!(count(&h, &format!("SELECT count(*) FROM outbox WHERE subject = '{}' AND type = 'reservation.released'", r.id)).await, 1);
     assert_eq!(count(&h, "SELECT sum(total - idle)::bigint FROM node_atom_counts").await, 0);
+    // Its two bookings moved to the history once.
+    assert_eq!(count(&h, "SELECT count(*) FROM device_bookings").await, 0);
+    assert_eq!(count(&h, "SELECT count(*) FROM device_booking_history").await, 2);
 }
 
 #[tokio::test]

@@ -99,9 +99,9 @@ pub async fn stale_open_flags(db: &impl GenericClient) -> Result<Vec<String>, Db
 
 /// Checks every capacity invariant: no two overlapping bookings on an atom; never a parent and a
 /// child atom booked at once (live or in the history); no ended reservation still booked; scalars
-/// equal the sum of live reservations and stay within `floor(allocatable * ratio)`; quota used equals the charges of non-terminal reservations and
-/// stays within max; every non-terminal reservation fully booked or `pending` with
-/// `Unschedulable`; and, replaying the outbox in commit order (it needs `track_commit_timestamp`),
+/// equal the sum of live reservations and stay within `floor(allocatable * ratio)`; quota used
+/// equals the charges of non-terminal reservations and stays within max; every non-terminal
+/// reservation fully booked or `pending` with `Unschedulable`; and, replaying the outbox in commit order (it needs `track_commit_timestamp`),
 /// no booking placed on a node or GPU that was ineligible when it committed.
 ///
 /// `initial_modes` are the GPUs' modes before any `device.mode_changed` event; a GPU missing from

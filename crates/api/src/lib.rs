@@ -49,15 +49,20 @@ pub struct ApiState {
     pub watch_slow_client_timeout: std::time::Duration,
     /// Every event [`watch::tail_outbox`] reads, for the watch streams.
     feed: tokio::sync::broadcast::Sender<Arc<watch::FeedItem>>,
+    /// Where `reservations.create` and `reservations.release` batch (capacity's batch.rs), over
+    /// connections from `pool`.
+    pub placer: better_compute_capacity::batch::BatchPlacer,
 }
 
 impl ApiState {
-    /// The state over a pool, a resolver and a registry, with every method.
+    /// The state over a pool, a resolver and a registry, with every method, and the batch placer's
+    /// batchers started (call it inside the server's runtime).
     pub fn new(pool: Pool, iam: Arc<Iam>, registry: Arc<Registry>) -> Arc<ApiState> {
         let methods = methods::all().into_iter().map(|m| (m.name, m)).collect();
         metrics::install();
         let (feed, _) = tokio::sync::broadcast::channel(watch::FEED_CAPACITY);
-        Arc::new(ApiState { pool, iam, registry, methods, watch_slow_client_timeout: watch::SLOW_CLIENT_TIMEOUT, feed })
+        let placer = better_compute_capacity::batch::BatchPlacer::start(pool.clone(), Default::default());
+        Arc::new(ApiState { pool, iam, registry, methods, watch_slow_client_timeout: watch::SLOW_CLIENT_TIMEOUT, feed, placer })
     }
 
     /// Every method, by name.

@@ -5,6 +5,7 @@
 //! `CHECK` backstops; and the placer locks what it relies on `FOR SHARE`, so an operator's cordon,
 //! taint or quarantine and a placement are strictly ordered.
 
+pub mod batch;
 pub mod invariants;
 pub mod mode;
 pub mod placer;
@@ -32,6 +33,7 @@ pub const CAPACITY_MIGRATIONS: &[Migration] = &[
     Migration { module: "capacity", name: "0009_refresh_lock_order", sql: include_str!("migrations/capacity/0009_refresh_lock_order.sql") },
     Migration { module: "capacity", name: "0010_counts_lock_order", sql: include_str!("migrations/capacity/0010_counts_lock_order.sql") },
     Migration { module: "capacity", name: "0011_booking_history", sql: include_str!("migrations/capacity/0011_booking_history.sql") },
+    Migration { module: "capacity", name: "0012_batches", sql: include_str!("migrations/capacity/0012_batches.sql") },
 ];
 
 /// Moves a reservation through time (start, end) and retries it while pending; key: reservation

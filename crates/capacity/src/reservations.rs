@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, GenericClient, Transaction};
 
+use crate::batch::{self, BatchPlacer, Outcome};
 use crate::placer::MAX_REPLANS;
 use crate::time::check_rfc3339;
 use crate::{Caller, RESERVATIONS_KIND};
@@ -263,9 +264,53 @@ async fn reserve(db: &impl GenericClient, caller: Caller<'_>, req: &CreateReserv
 /// the statement's transaction.
 pub async fn create(client: &mut Client, caller: Caller<'_>, req: &CreateReservation) -> Result<ReservationView, Error> {
     let d = demand(req)?;
+    create_alone(client, caller, req, &d, &ReservationId::generate().to_string()).await
+}
+
+/// `reservations.create` through the batch placer (batch.rs): a request of the kind it batches goes
+/// into the next batch, and runs alone as [`create`] does if the batch did not place it.
+pub async fn create_batched(placer: &BatchPlacer, client: &mut Client, caller: Caller<'_>, req: &CreateReservation) -> Result<ReservationView, Error> {
+    match create_in_batch(placer, caller, req).await? {
+        Ok(v) => Ok(v),
+        Err(alone) => create_run_alone(client, caller, req, alone).await,
+    }
+}
+
+/// A create the batch did not place: run it alone with [`create_run_alone`], which keeps its
+/// reservation id (so a batch whose commit was in doubt can never place it a second time).
+#[derive(Debug)]
+pub struct RunAlone {
+    id: String,
+}
+
+/// The first half of [`create_batched`], for callers that take a connection only when they need
+/// one (the API: a request holding a pooled connection while it waits for a batcher could starve
+/// the batchers of theirs): the view if the batch placed the request, else what to run alone.
+/// Errors: the request's shape (INVALID_ARGUMENT), as [`create`].
+pub async fn create_in_batch(placer: &BatchPlacer, caller: Caller<'_>, req: &CreateReservation) -> Result<Result<ReservationView, RunAlone>, Error> {
+    demand(req)?;
     let id = ReservationId::generate().to_string();
+    if batch::batchable(req) {
+        let (event_id, shard) = change_ids(&id);
+        match placer.place(caller, req, &id, event_id, shard).await {
+            Outcome::Done(v) => return Ok(Ok(*v)),
+            Outcome::Failed(e) => return Err(e),
+            Outcome::RunAlone => {}
+        }
+    }
+    Ok(Err(RunAlone { id }))
+}
+
+/// The second half of [`create_batched`]: `reservations.create` alone, as [`create`].
+pub async fn create_run_alone(client: &mut Client, caller: Caller<'_>, req: &CreateReservation, alone: RunAlone) -> Result<ReservationView, Error> {
+    create_alone(client, caller, req, &demand(req)?, &alone.id).await
+}
+
+/// `reservations.create` as one `capacity_reserve` run, with the idempotency key's claim in its
+/// transaction when there is one.
+async fn create_alone(client: &mut Client, caller: Caller<'_>, req: &CreateReservation, d: &Demand, id: &str) -> Result<ReservationView, Error> {
     let Some(key) = req.idempotency_key.as_deref() else {
-        return Ok(work_queue::poke_after(&*client, reserve(&*client, caller, req, &d, &id)).await?);
+        return Ok(work_queue::poke_after(&*client, reserve(&*client, caller, req, d, id)).await?);
     };
     let tx = client.transaction().await.map_err(DbError::from)?;
     let request = serde_json::to_value(req).expect("request serializes");
@@ -274,7 +319,7 @@ pub async fn create(client: &mut Client, caller: Caller<'_>, req: &CreateReserva
         tx.commit().await.map_err(DbError::from)?;
         return serde_json::from_value(v).map_err(|e| Error::internal(e.to_string()));
     }
-    let v = reserve(&tx, caller, req, &d, &id).await?;
+    let v = reserve(&tx, caller, req, d, id).await?;
     idempotency::complete(&tx, scope, &serde_json::to_value(&v).expect("view serializes")).await?;
     tx.commit().await.map_err(DbError::from)?;
     work_queue::poke(&*client).await;
@@ -346,6 +391,31 @@ pub async fn list(
 /// `reservations.release`: ends the reservation now and returns its quota, devices and scalars, in
 /// one statement (`capacity_end`). Releasing a finished reservation returns it unchanged.
 pub async fn release(client: &mut Client, caller: Caller<'_>, id: &str) -> Result<ReservationView, Error> {
+    release_alone(client, caller, id).await
+}
+
+/// `reservations.release` through the batch placer (batch.rs): in the next batch of releases, and
+/// alone as [`release`] if the batch did not release it (not found, already ended, or the batch
+/// failed).
+pub async fn release_batched(placer: &BatchPlacer, client: &mut Client, caller: Caller<'_>, id: &str) -> Result<ReservationView, Error> {
+    match release_in_batch(placer, caller, id).await? {
+        Some(v) => Ok(v),
+        None => release_alone(client, caller, id).await,
+    }
+}
+
+/// The first half of [`release_batched`] (see [`create_in_batch`]): the view if the batch released
+/// it; `None`: run [`release`].
+pub async fn release_in_batch(placer: &BatchPlacer, caller: Caller<'_>, id: &str) -> Result<Option<ReservationView>, Error> {
+    let (event_id, shard) = change_ids(id);
+    match placer.release(caller, id, event_id, shard).await {
+        Outcome::Done(v) => Ok(Some(*v)),
+        Outcome::Failed(e) => Err(e),
+        Outcome::RunAlone => Ok(None),
+    }
+}
+
+async fn release_alone(client: &mut Client, caller: Caller<'_>, id: &str) -> Result<ReservationView, Error> {
     let (event_id, shard) = change_ids(id);
     let params: [(&(dyn ToSql + Sync), Type); 4] =
         [(&id, Type::TEXT), (&caller.tenant_id, Type::TEXT), (&event_id, Type::TEXT), (&shard, Type::INT2)];

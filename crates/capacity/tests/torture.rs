@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use better_compute_core::seeded::Rng;
+use better_compute_capacity::batch::{BatchPlacer, BatchSettings};
 use better_compute_capacity::reservations::{self, CreateReservation, GpuRequest};
 use better_compute_capacity::{invariants, mode, quota, Caller};
 use better_compute_core::time::{parse_rfc3339, rfc3339};
@@ -46,6 +47,7 @@ struct Tally {
 async fn one_op(
     h: &Harness,
     c: &mut tokio_postgres::Client,
+    placer: &BatchPlacer,
     f: &Fleet,
     rng: &mut Rng,
     live: &Mutex<Vec<(usize, String)>>,
@@ -61,7 +63,8 @@ async fn one_op(
                 7 | 8 => ("mig", Some("3g.40gb".to_owned()), 1 + rng.below(2) as i32),
                 _ => ("slot", None, 1 + rng.below(3) as i32),
             };
-            let start_min = rng.below(120);
+            // Half start now, which the batch placer takes (whole GPUs), half within two hours.
+            let start_min = if rng.below(2) == 0 { 0 } else { rng.below(120) };
             let req = CreateReservation { tenant_id: None,
                 pool_id: f.pool_id.clone(),
                 gpu: GpuRequest { kind: kind.into(), model: MODEL.into(), profile, count },
@@ -81,7 +84,11 @@ async fn one_op(
                 let start = now + Duration::from_secs(start_min * 60);
                 req.starts_at = Some(rfc3339(start));
             }
-            let r = reservations::create(c, caller, &req).await?;
+            let r = if rng.below(2) == 0 {
+                reservations::create_batched(placer, c, caller, &req).await?
+            } else {
+                reservations::create(c, caller, &req).await?
+            };
             live.lock().unwrap().push((t, r.id));
             Ok("reserve")
         }
@@ -100,7 +107,11 @@ async fn one_op(
         50..=64 => {
             let Some((t, id)) = pick_live(live, rng) else { return Ok("noop") };
             let caller = Caller { tenant_id: TENANTS[t], identity_id: "idn_torture" };
-            reservations::release(c, caller, &id).await?;
+            if rng.below(2) == 0 {
+                reservations::release_batched(placer, c, caller, &id).await?;
+            } else {
+                reservations::release(c, caller, &id).await?;
+            }
             Ok("release")
         }
         65..=72 => {
@@ -189,9 +200,17 @@ async fn torture(seed: u64, ops: usize, route: Route) {
     let done = Arc::new(AtomicBool::new(false));
     let h = Arc::new(h);
     let f = Arc::new(f);
+    // Half the creates and releases go through the batch placer: two batchers on two shares of the
+    // nodes, with their own connections (through PgBouncer too on that route).
+    let batch_pool = match route {
+        Route::Direct => better_compute_db::pool::connect_pool(h.db().connection_string(), 4).unwrap(),
+        Route::PgBouncer => better_compute_db::pool::connect_pool(&h.db().pgbouncer_connection_string().await, 4).unwrap(),
+    };
+    let placer = BatchPlacer::start(batch_pool, BatchSettings { batchers: 2, max_batch: 16, queue_len: 64 });
     let mut tasks = Vec::new();
     for _ in 0..CONNECTIONS {
         let (h, f, next, live, tally, failures) = (h.clone(), f.clone(), next.clone(), live.clone(), tally.clone(), failures.clone());
+        let placer = placer.clone();
         tasks.push(tokio::spawn(async move {
             let mut c = match route {
                 Route::Direct => h.db().connect().await,
@@ -203,7 +222,7 @@ async fn torture(seed: u64, ops: usize, route: Route) {
                     break;
                 }
                 let mut rng = Rng(seed.wrapping_mul(1_000_003).wrapping_add(i as u64));
-                match one_op(&h, &mut c, &f, &mut rng, &live).await {
+                match one_op(&h, &mut c, &placer, &f, &mut rng, &live).await {
                     Ok(_) => {
                         tally.ok.fetch_add(1, Ordering::SeqCst);
                     }
@@ -240,7 +259,9 @@ async fn torture(seed: u64, ops: usize, route: Route) {
     let failures = failures.lock().unwrap().clone();
     assert!(failures.is_empty(), "seed {seed}: operations failed unexpectedly:\n{}", failures.join("\n"));
     let refused = tally.refused.lock().unwrap().clone();
-    eprintln!("seed {seed}: {} ok, refused {refused:?}", tally.ok.load(Ordering::SeqCst));
+    let batched = placer.counters().done.load(Ordering::SeqCst);
+    eprintln!("seed {seed}: {} ok, refused {refused:?}, {batched} done in batches", tally.ok.load(Ordering::SeqCst));
+    assert!(batched > 20, "seed {seed}: only {batched} requests done in batches; the test did not exercise the batch placer");
     check_invariants(&h, seed, &f).await;
 }
 

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+use better_compute_capacity::batch::{BatchPlacer, BatchSettings};
 use better_compute_capacity::reservations::{self, CreateReservation, GpuRequest};
 use better_compute_capacity::Caller;
 
@@ -29,6 +30,12 @@ pub struct CapacityBench {
     /// Seconds pgbench runs.
     #[arg(long, default_value_t = 10)]
     pgbench_seconds: u32,
+    /// Batchers of the batch placer (capacity::batch); 0 places every request alone.
+    #[arg(long, default_value_t = better_compute_capacity::batch::BatchSettings::default().batchers)]
+    batchers: usize,
+    /// Most requests in one batch.
+    #[arg(long, default_value_t = better_compute_capacity::batch::BatchSettings::default().max_batch)]
+    max_batch: usize,
     /// Leave the throwaway PostgreSQL running afterwards (its socket is printed), to inspect it.
     #[arg(long)]
     keep: bool,
@@ -116,6 +123,7 @@ const WARM_UP_PER_CLIENT: usize = 8;
 /// One client's reservations: it creates one, then releases all but its two newest.
 struct BenchClient {
     db: tokio_postgres::Client,
+    placer: Option<BatchPlacer>,
     tenant: String,
     held: std::collections::VecDeque<String>,
 }
@@ -148,7 +156,11 @@ impl BenchClient {
             req.node_selector.insert("hot".into(), serde_json::json!("yes"));
         }
         let me = Caller { tenant_id: &self.tenant, identity_id: "idn_bench" };
-        match reservations::create(&mut self.db, me, &req).await {
+        let created = match &self.placer {
+            Some(p) => reservations::create_batched(p, &mut self.db, me, &req).await,
+            None => reservations::create(&mut self.db, me, &req).await,
+        };
+        match created {
             Ok(r) => {
                 if r.state == "pending" {
                     outcomes.pending.fetch_add(1, Ordering::Relaxed);
@@ -172,7 +184,11 @@ impl BenchClient {
         while self.held.len() > keep {
             let id = self.held.pop_front().expect("non-empty");
             let me = Caller { tenant_id: &self.tenant, identity_id: "idn_bench" };
-            if let Err(e) = reservations::release(&mut self.db, me, &id).await {
+            let released = match &self.placer {
+                Some(p) => reservations::release_batched(p, &mut self.db, me, &id).await,
+                None => reservations::release(&mut self.db, me, &id).await,
+            };
+            if let Err(e) = released {
                 outcomes.release_failed.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(error = %e, "release failed");
             }
@@ -181,12 +197,16 @@ impl BenchClient {
 }
 
 /// One connected client per tenant, warmed up (see WARM_UP_PER_CLIENT) and holding nothing.
-async fn warm_clients(conn: &str, clients: usize, hot_percent: u64) -> anyhow::Result<Vec<BenchClient>> {
+async fn warm_clients(conn: &str, clients: usize, hot_percent: u64, batch: BatchSettings) -> anyhow::Result<Vec<BenchClient>> {
+    // The batchers have connections of their own, as in a server (BatchPlacer over the API's pool).
+    let placer = (batch.batchers > 0)
+        .then(|| -> anyhow::Result<BatchPlacer> { Ok(BatchPlacer::start(better_compute_db::pool::connect_pool(conn, 2 * batch.batchers)?, batch)) });
+    let placer = placer.transpose()?;
     // One tenant per client: a tenant's reservations serialize on its quota rows (the guarded quota
     // update holds them to commit), so one tenant measures that row, not the placer.
     let mut cold = Vec::new();
     for i in 0..clients {
-        cold.push(BenchClient { db: better_compute_db::pool::connect(conn).await?, tenant: format!("ten_bench{i}"), held: Default::default() });
+        cold.push(BenchClient { db: better_compute_db::pool::connect(conn).await?, placer: placer.clone(), tenant: format!("ten_bench{i}"), held: Default::default() });
     }
     let warm_up = |clients| {
         timed(clients, |mut c: BenchClient| async move {
@@ -206,6 +226,13 @@ async fn warm_clients(conn: &str, clients: usize, hot_percent: u64) -> anyhow::R
     better_compute_db::pool::connect(conn).await?.batch_execute("ANALYZE").await?;
     let (warm, _, _) = warm_up(warm).await?;
     Ok(warm)
+}
+
+/// The batch placer's counters: batches, requests done in them, handed back, batches failed.
+fn batch_counts(p: &BatchPlacer) -> (u64, u64, u64, u64) {
+    let c = p.counters();
+    let get = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+    (get(&c.batches), get(&c.done), get(&c.run_alone), get(&c.failed_batches))
 }
 
 /// Runs `work` on every client at once until each returns; the clients come back with the seconds
@@ -236,6 +263,8 @@ async fn timed_creates(
 ) -> anyhow::Result<(Vec<BenchClient>, f64, Option<f64>, Arc<Outcomes>)> {
     let next = Arc::new(AtomicUsize::new(0));
     let outcomes = Arc::new(Outcomes::default());
+    let placer = clients.first().and_then(|c| c.placer.clone());
+    let before = placer.as_ref().map(batch_counts);
     let (clients, elapsed_s, cpu_s) = timed(clients, |mut c| {
         let (next, outcomes) = (next.clone(), outcomes.clone());
         async move {
@@ -250,14 +279,22 @@ async fn timed_creates(
         }
     })
     .await?;
+    if let (Some(p), Some((b0, d0, a0, f0))) = (&placer, before) {
+        let (b, d, a, f) = batch_counts(p);
+        let (b, d, a, f) = (b - b0, d - d0, a - a0, f - f0);
+        println!(
+            "  batch placer: {b} batches, {d} requests done in them ({:.1} a batch), {a} handed back to run alone, {f} batches failed whole",
+            d as f64 / b.max(1) as f64
+        );
+    }
     Ok((clients, elapsed_s, cpu_s, outcomes))
 }
 
 /// Steady state: each client creates and releases all but its two newest, `total` creates in all.
 /// Placements per second, the CPU the machine spent per placement and its release (milliseconds,
 /// where known), and the outcomes.
-async fn placements_per_second(conn: &str, clients: usize, total: usize, hot_percent: u64) -> anyhow::Result<(f64, Option<f64>, Arc<Outcomes>)> {
-    let warm = warm_clients(conn, clients, hot_percent).await?;
+async fn placements_per_second(conn: &str, clients: usize, total: usize, hot_percent: u64, batch: BatchSettings) -> anyhow::Result<(f64, Option<f64>, Arc<Outcomes>)> {
+    let warm = warm_clients(conn, clients, hot_percent, batch).await?;
     let (_, elapsed_s, cpu_s, outcomes) = timed_creates(warm, total, hot_percent, true).await?;
     Ok((total as f64 / elapsed_s, cpu_s.map(|s| 1000.0 * s / total as f64), outcomes))
 }
@@ -265,8 +302,8 @@ async fn placements_per_second(conn: &str, clients: usize, total: usize, hot_per
 /// A burst: `total` creates with no release in the timed window, then every reservation released
 /// in a second timed window. Placed reservations per second and the CPU per create, releases per
 /// second and the CPU per release, and the creates' outcomes.
-async fn burst(conn: &str, clients: usize, total: usize, hot_percent: u64) -> anyhow::Result<(f64, Option<f64>, f64, Option<f64>, Arc<Outcomes>)> {
-    let warm = warm_clients(conn, clients, hot_percent).await?;
+async fn burst(conn: &str, clients: usize, total: usize, hot_percent: u64, batch: BatchSettings) -> anyhow::Result<(f64, Option<f64>, f64, Option<f64>, Arc<Outcomes>)> {
+    let warm = warm_clients(conn, clients, hot_percent, batch).await?;
     let (held, place_s, place_cpu_s, outcomes) = timed_creates(warm, total, hot_percent, false).await?;
     let releases = held.iter().map(|c| c.held.len()).sum::<usize>().max(1);
     let (_, release_s, release_cpu_s) = timed(held, |mut c| {
@@ -288,7 +325,7 @@ async fn burst(conn: &str, clients: usize, total: usize, hot_percent: u64) -> an
 
 /// Runs the benchmark.
 pub async fn run(b: CapacityBench) -> anyhow::Result<()> {
-    let scratch = Scratch::start(b.clients as u32 + 40).await?;
+    let scratch = Scratch::start((b.clients + b.batchers) as u32 + 40).await?;
     let conn = scratch.conn();
     let mut db = better_compute_db::pool::connect(&conn).await?;
     better_compute_db::migrate(&mut db, &crate::registry()?.migrations()).await?;
@@ -300,11 +337,12 @@ pub async fn run(b: CapacityBench) -> anyhow::Result<()> {
     if let Some(ms) = tpcb_cpu_ms {
         println!("pgbench TPC-B: {ms:.2} ms of CPU per transaction (the whole machine's, pgbench included)");
     }
+    let batch = BatchSettings { batchers: b.batchers, max_batch: b.max_batch, ..BatchSettings::default() };
     let mut first: Option<f64> = None;
     for nodes in &b.nodes {
         println!("seeding {nodes} nodes x 8 GPUs…");
         seed(&db, *nodes).await?;
-        let (rate, cpu_ms, o) = placements_per_second(&conn, b.clients, b.placements, b.hot_percent).await?;
+        let (rate, cpu_ms, o) = placements_per_second(&conn, b.clients, b.placements, b.hot_percent, batch).await?;
         let failed = o.failed.load(Ordering::Relaxed);
         let lost = o.pending_on_conflicts.load(Ordering::Relaxed);
         println!(
@@ -340,7 +378,7 @@ pub async fn run(b: CapacityBench) -> anyhow::Result<()> {
         first.get_or_insert(rate);
 
         seed(&db, *nodes).await?;
-        let (placed_rate, create_cpu_ms, release_rate, release_cpu_ms, o) = burst(&conn, b.clients, b.placements, b.hot_percent).await?;
+        let (placed_rate, create_cpu_ms, release_rate, release_cpu_ms, o) = burst(&conn, b.clients, b.placements, b.hot_percent, batch).await?;
         let ms = |cpu: Option<f64>, what: &str| cpu.map(|ms| format!(", {ms:.2} ms of CPU per {what}")).unwrap_or_default();
         println!(
             "{nodes} nodes, a burst with no release in the window: {placed_rate:.0} placements/s ({:.2}x pgbench TPC-B){}; placed {}, pending {} ({} after losing every race), errors {}; \

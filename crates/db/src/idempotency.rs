@@ -38,8 +38,9 @@ pub enum Claim {
     Replay(serde_json::Value),
 }
 
-/// SHA-256 over the method and the canonical JSON of the request (object keys sorted).
-fn request_hash(method: &str, request: &serde_json::Value) -> Vec<u8> {
+/// SHA-256 over the method and the canonical JSON of the request (object keys sorted), as a claim
+/// stores it.
+pub fn request_sha256(method: &str, request: &serde_json::Value) -> Vec<u8> {
     let mut h = Sha256::new();
     h.update(method.as_bytes());
     h.update([0]);
@@ -69,7 +70,7 @@ pub async fn claim(
     request: &serde_json::Value,
 ) -> Result<Claim, DbError> {
     validate_key(scope.key)?;
-    let hash = request_hash(method, request);
+    let hash = request_sha256(method, request);
     // A live key row from another transaction makes this INSERT wait for it; an expired one is
     // taken over as if it were absent.
     let inserted = tx
@@ -148,9 +149,9 @@ mod tests {
     fn the_request_hash_ignores_key_order_but_not_values_or_method() {
         let a = serde_json::json!({"a": 1, "b": [1, 2]});
         let b: serde_json::Value = serde_json::from_str(r#"{"b": [1, 2], "a": 1}"#).unwrap();
-        assert_eq!(request_hash("m", &a), request_hash("m", &b));
-        assert_ne!(request_hash("m", &a), request_hash("n", &a));
-        assert_ne!(request_hash("m", &a), request_hash("m", &serde_json::json!({"a": 2, "b": [1, 2]})));
+        assert_eq!(request_sha256("m", &a), request_sha256("m", &b));
+        assert_ne!(request_sha256("m", &a), request_sha256("n", &a));
+        assert_ne!(request_sha256("m", &a), request_sha256("m", &serde_json::json!({"a": 2, "b": [1, 2]})));
     }
 
     #[test]

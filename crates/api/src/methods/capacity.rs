@@ -118,8 +118,15 @@ pub(super) fn methods() -> Vec<Method> {
             ctx.own_tenant(r.tenant_id.take().as_deref())?;
             ctx.check("compute:reservations:create", Resource::Tenant).await?;
             super::required_key(r.idempotency_key.as_deref(), "reservations.create")?;
-            let mut db = ctx.db().await?;
-            reservations::create(&mut db, ctx.caller(), &r).await
+            // The connection only if the batch hands the request back: waiting for a batcher while
+            // holding one could starve the batchers of theirs.
+            match reservations::create_in_batch(&ctx.state.placer, ctx.caller(), &r).await? {
+                Ok(v) => Ok(v),
+                Err(alone) => {
+                    let mut db = ctx.db().await?;
+                    reservations::create_run_alone(&mut db, ctx.caller(), &r, alone).await
+                }
+            }
         }),
         method("reservations.get", "Read a reservation of your tenant.", "compute:reservations:read at tenant scope", |ctx: Ctx, r: ReservationRef| async move {
             ctx.in_tenant(r.tenant_id.as_deref(), "compute:reservations:read").await?;
@@ -139,8 +146,13 @@ pub(super) fn methods() -> Vec<Method> {
         }),
         method("reservations.release", "End a reservation now; its quota, GPUs and scalars return.", "compute:reservations:write at tenant scope", |ctx: Ctx, r: ReservationRef| async move {
             ctx.in_tenant(r.tenant_id.as_deref(), "compute:reservations:write").await?;
-            let mut db = ctx.db().await?;
-            reservations::release(&mut db, ctx.caller(), &r.reservation_id).await
+            match reservations::release_in_batch(&ctx.state.placer, ctx.caller(), &r.reservation_id).await? {
+                Some(v) => Ok(v),
+                None => {
+                    let mut db = ctx.db().await?;
+                    reservations::release(&mut db, ctx.caller(), &r.reservation_id).await
+                }
+            }
         }),
     ]
 }

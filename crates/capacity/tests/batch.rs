@@ -1,0 +1,273 @@
+//! The batch placer against a real PostgreSQL: what a batch places and books, what it hands back
+//! to run alone, idempotency keys inside a batch, batched releases, and the invariants under
+//! concurrent batches.
+
+mod fleet;
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use better_compute_capacity::batch::{BatchPlacer, BatchSettings};
+use better_compute_capacity::reservations::{self, CreateReservation, ReservationView};
+use better_compute_capacity::{invariants, quota, Caller};
+use better_compute_core::ErrorCode;
+use better_compute_nodes::actions;
+use better_compute_runtime::harness::Harness;
+use fleet::*;
+
+/// Gives `tenant` room in every resource, as the fleet gives TENANT.
+async fn open_quota(c: &tokio_postgres::Client, tenant: &str) {
+    for r in quota::RESOURCES {
+        quota::set(c, tenant, r, 1_000_000_000).await.unwrap();
+    }
+}
+
+async fn count(h: &Harness, sql: &str) -> i64 {
+    h.db().client().await.query_one(sql, &[]).await.unwrap().get(0)
+}
+
+/// A batch placer over a pool of one connection, and that connection held: the batcher takes its
+/// first request and waits for it, so what the test submits next queues up for one batch. Drop the
+/// held connection to let the batches run.
+async fn held_placer(h: &Harness) -> (BatchPlacer, deadpool_postgres::Object) {
+    let pool = better_compute_db::pool::connect_pool(h.db().connection_string(), 1).unwrap();
+    let held = pool.get().await.unwrap();
+    (BatchPlacer::start(pool, BatchSettings { batchers: 1, max_batch: 32, queue_len: 64 }), held)
+}
+
+/// Waits (at most 30 s) until `n` requests wait on the placer.
+async fn until_waiting(p: &BatchPlacer, n: u64) {
+    let waiting = async {
+        while p.counters().waiting.load(Ordering::SeqCst) < n {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), waiting).await.expect("requests never reached the placer");
+}
+
+/// Creates every request through the placer at once, each caller on its own connection; returns
+/// the results in order once the connection held by `held_placer` is let go.
+async fn create_together(
+    h: &Harness,
+    p: &BatchPlacer,
+    held: deadpool_postgres::Object,
+    reqs: Vec<(Caller<'static>, CreateReservation)>,
+) -> Vec<Result<ReservationView, better_compute_core::Error>> {
+    let n = reqs.len() as u64;
+    let mut tasks = Vec::new();
+    for (caller, req) in reqs {
+        let (p, mut c) = (p.clone(), h.db().connect().await);
+        tasks.push(tokio::spawn(async move { reservations::create_batched(&p, &mut c, caller, &req).await }));
+    }
+    until_waiting(p, n).await;
+    drop(held);
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(tokio::time::timeout(Duration::from_secs(60), t).await.expect("create hung").unwrap());
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_places_its_requests_together_and_books_what_one_placement_would() {
+    let h = harness().await;
+    let f = fleet(&h, &exclusive(12), 8).await;
+    let c = h.db().client().await;
+    c.execute("UPDATE nodes SET labels = '{\"rack\": \"r7\"}' WHERE id = $1", &[&f.nodes[5]]).await.unwrap();
+    let gens = "SELECT coalesce(sum(gen), 0)::int8 FROM work_queue WHERE kind = 'nodespec'";
+    let gens_before = count(&h, gens).await;
+    let (p, held) = held_placer(&h).await;
+    let mut reqs: Vec<_> = (0..9).map(|i| (ME, whole(&f.pool_id, 1 + i % 2))).collect();
+    let mut racked = whole(&f.pool_id, 3);
+    racked.node_selector.insert("rack".into(), serde_json::json!("r7"));
+    reqs.push((ME, racked));
+    let views: Vec<_> = create_together(&h, &p, held, reqs).await.into_iter().map(|r| r.unwrap()).collect();
+    // Two batches at most: the one request the batcher took before the connection was free, then
+    // the rest together; none was handed back.
+    let counters = p.counters();
+    assert_eq!(counters.done.load(Ordering::SeqCst), 10);
+    assert_eq!(counters.run_alone.load(Ordering::SeqCst), 0);
+    assert!(counters.batches.load(Ordering::SeqCst) <= 2, "{} batches", counters.batches.load(Ordering::SeqCst));
+    assert!(views.iter().all(|v| v.state == "placed"));
+    assert_eq!(views[9].node_id.as_deref(), Some(f.nodes[5].as_str()), "the node selector holds in a batch");
+    // What one placement books, for each: its atoms on its node, its scalars, its quota, its
+    // node's idle count, its event and its wake-ups.
+    let gpus: i64 = views.iter().map(|v| v.atoms.len() as i64).sum();
+    assert_eq!(gpus, 5 + 4 * 2 + 3, "five of 1, four of 2, one of 3");
+    for v in &views {
+        let node = f.nodes.iter().position(|n| Some(n) == v.node_id.as_ref()).unwrap();
+        assert!(v.atoms.iter().all(|a| f.gpus[node].contains(a)), "{v:?}");
+    }
+    assert_eq!(count(&h, "SELECT count(*) FROM device_bookings").await, gpus);
+    assert_eq!(count(&h, "SELECT sum(vcpu_allocated)::int8 FROM node_resources").await, 8 * 10);
+    let used: HashMap<String, i64> = quota::get(&**c, TENANT).await.unwrap().into_iter().map(|q| (q.resource, q.used)).collect();
+    assert_eq!((used["gpus"], used["vcpu"], used["disk_gib"]), (gpus, 80, 1000));
+    assert_eq!(count(&h, "SELECT (sum(total) - sum(idle))::int8 FROM node_atom_counts").await, gpus);
+    assert_eq!(count(&h, "SELECT count(*) FROM outbox WHERE type = 'reservation.placed'").await, 10);
+    assert_eq!(count(&h, "SELECT count(*) FROM work_queue WHERE kind = 'capacity.reservations'").await, 10);
+    let nodes_used = views.iter().filter_map(|v| v.node_id.clone()).collect::<std::collections::BTreeSet<_>>().len() as i64;
+    assert!(count(&h, gens).await - gens_before >= nodes_used, "every node placed on has its desired state invalidated");
+    // The views are the database's own.
+    for v in &views {
+        assert_eq!(&reservations::get(&**c, ME, &v.id).await.unwrap(), v);
+    }
+    let report = invariants::check(&**c, &HashMap::new()).await.unwrap();
+    assert!(report.violations.is_empty(), "{:?}", report.violations);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_a_batch_cannot_place_runs_alone_and_ends_as_it_would_have() {
+    let h = harness().await;
+    let f = fleet(&h, &exclusive(2), 4).await;
+    let c = h.db().client().await;
+    quota::set(&**c, TENANT, "gpus", 3).await.unwrap();
+    open_quota(&c, "ten_b").await;
+    let other = Caller { tenant_id: "ten_b", identity_id: "idn_b" };
+    {
+        let mut tx = h.db().connect().await;
+        let tx = tx.transaction().await.unwrap();
+        actions::cordon(&tx, &f.nodes[1]).await.unwrap();
+        tx.commit().await.unwrap();
+    }
+    let (p, held) = held_placer(&h).await;
+    // One batch (after the first request): the tenant's two requests do not fit its quota together,
+    // so both run alone and one of them is refused; the other tenant's 3 GPUs fit on no open node
+    // once those are placed… or do: each ends as the one-request path decides.
+    let out = create_together(&h, &p, held, vec![(ME, whole(&f.pool_id, 2)), (ME, whole(&f.pool_id, 2)), (other, whole(&f.pool_id, 9))]).await;
+    let refused: Vec<_> = out.iter().filter_map(|r| r.as_ref().err()).map(|e| e.code).collect();
+    assert!(refused.contains(&ErrorCode::QuotaExceeded), "{out:?}");
+    // More GPUs than any node has: refused with the field named, by the one-request path.
+    assert!(refused.contains(&ErrorCode::FailedPrecondition), "{out:?}");
+    assert_eq!(out.iter().filter(|r| r.as_ref().is_ok_and(|v| v.state == "placed")).count(), 1, "{out:?}");
+    assert!(p.counters().run_alone.load(Ordering::SeqCst) >= 2);
+    // The cordoned node took nothing, and a request with no room left goes pending alone.
+    let v = reservations::create_batched(&p, &mut h.db().connect().await, other, &whole(&f.pool_id, 3)).await.unwrap();
+    assert_eq!(v.state, "pending", "{v:?}");
+    assert_eq!(v.conditions[0]["type"], "Unschedulable");
+    assert_eq!(count(&h, &format!("SELECT count(*) FROM reservations WHERE node_id = '{}'", f.nodes[1])).await, 0);
+    let report = invariants::check(&**c, &HashMap::new()).await.unwrap();
+    assert!(report.violations.is_empty(), "{:?}", report.violations);
+    // Nothing of the handed-back requests stayed: quota is exactly the placed one's.
+    let used: HashMap<String, i64> = quota::get(&**c, TENANT).await.unwrap().into_iter().map(|q| (q.resource, q.used)).collect();
+    assert_eq!(used["gpus"], 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idempotency_key_in_a_batch_places_once_and_replays_after() {
+    let h = harness().await;
+    let f = fleet(&h, &exclusive(4), 8).await;
+    let (p, held) = held_placer(&h).await;
+    let mut req = whole(&f.pool_id, 1);
+    req.idempotency_key = Some("batch-1".into());
+    let out = create_together(&h, &p, held, vec![(ME, whole(&f.pool_id, 1)), (ME, req.clone()), (ME, req.clone())]).await;
+    let (a, b) = (out[1].as_ref().unwrap(), out[2].as_ref().unwrap());
+    assert_eq!(a, b, "the same key twice in a batch is one reservation");
+    assert_eq!(count(&h, "SELECT count(*) FROM reservations").await, 2);
+    let stored: serde_json::Value = h
+        .db()
+        .client()
+        .await
+        .query_one("SELECT response FROM idempotency_keys WHERE key = 'batch-1'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(stored["id"], a.id.as_str(), "the batch stores the key's response");
+    let mut c = h.db().connect().await;
+    assert_eq!(&reservations::create_batched(&p, &mut c, ME, &req).await.unwrap(), a, "a retry replays");
+    req.gpu.count = 2;
+    assert_eq!(reservations::create_batched(&p, &mut c, ME, &req).await.unwrap_err().code, ErrorCode::Conflict);
+    assert_eq!(count(&h, "SELECT count(*) FROM reservations").await, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batched_release_gives_everything_back_once() {
+    let h = harness().await;
+    let f = fleet(&h, &exclusive(3), 8).await;
+    let placer = BatchPlacer::start(better_compute_db::pool::connect_pool(h.db().connection_string(), 2).unwrap(), BatchSettings::default());
+    let mut c = h.db().connect().await;
+    let mut held = Vec::new();
+    for n in [1, 2, 3] {
+        held.push(reservations::create(&mut c, ME, &whole(&f.pool_id, n)).await.unwrap());
+    }
+    let ahead = whole_between(&f.pool_id, 2, "2030-01-01T05:00:00Z", "2030-01-01T06:00:00Z");
+    let future = reservations::create(&mut c, ME, &ahead).await.unwrap();
+    h.db().advance(Duration::from_secs(60)).await;
+    let mut tasks = Vec::new();
+    for id in held.iter().map(|v| v.id.clone()).chain([future.id.clone(), future.id.clone()]) {
+        let (p, mut c) = (placer.clone(), h.db().connect().await);
+        tasks.push(tokio::spawn(async move { reservations::release_batched(&p, &mut c, ME, &id).await }));
+    }
+    let mut views = Vec::new();
+    for t in tasks {
+        views.push(tokio::time::timeout(Duration::from_secs(60), t).await.expect("release hung").unwrap().unwrap());
+    }
+    for (v, before) in views.iter().zip(&held) {
+        assert_eq!(v.state, "released");
+        assert_eq!(v.atoms, before.atoms, "a released view lists the atoms it held");
+    }
+    assert_eq!(views[3].state, "released");
+    assert!(views[3].atoms.is_empty(), "released before its start, it held nothing");
+    assert_eq!(views[3], views[4], "a second release returns it unchanged");
+    assert_eq!(count(&h, "SELECT count(*) FROM outbox WHERE type = 'reservation.released'").await, 4);
+    assert_eq!(count(&h, "SELECT count(*) FROM device_bookings").await, 0);
+    assert_eq!(count(&h, "SELECT count(*) FROM device_booking_history").await, 6);
+    assert_eq!(count(&h, "SELECT sum(vcpu_allocated)::int8 FROM node_resources").await, 0);
+    assert_eq!(count(&h, "SELECT sum(used)::int8 FROM quota_usage").await, 0);
+    assert_eq!(count(&h, "SELECT (sum(total) - sum(idle))::int8 FROM node_atom_counts").await, 0);
+    // Not the caller's, or not there: NOT_FOUND from the one-request path.
+    let other = Caller { tenant_id: "ten_b", identity_id: "idn_b" };
+    let fresh = reservations::create(&mut c, ME, &whole(&f.pool_id, 1)).await.unwrap();
+    assert_eq!(reservations::release_batched(&placer, &mut c, other, &fresh.id).await.unwrap_err().code, ErrorCode::NotFound);
+    assert_eq!(reservations::release_batched(&placer, &mut c, ME, "res_nope").await.unwrap_err().code, ErrorCode::NotFound);
+    assert_eq!(reservations::get(&c, ME, &fresh.id).await.unwrap().state, "placed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_batches_and_single_placements_never_double_book_nor_overcharge() {
+    let h = harness().await;
+    let f = fleet(&h, &exclusive(12), 8).await;
+    let c = h.db().client().await;
+    const TENANTS: [&str; 3] = ["ten_a", "ten_b", "ten_c"];
+    for t in TENANTS {
+        open_quota(&c, t).await;
+        quota::set(&**c, t, "gpus", 40).await.unwrap();
+    }
+    let placer = BatchPlacer::start(
+        better_compute_db::pool::connect_pool(h.db().connection_string(), 4).unwrap(),
+        BatchSettings { batchers: 2, max_batch: 8, queue_len: 64 },
+    );
+    let mut tasks = Vec::new();
+    for i in 0..24 {
+        let (p, pool_id, mut c) = (placer.clone(), f.pool_id.clone(), h.db().connect().await);
+        tasks.push(tokio::spawn(async move {
+            let me = Caller { tenant_id: TENANTS[i % 3], identity_id: "idn_x" };
+            for k in 0..6 {
+                let req = whole(&pool_id, 1 + ((i + k) % 3) as i32);
+                let r = if (i + k) % 2 == 0 {
+                    reservations::create_batched(&p, &mut c, me, &req).await
+                } else {
+                    reservations::create(&mut c, me, &req).await
+                };
+                if let Ok(v) = r
+                    && k % 2 == 1
+                {
+                    let released = if i % 2 == 0 {
+                        reservations::release_batched(&p, &mut c, me, &v.id).await
+                    } else {
+                        reservations::release(&mut c, me, &v.id).await
+                    };
+                    assert_eq!(released.unwrap().state, "released");
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        tokio::time::timeout(Duration::from_secs(120), t).await.expect("a client hung").unwrap();
+    }
+    assert!(placer.counters().done.load(Ordering::SeqCst) > 20, "{:?}", placer.counters());
+    let report = invariants::check(&**c, &HashMap::new()).await.unwrap();
+    assert!(report.violations.is_empty(), "{:?}", report.violations);
+    let over = count(&h, "SELECT count(*) FROM quota_usage WHERE used > max").await;
+    assert_eq!(over, 0);
+}

@@ -10,6 +10,9 @@
 //! guarded update, and inserts the bookings with `ON CONFLICT DO NOTHING`. A node, atom or counter
 //! conflict rolls back to the savepoint and replans without that node, at most three times, picking
 //! from the candidates left by the plan before where there are any.
+//!
+//! Concurrent creates through the API are first tried in a batch (batch.rs), which places what it
+//! can on the first try in one statement per step; what it hands back runs through this placer.
 
 /// Replans after the first attempt.
 pub const MAX_REPLANS: i32 = 3;

@@ -1,14 +1,16 @@
-//! The batch placer: concurrent `reservations.create` requests placed together, one statement per
-//! step for the whole batch (`capacity_reserve_batch`, migrations/capacity/0012_batches.sql).
+//! The batch placer: concurrent `reservations.create` and `reservations.release` calls done
+//! together, one statement per step for the whole batch (`capacity_reserve_batch`,
+//! `capacity_release_batch`, migrations/capacity/0012_batches.sql).
 //!
-//! A few batchers take requests from one bounded queue. Each plans on its own share of the nodes
-//! (`abs(hashtext(node_id)) % batchers`), so concurrent batches do not collide on nodes; a batch is
-//! whatever waited in the queue while the batcher was busy, up to [`BatchSettings::max_batch`], so
-//! an idle server places a lone request at once. Only the plain case is batched (whole GPUs,
-//! starting now, no tolerations: [`batchable`]); a request the batch does not
-//! place comes back as `None`, with nothing of it written, and the caller runs it alone through
-//! `capacity_reserve`, which replans, leaves it pending or says what is wrong. A batch that fails
-//! as a whole (a deadlock, a lost connection) hands every request back the same way.
+//! Batchers take requests from a bounded queue per kind; a batch is whatever waited while the
+//! batcher was busy, up to [`BatchSettings::max_batch`], so an idle server places a lone request at
+//! once. With several create batchers, each plans on its own share of the nodes
+//! (`abs(hashtext(node_id)) % batchers`), so concurrent batches do not collide on nodes. Only the
+//! common case is batched ([`batchable`]: whole GPUs, starting now, no tolerations). A request the
+//! batch does not do is handed back to run alone, with nothing of it written, and the caller
+//! runs it through `capacity_reserve` or `capacity_end`, which replans, leaves it pending or says
+//! what is wrong. A batch that fails as a whole (a deadlock, a lost connection) hands every
+//! request back the same way.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -37,7 +39,7 @@ impl Default for BatchSettings {
     /// One batcher for creates and one for releases, of at most 32 requests. On the 2-core bench
     /// machine (64 clients, `better-compute bench capacity`), one batcher made batches of about 19
     /// and spent 1.1 ms of CPU per placement and its release; two made batches of 9 and spent 1.4
-    /// to 1.5 ms: a batch's fixed cost outweighs the overlap (docs/capacity.md, "The batch placer").
+    /// to 1.5 ms: a batch's fixed cost outweighs the overlap (docs/capacity.md, "Stop 23").
     fn default() -> Self {
         BatchSettings { batchers: 1, max_batch: 32, queue_len: 1024 }
     }

@@ -3,12 +3,13 @@
 -- placement each; what limits concurrent batches is whether they collide, so each batcher plans only
 -- on its own share of the nodes (abs(hashtext(node_id)) % p_shares = p_share).
 --
--- It places only what it can on the first try, and only the common case: whole GPUs starting now,
--- with or without a node selector, no tolerations. Every request it does not place (an invalid range, a key
--- already used, a tenant over quota, a pool gone, no room in the share, an atom or counter taken
--- by a concurrent placement) gets NULL back and nothing of it stays: the caller then runs it alone
--- through capacity_reserve, which replans, leaves it pending or gives the error. So the batch is an
--- attempt under the spec's rules, and what it cannot do is done by the one-request path.
+-- It places only what it can on the first try, and only the common case: whole GPUs starting
+-- now, with or without a node selector, no tolerations. Every request it does not place (an
+-- invalid range, a key already used, a tenant over quota, a pool gone, no room in the share, an
+-- atom or counter taken by a concurrent placement) gets NULL back and nothing of it stays: the
+-- caller then runs it alone through capacity_reserve, which replans, leaves it pending or gives
+-- the error. So the batch is an attempt under the spec's rules, and what it cannot do is done by
+-- the one-request path.
 --
 -- Both functions run their statements on generic plans: with the arrays as parameters, the plan
 -- cache otherwise kept planning each statement again at every call, which cost a quarter of a

@@ -265,18 +265,18 @@ where
 /// Runs `capacity_reserve_batch` over the jobs: one view per job placed (`None` for the others),
 /// in order.
 async fn reserve_batch(db: &tokio_postgres::Client, jobs: &[CreateJob], share: i32, shares: i32) -> Result<Vec<Option<serde_json::Value>>, DbError> {
-    let col = |f: fn(&CreateJob) -> String| jobs.iter().map(f).collect::<Vec<_>>();
-    let (ids, tenants, identities) = (col(|j| j.id.clone()), col(|j| j.tenant.clone()), col(|j| j.identity.clone()));
-    let (pools, models, event_ids) = (col(|j| j.pool.clone()), col(|j| j.model.clone()), col(|j| j.event_id.clone()));
+    let col = |f: fn(&CreateJob) -> &str| jobs.iter().map(f).collect::<Vec<_>>();
+    let (ids, tenants, identities) = (col(|j| &j.id), col(|j| &j.tenant), col(|j| &j.identity));
+    let (pools, models, event_ids) = (col(|j| &j.pool), col(|j| &j.model), col(|j| &j.event_id));
     let selectors: Vec<&serde_json::Value> = jobs.iter().map(|j| &j.selector).collect();
     let counts: Vec<i32> = jobs.iter().map(|j| j.count).collect();
     let vcpus: Vec<i32> = jobs.iter().map(|j| j.vcpu).collect();
     let memory: Vec<i64> = jobs.iter().map(|j| j.memory_mib).collect();
     let disk: Vec<i64> = jobs.iter().map(|j| j.disk_gib).collect();
-    let ends_at: Vec<Option<String>> = jobs.iter().map(|j| j.ends_at.clone()).collect();
+    let ends_at: Vec<Option<&str>> = jobs.iter().map(|j| j.ends_at.as_deref()).collect();
     let durations: Vec<Option<f64>> = jobs.iter().map(|j| j.duration_s).collect();
-    let keys: Vec<Option<String>> = jobs.iter().map(|j| j.key.clone()).collect();
-    let key_hashes: Vec<Option<Vec<u8>>> = jobs.iter().map(|j| j.key_hash.clone()).collect();
+    let keys: Vec<Option<&str>> = jobs.iter().map(|j| j.key.as_deref()).collect();
+    let key_hashes: Vec<Option<&[u8]>> = jobs.iter().map(|j| j.key_hash.as_deref()).collect();
     let shards: Vec<i16> = jobs.iter().map(|j| j.shard).collect();
     let (ttl_s, max_duration_s) = (IDEMPOTENCY_KEY_TTL.as_secs_f64(), MAX_DURATION.as_secs_f64());
     let params: [(&(dyn ToSql + Sync), Type); 20] = [

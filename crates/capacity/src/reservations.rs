@@ -144,6 +144,7 @@ async fn view(db: &impl GenericClient, tenant_id: &str, id: &str) -> Result<Rese
 }
 
 /// A create request that passed the shape checks, in the terms `capacity_reserve` takes.
+#[derive(Debug)]
 struct Demand {
     kind: String,
     model: String,
@@ -281,6 +282,7 @@ pub async fn create_batched(placer: &BatchPlacer, client: &mut Client, caller: C
 #[derive(Debug)]
 pub struct RunAlone {
     id: String,
+    demand: Demand,
 }
 
 /// The first half of [`create_batched`], for callers that take a connection only when they need
@@ -288,7 +290,7 @@ pub struct RunAlone {
 /// the batchers of theirs): the view if the batch placed the request, else what to run alone.
 /// Errors: the request's shape (INVALID_ARGUMENT), as [`create`].
 pub async fn create_in_batch(placer: &BatchPlacer, caller: Caller<'_>, req: &CreateReservation) -> Result<Result<ReservationView, RunAlone>, Error> {
-    demand(req)?;
+    let demand = demand(req)?;
     let id = ReservationId::generate().to_string();
     if batch::batchable(req) {
         let (event_id, shard) = change_ids(&id);
@@ -298,12 +300,12 @@ pub async fn create_in_batch(placer: &BatchPlacer, caller: Caller<'_>, req: &Cre
             Outcome::RunAlone => {}
         }
     }
-    Ok(Err(RunAlone { id }))
+    Ok(Err(RunAlone { id, demand }))
 }
 
 /// The second half of [`create_batched`]: `reservations.create` alone, as [`create`].
 pub async fn create_run_alone(client: &mut Client, caller: Caller<'_>, req: &CreateReservation, alone: RunAlone) -> Result<ReservationView, Error> {
-    create_alone(client, caller, req, &demand(req)?, &alone.id).await
+    create_alone(client, caller, req, &alone.demand, &alone.id).await
 }
 
 /// `reservations.create` as one `capacity_reserve` run, with the idempotency key's claim in its

@@ -16,13 +16,6 @@ use better_compute_nodes::actions;
 use better_compute_runtime::harness::Harness;
 use fleet::*;
 
-/// Gives `tenant` room in every resource, as the fleet gives TENANT.
-async fn open_quota(c: &tokio_postgres::Client, tenant: &str) {
-    for r in quota::RESOURCES {
-        quota::set(c, tenant, r, 1_000_000_000).await.unwrap();
-    }
-}
-
 async fn count(h: &Harness, sql: &str) -> i64 {
     h.db().client().await.query_one(sql, &[]).await.unwrap().get(0)
 }
@@ -122,7 +115,7 @@ async fn what_a_batch_cannot_place_runs_alone_and_ends_as_it_would_have() {
     let f = fleet(&h, &exclusive(2), 4).await;
     let c = h.db().client().await;
     quota::set(&**c, TENANT, "gpus", 3).await.unwrap();
-    open_quota(&c, "ten_b").await;
+    open_quota(&**c, "ten_b").await;
     let other = Caller { tenant_id: "ten_b", identity_id: "idn_b" };
     {
         let mut tx = h.db().connect().await;
@@ -230,7 +223,7 @@ async fn concurrent_batches_and_single_placements_never_double_book_nor_overchar
     let c = h.db().client().await;
     const TENANTS: [&str; 3] = ["ten_a", "ten_b", "ten_c"];
     for t in TENANTS {
-        open_quota(&c, t).await;
+        open_quota(&**c, t).await;
         quota::set(&**c, t, "gpus", 40).await.unwrap();
     }
     let placer = BatchPlacer::start(

@@ -62,9 +62,7 @@ pub async fn fleet(h: &Harness, modes: &[GpuMode], gpus_per_node: usize) -> Flee
         gpus.push(node_gpus.into_iter().map(|g| g.uuid).collect());
         nodes.push(id);
     }
-    for r in quota::RESOURCES {
-        quota::set(&*tx, TENANT, r, 1_000_000_000).await.unwrap();
-    }
+    open_quota(&*tx, TENANT).await;
     tx.commit().await.unwrap();
     // The inventory watcher turns node.registered into atom counts.
     settle_outbox(h).await;
@@ -87,6 +85,13 @@ pub async fn settle_outbox(h: &Harness) {
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
     panic!("outbox did not settle");
+}
+
+/// Gives `tenant` room in every resource.
+pub async fn open_quota(c: &impl tokio_postgres::GenericClient, tenant: &str) {
+    for r in quota::RESOURCES {
+        quota::set(c, tenant, r, 1_000_000_000).await.unwrap();
+    }
 }
 
 pub fn whole(pool: &str, count: i32) -> CreateReservation {

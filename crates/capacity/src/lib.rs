@@ -34,6 +34,7 @@ pub const CAPACITY_MIGRATIONS: &[Migration] = &[
     Migration { module: "capacity", name: "0010_counts_lock_order", sql: include_str!("migrations/capacity/0010_counts_lock_order.sql") },
     Migration { module: "capacity", name: "0011_booking_history", sql: include_str!("migrations/capacity/0011_booking_history.sql") },
     Migration { module: "capacity", name: "0012_batches", sql: include_str!("migrations/capacity/0012_batches.sql") },
+    Migration { module: "capacity", name: "0013_batch_plans", sql: include_str!("migrations/capacity/0013_batch_plans.sql") },
 ];
 
 /// Moves a reservation through time (start, end) and retries it while pending; key: reservation

@@ -217,6 +217,79 @@ async fn a_batched_release_gives_everything_back_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_batch_shows_a_reservation_only_to_its_own_tenant() {
+    let h = harness().await;
+    let f = fleet(&h, &exclusive(2), 8).await;
+    let (p, held) = held_placer(&h).await;
+    let mut c = h.db().connect().await;
+    let first = reservations::create(&mut c, ME, &whole(&f.pool_id, 1)).await.unwrap();
+    let mine = reservations::create(&mut c, ME, &whole(&f.pool_id, 1)).await.unwrap();
+    let release = |caller: Caller<'static>, id: String, waiting: u64| {
+        let (p, h) = (p.clone(), &h);
+        async move {
+            let mut c = h.db().connect().await;
+            let task = tokio::spawn({
+                let p = p.clone();
+                async move { reservations::release_batched(&p, &mut c, caller, &id).await }
+            });
+            until_waiting(&p, waiting).await;
+            task
+        }
+    };
+    // The batcher takes the first release alone and waits for the held connection; the other
+    // tenant's release of `mine`, then the owner's, queue up behind it for one batch.
+    let other = Caller { tenant_id: "ten_b", identity_id: "idn_b" };
+    let a = release(ME, first.id.clone(), 1).await;
+    let theirs = release(other, mine.id.clone(), 2).await;
+    let ours = release(ME, mine.id.clone(), 3).await;
+    drop(held);
+    let wait = |t: tokio::task::JoinHandle<_>| async { tokio::time::timeout(Duration::from_secs(60), t).await.expect("release hung").unwrap() };
+    assert_eq!(wait(a).await.unwrap().state, "released");
+    assert_eq!(wait(theirs).await.unwrap_err().code, ErrorCode::NotFound, "another tenant's reservation does not exist for it");
+    assert_eq!(wait(ours).await.unwrap().state, "released");
+    assert!(p.counters().batches.load(Ordering::SeqCst) >= 2);
+    let events = h.db().client().await.query("SELECT tenant_id FROM outbox WHERE subject = $1 AND type = 'reservation.released'", &[&mine.id]).await.unwrap();
+    let tenants: Vec<String> = events.iter().map(|r| r.get(0)).collect();
+    assert_eq!(tenants, [ME.tenant_id], "one event, to the owner");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_batch_reads_only_its_own_reservations_however_many_have_ended() {
+    let h = harness().await;
+    let f = fleet(&h, &exclusive(2), 8).await;
+    let mut c = h.db().connect().await;
+    let live: Vec<String> = [
+        reservations::create(&mut c, ME, &whole(&f.pool_id, 1)).await.unwrap().id,
+        reservations::create(&mut c, ME, &whole(&f.pool_id, 1)).await.unwrap().id,
+    ]
+    .into();
+    // Ended reservations of other tenants, `n` more of them.
+    let history = |from: i32, n: i32| {
+        format!(
+            "INSERT INTO reservations (id, tenant_id, pool_id, state, gpu_kind, gpu_model, gpu_count, vcpu, memory_mib, disk_gib,
+                                       during, node_selector, tolerations, node_id, created_by)
+             SELECT 'res_ended' || g, 'ten_h' || g % 1000, pool_id, 'released', gpu_kind, gpu_model, gpu_count, vcpu, memory_mib,
+                    disk_gib, during, node_selector, tolerations, node_id, created_by
+               FROM reservations, generate_series({from}, {from} + {n} - 1) g WHERE id = '{}'",
+            live[0]
+        )
+    };
+    let release = "SELECT capacity_release_batch($1, ARRAY[$2, $2], ARRAY['evt_r1', 'evt_r2'], ARRAY[0, 0]::int2[])";
+    // The connection plans the batch's statements once, from the statistics of a short history (a
+    // batcher's connection lives on); the history then grows.
+    c.batch_execute(&format!("{}; ANALYZE reservations", history(1, 300))).await.unwrap();
+    let nothing: Vec<Option<serde_json::Value>> = c.query_one(release, &[&vec!["res_none", "res_none2"], &ME.tenant_id]).await.unwrap().get(0);
+    assert_eq!(nothing, [None, None]);
+    c.batch_execute(&history(301, 20_000)).await.unwrap();
+    let tx = c.transaction().await.unwrap();
+    let views: Vec<Option<serde_json::Value>> = tx.query_one(release, &[&live, &ME.tenant_id]).await.unwrap().get(0);
+    assert!(views.iter().all(|v| v.as_ref().is_some_and(|v| v["state"] == "released")), "{views:?}");
+    let read: i64 = tx.query_one("SELECT pg_stat_get_xact_tuples_returned('reservations_pkey'::regclass)", &[]).await.unwrap().get(0);
+    assert!(read < 100, "the release batch read {read} reservations' index entries for 2 releases");
+    tx.commit().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_batches_and_single_placements_never_double_book_nor_overcharge() {
     let h = harness().await;
     let f = fleet(&h, &exclusive(12), 8).await;

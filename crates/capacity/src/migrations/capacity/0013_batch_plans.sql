@@ -1,0 +1,353 @@
+-- The batch functions of 0012_batches, with three fixes found by auto_explain on the capacity bench's
+-- database (docs/capacity.md, "Stop 24"):
+--
+-- * capacity_release_batch's transition joined the batch to reservations by (id, tenant). Its generic
+--   plan, made when the table had few live reservations, took `state NOT IN (ended states)` as
+--   selective and scanned the whole primary key (enable_seqscan is off) with the batch on the inner
+--   side: every release batch read every reservation ever made (3.5 ms a batch at 7,000, growing
+--   without bound). The ids are now the index condition (`r.id = ANY(p_ids)`), the tenant a check.
+-- * capacity_release_batch gave a request the view (and the event) of a reservation released by the
+--   batch for another request of the same id but another tenant. A view is now the requester's
+--   tenant's only; a request for another tenant's reservation runs alone, and is told it is not found.
+-- * capacity_reserve_batch's node lock (step 5) scanned nodes' primary key whole the same way; the
+--   planned node ids are now its index condition.
+
+CREATE OR REPLACE FUNCTION capacity_reserve_batch(
+  p_ids text[], p_tenants text[], p_identities text[], p_pools text[], p_models text[], p_selectors jsonb[], p_counts int[],
+  p_vcpus int[], p_memory_mibs bigint[], p_disk_gibs bigint[], p_ends_at timestamptz[], p_durations_s float8[],
+  p_keys text[], p_key_hashes bytea[], p_key_ttl_s float8, p_event_ids text[], p_shards int2[],
+  p_share int, p_shares int, p_max_duration_s float8) RETURNS jsonb[]
+LANGUAGE plpgsql SET enable_seqscan = off SET enable_indexonlyscan = off SET plan_cache_mode = force_generic_plan
+  SET enable_hashjoin = off SET enable_mergejoin = off AS $$
+DECLARE
+  v_n int := cardinality(p_ids);
+  v_now timestamptz := compute_now();
+  v_stops timestamptz[];
+  -- per request: still in the batch; its quota charged; its key claimed here; its node
+  v_ok boolean[];
+  v_charged boolean[] := array_fill(false, ARRAY[v_n]);
+  v_claimed boolean[] := array_fill(false, ARRAY[v_n]);
+  v_nodes text[] := array_fill(NULL::text, ARRAY[v_n]);
+  v_class record;
+  v_cand text[];
+  v_idle int[];
+  v_order int[];
+  v_j int;
+  v_i int;
+  v_got boolean[];
+  v_atoms text[];
+  v_atom_of int[];
+  v_were_idle int[];
+  v_views jsonb[] := array_fill(NULL::jsonb, ARRAY[v_n]);
+BEGIN
+  IF v_n = 0 THEN
+    RETURN '{}';
+  END IF;
+  -- The ranges; one out of bounds is left to capacity_reserve, which says why.
+  SELECT array_agg(s ORDER BY i), array_agg(v_now < s AND s - v_now <= make_interval(secs => p_max_duration_s) ORDER BY i)
+    INTO v_stops, v_ok
+    FROM (SELECT i, coalesce(p_ends_at[i], v_now + make_interval(secs => p_durations_s[i])) AS s
+            FROM generate_subscripts(p_ids, 1) i) x;
+
+  -- 1. Idempotency keys, in key order; one in use (a replay, a reuse, a duplicate in the batch) is
+  --    left to capacity_reserve. The claim is idempotency::claim's statement.
+  WITH k AS (SELECT DISTINCT ON (p_tenants[i], p_identities[i], p_keys[i]) i
+               FROM generate_subscripts(p_ids, 1) i
+              WHERE v_ok[i] AND p_keys[i] IS NOT NULL
+              ORDER BY p_tenants[i], p_identities[i], p_keys[i], i),
+       claimed AS (
+         INSERT INTO idempotency_keys AS q (tenant_id, identity_id, key, method, request_sha256, expires_at)
+         SELECT p_tenants[i], p_identities[i], p_keys[i], 'reservations.create', p_key_hashes[i],
+                v_now + make_interval(secs => p_key_ttl_s)
+           FROM k ORDER BY p_tenants[i], p_identities[i], p_keys[i]
+         ON CONFLICT (tenant_id, identity_id, key) DO UPDATE
+            SET method = EXCLUDED.method, request_sha256 = EXCLUDED.request_sha256, response = NULL,
+                created_at = compute_now(), expires_at = EXCLUDED.expires_at
+          WHERE q.expires_at <= compute_now()
+         RETURNING q.tenant_id, q.identity_id, q.key)
+  SELECT array_agg(g.j IN (SELECT k.i FROM k) AND EXISTS (
+                     SELECT 1 FROM claimed c
+                      WHERE c.tenant_id = p_tenants[g.j] AND c.identity_id = p_identities[g.j] AND c.key = p_keys[g.j])
+                   ORDER BY g.j)
+    INTO v_claimed FROM generate_subscripts(p_ids, 1) g(j);
+  SELECT array_agg(v_ok[i] AND (p_keys[i] IS NULL OR v_claimed[i]) ORDER BY i) INTO v_ok FROM generate_subscripts(p_ids, 1) i;
+
+  -- 2. Quota: every charge of the batch, its rows locked in (tenant, resource) order, then each
+  --    tenant's sum charged only if all of it fits. A tenant that does not fit is left whole to
+  --    capacity_reserve, which charges request by request and says which one is over.
+  PERFORM 1 FROM quota_usage q
+    WHERE (q.tenant_id, q.resource) IN (SELECT p_tenants[i], x.resource FROM generate_subscripts(p_ids, 1) i,
+                                          LATERAL capacity_charge_of('gpu', p_counts[i], p_vcpus[i], p_memory_mibs[i], p_disk_gibs[i]) x
+                                         WHERE v_ok[i])
+    ORDER BY q.tenant_id, q.resource FOR UPDATE;
+  WITH c AS (SELECT p_tenants[i] AS t, x.resource, sum(x.amount) AS amount
+               FROM generate_subscripts(p_ids, 1) i,
+                    LATERAL capacity_charge_of('gpu', p_counts[i], p_vcpus[i], p_memory_mibs[i], p_disk_gibs[i]) x
+              WHERE v_ok[i] GROUP BY 1, 2),
+       short AS (SELECT DISTINCT c.t FROM c LEFT JOIN quota_usage q ON q.tenant_id = c.t AND q.resource = c.resource
+                  WHERE q.tenant_id IS NULL OR q.used + c.amount > q.max),
+       charged AS (UPDATE quota_usage q SET used = q.used + c.amount FROM c
+                    WHERE q.tenant_id = c.t AND q.resource = c.resource AND c.t NOT IN (SELECT t FROM short)
+                   RETURNING q.tenant_id)
+  SELECT array_agg(v_ok[i] AND p_tenants[i] IN (SELECT tenant_id FROM charged) ORDER BY i) INTO v_charged
+    FROM generate_subscripts(p_ids, 1) i;
+  v_ok := v_charged;
+
+  -- 3. The pools FOR SHARE, in id order: they cannot go away under us.
+  WITH p AS (SELECT id FROM pools WHERE id IN (SELECT p_pools[i] FROM generate_subscripts(p_ids, 1) i WHERE v_ok[i])
+              ORDER BY id FOR SHARE)
+  SELECT array_agg(v_ok[i] AND p_pools[i] IN (SELECT id FROM p) ORDER BY i) INTO v_ok FROM generate_subscripts(p_ids, 1) i;
+
+  -- 4. The plan, without locks: per class (pool, model, node selector), a window of this share's
+  --    nodes that have idle GPUs, fullest first (a selector's through the labels' GIN index, as
+  --    capacity_candidates); requests from the smallest up take the fullest node that fits, one
+  --    request per node, so the batch's nodes, scalars and counts are one row per request.
+  --    Classes with a selector plan first: they have fewer nodes to choose from.
+  FOR v_class IN SELECT d.pool, d.model, d.selector
+                   FROM (SELECT DISTINCT p_pools[i] AS pool, p_models[i] AS model, p_selectors[i] AS selector
+                           FROM generate_subscripts(p_ids, 1) i WHERE v_ok[i]) d
+                  ORDER BY d.selector = '{}'::jsonb, d.pool, d.model LOOP
+    SELECT array_agg(i ORDER BY p_counts[i], i) INTO v_order
+      FROM generate_subscripts(p_ids, 1) i
+     WHERE v_ok[i] AND p_pools[i] = v_class.pool AND p_models[i] = v_class.model AND p_selectors[i] = v_class.selector;
+    IF v_class.selector = '{}'::jsonb THEN
+      SELECT array_agg(w.node_id ORDER BY w.idle, w.node_id), array_agg(w.idle ORDER BY w.idle, w.node_id) INTO v_cand, v_idle
+        FROM (SELECT a.node_id, a.idle FROM node_atom_counts a
+               WHERE a.pool_id = v_class.pool AND a.kind = 'gpu' AND a.model = v_class.model AND a.profile = ''
+                 AND a.open AND a.idle >= 1 AND abs(hashtext(a.node_id)) % p_shares = p_share
+               ORDER BY a.idle, a.node_id LIMIT 2 * cardinality(v_order) + 8) w;
+    ELSE
+      SELECT array_agg(w.node_id ORDER BY w.idle, w.node_id), array_agg(w.idle ORDER BY w.idle, w.node_id) INTO v_cand, v_idle
+        FROM (SELECT a.node_id, a.idle FROM nodes n JOIN node_atom_counts a ON a.node_id = n.id
+               WHERE n.pool_id = v_class.pool AND n.labels @> v_class.selector
+                 AND a.kind = 'gpu' AND a.model = v_class.model AND a.profile = ''
+                 AND a.open AND a.idle >= 1 AND abs(hashtext(a.node_id)) % p_shares = p_share
+               ORDER BY a.idle, a.node_id LIMIT 2 * cardinality(v_order) + 8) w;
+    END IF;
+    v_j := 1;
+    FOREACH v_i IN ARRAY v_order LOOP
+      -- a node another class of the batch took is skipped
+      WHILE v_j <= coalesce(cardinality(v_cand), 0) AND (v_idle[v_j] < p_counts[v_i] OR v_cand[v_j] = ANY(v_nodes)) LOOP
+        v_j := v_j + 1;
+      END LOOP;
+      EXIT WHEN v_j > coalesce(cardinality(v_cand), 0);
+      v_nodes[v_i] := v_cand[v_j];
+      v_j := v_j + 1;
+    END LOOP;
+  END LOOP;
+  SELECT array_agg(v_ok[i] AND v_nodes[i] IS NOT NULL ORDER BY i) INTO v_ok FROM generate_subscripts(p_ids, 1) i;
+
+  -- 5. The nodes FOR SHARE in id order, the eligibility rules and the request's selector rechecked
+  --    under the lock (no tolerations: an untainted node). The ids are the index condition: joined
+  --    only through the batch, the generic plan scanned every node.
+  WITH n AS (SELECT n.id FROM nodes n JOIN generate_subscripts(p_ids, 1) r(i) ON n.id = v_nodes[r.i]
+              WHERE n.id = ANY(v_nodes) AND v_ok[r.i] AND n.labels @> p_selectors[r.i]
+                AND capacity_node_takes(n.observed_generation, n.no_schedule_reasons, n.taints, '[]'::jsonb)
+              ORDER BY n.id FOR SHARE OF n)
+  SELECT array_agg(v_ok[i] AND v_nodes[i] IN (SELECT id FROM n) ORDER BY i) INTO v_ok FROM generate_subscripts(p_ids, 1) i;
+
+  -- 6. The atoms, node by node in id order, as capacity_place takes them (FOR NO KEY UPDATE SKIP
+  --    LOCKED, healthy, not quarantined, free over the range), each with whether it was idle.
+  SELECT array_agg(x.id ORDER BY x.id), array_agg(r.i ORDER BY x.id), array_agg(x.idle::int ORDER BY x.id)
+    INTO v_atoms, v_atom_of, v_were_idle
+    FROM (SELECT i FROM generate_subscripts(p_ids, 1) i WHERE v_ok[i] ORDER BY v_nodes[i]) r,
+         LATERAL (SELECT a.id,
+                         coalesce((SELECT max(upper(o.during)) FROM device_bookings o WHERE o.device_id COLLATE "C" = a.id),
+                                  '-infinity') <= v_now AS idle
+                    FROM devices a
+                   WHERE a.node_id = v_nodes[r.i] AND a.parent_id IS NULL AND a.bookable AND a.kind = 'gpu'
+                     AND a.model = p_models[r.i] AND a.healthy AND NOT a.quarantined
+                     AND coalesce((SELECT max(upper(b.during)) FROM device_bookings b
+                                    WHERE b.device_id COLLATE "C" = a.id AND lower(b.during) < v_stops[r.i]),
+                                  '-infinity') <= v_now
+                   ORDER BY a.index LIMIT p_counts[r.i]
+                   FOR NO KEY UPDATE OF a SKIP LOCKED) x;
+  SELECT array_agg(v_ok[i] AND p_counts[i] = (SELECT count(*) FROM unnest(v_atom_of) o WHERE o = i) ORDER BY i) INTO v_ok
+    FROM generate_subscripts(p_ids, 1) i;
+
+  -- 7. The scalars: the rows in node order, then the guarded update (one request per node).
+  PERFORM 1 FROM node_resources
+    WHERE node_id IN (SELECT v_nodes[i] FROM generate_subscripts(p_ids, 1) i WHERE v_ok[i]) ORDER BY node_id FOR UPDATE;
+  WITH fit AS (
+    UPDATE node_resources nr
+       SET vcpu_allocated = vcpu_allocated + p_vcpus[r.i], memory_mib_allocated = memory_mib_allocated + p_memory_mibs[r.i],
+           disk_gib_allocated = disk_gib_allocated + p_disk_gibs[r.i]
+      FROM (SELECT i FROM generate_subscripts(p_ids, 1) i WHERE v_ok[i]) r
+     WHERE nr.node_id = v_nodes[r.i]
+       AND vcpu_allocated + p_vcpus[r.i] <= floor(vcpu_allocatable * vcpu_ratio)
+       AND memory_mib_allocated + p_memory_mibs[r.i] <= floor(memory_mib_allocatable * memory_ratio)
+       AND disk_gib_allocated + p_disk_gibs[r.i] <= floor(disk_gib_allocatable * disk_ratio)
+    RETURNING r.i)
+  SELECT array_agg(v_ok[g.j] AND g.j IN (SELECT fit.i FROM fit) ORDER BY g.j) INTO v_ok FROM generate_subscripts(p_ids, 1) g(j);
+
+  -- 8. The bookings, in atom order; the constraint decides. A request short of any is undone: its
+  --    bookings deleted, its scalars given back (rows held since 7).
+  WITH booked AS (
+    INSERT INTO device_bookings (device_id, allocation_id, during)
+    SELECT v_atoms[k], p_ids[v_atom_of[k]], tstzrange(v_now, v_stops[v_atom_of[k]], '[)')
+      FROM generate_subscripts(v_atoms, 1) k WHERE v_ok[v_atom_of[k]] ORDER BY v_atoms[k]
+    ON CONFLICT DO NOTHING
+    RETURNING allocation_id)
+  SELECT array_agg(v_ok[i] AND p_counts[i] = (SELECT count(*) FROM booked b WHERE b.allocation_id = p_ids[i]) ORDER BY i)
+    INTO v_got FROM generate_subscripts(p_ids, 1) i;
+  IF v_got IS DISTINCT FROM v_ok THEN
+    DELETE FROM device_bookings
+     WHERE allocation_id IN (SELECT p_ids[i] FROM generate_subscripts(p_ids, 1) i WHERE v_ok[i] AND NOT v_got[i]);
+    UPDATE node_resources nr
+       SET vcpu_allocated = vcpu_allocated - p_vcpus[r.i], memory_mib_allocated = memory_mib_allocated - p_memory_mibs[r.i],
+           disk_gib_allocated = disk_gib_allocated - p_disk_gibs[r.i]
+      FROM (SELECT i FROM generate_subscripts(p_ids, 1) i WHERE v_ok[i] AND NOT v_got[i]) r
+     WHERE nr.node_id = v_nodes[r.i];
+    v_ok := v_got;
+  END IF;
+
+  -- 9. The idle counts of the placed nodes, rows in key order (a hint, floored at 0 as the placer's).
+  PERFORM 1 FROM node_atom_counts c
+    WHERE c.node_id IN (SELECT v_nodes[i] FROM generate_subscripts(p_ids, 1) i WHERE v_ok[i])
+    ORDER BY c.node_id, c.kind, c.model, c.profile FOR UPDATE;
+  UPDATE node_atom_counts c SET idle = greatest(0, c.idle - w.n)
+    FROM (SELECT v_nodes[i] AS node, p_models[i] AS model,
+                 (SELECT sum(v_were_idle[k]) FROM generate_subscripts(v_atoms, 1) k WHERE v_atom_of[k] = i) AS n
+            FROM generate_subscripts(p_ids, 1) i WHERE v_ok[i]) w
+   WHERE c.node_id = w.node AND c.kind = 'gpu' AND c.model = w.model AND c.profile = '' AND w.n > 0;
+
+  -- 10. Undo what stays charged or claimed for requests not placed: their quota (rows held since
+  --     2) and their keys (claimed here, so capacity_reserve claims them again).
+  IF EXISTS (SELECT 1 FROM generate_subscripts(p_ids, 1) i WHERE v_charged[i] AND NOT v_ok[i]) THEN
+    UPDATE quota_usage q SET used = q.used - c.amount
+      FROM (SELECT p_tenants[i] AS t, x.resource, sum(x.amount) AS amount
+              FROM generate_subscripts(p_ids, 1) i,
+                   LATERAL capacity_charge_of('gpu', p_counts[i], p_vcpus[i], p_memory_mibs[i], p_disk_gibs[i]) x
+             WHERE v_charged[i] AND NOT v_ok[i] GROUP BY 1, 2) c
+     WHERE q.tenant_id = c.t AND q.resource = c.resource;
+  END IF;
+  DELETE FROM idempotency_keys k
+   USING generate_subscripts(p_ids, 1) i
+   WHERE v_claimed[i] AND NOT v_ok[i]
+     AND k.tenant_id = p_tenants[i] AND k.identity_id = p_identities[i] AND k.key = p_keys[i];
+
+  IF NOT (true = ANY(v_ok)) THEN
+    RETURN v_views;
+  END IF;
+  -- 11. The placed reservations, their views, events, wake-ups (capacity_after_change's, for all
+  --     at once) and the keys' stored responses.
+  INSERT INTO reservations (id, tenant_id, pool_id, state, gpu_kind, gpu_model, mig_profile, gpu_count, vcpu, memory_mib,
+                            disk_gib, during, node_selector, tolerations, node_id, created_by)
+  SELECT p_ids[i], p_tenants[i], p_pools[i], 'placed', 'gpu', p_models[i], NULL, p_counts[i], p_vcpus[i], p_memory_mibs[i],
+         p_disk_gibs[i], tstzrange(v_now, v_stops[i], '[)'), p_selectors[i], '[]', v_nodes[i], p_identities[i]
+    FROM generate_subscripts(p_ids, 1) i WHERE v_ok[i] ORDER BY p_ids[i];
+  SELECT array_agg(CASE WHEN v_ok[g.j] THEN capacity_view_of(r, (SELECT jsonb_agg(v_atoms[k] ORDER BY v_atoms[k])
+                                                                   FROM generate_subscripts(v_atoms, 1) k WHERE v_atom_of[k] = g.j)) END
+                   ORDER BY g.j)
+    INTO v_views FROM generate_subscripts(p_ids, 1) g(j) LEFT JOIN reservations r ON v_ok[g.j] AND r.id = p_ids[g.j];
+  INSERT INTO outbox (id, type, tenant_id, subject, data)
+  SELECT p_event_ids[i], 'reservation.placed', p_tenants[i], p_ids[i],
+         jsonb_build_object('state', v_views[i]->'state', 'nodeId', v_views[i]->'nodeId', 'atoms', v_views[i]->'atoms',
+                            'version', v_views[i]->'version')
+    FROM generate_subscripts(p_ids, 1) i WHERE v_ok[i];
+  PERFORM work_queue_enqueue(array_agg(w.kind), array_agg(w.key), array_agg(w.shard), 0)
+     FROM (SELECT 'capacity.reservations' AS kind, p_ids[i] AS key, p_shards[i] AS shard
+             FROM generate_subscripts(p_ids, 1) i WHERE v_ok[i]
+           UNION ALL
+           SELECT 'nodespec', n.id, n.shard FROM nodes n
+            WHERE n.id IN (SELECT v_nodes[i] FROM generate_subscripts(p_ids, 1) i WHERE v_ok[i])) w;
+  UPDATE idempotency_keys k SET response = v_views[i]
+    FROM generate_subscripts(p_ids, 1) i
+   WHERE v_claimed[i] AND v_ok[i]
+     AND k.tenant_id = p_tenants[i] AND k.identity_id = p_identities[i] AND k.key = p_keys[i];
+  RETURN v_views;
+END $$;
+
+CREATE OR REPLACE FUNCTION capacity_release_batch(p_ids text[], p_tenants text[], p_event_ids text[], p_shards int2[]) RETURNS jsonb[]
+LANGUAGE plpgsql SET enable_seqscan = off SET enable_indexonlyscan = off SET plan_cache_mode = force_generic_plan
+  SET enable_hashjoin = off SET enable_mergejoin = off AS $$
+DECLARE
+  v_now timestamptz := compute_now();
+  v_ended text[];
+  v_atoms text[];
+  v_of text[];
+  v_held boolean[];
+  v_views jsonb[];
+BEGIN
+  IF cardinality(p_ids) = 0 THEN
+    RETURN '{}';
+  END IF;
+  -- 1. The reservations' rows, in id order, then the transition (the state guard checks it). The ids
+  --    are the index condition, the tenant a check (see the header).
+  PERFORM 1 FROM reservations r WHERE r.id IN (SELECT unnest(p_ids)) ORDER BY r.id FOR UPDATE;
+  WITH e AS (
+    UPDATE reservations r SET state = 'released', version = version + 1, updated_at = v_now, unschedulable = NULL,
+                              next_attempt_at = NULL
+     WHERE r.id = ANY(p_ids) AND r.state NOT IN ('released', 'expired', 'failed')
+       AND EXISTS (SELECT 1 FROM generate_subscripts(p_ids, 1) i WHERE p_ids[i] = r.id AND p_tenants[i] = r.tenant_id)
+    RETURNING r.id)
+  SELECT coalesce(array_agg(e.id ORDER BY e.id), '{}') INTO v_ended FROM e;
+  IF cardinality(v_ended) = 0 THEN
+    RETURN array_fill(NULL::jsonb, ARRAY[cardinality(p_ids)]);
+  END IF;
+
+  -- 2. Quota first (capacity_refund's, summed per row), rows in (tenant, resource) order.
+  PERFORM 1 FROM quota_usage q
+    WHERE (q.tenant_id, q.resource) IN (SELECT r.tenant_id, x.resource FROM reservations r,
+                                          LATERAL capacity_charge_of(r.gpu_kind, r.gpu_count, r.vcpu, r.memory_mib, r.disk_gib) x
+                                         WHERE r.id = ANY(v_ended))
+    ORDER BY q.tenant_id, q.resource FOR UPDATE;
+  UPDATE quota_usage q SET used = q.used - c.amount
+    FROM (SELECT r.tenant_id AS t, x.resource, sum(x.amount) AS amount
+            FROM reservations r, LATERAL capacity_charge_of(r.gpu_kind, r.gpu_count, r.vcpu, r.memory_mib, r.disk_gib) x
+           WHERE r.id = ANY(v_ended) GROUP BY 1, 2) c
+   WHERE q.tenant_id = c.t AND q.resource = c.resource;
+
+  -- 3. The scalars of the nodes they were placed on, rows in node order.
+  PERFORM 1 FROM node_resources
+    WHERE node_id IN (SELECT r.node_id FROM reservations r WHERE r.id = ANY(v_ended)) ORDER BY node_id FOR UPDATE;
+  UPDATE node_resources nr
+     SET vcpu_allocated = vcpu_allocated - s.vcpu, memory_mib_allocated = memory_mib_allocated - s.memory_mib,
+         disk_gib_allocated = disk_gib_allocated - s.disk_gib
+    FROM (SELECT r.node_id, sum(r.vcpu) AS vcpu, sum(r.memory_mib) AS memory_mib, sum(r.disk_gib) AS disk_gib
+            FROM reservations r WHERE r.id = ANY(v_ended) AND r.node_id IS NOT NULL GROUP BY r.node_id) s
+   WHERE nr.node_id = s.node_id;
+
+  -- 4. Every booking leaves the live table; what was held before now goes to the history.
+  WITH gone AS (DELETE FROM device_bookings WHERE allocation_id = ANY(v_ended) RETURNING device_id, allocation_id, during),
+       held AS (INSERT INTO device_booking_history (device_id, allocation_id, during)
+                SELECT g.device_id, g.allocation_id, tstzrange(lower(g.during), least(upper(g.during), v_now), '[)')
+                  FROM gone g WHERE lower(g.during) < v_now)
+  SELECT array_agg(a.device_id), array_agg(a.allocation_id), array_agg(a.held) INTO v_atoms, v_of, v_held
+    FROM (SELECT g.device_id, g.allocation_id, bool_or(lower(g.during) < v_now) AS held FROM gone g GROUP BY 1, 2) a;
+
+  -- 5. The atoms with nothing booked from now on are idle again, per node and class, rows in key
+  --    order.
+  PERFORM 1 FROM node_atom_counts c
+    WHERE c.node_id IN (SELECT r.node_id FROM reservations r WHERE r.id = ANY(v_ended))
+    ORDER BY c.node_id, c.kind, c.model, c.profile FOR UPDATE;
+  UPDATE node_atom_counts c SET idle = LEAST(c.total, c.idle + w.n)
+    FROM (SELECT r.node_id, r.gpu_kind, r.gpu_model, coalesce(r.mig_profile, '') AS profile, count(*) AS n
+            FROM unnest(v_atoms, v_of) a(device_id, allocation_id) JOIN reservations r ON r.id = a.allocation_id
+           WHERE r.node_id IS NOT NULL
+             AND coalesce((SELECT max(upper(o.during)) FROM device_bookings o WHERE o.device_id COLLATE "C" = a.device_id),
+                          '-infinity') <= v_now
+           GROUP BY 1, 2, 3, 4) w
+   WHERE c.node_id = w.node_id AND c.kind = w.gpu_kind AND c.model = w.gpu_model AND c.profile = w.profile;
+
+  -- 6. Views, events and wake-ups (capacity_after_change's, for all at once).
+  --    A view lists the atoms held before now, as capacity_view reads them from the history.
+  SELECT array_agg(CASE WHEN r.id IS NOT NULL
+                        THEN capacity_view_of(r, coalesce((SELECT jsonb_agg(v_atoms[k] ORDER BY v_atoms[k]) FROM generate_subscripts(v_atoms, 1) k
+                                                            WHERE v_of[k] = r.id AND v_held[k]), '[]')) END
+                   ORDER BY g.j)
+    INTO v_views FROM generate_subscripts(p_ids, 1) g(j) LEFT JOIN reservations r
+                      ON p_ids[g.j] = ANY(v_ended) AND r.id = p_ids[g.j] AND r.tenant_id = p_tenants[g.j];
+  INSERT INTO outbox (id, type, tenant_id, subject, data)
+  SELECT DISTINCT ON (p_ids[i]) p_event_ids[i], 'reservation.released', p_tenants[i], p_ids[i],
+         jsonb_build_object('state', v_views[i]->'state', 'nodeId', v_views[i]->'nodeId', 'atoms', v_views[i]->'atoms',
+                            'version', v_views[i]->'version')
+    FROM generate_subscripts(p_ids, 1) i WHERE v_views[i] IS NOT NULL ORDER BY p_ids[i], i;
+  PERFORM work_queue_enqueue(array_agg(w.kind), array_agg(w.key), array_agg(w.shard), 0)
+     FROM (SELECT DISTINCT ON (p_ids[i]) 'capacity.reservations' AS kind, p_ids[i] AS key, p_shards[i] AS shard
+             FROM generate_subscripts(p_ids, 1) i WHERE v_views[i] IS NOT NULL
+           UNION ALL
+           SELECT 'nodespec', n.id, n.shard FROM nodes n
+            WHERE n.id IN (SELECT r.node_id FROM reservations r WHERE r.id = ANY(v_ended))) w;
+  RETURN v_views;
+END $$;

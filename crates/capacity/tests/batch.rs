@@ -110,6 +110,40 @@ async fn a_batch_places_its_requests_together_and_books_what_one_placement_would
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_takes_several_requests_of_a_batch_while_it_has_room() {
+    let h = harness().await;
+    let f = fleet(&h, &exclusive(3), 8).await;
+    let c = h.db().client().await;
+    c.execute("UPDATE nodes SET labels = '{\"rack\": \"r7\"}' WHERE id = $1", &[&f.nodes[0]]).await.unwrap();
+    c.execute("UPDATE nodes SET labels = '{\"rack\": \"r9\"}' WHERE id = $1", &[&f.nodes[2]]).await.unwrap();
+    let on_rack = |rack: &str, n: i32| {
+        let mut r = whole(&f.pool_id, n);
+        r.node_selector.insert("rack".into(), serde_json::json!(rack));
+        (ME, r)
+    };
+    let (p, held) = held_placer(&h).await;
+    // The batcher takes the first request alone; five for rack r7 come as one batch. From the
+    // smallest up, 1 + 1 + 2 + 4 GPUs fill the node, and the second 4 is left to run alone.
+    let reqs = vec![on_rack("r9", 1), on_rack("r7", 4), on_rack("r7", 1), on_rack("r7", 2), on_rack("r7", 4), on_rack("r7", 1)];
+    let out: Vec<_> = create_together(&h, &p, held, reqs).await.into_iter().map(|r| r.unwrap()).collect();
+    assert_eq!(p.counters().done.load(Ordering::SeqCst), 5, "all but the one that does not fit were placed in the batch");
+    let on_r7: Vec<_> = out[1..].iter().filter(|v| v.state == "placed").collect();
+    assert_eq!(on_r7.len(), 4, "{out:?}");
+    assert!(on_r7.iter().all(|v| v.node_id.as_deref() == Some(f.nodes[0].as_str())));
+    let mut atoms: Vec<_> = on_r7.iter().flat_map(|v| v.atoms.clone()).collect();
+    atoms.sort();
+    let mut all = f.gpus[0].clone();
+    all.sort();
+    assert_eq!(atoms, all, "each GPU of the node to one request");
+    assert_eq!(out.iter().filter(|v| v.state == "pending").count(), 1, "{out:?}");
+    let node = &f.nodes[0];
+    assert_eq!(count(&h, &format!("SELECT vcpu_allocated::int8 FROM node_resources WHERE node_id = '{node}'")).await, 4 * 8);
+    assert_eq!(count(&h, &format!("SELECT idle::int8 FROM node_atom_counts WHERE node_id = '{node}'")).await, 0);
+    let report = invariants::check(&**c, &HashMap::new()).await.unwrap();
+    assert!(report.violations.is_empty(), "{:?}", report.violations);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_a_batch_cannot_place_runs_alone_and_ends_as_it_would_have() {
     let h = harness().await;
     let f = fleet(&h, &exclusive(2), 4).await;

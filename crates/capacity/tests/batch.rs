@@ -258,24 +258,20 @@ async fn a_release_batch_shows_a_reservation_only_to_its_own_tenant() {
     let mut c = h.db().connect().await;
     let first = reservations::create(&mut c, ME, &whole(&f.pool_id, 1)).await.unwrap();
     let mine = reservations::create(&mut c, ME, &whole(&f.pool_id, 1)).await.unwrap();
-    let release = |caller: Caller<'static>, id: String, waiting: u64| {
-        let (p, h) = (p.clone(), &h);
-        async move {
-            let mut c = h.db().connect().await;
-            let task = tokio::spawn({
-                let p = p.clone();
-                async move { reservations::release_batched(&p, &mut c, caller, &id).await }
-            });
-            until_waiting(&p, waiting).await;
-            task
-        }
+    // Releases `id` through the placer, on connection `c`.
+    let release = |caller: Caller<'static>, id: String, mut c: tokio_postgres::Client| {
+        let p = p.clone();
+        tokio::spawn(async move { reservations::release_batched(&p, &mut c, caller, &id).await })
     };
     // The batcher takes the first release alone and waits for the held connection; the other
     // tenant's release of `mine`, then the owner's, queue up behind it for one batch.
     let other = Caller { tenant_id: "ten_b", identity_id: "idn_b" };
-    let a = release(ME, first.id.clone(), 1).await;
-    let theirs = release(other, mine.id.clone(), 2).await;
-    let ours = release(ME, mine.id.clone(), 3).await;
+    let a = release(ME, first.id.clone(), h.db().connect().await);
+    until_waiting(&p, 1).await;
+    let theirs = release(other, mine.id.clone(), h.db().connect().await);
+    until_waiting(&p, 2).await;
+    let ours = release(ME, mine.id.clone(), h.db().connect().await);
+    until_waiting(&p, 3).await;
     drop(held);
     let wait = |t: tokio::task::JoinHandle<_>| async { tokio::time::timeout(Duration::from_secs(60), t).await.expect("release hung").unwrap() };
     assert_eq!(wait(a).await.unwrap().state, "released");

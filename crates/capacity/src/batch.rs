@@ -135,34 +135,14 @@ impl BatchPlacer {
         let shares = settings.batchers.max(1) as i32;
         let max_batch = settings.max_batch.max(1);
         for share in 0..shares {
-            let (p, c) = (pool.clone(), counters.clone());
-            let queue = create_queue.clone();
-            tokio::spawn(async move {
-                batcher(queue, max_batch, c, |jobs| {
-                    let pool = p.clone();
-                    async move {
-                        let db = pool.get().await?;
-                        let views = reserve_batch(&db, &jobs, share, shares).await?;
-                        work_queue::poke(&**db).await;
-                        Ok(views)
-                    }
-                })
-                .await
-            });
-            let (p, c) = (pool.clone(), counters.clone());
-            let queue = release_queue.clone();
-            tokio::spawn(async move {
-                batcher(queue, max_batch, c, |jobs| {
-                    let pool = p.clone();
-                    async move {
-                        let db = pool.get().await?;
-                        let views = release_batch(&db, &jobs).await?;
-                        work_queue::poke(&**db).await;
-                        Ok(views)
-                    }
-                })
-                .await
-            });
+            tokio::spawn(batcher(create_queue.clone(), pool.clone(), max_batch, counters.clone(), move |db, jobs| async move {
+                let views = reserve_batch(&db, &jobs, share, shares).await?;
+                Ok((db, views))
+            }));
+            tokio::spawn(batcher(release_queue.clone(), pool.clone(), max_batch, counters.clone(), |db, jobs| async move {
+                let views = release_batch(&db, &jobs).await?;
+                Ok((db, views))
+            }));
         }
         BatchPlacer { creates, releases, counters }
     }
@@ -221,12 +201,12 @@ async fn submit<J>(queue: &mpsc::Sender<Queued<J>>, counters: &BatchCounters, jo
 }
 
 /// One batcher: takes what waits in the queue (at least one request, at most `max_batch`), runs
-/// it as one statement and answers each request: its view when the statement did it, else run
-/// alone.
-async fn batcher<J, F, Fut>(queue: Arc<Mutex<mpsc::Receiver<Queued<J>>>>, max_batch: usize, counters: Arc<BatchCounters>, run: F)
+/// it as one statement (`run`, on a connection from `pool`, which it hands back), pokes the
+/// workers and answers each request: its view when the statement did it, else run alone.
+async fn batcher<J, F, Fut>(queue: Arc<Mutex<mpsc::Receiver<Queued<J>>>>, pool: Pool, max_batch: usize, counters: Arc<BatchCounters>, run: F)
 where
-    F: Fn(Vec<J>) -> Fut,
-    Fut: std::future::Future<Output = Result<Vec<Option<serde_json::Value>>, DbError>>,
+    F: Fn(deadpool_postgres::Object, Vec<J>) -> Fut,
+    Fut: std::future::Future<Output = Result<(deadpool_postgres::Object, Vec<Option<serde_json::Value>>), DbError>>,
 {
     loop {
         let mut batch = Vec::with_capacity(max_batch);
@@ -242,7 +222,12 @@ where
         let (jobs, replies): (Vec<J>, Vec<_>) = batch.into_iter().map(|q| (q.job, q.reply)).unzip();
         let n = jobs.len();
         counters.batches.fetch_add(1, Ordering::Relaxed);
-        let views = run(jobs).await.unwrap_or_else(|e| {
+        let ran = async {
+            let (db, views) = run(pool.get().await?, jobs).await?;
+            work_queue::poke(&**db).await;
+            Ok::<_, DbError>(views)
+        };
+        let views = ran.await.unwrap_or_else(|e| {
             counters.failed_batches.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(error = %e, batch = n, "a batch failed; its requests run alone");
             Vec::new()

@@ -20,6 +20,12 @@ async fn count(h: &Harness, sql: &str) -> i64 {
     h.db().client().await.query_one(sql, &[]).await.unwrap().get(0)
 }
 
+/// Every invariant of invariants::check holds.
+async fn assert_invariants_hold(c: &tokio_postgres::Client) {
+    let report = invariants::check(c, &HashMap::new()).await.unwrap();
+    assert!(report.violations.is_empty(), "{:?}", report.violations);
+}
+
 /// A batch placer over a pool of one connection, and that connection held: the batcher takes its
 /// first request and waits for it, so what the test submits next queues up for one batch. Drop the
 /// held connection to let the batches run.
@@ -105,8 +111,7 @@ async fn a_batch_places_its_requests_together_and_books_what_one_placement_would
     for v in &views {
         assert_eq!(&reservations::get(&**c, ME, &v.id).await.unwrap(), v);
     }
-    let report = invariants::check(&**c, &HashMap::new()).await.unwrap();
-    assert!(report.violations.is_empty(), "{:?}", report.violations);
+    assert_invariants_hold(&c).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -139,8 +144,7 @@ async fn a_node_takes_several_requests_of_a_batch_while_it_has_room() {
     let node = &f.nodes[0];
     assert_eq!(count(&h, &format!("SELECT vcpu_allocated::int8 FROM node_resources WHERE node_id = '{node}'")).await, 4 * 8);
     assert_eq!(count(&h, &format!("SELECT idle::int8 FROM node_atom_counts WHERE node_id = '{node}'")).await, 0);
-    let report = invariants::check(&**c, &HashMap::new()).await.unwrap();
-    assert!(report.violations.is_empty(), "{:?}", report.violations);
+    assert_invariants_hold(&c).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -173,8 +177,7 @@ async fn what_a_batch_cannot_place_runs_alone_and_ends_as_it_would_have() {
     assert_eq!(v.state, "pending", "{v:?}");
     assert_eq!(v.conditions[0]["type"], "Unschedulable");
     assert_eq!(count(&h, &format!("SELECT count(*) FROM reservations WHERE node_id = '{}'", f.nodes[1])).await, 0);
-    let report = invariants::check(&**c, &HashMap::new()).await.unwrap();
-    assert!(report.violations.is_empty(), "{:?}", report.violations);
+    assert_invariants_hold(&c).await;
     // Nothing of the handed-back requests stayed: quota is exactly the placed one's.
     let used: HashMap<String, i64> = quota::get(&**c, TENANT).await.unwrap().into_iter().map(|q| (q.resource, q.used)).collect();
     assert_eq!(used["gpus"], 2);
@@ -362,8 +365,7 @@ async fn concurrent_batches_and_single_placements_never_double_book_nor_overchar
         tokio::time::timeout(Duration::from_secs(120), t).await.expect("a client hung").unwrap();
     }
     assert!(placer.counters().done.load(Ordering::SeqCst) > 20, "{:?}", placer.counters());
-    let report = invariants::check(&**c, &HashMap::new()).await.unwrap();
-    assert!(report.violations.is_empty(), "{:?}", report.violations);
+    assert_invariants_hold(&c).await;
     let over = count(&h, "SELECT count(*) FROM quota_usage WHERE used > max").await;
     assert_eq!(over, 0);
 }

@@ -823,3 +823,44 @@ async fn housekeeping_deletes_expired_idempotency_keys_every_minute() {
     h.job("housekeeping").drain(5).await;
     assert_eq!(keys().await, 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workers_outcomes_and_an_enqueue_of_the_same_keys_never_deadlock() {
+    let probe = Arc::new(Probe::new(NODE_KIND, ShardBy::Node));
+    let h = harness_with(probe, vec![]).await;
+    const KIND: &str = "lock.order";
+    let c = h.db().client().await;
+    let (k1, k2) = ("k1".to_owned(), "k2".to_owned());
+    work_queue::enqueue_stored(&**c, KIND, &[k1.clone(), k2.clone()], &[0, 0], Duration::ZERO).await.unwrap();
+    c.execute("UPDATE work_queue SET claimed_by = 'wrk_a', claimed_until = compute_now() + interval '1 minute' WHERE kind = $1", &[&KIND])
+        .await
+        .unwrap();
+    let claimed = |key: &str| work_queue::Claimed { key: key.to_owned(), generation: 1, shard: 0, attempts: 0 };
+    // An enqueue takes its keys in key order (work_queue_enqueue); this one holds k1 so far.
+    let mut enqueuer = h.db().connect().await;
+    let enqueuing = enqueuer.transaction().await.unwrap();
+    work_queue::enqueue_stored(&enqueuing, KIND, &[k1.clone()], &[0], Duration::ZERO).await.unwrap();
+    // The worker's outcomes name k2 first (done), then k1 (failed).
+    let mut w = h.db().connect().await;
+    let worker = tokio::spawn(async move {
+        let tx = w.transaction().await?;
+        let results = [(claimed("k2"), work_queue::RunResult::Ok(Outcome::Done)), (claimed("k1"), work_queue::RunResult::Err("x".into()))];
+        work_queue::apply_outcomes(&tx, KIND, "wrk_a", &results).await?;
+        tx.commit().await.map_err(DbError::from)
+    });
+    within("the worker waits for k1", async {
+        let waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()";
+        while c.query_one(waiting, &[]).await.unwrap().get::<_, i64>(0) == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    // Then k2: a worker holding it while it waits for k1 would close a cycle.
+    within("the enqueue of k2", work_queue::enqueue_stored(&enqueuing, KIND, &[k2.clone()], &[0], Duration::ZERO)).await.unwrap();
+    enqueuing.commit().await.unwrap();
+    within("the worker's outcomes", worker).await.unwrap().unwrap();
+    // The enqueue bumped both generations past the claims: both keys stay queued, k1 with its error.
+    let rows = c.query("SELECT key, last_error FROM work_queue WHERE kind = $1 ORDER BY key", &[&KIND]).await.unwrap();
+    let rows: Vec<(String, Option<String>)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    assert_eq!(rows, [(k1, Some("x".to_owned())), (k2, None)]);
+}

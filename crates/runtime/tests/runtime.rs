@@ -839,7 +839,7 @@ async fn a_workers_outcomes_and_an_enqueue_of_the_same_keys_never_deadlock() {
     // An enqueue takes its keys in key order (work_queue_enqueue); this one holds k1 so far.
     let mut enqueuer = h.db().connect().await;
     let enqueuing = enqueuer.transaction().await.unwrap();
-    work_queue::enqueue_stored(&enqueuing, KIND, &[k1.clone()], &[0], Duration::ZERO).await.unwrap();
+    work_queue::enqueue_stored(&enqueuing, KIND, std::slice::from_ref(&k1), &[0], Duration::ZERO).await.unwrap();
     // The worker's outcomes name k2 first (done), then k1 (failed).
     let mut w = h.db().connect().await;
     let worker = tokio::spawn(async move {
@@ -856,7 +856,7 @@ async fn a_workers_outcomes_and_an_enqueue_of_the_same_keys_never_deadlock() {
     })
     .await;
     // Then k2: a worker holding it while it waits for k1 would close a cycle.
-    within("the enqueue of k2", work_queue::enqueue_stored(&enqueuing, KIND, &[k2.clone()], &[0], Duration::ZERO)).await.unwrap();
+    within("the enqueue of k2", work_queue::enqueue_stored(&enqueuing, KIND, std::slice::from_ref(&k2), &[0], Duration::ZERO)).await.unwrap();
     enqueuing.commit().await.unwrap();
     within("the worker's outcomes", worker).await.unwrap().unwrap();
     // The enqueue bumped both generations past the claims: both keys stay queued, k1 with its error.

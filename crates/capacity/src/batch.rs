@@ -33,6 +33,11 @@ pub struct BatchSettings {
     pub max_batch: usize,
     /// Most requests waiting for a batcher; a request finding the queue full is run alone.
     pub queue_len: usize,
+    /// Further batches a request the batch did not do tries before it runs alone. A request turned
+    /// away because the nodes it aims at were full, or their atoms held by a placement in flight,
+    /// often fits a moment later, once the releases between two batches have committed; in the
+    /// next batch it costs a share of one statement, alone a placer run of its own.
+    pub retries: u8,
 }
 
 impl Default for BatchSettings {
@@ -41,7 +46,7 @@ impl Default for BatchSettings {
     /// and spent 1.1 ms of CPU per placement and its release; two made batches of 9 and spent 1.4
     /// to 1.5 ms: a batch's fixed cost outweighs the overlap (docs/capacity.md, "Stop 23").
     fn default() -> Self {
-        BatchSettings { batchers: 1, max_batch: 32, queue_len: 1024 }
+        BatchSettings { batchers: 1, max_batch: 32, queue_len: 1024, retries: 1 }
     }
 }
 
@@ -49,6 +54,8 @@ impl Default for BatchSettings {
 struct Queued<J> {
     job: J,
     reply: oneshot::Sender<Outcome>,
+    /// Batches it was already in.
+    tries: u8,
 }
 
 /// A create, in the terms `capacity_reserve_batch` takes.
@@ -102,6 +109,8 @@ pub struct BatchCounters {
     pub done: AtomicU64,
     /// Requests handed back to run alone.
     pub run_alone: AtomicU64,
+    /// Requests a batch did not do that went into the next batch ([`BatchSettings::retries`]).
+    pub retried: AtomicU64,
     /// Batches that failed whole (every request ran alone).
     pub failed_batches: AtomicU64,
 }
@@ -133,13 +142,13 @@ impl BatchPlacer {
         let (releases, release_queue) = mpsc::channel(settings.queue_len.max(1));
         let (create_queue, release_queue) = (Arc::new(Mutex::new(create_queue)), Arc::new(Mutex::new(release_queue)));
         let shares = settings.batchers.max(1) as i32;
-        let max_batch = settings.max_batch.max(1);
+        let limits = Limits { max_batch: settings.max_batch.max(1), retries: settings.retries };
         for share in 0..shares {
-            tokio::spawn(batcher(create_queue.clone(), pool.clone(), max_batch, counters.clone(), move |db, jobs| async move {
+            tokio::spawn(batcher(create_queue.clone(), pool.clone(), limits, counters.clone(), move |db, jobs| async move {
                 let views = reserve_batch(&db, &jobs, share, shares).await?;
                 Ok((db, views))
             }));
-            tokio::spawn(batcher(release_queue.clone(), pool.clone(), max_batch, counters.clone(), |db, jobs| async move {
+            tokio::spawn(batcher(release_queue.clone(), pool.clone(), limits, counters.clone(), |db, jobs| async move {
                 let views = release_batch(&db, &jobs).await?;
                 Ok((db, views))
             }));
@@ -191,7 +200,7 @@ impl BatchPlacer {
 async fn submit<J>(queue: &mpsc::Sender<Queued<J>>, counters: &BatchCounters, job: J) -> Outcome {
     let (reply, answer) = oneshot::channel();
     counters.waiting.fetch_add(1, Ordering::Relaxed);
-    if queue.try_send(Queued { job, reply }).is_err() {
+    if queue.try_send(Queued { job, reply, tries: 0 }).is_err() {
         counters.waiting.fetch_sub(1, Ordering::Relaxed);
         return Outcome::RunAlone;
     }
@@ -200,42 +209,71 @@ async fn submit<J>(queue: &mpsc::Sender<Queued<J>>, counters: &BatchCounters, jo
     outcome
 }
 
-/// One batcher: takes what waits in the queue (at least one request, at most `max_batch`), runs
-/// it as one statement (`run`, on a connection from `pool`, which it hands back), pokes the
-/// workers and answers each request: its view when the statement did it, else run alone.
-async fn batcher<J, F, Fut>(queue: Arc<Mutex<mpsc::Receiver<Queued<J>>>>, pool: Pool, max_batch: usize, counters: Arc<BatchCounters>, run: F)
+/// A batcher's bounds.
+#[derive(Debug, Clone, Copy)]
+struct Limits {
+    max_batch: usize,
+    retries: u8,
+}
+
+/// One batcher: takes the requests its last batch did not do and what waits in the queue (at least
+/// one request, at most `max_batch`), runs them as one statement (`run`, on a connection from
+/// `pool`, which it hands back), pokes the workers and answers each request: its view when the
+/// statement did it; else, after `retries` further batches, run alone.
+async fn batcher<J, F, Fut>(queue: Arc<Mutex<mpsc::Receiver<Queued<J>>>>, pool: Pool, limits: Limits, counters: Arc<BatchCounters>, run: F)
 where
-    F: Fn(deadpool_postgres::Object, Vec<J>) -> Fut,
+    F: Fn(deadpool_postgres::Object, Arc<Vec<J>>) -> Fut,
     Fut: std::future::Future<Output = Result<(deadpool_postgres::Object, Vec<Option<serde_json::Value>>), DbError>>,
 {
+    let mut carried: Vec<Queued<J>> = Vec::new();
     loop {
-        let mut batch = Vec::with_capacity(max_batch);
+        // Requests carried over go first. With some in hand, the batcher neither waits for more nor
+        // for the queue: another batcher may hold it, waiting for requests whose callers wait on
+        // these.
+        let mut batch = std::mem::take(&mut carried);
+        batch.reserve(limits.max_batch.saturating_sub(batch.len()));
         {
-            let mut rx = queue.lock().await;
-            let Some(first) = rx.recv().await else { return };
-            batch.push(first);
-            while batch.len() < max_batch {
-                let Ok(q) = rx.try_recv() else { break };
-                batch.push(q);
+            let rx = if batch.is_empty() { Some(queue.lock().await) } else { queue.try_lock().ok() };
+            if let Some(mut rx) = rx {
+                if batch.is_empty() {
+                    let Some(first) = rx.recv().await else { return };
+                    batch.push(first);
+                }
+                while batch.len() < limits.max_batch {
+                    let Ok(q) = rx.try_recv() else { break };
+                    batch.push(q);
+                }
             }
         }
-        let (jobs, replies): (Vec<J>, Vec<_>) = batch.into_iter().map(|q| (q.job, q.reply)).unzip();
-        let n = jobs.len();
+        let n = batch.len();
+        let (jobs, replies): (Vec<J>, Vec<_>) = batch.into_iter().map(|q| (q.job, (q.reply, q.tries))).unzip();
+        let jobs = Arc::new(jobs);
         counters.batches.fetch_add(1, Ordering::Relaxed);
         let ran = async {
-            let (db, views) = run(pool.get().await?, jobs).await?;
+            let (db, views) = run(pool.get().await?, jobs.clone()).await?;
             work_queue::poke(&**db).await;
             Ok::<_, DbError>(views)
         };
         let views = ran.await.unwrap_or_else(|e| {
             counters.failed_batches.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(error = %e, batch = n, "a batch failed; its requests run alone");
+            tracing::warn!(error = %e, batch = n, "a batch failed; its requests go to the next batch or run alone");
             Vec::new()
         });
+        // `run`'s future is done, so this is the last reference and the jobs come back whole.
+        let jobs = Arc::try_unwrap(jobs).ok();
         let mut views = views.into_iter();
-        for reply in replies {
+        let mut jobs = jobs.into_iter().flatten();
+        for (reply, tries) in replies {
+            let job = jobs.next();
             let outcome = match views.next().flatten() {
-                None => Outcome::RunAlone,
+                None => match job {
+                    Some(job) if tries < limits.retries && !reply.is_closed() => {
+                        counters.retried.fetch_add(1, Ordering::Relaxed);
+                        carried.push(Queued { job, reply, tries: tries + 1 });
+                        continue;
+                    }
+                    _ => Outcome::RunAlone,
+                },
                 Some(v) => serde_json::from_value(v)
                     .map(|v| Outcome::Done(Box::new(v)))
                     .unwrap_or_else(|e| Outcome::Failed(better_compute_core::Error::internal(format!("reservation view: {e}")))),

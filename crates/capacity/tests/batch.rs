@@ -32,7 +32,7 @@ async fn assert_invariants_hold(c: &tokio_postgres::Client) {
 async fn held_placer(h: &Harness) -> (BatchPlacer, deadpool_postgres::Object) {
     let pool = better_compute_db::pool::connect_pool(h.db().connection_string(), 1).unwrap();
     let held = pool.get().await.unwrap();
-    (BatchPlacer::start(pool, BatchSettings { batchers: 1, max_batch: 32, queue_len: 64 }), held)
+    (BatchPlacer::start(pool, BatchSettings { batchers: 1, max_batch: 32, queue_len: 64, retries: 1 }), held)
 }
 
 /// Waits (at most 30 s) until `n` requests wait on the placer.
@@ -181,6 +181,82 @@ async fn what_a_batch_cannot_place_runs_alone_and_ends_as_it_would_have() {
     // Nothing of the handed-back requests stayed: quota is exactly the placed one's.
     let used: HashMap<String, i64> = quota::get(&**c, TENANT).await.unwrap().into_iter().map(|q| (q.resource, q.used)).collect();
     assert_eq!(used["gpus"], 2);
+}
+
+/// Waits (at most 30 s) until `n` callers wait for a connection of `pool`.
+async fn until_pool_waiters(pool: &deadpool_postgres::Pool, n: usize) {
+    let waiting = async {
+        while pool.status().waiting < n {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), waiting).await.expect("the batchers never asked for the connection");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_a_batch_turned_away_is_placed_by_the_next_batch_once_a_release_committed() {
+    let h = harness().await;
+    let f = fleet(&h, &exclusive(1), 4).await;
+    let mut c = h.db().connect().await;
+    let full = reservations::create(&mut c, ME, &whole(&f.pool_id, 4)).await.unwrap();
+    // One connection, held: the create batcher asks for it first with the new request, then the
+    // release batcher with the release; the pool hands it out in that order.
+    let pool = better_compute_db::pool::connect_pool(h.db().connection_string(), 1).unwrap();
+    let held = pool.get().await.unwrap();
+    let p = BatchPlacer::start(pool.clone(), BatchSettings { retries: 1, ..BatchSettings::default() });
+    let (pc, mut cc) = (p.clone(), h.db().connect().await);
+    let create = tokio::spawn(async move { reservations::create_batched(&pc, &mut cc, ME, &whole(&f.pool_id, 2)).await });
+    until_pool_waiters(&pool, 1).await;
+    let (pr, mut cr, id) = (p.clone(), h.db().connect().await, full.id.clone());
+    let release = tokio::spawn(async move { reservations::release_batched(&pr, &mut cr, ME, &id).await });
+    until_pool_waiters(&pool, 2).await;
+    drop(held);
+    let wait = |t: tokio::task::JoinHandle<_>| async { tokio::time::timeout(Duration::from_secs(60), t).await.expect("hung").unwrap() };
+    assert_eq!(wait(release).await.unwrap().state, "released");
+    let placed: ReservationView = wait(create).await.unwrap();
+    // The first batch found the node full; the request went into the next create batch, which ran
+    // after the release and placed it: nothing ran alone.
+    assert_eq!(placed.state, "placed", "{placed:?}");
+    let counters = p.counters();
+    assert_eq!(counters.retried.load(Ordering::SeqCst), 1);
+    assert_eq!(counters.run_alone.load(Ordering::SeqCst), 0);
+    assert_eq!(counters.done.load(Ordering::SeqCst), 2);
+    assert_invariants_hold(&c).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_tries_as_many_further_batches_as_set_then_runs_alone() {
+    let h = harness().await;
+    let f = fleet(&h, &exclusive(1), 4).await;
+    let mut c = h.db().connect().await;
+    reservations::create(&mut c, ME, &whole(&f.pool_id, 4)).await.unwrap();
+    for retries in [0u8, 2] {
+        let pool = better_compute_db::pool::connect_pool(h.db().connection_string(), 2).unwrap();
+        let p = BatchPlacer::start(pool, BatchSettings { retries, ..BatchSettings::default() });
+        let v = reservations::create_batched(&p, &mut c, ME, &whole(&f.pool_id, 1)).await.unwrap();
+        assert_eq!(v.state, "pending", "the one-request path decides what fits nowhere: {v:?}");
+        assert_eq!(p.counters().retried.load(Ordering::SeqCst), retries as u64);
+        assert_eq!(p.counters().run_alone.load(Ordering::SeqCst), 1);
+        assert_eq!(p.counters().batches.load(Ordering::SeqCst), 1 + retries as u64);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_carried_to_the_next_batch_never_waits_on_another_batcher_waiting_for_requests() {
+    let h = harness().await;
+    let f = fleet(&h, &exclusive(1), 4).await;
+    let mut c = h.db().connect().await;
+    reservations::create(&mut c, ME, &whole(&f.pool_id, 4)).await.unwrap();
+    // Two create batchers share the queue: while one places the request, the other holds the queue,
+    // waiting for a request that only comes after this one is answered.
+    let pool = better_compute_db::pool::connect_pool(h.db().connection_string(), 4).unwrap();
+    let p = BatchPlacer::start(pool, BatchSettings { batchers: 2, retries: 1, ..BatchSettings::default() });
+    let req = whole(&f.pool_id, 1);
+    let create = reservations::create_batched(&p, &mut c, ME, &req);
+    let v = tokio::time::timeout(Duration::from_secs(60), create).await.expect("the carried request waited for the queue").unwrap();
+    assert_eq!(v.state, "pending", "{v:?}");
+    assert_eq!(p.counters().retried.load(Ordering::SeqCst), 1);
+    assert_eq!(p.counters().run_alone.load(Ordering::SeqCst), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -334,7 +410,7 @@ async fn concurrent_batches_and_single_placements_never_double_book_nor_overchar
     }
     let placer = BatchPlacer::start(
         better_compute_db::pool::connect_pool(h.db().connection_string(), 4).unwrap(),
-        BatchSettings { batchers: 2, max_batch: 8, queue_len: 64 },
+        BatchSettings { batchers: 2, max_batch: 8, queue_len: 64, retries: 1 },
     );
     let mut tasks = Vec::new();
     for i in 0..24 {

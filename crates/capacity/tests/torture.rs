@@ -206,7 +206,7 @@ async fn torture(seed: u64, ops: usize, route: Route) {
         Route::Direct => better_compute_db::pool::connect_pool(h.db().connection_string(), 4).unwrap(),
         Route::PgBouncer => better_compute_db::pool::connect_pool(&h.db().pgbouncer_connection_string().await, 4).unwrap(),
     };
-    let placer = BatchPlacer::start(batch_pool, BatchSettings { batchers: 2, max_batch: 16, queue_len: 64 });
+    let placer = BatchPlacer::start(batch_pool, BatchSettings { batchers: 2, max_batch: 16, queue_len: 64, retries: 1 });
     let mut tasks = Vec::new();
     for _ in 0..CONNECTIONS {
         let (h, f, next, live, tally, failures) = (h.clone(), f.clone(), next.clone(), live.clone(), tally.clone(), failures.clone());

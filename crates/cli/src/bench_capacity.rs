@@ -36,6 +36,9 @@ pub struct CapacityBench {
     /// Most requests in one batch.
     #[arg(long, default_value_t = better_compute_capacity::batch::BatchSettings::default().max_batch)]
     max_batch: usize,
+    /// Further batches a request the batch did not do tries before it runs alone.
+    #[arg(long, default_value_t = better_compute_capacity::batch::BatchSettings::default().retries)]
+    batch_retries: u8,
     /// Leave the throwaway PostgreSQL running afterwards (its socket is printed), to inspect it.
     #[arg(long)]
     keep: bool,
@@ -228,11 +231,12 @@ async fn warm_clients(conn: &str, clients: usize, hot_percent: u64, batch: Batch
     Ok(warm)
 }
 
-/// The batch placer's counters: batches, requests done in them, handed back, batches failed.
-fn batch_counts(p: &BatchPlacer) -> (u64, u64, u64, u64) {
+/// The batch placer's counters: batches, requests done in them, tried again in a later batch,
+/// handed back, batches failed.
+fn batch_counts(p: &BatchPlacer) -> [u64; 5] {
     let c = p.counters();
     let get = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
-    (get(&c.batches), get(&c.done), get(&c.run_alone), get(&c.failed_batches))
+    [get(&c.batches), get(&c.done), get(&c.retried), get(&c.run_alone), get(&c.failed_batches)]
 }
 
 /// Runs `work` on every client at once until each returns; the clients come back with the seconds
@@ -279,11 +283,11 @@ async fn timed_creates(
         }
     })
     .await?;
-    if let (Some(p), Some((b0, d0, a0, f0))) = (&placer, before) {
-        let (b, d, a, f) = batch_counts(p);
-        let (b, d, a, f) = (b - b0, d - d0, a - a0, f - f0);
+    if let (Some(p), Some(before)) = (&placer, before) {
+        let after = batch_counts(p);
+        let [b, d, r, a, f] = std::array::from_fn(|i| after[i] - before[i]);
         println!(
-            "  batch placer: {b} batches, {d} requests done in them ({:.1} a batch), {a} handed back to run alone, {f} batches failed whole",
+            "  batch placer: {b} batches, {d} requests done in them ({:.1} a batch), {r} tried again in the next batch, {a} handed back to run alone, {f} batches failed whole",
             d as f64 / b.max(1) as f64
         );
     }
@@ -337,7 +341,7 @@ pub async fn run(b: CapacityBench) -> anyhow::Result<()> {
     if let Some(ms) = tpcb_cpu_ms {
         println!("pgbench TPC-B: {ms:.2} ms of CPU per transaction (the whole machine's, pgbench included)");
     }
-    let batch = BatchSettings { batchers: b.batchers, max_batch: b.max_batch, ..BatchSettings::default() };
+    let batch = BatchSettings { batchers: b.batchers, max_batch: b.max_batch, retries: b.batch_retries, ..BatchSettings::default() };
     let mut first: Option<f64> = None;
     for nodes in &b.nodes {
         println!("seeding {nodes} nodes x 8 GPUs…");

@@ -35,6 +35,7 @@ pub const CAPACITY_MIGRATIONS: &[Migration] = &[
     Migration { module: "capacity", name: "0011_booking_history", sql: include_str!("migrations/capacity/0011_booking_history.sql") },
     Migration { module: "capacity", name: "0012_batches", sql: include_str!("migrations/capacity/0012_batches.sql") },
     Migration { module: "capacity", name: "0013_batch_plans", sql: include_str!("migrations/capacity/0013_batch_plans.sql") },
+    Migration { module: "capacity", name: "0014_batch_locks_late", sql: include_str!("migrations/capacity/0014_batch_locks_late.sql") },
 ];
 
 /// Moves a reservation through time (start, end) and retries it while pending; key: reservation

@@ -148,6 +148,29 @@ async fn a_node_takes_several_requests_of_a_batch_while_it_has_room() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_whose_sum_a_nodes_scalars_do_not_fit_leave_no_booking_reservation_or_event_behind() {
+    let h = harness().await;
+    let f = fleet(&h, &exclusive(1), 4).await;
+    let c = h.db().client().await;
+    // 20 vCPUs: room for two requests of 8, not three.
+    c.execute("UPDATE node_resources SET vcpu_allocatable = 20", &[]).await.unwrap();
+    let (p, held) = held_placer(&h).await;
+    // The batcher takes the first request alone; the other two come as one batch, whose sum (16 on
+    // top of 8) the node does not fit: both are turned away after their bookings, reservations and
+    // events were written, then run alone under the same ids.
+    let out = create_together(&h, &p, held, (0..3).map(|_| (ME, whole(&f.pool_id, 1))).collect()).await;
+    let out: Vec<_> = out.into_iter().map(|r| r.unwrap()).collect();
+    assert_eq!(out.iter().filter(|v| v.state == "placed").count(), 2, "{out:?}");
+    assert_eq!(out.iter().filter(|v| v.state == "pending").count(), 1, "{out:?}");
+    assert_eq!(p.counters().run_alone.load(Ordering::SeqCst), 2);
+    assert_eq!(count(&h, "SELECT count(*) FROM reservations").await, 3);
+    assert_eq!(count(&h, "SELECT count(*) FROM device_bookings").await, 2);
+    assert_eq!(count(&h, "SELECT count(*) FROM outbox WHERE type = 'reservation.placed'").await, 2);
+    assert_eq!(count(&h, "SELECT vcpu_allocated::int8 FROM node_resources").await, 16);
+    assert_invariants_hold(&c).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_a_batch_cannot_place_runs_alone_and_ends_as_it_would_have() {
     let h = harness().await;
     let f = fleet(&h, &exclusive(2), 4).await;

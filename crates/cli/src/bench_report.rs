@@ -97,7 +97,7 @@ pub async fn run(b: AllBench) -> anyhow::Result<()> {
             Box::new(move || Box::pin(crate::bench::runtime_bench(a)))
         }),
         ("capacity: placements", {
-            let a = defaults::<crate::bench_capacity::CapacityBench>(if q { &["--nodes", "100,1000", "--placements", "1000"] } else { &[] })?;
+            let a = defaults::<crate::bench_capacity::CapacityBench>(if q { &["--nodes", "100,1000", "--steady-placements", "1000", "--placements", "1000"] } else { &[] })?;
             Box::new(move || Box::pin(crate::bench_capacity::run(a)))
         }),
         ("commands: enqueue and desired state", {

@@ -5,15 +5,20 @@
 -- best-fit packing those are mostly the same few nodes: log_lock_waits (deadlock_timeout = 2 ms) on
 -- the capacity bench's steady state logged 850 waits of over 2 ms in 14 s, every one of them on a
 -- node_resources row, the create batch waiting for a release batch's commit and the other way
--- round. Each batch took those rows before most of its work (a create: bookings, reservations,
--- views, events; a release: bookings moved to the history, views, events) and held them to its
--- commit. That work writes only rows of its own (new bookings, reservations and events; the
--- bookings of the reservations whose rows it holds), so it now comes first, and node_resources,
--- node_atom_counts and the wake-ups come last, in the lock order, as before.
+-- round. Each batch took those rows before most of its work and held them to its commit. Now:
 --
--- A create whose node's scalars do not fit now has its bookings, reservation and event deleted
--- again (before, the scalars came first and a request short of an atom had its scalars given
--- back): both undo only rows of the same transaction.
+-- * A create batch inserts its bookings, reservations and events (rows of its own) before it takes
+--   node_resources. A node its requests' scalars do not fit turns them away as before, and their
+--   bookings, reservations and events are deleted again (before, the scalars came first and a
+--   request short of an atom had its scalars given back); both undo only rows of this transaction.
+--   While its booking insert waits on another transaction's booking of the same atom, it now holds
+--   fewer locks than before, none that a release takes after deleting its bookings.
+-- * A release batch reads its bookings and writes its views and events before it takes
+--   node_resources, and deletes the bookings after, as capacity_end does: a booking deleted and
+--   not yet committed could hold up a lone placement that took the node's row first (its snapshot
+--   missed the booking, so it chose the atom) while the release waits for that row.
+--
+-- node_resources, node_atom_counts and the wake-ups come last in both, in the lock order, as before.
 
 CREATE OR REPLACE FUNCTION capacity_reserve_batch(
   p_ids text[], p_tenants text[], p_identities text[], p_pools text[], p_models text[], p_selectors jsonb[], p_counts int[],
@@ -323,17 +328,13 @@ BEGIN
            WHERE r.id = ANY(v_ended) GROUP BY 1, 2) c
    WHERE q.tenant_id = c.t AND q.resource = c.resource;
 
-  -- 3. Every booking leaves the live table; what was held before now goes to the history.
-  WITH gone AS (DELETE FROM device_bookings WHERE allocation_id = ANY(v_ended) RETURNING device_id, allocation_id, during),
-       held AS (INSERT INTO device_booking_history (device_id, allocation_id, during)
-                SELECT g.device_id, g.allocation_id, tstzrange(lower(g.during), least(upper(g.during), v_now), '[)')
-                  FROM gone g WHERE lower(g.during) < v_now)
+  -- 3. Their atoms (read here, deleted in 5: the reservations' rows, held since 1, keep them as
+  --    they are), the views and the events, before the scalars (4): the node_resources rows, which
+  --    the create batches take too, are then held only from 4 to the commit. A view lists the atoms
+  --    held before now, as capacity_view reads them from the history.
   SELECT array_agg(a.device_id), array_agg(a.allocation_id), array_agg(a.held) INTO v_atoms, v_of, v_held
-    FROM (SELECT g.device_id, g.allocation_id, bool_or(lower(g.during) < v_now) AS held FROM gone g GROUP BY 1, 2) a;
-
-  -- 4. Views and events. A view lists the atoms held before now, as capacity_view reads them from
-  --    the history. Before the scalars (5), as the bookings (3): the node_resources rows, which the
-  --    create batches take too, are then held only from 5 to the commit.
+    FROM (SELECT b.device_id, b.allocation_id, bool_or(lower(b.during) < v_now) AS held
+            FROM device_bookings b WHERE b.allocation_id = ANY(v_ended) GROUP BY 1, 2) a;
   SELECT array_agg(CASE WHEN r.id IS NOT NULL
                         THEN capacity_view_of(r, coalesce((SELECT jsonb_agg(v_atoms[k] ORDER BY v_atoms[k]) FROM generate_subscripts(v_atoms, 1) k
                                                             WHERE v_of[k] = r.id AND v_held[k]), '[]')) END
@@ -346,7 +347,7 @@ BEGIN
                             'version', v_views[i]->'version')
     FROM generate_subscripts(p_ids, 1) i WHERE v_views[i] IS NOT NULL ORDER BY p_ids[i], i;
 
-  -- 5. The scalars of the nodes they were placed on, rows in node order.
+  -- 4. The scalars of the nodes they were placed on, rows in node order.
   PERFORM 1 FROM node_resources
     WHERE node_id IN (SELECT r.node_id FROM reservations r WHERE r.id = ANY(v_ended)) ORDER BY node_id FOR UPDATE;
   UPDATE node_resources nr
@@ -355,6 +356,15 @@ BEGIN
     FROM (SELECT r.node_id, sum(r.vcpu) AS vcpu, sum(r.memory_mib) AS memory_mib, sum(r.disk_gib) AS disk_gib
             FROM reservations r WHERE r.id = ANY(v_ended) AND r.node_id IS NOT NULL GROUP BY r.node_id) s
    WHERE nr.node_id = s.node_id;
+
+  -- 5. Every booking leaves the live table; what was held before now goes to the history. After the
+  --    scalars, as capacity_end: deleted before them, a booking could hold up a placement that holds
+  --    the node's row (its snapshot missed the booking, so it chose the atom) while we wait for
+  --    that row.
+  WITH gone AS (DELETE FROM device_bookings WHERE allocation_id = ANY(v_ended) RETURNING device_id, allocation_id, during)
+  INSERT INTO device_booking_history (device_id, allocation_id, during)
+  SELECT g.device_id, g.allocation_id, tstzrange(lower(g.during), least(upper(g.during), v_now), '[)')
+    FROM gone g WHERE lower(g.during) < v_now;
 
   -- 6. The atoms with nothing booked from now on are idle again, per node and class, rows in key
   --    order.

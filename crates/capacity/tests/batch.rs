@@ -206,6 +206,14 @@ async fn what_a_batch_cannot_place_runs_alone_and_ends_as_it_would_have() {
     assert_eq!(used["gpus"], 2);
 }
 
+/// A fleet of one node of 4 GPUs, all of them reserved by the reservation returned, and a connection.
+async fn one_full_node(h: &Harness) -> (Fleet, tokio_postgres::Client, ReservationView) {
+    let f = fleet(h, &exclusive(1), 4).await;
+    let mut c = h.db().connect().await;
+    let full = reservations::create(&mut c, ME, &whole(&f.pool_id, 4)).await.unwrap();
+    (f, c, full)
+}
+
 /// Waits (at most 30 s) until `n` callers wait for a connection of `pool`.
 async fn until_pool_waiters(pool: &deadpool_postgres::Pool, n: usize) {
     let waiting = async {
@@ -219,9 +227,7 @@ async fn until_pool_waiters(pool: &deadpool_postgres::Pool, n: usize) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_a_batch_turned_away_is_placed_by_the_next_batch_once_a_release_committed() {
     let h = harness().await;
-    let f = fleet(&h, &exclusive(1), 4).await;
-    let mut c = h.db().connect().await;
-    let full = reservations::create(&mut c, ME, &whole(&f.pool_id, 4)).await.unwrap();
+    let (f, c, full) = one_full_node(&h).await;
     // One connection, held: the create batcher asks for it first with the new request, then the
     // release batcher with the release; the pool hands it out in that order.
     let pool = better_compute_db::pool::connect_pool(h.db().connection_string(), 1).unwrap();
@@ -250,9 +256,7 @@ async fn a_request_a_batch_turned_away_is_placed_by_the_next_batch_once_a_releas
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_tries_as_many_further_batches_as_set_then_runs_alone() {
     let h = harness().await;
-    let f = fleet(&h, &exclusive(1), 4).await;
-    let mut c = h.db().connect().await;
-    reservations::create(&mut c, ME, &whole(&f.pool_id, 4)).await.unwrap();
+    let (f, mut c, _) = one_full_node(&h).await;
     for retries in [0u8, 2] {
         let pool = better_compute_db::pool::connect_pool(h.db().connection_string(), 2).unwrap();
         let p = BatchPlacer::start(pool, BatchSettings { retries, ..BatchSettings::default() });
@@ -267,9 +271,7 @@ async fn a_request_tries_as_many_further_batches_as_set_then_runs_alone() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_carried_to_the_next_batch_never_waits_on_another_batcher_waiting_for_requests() {
     let h = harness().await;
-    let f = fleet(&h, &exclusive(1), 4).await;
-    let mut c = h.db().connect().await;
-    reservations::create(&mut c, ME, &whole(&f.pool_id, 4)).await.unwrap();
+    let (f, mut c, _) = one_full_node(&h).await;
     // Two create batchers share the queue: while one places the request, the other holds the queue,
     // waiting for a request that only comes after this one is answered.
     let pool = better_compute_db::pool::connect_pool(h.db().connection_string(), 4).unwrap();

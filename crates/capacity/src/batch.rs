@@ -6,8 +6,9 @@
 //! batcher was busy, up to [`BatchSettings::max_batch`], so an idle server places a lone request at
 //! once. With several create batchers, each plans on its own share of the nodes
 //! (`abs(hashtext(node_id)) % batchers`), so concurrent batches do not collide on nodes. Only the
-//! common case is batched ([`batchable`]: whole GPUs, starting now, no tolerations). A request the
-//! batch does not do is handed back to run alone, with nothing of it written, and the caller
+//! common case is batched ([`batchable`]: whole GPUs, starting now, no tolerations). A create the
+//! batch does not place goes into the next batch ([`BatchSettings::retries`]), then, like a release
+//! the batch does not do, is handed back to run alone, with nothing of it written, and the caller
 //! runs it through `capacity_reserve` or `capacity_end`, which replans, leaves it pending or says
 //! what is wrong. A batch that fails as a whole (a deadlock, a lost connection) hands every
 //! request back the same way.
@@ -33,10 +34,12 @@ pub struct BatchSettings {
     pub max_batch: usize,
     /// Most requests waiting for a batcher; a request finding the queue full is run alone.
     pub queue_len: usize,
-    /// Further batches a request the batch did not do tries before it runs alone. A request turned
+    /// Further batches a create the batch did not place tries before it runs alone. A request turned
     /// away because the nodes it aims at were full, or their atoms held by a placement in flight,
     /// often fits a moment later, once the releases between two batches have committed; in the
-    /// next batch it costs a share of one statement, alone a placer run of its own.
+    /// next batch it costs a share of one statement, alone a placer run of its own. A release the
+    /// batch did not do (not found, another tenant's) runs alone at once: another batch would not
+    /// change that.
     pub retries: u8,
 }
 
@@ -109,7 +112,7 @@ pub struct BatchCounters {
     pub done: AtomicU64,
     /// Requests handed back to run alone.
     pub run_alone: AtomicU64,
-    /// Requests a batch did not do that went into the next batch ([`BatchSettings::retries`]).
+    /// Creates a batch did not place that went into the next batch ([`BatchSettings::retries`]).
     pub retried: AtomicU64,
     /// Batches that failed whole (every request ran alone).
     pub failed_batches: AtomicU64,
@@ -148,7 +151,7 @@ impl BatchPlacer {
                 let views = reserve_batch(&db, &jobs, share, shares).await?;
                 Ok((db, views))
             }));
-            tokio::spawn(batcher(release_queue.clone(), pool.clone(), limits, counters.clone(), |db, jobs| async move {
+            tokio::spawn(batcher(release_queue.clone(), pool.clone(), Limits { retries: 0, ..limits }, counters.clone(), |db, jobs| async move {
                 let views = release_batch(&db, &jobs).await?;
                 Ok((db, views))
             }));

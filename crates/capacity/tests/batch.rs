@@ -351,6 +351,7 @@ async fn a_batched_release_gives_everything_back_once() {
     let fresh = reservations::create(&mut c, ME, &whole(&f.pool_id, 1)).await.unwrap();
     assert_eq!(reservations::release_batched(&placer, &mut c, other, &fresh.id).await.unwrap_err().code, ErrorCode::NotFound);
     assert_eq!(reservations::release_batched(&placer, &mut c, ME, "res_nope").await.unwrap_err().code, ErrorCode::NotFound);
+    assert_eq!(placer.counters().retried.load(Ordering::SeqCst), 0, "a release the batch did not do is not tried again");
     assert_eq!(reservations::get(&c, ME, &fresh.id).await.unwrap().state, "placed");
 }
 

@@ -425,6 +425,38 @@ async fn a_release_batch_reads_only_its_own_reservations_however_many_have_ended
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_batch_locks_only_its_own_nodes_however_many_the_fleet_has() {
+    let h = harness().await;
+    let f = fleet(&h, &exclusive(2), 8).await;
+    let mut c = h.db().connect().await;
+    // One request of one GPU; $1 is the reservation's id, $2 its event's.
+    let create = format!(
+        "SELECT capacity_reserve_batch(ARRAY[$1], ARRAY['{TENANT}'], ARRAY['{}'], ARRAY['{}'], ARRAY['{MODEL}'], ARRAY['{{}}'::jsonb],
+                                       ARRAY[1], ARRAY[8], ARRAY[65536::int8], ARRAY[100::int8], ARRAY[NULL::timestamptz],
+                                       ARRAY[3600::float8], ARRAY[NULL::text], ARRAY[NULL::bytea], 86400, ARRAY[$2], ARRAY[0::int2],
+                                       0, 1, 31622400)",
+        ME.identity_id, f.pool_id
+    );
+    // The connection plans the batch's statements once, on a fleet of two nodes (a batcher's
+    // connection lives on); the fleet then grows by 20,000 nodes, unanalyzed.
+    let first: Vec<Option<serde_json::Value>> = c.query_one(&create, &[&"res_first", &"evt_first"]).await.unwrap().get(0);
+    assert_eq!(first[0].as_ref().map(|v| v["state"].clone()), Some(serde_json::json!("placed")));
+    c.execute(
+        "INSERT INTO nodes (id, pool_id, name, shard, labels, generation, observed_generation)
+         SELECT 'node_more' || g, $1, 'more' || g, 0, '{}', 1, 1 FROM generate_series(1, 20000) g",
+        &[&f.pool_id],
+    )
+    .await
+    .unwrap();
+    let tx = c.transaction().await.unwrap();
+    let views: Vec<Option<serde_json::Value>> = tx.query_one(&create, &[&"res_second", &"evt_second"]).await.unwrap().get(0);
+    assert_eq!(views[0].as_ref().map(|v| v["state"].clone()), Some(serde_json::json!("placed")), "{views:?}");
+    let read: i64 = tx.query_one("SELECT pg_stat_get_xact_tuples_returned('nodes_pkey'::regclass)", &[]).await.unwrap().get(0);
+    assert!(read < 100, "the create batch read {read} nodes' index entries for 1 placement");
+    tx.commit().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_batches_and_single_placements_never_double_book_nor_overcharge() {
     let h = harness().await;
     let f = fleet(&h, &exclusive(12), 8).await;

@@ -206,6 +206,11 @@ async fn what_a_batch_cannot_place_runs_alone_and_ends_as_it_would_have() {
     assert_eq!(used["gpus"], 2);
 }
 
+/// Index entries `index` returned to this transaction so far.
+async fn index_entries_read(tx: &tokio_postgres::Transaction<'_>, index: &str) -> i64 {
+    tx.query_one("SELECT pg_stat_get_xact_tuples_returned($1::text::regclass)", &[&index]).await.unwrap().get(0)
+}
+
 /// A fleet of one node of 4 GPUs, all of them reserved by the reservation returned, and a connection.
 async fn one_full_node(h: &Harness) -> (Fleet, tokio_postgres::Client, ReservationView) {
     let f = fleet(h, &exclusive(1), 4).await;
@@ -419,7 +424,7 @@ async fn a_release_batch_reads_only_its_own_reservations_however_many_have_ended
     let tx = c.transaction().await.unwrap();
     let views: Vec<Option<serde_json::Value>> = tx.query_one(release, &[&live, &ME.tenant_id]).await.unwrap().get(0);
     assert!(views.iter().all(|v| v.as_ref().is_some_and(|v| v["state"] == "released")), "{views:?}");
-    let read: i64 = tx.query_one("SELECT pg_stat_get_xact_tuples_returned('reservations_pkey'::regclass)", &[]).await.unwrap().get(0);
+    let read = index_entries_read(&tx, "reservations_pkey").await;
     assert!(read < 100, "the release batch read {read} reservations' index entries for 2 releases");
     tx.commit().await.unwrap();
 }
@@ -451,7 +456,7 @@ async fn a_create_batch_locks_only_its_own_nodes_however_many_the_fleet_has() {
     let tx = c.transaction().await.unwrap();
     let views: Vec<Option<serde_json::Value>> = tx.query_one(&create, &[&"res_second", &"evt_second"]).await.unwrap().get(0);
     assert_eq!(views[0].as_ref().map(|v| v["state"].clone()), Some(serde_json::json!("placed")), "{views:?}");
-    let read: i64 = tx.query_one("SELECT pg_stat_get_xact_tuples_returned('nodes_pkey'::regclass)", &[]).await.unwrap().get(0);
+    let read = index_entries_read(&tx, "nodes_pkey").await;
     assert!(read < 100, "the create batch read {read} nodes' index entries for 1 placement");
     tx.commit().await.unwrap();
 }

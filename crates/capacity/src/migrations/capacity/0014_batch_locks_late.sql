@@ -43,7 +43,7 @@ DECLARE
   v_before text[];
   v_j int;
   v_i int;
-  v_got boolean[];
+  v_tried boolean[];
   v_atoms text[];
   v_atom_of int[];
   v_were_idle int[];
@@ -183,10 +183,11 @@ BEGIN
   SELECT array_agg(v_ok[i] AND p_counts[i] = (SELECT count(*) FROM unnest(v_atom_of) o WHERE o = i) ORDER BY i) INTO v_ok
     FROM generate_subscripts(p_ids, 1) i;
 
-  -- 7. The bookings, in atom order; the constraint decides. A request short of any has its bookings
-  --    deleted. The bookings, reservations and events go in before the scalars (9): the
+  -- 7. The bookings, in atom order; the constraint decides (a request short of any has what it got
+  --    deleted in 9). The bookings, reservations and events go in before the scalars (9): the
   --    node_resources rows, which the release batches take too, are then held only from 9 to the
   --    commit.
+  v_tried := v_ok;
   WITH booked AS (
     INSERT INTO device_bookings (device_id, allocation_id, during)
     SELECT v_atoms[k], p_ids[v_atom_of[k]], tstzrange(v_now, v_stops[v_atom_of[k]], '[)')
@@ -194,12 +195,7 @@ BEGIN
     ON CONFLICT DO NOTHING
     RETURNING allocation_id)
   SELECT array_agg(v_ok[i] AND p_counts[i] = (SELECT count(*) FROM booked b WHERE b.allocation_id = p_ids[i]) ORDER BY i)
-    INTO v_got FROM generate_subscripts(p_ids, 1) i;
-  IF v_got IS DISTINCT FROM v_ok THEN
-    DELETE FROM device_bookings
-     WHERE allocation_id IN (SELECT p_ids[i] FROM generate_subscripts(p_ids, 1) i WHERE v_ok[i] AND NOT v_got[i]);
-    v_ok := v_got;
-  END IF;
+    INTO v_ok FROM generate_subscripts(p_ids, 1) i;
 
   -- 8. The reservations of the requests booked, their views and events (deleted again in 9 for a
   --    node their scalars do not fit).
@@ -222,7 +218,8 @@ BEGIN
 
   -- 9. The scalars: the rows in node order, then the guarded update of each node by the sum of its
   --    requests (an update takes one row per node). A node they do not fit is left unchanged and
-  --    turns all of them away: their bookings, reservations and events are deleted.
+  --    turns all of them away. Then every request that got atoms in 6 but is not placed has its
+  --    bookings, reservation and event deleted.
   PERFORM 1 FROM node_resources
     WHERE node_id IN (SELECT v_nodes[i] FROM generate_subscripts(p_ids, 1) i WHERE v_ok[i]) ORDER BY node_id FOR UPDATE;
   WITH fit AS (
@@ -236,15 +233,14 @@ BEGIN
        AND memory_mib_allocated + d.memory_mib <= floor(memory_mib_allocatable * memory_ratio)
        AND disk_gib_allocated + d.disk_gib <= floor(disk_gib_allocatable * disk_ratio)
     RETURNING nr.node_id)
-  SELECT array_agg(v_ok[g.j] AND v_nodes[g.j] IN (SELECT fit.node_id FROM fit) ORDER BY g.j) INTO v_got
+  SELECT array_agg(v_ok[g.j] AND v_nodes[g.j] IN (SELECT fit.node_id FROM fit) ORDER BY g.j) INTO v_ok
     FROM generate_subscripts(p_ids, 1) g(j);
-  IF v_got IS DISTINCT FROM v_ok THEN
+  IF v_tried IS DISTINCT FROM v_ok THEN
     DELETE FROM device_bookings
-     WHERE allocation_id IN (SELECT p_ids[i] FROM generate_subscripts(p_ids, 1) i WHERE v_ok[i] AND NOT v_got[i]);
-    DELETE FROM reservations WHERE id IN (SELECT p_ids[i] FROM generate_subscripts(p_ids, 1) i WHERE v_ok[i] AND NOT v_got[i]);
-    DELETE FROM outbox WHERE id IN (SELECT p_event_ids[i] FROM generate_subscripts(p_ids, 1) i WHERE v_ok[i] AND NOT v_got[i]);
-    SELECT array_agg(CASE WHEN v_got[i] THEN v_views[i] END ORDER BY i) INTO v_views FROM generate_subscripts(p_ids, 1) i;
-    v_ok := v_got;
+     WHERE allocation_id IN (SELECT p_ids[i] FROM generate_subscripts(p_ids, 1) i WHERE v_tried[i] AND NOT v_ok[i]);
+    DELETE FROM reservations WHERE id IN (SELECT p_ids[i] FROM generate_subscripts(p_ids, 1) i WHERE v_tried[i] AND NOT v_ok[i]);
+    DELETE FROM outbox WHERE id IN (SELECT p_event_ids[i] FROM generate_subscripts(p_ids, 1) i WHERE v_tried[i] AND NOT v_ok[i]);
+    SELECT array_agg(CASE WHEN v_ok[i] THEN v_views[i] END ORDER BY i) INTO v_views FROM generate_subscripts(p_ids, 1) i;
   END IF;
 
   -- 10. The idle counts of the placed nodes, rows in key order (a hint, floored at 0 as the placer's).

@@ -47,6 +47,9 @@ pub struct ApiState {
     /// How long a watch client may leave a full buffer untaken before it is dropped
     /// ([`watch::SLOW_CLIENT_TIMEOUT`]; tests shorten it).
     pub watch_slow_client_timeout: std::time::Duration,
+    /// How often a watch stream revalidates its token and grant ([`watch::REVALIDATE_INTERVAL`];
+    /// tests shorten it).
+    pub watch_revalidate_interval: std::time::Duration,
     /// Every event [`watch::tail_outbox`] reads, for the watch streams.
     feed: tokio::sync::broadcast::Sender<Arc<watch::FeedItem>>,
     /// Where `reservations.create` and `reservations.release` batch (capacity's batch.rs), over
@@ -62,7 +65,7 @@ impl ApiState {
         metrics::install();
         let (feed, _) = tokio::sync::broadcast::channel(watch::FEED_CAPACITY);
         let placer = better_compute_capacity::batch::BatchPlacer::start(pool.clone(), Default::default());
-        Arc::new(ApiState { pool, iam, registry, methods, watch_slow_client_timeout: watch::SLOW_CLIENT_TIMEOUT, feed, placer })
+        Arc::new(ApiState { pool, iam, registry, methods, watch_slow_client_timeout: watch::SLOW_CLIENT_TIMEOUT, watch_revalidate_interval: watch::REVALIDATE_INTERVAL, feed, placer })
     }
 
     /// Every method, by name.

@@ -9,6 +9,12 @@
 //! stream that resumes from further back, or falls behind the broadcast, catches up from the
 //! outbox with its own query and then rejoins. A client that does not take what is sent for
 //! [`SLOW_CLIENT_TIMEOUT`] is dropped instead of buffered.
+//!
+//! A stream lives only as long as its grant: it ends (with a last `end` event holding the error)
+//! when its token is revoked or expires, at once on the process that served the revocation and on
+//! the `authz_changes` tail elsewhere, and every [`REVALIDATE_INTERVAL`] at the latest. A removed
+//! binding narrows it (fleet events need `compute:nodes:read` at fleet scope) or, when the identity
+//! holds nothing any more, ends it.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -18,7 +24,8 @@ use axum::extract::{Query, State};
 use axum::http::HeaderMap;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use better_compute_core::Error;
+use better_compute_core::{Error, ErrorCode};
+use better_compute_iam::Principal;
 use better_compute_db::DbError;
 use better_compute_runtime::authz::{Authorizer, Resource};
 use better_compute_runtime::outbox::{self, Cursor, EventFilter};
@@ -37,6 +44,10 @@ pub const TAIL_POLL: Duration = Duration::from_millis(50);
 /// Events the broadcast holds for streams that are behind; further behind, they catch up from
 /// the outbox.
 pub const FEED_CAPACITY: usize = 4096;
+/// How often a stream asks the database again whether its token is live and what its bindings
+/// let it see, besides at once on a revocation or binding change this process learns of and at
+/// its token's expiry: the bound on how long a stream outlives a change whose tail stalled.
+pub const REVALIDATE_INTERVAL: Duration = Duration::from_secs(30);
 /// Events read per query.
 const BATCH: i64 = 500;
 
@@ -56,10 +67,12 @@ pub(crate) struct WatchQuery {
 }
 
 /// One event of the process's reader, with the reader's position before it: a stream that is
-/// not at `prev` has missed something and catches up from the outbox first.
+/// not at `prev` has missed something and catches up from the outbox first. An item without an
+/// event is the reader's starting position, sent when it starts reading: a stream that began
+/// before it catches up to it at once instead of at the next event.
 pub(crate) struct FeedItem {
     prev: Cursor,
-    event: outbox::Event,
+    event: Option<outbox::Event>,
 }
 
 /// The process's outbox reader: broadcasts every event after its start, in order, each with the
@@ -76,17 +89,26 @@ pub(crate) async fn tail_outbox(state: std::sync::Weak<ApiState>) {
         } else if let Ok(db) = s.pool.get().await {
             let start = match cursor {
                 Some(c) => Ok(c),
-                None => outbox::visible_head(&**db).await,
+                None => outbox::visible_head(&**db).await.inspect(|&at| {
+                    let _ = s.feed.send(Arc::new(FeedItem { prev: at, event: None }));
+                }),
             };
             if let Ok(at) = start {
                 cursor = Some(at);
                 if let Ok(events) = outbox::read_after(&**db, at, BATCH).await {
                     more = events.len() as i64 == BATCH;
+                    if !events.is_empty() {
+                        // Revocations committed before these events reach the streams first, so a
+                        // revoked token is not shown an event that came after its revocation.
+                        if let Err(e) = s.iam.apply_changes().await {
+                            tracing::warn!(error = %e, "authz_changes tail failed before broadcasting events");
+                        }
+                    }
                     let mut prev = at;
                     for event in events {
                         let at = event.cursor;
                         // No receivers is fine: nobody is watching.
-                        let _ = s.feed.send(Arc::new(FeedItem { prev, event }));
+                        let _ = s.feed.send(Arc::new(FeedItem { prev, event: Some(event) }));
                         prev = at;
                     }
                     cursor = Some(prev);
@@ -117,6 +139,18 @@ pub(crate) async fn watch(State(state): State<Arc<ApiState>>, headers: HeaderMap
     }
 }
 
+/// What a stream may see (whether fleet events too) and how long its token has left, decided
+/// again whenever its identity or token changes; an error once it may see nothing (its token
+/// revoked or expired, or no binding left).
+async fn grant(state: &ApiState, principal: &Principal) -> Result<(bool, Duration), Error> {
+    let left = state.iam.token_time_left(&principal.token_id).await?;
+    let include_fleet = state.iam.check(principal.caller(), "compute:nodes:read", Resource::Fleet).await.is_ok();
+    if !include_fleet && !state.iam.holds_anything(&principal.identity_id).await? {
+        return Err(Error::new(ErrorCode::PermissionDenied, "you hold no role: a watch stream shows what your bindings let you see"));
+    }
+    Ok((include_fleet, left))
+}
+
 async fn open(
     state: &Arc<ApiState>,
     headers: &HeaderMap,
@@ -124,8 +158,10 @@ async fn open(
 ) -> Result<Sse<impl futures_util::Stream<Item = Result<SseEvent, Infallible>> + use<>>, Error> {
     let principal = state.iam.authenticate(crate::bearer(headers)?).await?;
     let Query(q) = query.map_err(|e| Error::invalid_argument(format!("bad watch query: {e}")))?;
-    let include_fleet = state.iam.check(principal.caller(), "compute:nodes:read", Resource::Fleet).await.is_ok();
-    let filter = EventFilter {
+    // Subscribed before the grant is read, so no change after it is missed.
+    let mut changes = state.iam.subscribe_changes();
+    let (include_fleet, left) = grant(state, &principal).await?;
+    let mut filter = EventFilter {
         tenant_id: Some(principal.tenant_id.clone()),
         include_fleet,
         types: q.types.iter().flat_map(|t| t.split(',')).map(str::trim).filter(|t| !t.is_empty()).map(String::from).collect(),
@@ -139,7 +175,8 @@ async fn open(
         None => outbox::visible_head(&**state.pool.get().await.map_err(DbError::from)?).await?,
     };
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<SseEvent, Infallible>>(WATCH_BUFFER);
-    let (pool, patience) = (state.pool.clone(), state.watch_slow_client_timeout);
+    let (pool, patience, every) = (state.pool.clone(), state.watch_slow_client_timeout, state.watch_revalidate_interval);
+    let state = Arc::downgrade(state);
     tokio::spawn(async move {
         let send = |e: &outbox::Event| {
             let ev = SseEvent::default().id(e.cursor.to_string()).event(&e.event_type).data(e.envelope().to_string());
@@ -148,10 +185,10 @@ async fn open(
         };
         // Everything after `cursor` that matches has yet to be sent; `upto` is a position the
         // outbox has been read to (rows up to it can no longer appear).
-        let catch_up = async |cursor: &mut Cursor, upto: Cursor| -> bool {
+        let catch_up = async |cursor: &mut Cursor, upto: Cursor, filter: &EventFilter| -> bool {
             loop {
                 let events = match pool.get().await {
-                    Ok(db) => outbox::read_matching(&**db, *cursor, BATCH, &filter).await,
+                    Ok(db) => outbox::read_matching(&**db, *cursor, BATCH, filter).await,
                     Err(e) => Err(e.into()),
                 };
                 // On a failure the client reconnects with its Last-Event-ID and loses nothing.
@@ -170,13 +207,52 @@ async fn open(
             }
         };
         let mut cursor = start;
-        if !catch_up(&mut cursor, start).await {
+        if !catch_up(&mut cursor, start, &filter).await {
             return;
         }
+        let mut expiry = std::pin::pin!(tokio::time::sleep(left));
+        let mut recheck = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
         loop {
+            // Biased: a change this process learnt of before an event arrived is decided first.
             let item = tokio::select! {
-                item = feed.recv() => item,
+                biased;
                 _ = tx.closed() => return,
+                change = changes.recv() => {
+                    let mine = match &change {
+                        Ok(c) => c.identity_id == principal.identity_id || c.token_id.as_deref() == Some(principal.token_id.as_str()),
+                        // Behind the changes: any of them may have been ours.
+                        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => true,
+                        Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                    };
+                    if !mine {
+                        continue;
+                    }
+                    None
+                }
+                _ = &mut expiry => None,
+                _ = recheck.tick() => None,
+                item = feed.recv() => Some(item),
+            };
+            let Some(item) = item else {
+                // Decide again what this stream may see; end it when nothing.
+                let Some(state) = state.upgrade() else { return };
+                match grant(&state, &principal).await {
+                    Ok((include_fleet, left)) => {
+                        filter.include_fleet = include_fleet;
+                        expiry.as_mut().reset(tokio::time::Instant::now() + left);
+                    }
+                    Err(e) if e.code == ErrorCode::Unavailable || e.code == ErrorCode::Internal => {
+                        // The database did not answer: the next check decides.
+                        tracing::warn!(error = %e, "watch stream could not revalidate its token");
+                    }
+                    Err(e) => {
+                        tracing::info!(code = %e.code, "watch stream ended: its token or bindings no longer allow it");
+                        let end = SseEvent::default().event("end").data(serde_json::json!(e).to_string());
+                        let _ = tx.send_timeout(Ok(end), patience).await;
+                        return;
+                    }
+                }
+                continue;
             };
             let item = match item {
                 Ok(item) => item,
@@ -184,10 +260,10 @@ async fn open(
                 Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
                 Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
             };
-            if item.prev > cursor && !catch_up(&mut cursor, item.prev).await {
+            if item.prev > cursor && !catch_up(&mut cursor, item.prev, &filter).await {
                 return;
             }
-            let e = &item.event;
+            let Some(e) = &item.event else { continue };
             if e.cursor > cursor {
                 if matches(&filter, e) && !send(e).await {
                     tracing::info!("watch client gone or too slow; dropped");

@@ -150,7 +150,7 @@ fn bodies() -> Vec<(&'static str, Value)> {
         ("tokens.create", json!({"tenantId": "{ten}", "identityId": "{idn}"})),
         ("tokens.list", json!({"tenantId": "{ten}"})),
         ("tokens.revoke", json!({"tenantId": "{ten}", "tokenId": "{tok}"})),
-        ("roleBindings.create", json!({"tenantId": "{ten}", "identityId": "{idn}", "role": "viewer", "scopeKind": "tenant"})),
+        ("roleBindings.create", json!({"tenantId": "{ten}", "identityId": "{idn}", "role": "tenant-viewer", "scopeKind": "tenant"})),
         ("roleBindings.list", json!({"tenantId": "{ten}"})),
         ("roleBindings.delete", json!({"tenantId": "{ten}", "roleBindingId": "{rb}"})),
         ("sites.create", json!({"name": "intruder"})),
@@ -202,7 +202,7 @@ async fn another_tenant_can_neither_read_nor_change_nor_learn_of_anything_of_a_t
     assert_eq!(res["state"], "placed", "{res}");
     let idn = api.ok(&b.token, "identities.create", json!({"name": "robot", "kind": "service"})).await;
     let tok = api.ok(&b.token, "tokens.create", json!({"identityId": idn["id"]})).await;
-    let rb = api.ok(&b.token, "roleBindings.create", json!({"identityId": idn["id"], "role": "viewer", "scopeKind": "tenant"})).await;
+    let rb = api.ok(&b.token, "roleBindings.create", json!({"identityId": idn["id"], "role": "tenant-viewer", "scopeKind": "tenant"})).await;
     let cmd = api.ok(&api.op, "commands.run", json!({"nodeId": api.node, "kind": "diag.nvml", "idempotencyKey": "op-1"})).await;
     let wh = api.ok(&b.token, "webhooks.create", json!({"url": "https://example.com/b", "eventTypes": ["reservation.placed"]})).await;
     let dlv = api.ok(&b.token, "webhooks.test", json!({"webhookId": wh["webhook"]["id"]})).await;
@@ -326,13 +326,13 @@ async fn another_process_drops_a_revoked_token_on_its_next_tail_or_after_the_30_
 async fn idempotency_keys_replay_refuse_a_changed_body_and_belong_to_one_identity() {
     let api = Api::start().await;
     let b = api.tenant("tenant-b").await;
-    // The key is required where the spec requires it.
-    for (m, body) in [
-        ("reservations.create", reservation(&api.pool, None)),
-        ("reservations.extend", json!({"reservationId": "res_01aaaaaaaaaaaaaaaaaaaaaaaa", "endsAt": "2031-01-01T00:00:00Z"})),
-        ("commands.run", json!({"nodeId": api.node, "kind": "diag.nvml"})),
+    // The key is required where the spec requires it (of callers who may call the method).
+    for (token, m, body) in [
+        (&b.token, "reservations.create", reservation(&api.pool, None)),
+        (&b.token, "reservations.extend", json!({"reservationId": "res_01aaaaaaaaaaaaaaaaaaaaaaaa", "endsAt": "2031-01-01T00:00:00Z"})),
+        (&api.op, "commands.run", json!({"nodeId": api.node, "kind": "diag.nvml"})),
     ] {
-        let (s, v) = api.call(&b.token, m, body).await;
+        let (s, v) = api.call(token, m, body).await;
         assert_eq!((s, v["code"].as_str()), (400, Some("INVALID_ARGUMENT")), "{m}: {v}");
         assert!(v["message"].as_str().unwrap().contains("idempotencyKey"), "{m}: {v}");
     }
@@ -644,4 +644,350 @@ async fn a_watch_client_that_stops_reading_is_dropped_instead_of_buffered() {
     .await
     .expect("the stream never ended");
     assert!(got > 0 && got < 10_000, "the server buffered the slow client's whole backlog, or sent nothing ({got} events)");
+}
+
+/// The IAM rule, modelled independently of the server: which `(permission, scope)` grants a set
+/// of bindings confers, and whether one set covers another.
+mod iam_model {
+    use std::collections::{BTreeMap, BTreeSet};
+
+    /// `(kind, id)`: `("fleet", "")`, `("tenant", ten)`, `("site", s)`, `("pool", p)`, `("node", n)`.
+    pub type Scope = (&'static str, String);
+
+    pub fn tenant_perm(p: &str) -> bool {
+        ["compute:reservations:", "compute:webhooks:", "iam:identities:", "iam:bindings:"].iter().any(|x| p.starts_with(x)) || p == "compute:quotas:read"
+    }
+
+    fn applies(p: &str, kind: &str) -> bool {
+        if kind == "tenant" { tenant_perm(p) } else { !tenant_perm(p) || p == "compute:quotas:read" }
+    }
+
+    pub struct World {
+        pub roles: BTreeMap<String, Vec<String>>,
+        pub tenant: String,
+        /// Each inventory scope with the scopes that cover it, itself included.
+        pub paths: BTreeMap<Scope, Vec<Scope>>,
+    }
+
+    impl World {
+        pub fn grants(&self, bindings: &[(String, Scope)]) -> BTreeSet<(String, Scope)> {
+            let mut out = BTreeSet::new();
+            for (role, scope) in bindings {
+                for p in &self.roles[role] {
+                    if applies(p, scope.0) {
+                        out.insert((p.clone(), scope.clone()));
+                    }
+                }
+            }
+            out
+        }
+
+        pub fn has(&self, grants: &BTreeSet<(String, Scope)>, p: &str, at: &Scope) -> bool {
+            let covering: Vec<Scope> = if at.0 == "tenant" { vec![at.clone()] } else { self.paths[at].clone() };
+            covering.iter().any(|s| grants.contains(&(p.to_owned(), s.clone())))
+        }
+
+        pub fn dominates(&self, actor: &BTreeSet<(String, Scope)>, target: &BTreeSet<(String, Scope)>) -> bool {
+            target.iter().all(|(p, s)| self.has(actor, p, s))
+        }
+
+        pub fn holds_role(&self, actor: &BTreeSet<(String, Scope)>, role: &str, at: &Scope) -> bool {
+            self.roles[role].iter().all(|p| {
+                let scope = if applies(p, at.0) {
+                    at.clone()
+                } else if tenant_perm(p) {
+                    ("tenant", self.tenant.clone())
+                } else {
+                    ("fleet", String::new())
+                };
+                self.has(actor, p, &scope)
+            })
+        }
+    }
+}
+
+/// Expected HTTP status of a decision: 200 when allowed, else the refusal's.
+fn expect(allowed: bool, refused: u16) -> u16 {
+    if allowed { 200 } else { refused }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_iam_method_refuses_acting_on_an_identity_mightier_than_the_caller_for_every_role_and_scope() {
+    use iam_model::{Scope, World};
+    let api = Api::start().await;
+    let roles: Vec<(String, Vec<String>)> = api.ok(&api.op, "roles.list", json!({})).await["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["name"].as_str().unwrap().to_owned(), r["permissions"].as_array().unwrap().iter().map(|p| p.as_str().unwrap().to_owned()).collect()))
+        .collect();
+    assert_eq!(roles.len(), 6, "the built-in roles: {roles:?}");
+    let names: Vec<String> = roles.iter().map(|r| r.0.clone()).collect();
+    let site = api.ok(&api.op, "pools.get", json!({"poolId": api.pool})).await["siteId"].as_str().unwrap().to_owned();
+    let mut db = api.h.db().connect().await;
+    let tx = db.transaction().await.unwrap();
+    let made = better_compute_iam::bootstrap::tenant_with_admin(&tx, "matrix", "root", false).await.unwrap();
+    let ten = made.tenant.id.clone();
+    let fleet: Scope = ("fleet", String::new());
+    let (s_site, s_pool, s_node): (Scope, Scope, Scope) = (("site", site.clone()), ("pool", api.pool.clone()), ("node", api.node.clone()));
+    let world = World {
+        roles: roles.iter().cloned().collect(),
+        tenant: ten.clone(),
+        paths: [
+            (fleet.clone(), vec![fleet.clone()]),
+            (s_site.clone(), vec![fleet.clone(), s_site.clone()]),
+            (s_pool.clone(), vec![fleet.clone(), s_site.clone(), s_pool.clone()]),
+            (s_node.clone(), vec![fleet.clone(), s_site.clone(), s_pool.clone(), s_node.clone()]),
+        ]
+        .into_iter()
+        .collect(),
+    };
+    let tenant: Scope = ("tenant", ten.clone());
+    let all_scopes = [fleet.clone(), tenant.clone(), s_site.clone(), s_pool.clone(), s_node.clone()];
+    let mut seq = 0;
+    // An identity of the tenant with these bindings (written directly, as an operator with the
+    // database would) and a token for it.
+    let mut identity = async |bindings: &[(String, Scope)]| -> (String, String, String, Vec<String>) {
+        seq += 1;
+        let idn = better_compute_iam::directory::create_identity(&tx, &ten, &format!("i{seq}"), "service").await.unwrap().id;
+        let mut rbs = Vec::new();
+        for (role, (kind, id)) in bindings {
+            let rb = format!("rb_m{seq}_{}", rbs.len());
+            tx.execute("INSERT INTO role_bindings (id, tenant_id, identity_id, role, scope_kind, scope_id) VALUES ($1, $2, $3, $4, $5, $6)", &[&rb, &ten, &idn, role, kind, id])
+                .await
+                .unwrap();
+            rbs.push(rb);
+        }
+        better_compute_iam::bindings::project(&tx, &idn).await.unwrap();
+        let tok = better_compute_iam::tokens::issue(&tx, &ten, None, &idn, "m", None).await.unwrap();
+        (idn, tok.token.id, tok.secret, rbs)
+    };
+    // Callers: each role at tenant scope, at fleet scope, and at fleet scope beside `admin` at
+    // tenant scope (an operator who also administers the tenant).
+    let mut callers = Vec::new();
+    for r in &names {
+        callers.push(vec![(r.clone(), tenant.clone())]);
+        callers.push(vec![(r.clone(), fleet.clone())]);
+        callers.push(vec![("admin".to_owned(), tenant.clone()), (r.clone(), fleet.clone())]);
+    }
+    // Targets: nothing, or each role at each scope.
+    let mut targets: Vec<Vec<(String, Scope)>> = vec![vec![]];
+    for r in &names {
+        for s in &all_scopes {
+            targets.push(vec![(r.clone(), s.clone())]);
+        }
+    }
+    let mut cells = Vec::new();
+    for c in &callers {
+        let caller = identity(c).await;
+        let mut ts = Vec::new();
+        for t in &targets {
+            ts.push((t.clone(), identity(t).await));
+        }
+        let mut fresh = Vec::new();
+        for _ in 0..names.len() * all_scopes.len() {
+            fresh.push(identity(&[]).await);
+        }
+        cells.push((c.clone(), caller, ts, fresh));
+    }
+    tx.commit().await.unwrap();
+    let other = api.tenant("other").await;
+
+    let mut checked = 0;
+    let mut allowed_acts = 0;
+    for (c, (_, _, secret, _), ts, fresh) in &cells {
+        let cg = world.grants(c);
+        let has = |p: &str, at: &Scope| world.has(&cg, p, at);
+        let who = format!("caller {c:?}");
+        // Methods that act on no identity.
+        for (m, body, want) in [
+            ("roles.list", json!({}), 200),
+            ("identities.list", json!({}), expect(has("iam:identities:read", &tenant), 403)),
+            ("tokens.list", json!({}), expect(has("iam:identities:read", &tenant), 403)),
+            ("roleBindings.list", json!({}), expect(has("iam:bindings:read", &tenant), 403)),
+            ("tenants.list", json!({}), expect(has("iam:tenants:read", &fleet), 403)),
+            ("tenants.get", json!({"tenantId": other.id}), expect(has("iam:tenants:read", &fleet), 404)),
+            ("identities.create", json!({"name": format!("new{checked}"), "kind": "person"}), expect(has("iam:identities:write", &tenant), 403)),
+            ("tenants.create", json!({"name": format!("made{checked}")}), expect(has("iam:tenants:write", &fleet), 403)),
+        ] {
+            let (s, v) = api.call(secret, m, body).await;
+            assert_eq!(s, want, "{who}: {m}: {v}");
+            checked += 1;
+        }
+        // Acting on each target: a token, a revocation, a binding, an unbinding.
+        for (t, (idn, tok, _, rbs)) in ts {
+            let mut tg = world.grants(t);
+            let who = format!("{who} on target {t:?}");
+            let may_act = |tg: &std::collections::BTreeSet<_>| world.dominates(&cg, tg);
+            let (s, v) = api.call(secret, "tokens.create", json!({"identityId": idn})).await;
+            assert_eq!(s, expect(has("iam:identities:write", &tenant) && may_act(&tg), 403), "{who}: tokens.create: {v}");
+            allowed_acts += usize::from(s == 200);
+            let (s, v) = api.call(secret, "tokens.revoke", json!({"tokenId": tok})).await;
+            assert_eq!(s, expect(has("iam:identities:write", &tenant) && may_act(&tg), 403), "{who}: tokens.revoke: {v}");
+            let (s, v) = api.call(secret, "roleBindings.create", json!({"identityId": idn, "role": "member", "scopeKind": "tenant"})).await;
+            let bound = has("iam:bindings:write", &tenant) && may_act(&tg) && world.holds_role(&cg, "member", &tenant);
+            assert_eq!(s, expect(bound, 403), "{who}: roleBindings.create: {v}");
+            if bound {
+                tg.extend(world.grants(&[("member".to_owned(), tenant.clone())]));
+            }
+            for rb in rbs {
+                let (s, v) = api.call(secret, "roleBindings.delete", json!({"roleBindingId": rb})).await;
+                assert_eq!(s, expect(has("iam:bindings:write", &tenant) && may_act(&tg), 403), "{who}: roleBindings.delete: {v}");
+            }
+            checked += 3 + rbs.len();
+        }
+        // Binding each role at each scope to an identity that holds nothing yet.
+        let mut fresh = fresh.iter();
+        for r in &names {
+            for at in &all_scopes {
+                let (idn, ..) = fresh.next().unwrap();
+                let (s, v) = api.call(secret, "roleBindings.create", json!({"identityId": idn, "role": r, "scopeKind": at.0, "scopeId": at.1})).await;
+                let want = expect(has("iam:bindings:write", &tenant) && world.holds_role(&cg, r, at), 403);
+                assert_eq!(s, want, "{who}: binding {r} at {at:?}: {v}");
+                checked += 1;
+            }
+        }
+    }
+    let callers_n = callers.len();
+    assert_eq!(callers_n, 18);
+    assert_eq!(checked, callers_n * (8 + (targets.len() - 1) * 4 + 3 + names.len() * all_scopes.len()), "every cell was checked");
+    assert!(allowed_acts > 0 && allowed_acts < callers_n * targets.len(), "the matrix has both outcomes: {allowed_acts}");
+    // The escalation found from outside, in so many words: a tenant admin cannot mint a token
+    // for the fleet's operator, unbind them, revoke their tokens or make itself fleet-admin.
+    let (s, v) = api.call(&made.token.secret, "roleBindings.create", json!({"identityId": made.identity.id, "role": "fleet-admin", "scopeKind": "tenant"})).await;
+    assert_eq!((s, v["code"].as_str()), (403, Some("PERMISSION_DENIED")), "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_without_the_permission_learns_nothing_of_the_input_not_even_a_missing_idempotency_key() {
+    let api = Api::start().await;
+    let b = api.tenant("tenant-b").await;
+    let idn = api.ok(&b.token, "identities.create", json!({"name": "nobody", "kind": "service"})).await;
+    let bare = api.ok(&b.token, "tokens.create", json!({"identityId": idn["id"]})).await["secret"].as_str().unwrap().to_owned();
+    let before = (api.count("commands").await, api.count("idempotency_keys").await);
+    let mut refused = 0;
+    for (token, m, body) in [
+        (&bare, "commands.run", json!({"nodeId": api.node, "kind": "diag.nvml"})),
+        (&bare, "commands.run", json!({"nodeId": api.node, "kind": "diag.nvml", "idempotencyKey": "has space"})),
+        (&b.token, "commands.run", json!({"nodeId": api.node, "kind": "diag.nvml"})),
+        (&bare, "reservations.create", reservation(&api.pool, None)),
+        (&bare, "reservations.extend", json!({"reservationId": "res_x", "endsAt": "2031-01-01T00:00:00Z", "idempotencyKey": ""})),
+    ] {
+        let (s, v) = api.call(token, m, body.clone()).await;
+        assert!(matches!((s, v["code"].as_str()), (403, Some("PERMISSION_DENIED")) | (404, Some("NOT_FOUND"))), "{m} {body}: {s} {v}");
+        refused += 1;
+    }
+    assert_eq!(refused, 5);
+    assert_eq!((api.count("commands").await, api.count("idempotency_keys").await), before, "a refused request wrote something");
+}
+
+/// Reads SSE blocks until `quiet` passes without any or the stream ends: `(event, data)` pairs,
+/// and whether it ended.
+async fn sse_until_quiet(resp: &mut reqwest::Response, quiet: Duration) -> (Vec<(String, Value)>, bool) {
+    let mut buf = String::new();
+    let mut out = Vec::new();
+    loop {
+        let chunk = match tokio::time::timeout(quiet, resp.chunk()).await {
+            Err(_) => return (out, false),
+            Ok(Ok(Some(c))) => c,
+            Ok(_) => return (out, true),
+        };
+        buf.push_str(&String::from_utf8_lossy(&chunk));
+        while let Some(end) = buf.find("\n\n") {
+            let block: String = buf.drain(..end + 2).collect();
+            let field = |name: &str| block.lines().find_map(|l| l.strip_prefix(name)).map(|v| v.trim_start().to_owned());
+            if let (Some(event), Some(data)) = (field("event:"), field("data:")) {
+                out.push((event, serde_json::from_str(&data).unwrap()));
+            }
+        }
+    }
+}
+
+async fn emit_event(api: &Api, tenant: Option<&str>, subject: &str) {
+    let db = api.h.db().connect().await;
+    let e = better_compute_runtime::outbox::NewEvent { event_type: "test.event", tenant_id: tenant, subject, data: json!({}) };
+    better_compute_runtime::outbox::emit(&db, e).await.unwrap();
+}
+
+fn subjects(events: &[(String, Value)]) -> Vec<String> {
+    events.iter().filter(|(e, _)| e == "test.event").map(|(_, v)| v["subject"].as_str().unwrap().to_owned()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_stream_ends_when_its_token_is_revoked_or_expires_and_narrows_when_a_binding_is_removed() {
+    let api = Api::start_with(|s| s.watch_revalidate_interval = Duration::from_millis(100)).await;
+    let b = api.tenant("tenant-b").await;
+    let quiet = Duration::from_secs(2);
+    let watch = async |token: &str, url: &str| {
+        let r = api.http.get(format!("{url}/v1/watch")).bearer_auth(token).send().await.unwrap();
+        assert_eq!(r.status().as_u16(), 200);
+        r
+    };
+    // A second API process over the same database, learning changes only from its tail.
+    let pg = better_compute_db::pool::connect_pool(api.h.db().connection_string(), 4).unwrap();
+    let iam2 = Arc::new(Iam::new(pg.clone()));
+    iam2.start_tail().await.unwrap();
+    let (stop2, mut stopped2) = tokio::sync::watch::channel(false);
+    tokio::spawn(iam2.clone().run_tail(Duration::from_millis(50), async move {
+        let _ = stopped2.wait_for(|s| *s).await;
+    }));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url2 = format!("http://{}", listener.local_addr().unwrap());
+    let mut stopped = stop2.subscribe();
+    tokio::spawn(better_compute_api::serve(listener, ApiState::new(pg, iam2, api.h.registry().clone()), async move {
+        let _ = stopped.wait_for(|s| *s).await;
+    }));
+
+    // Revoked on this process, and (the same token's stream) on the other one.
+    let idn = api.ok(&b.token, "identities.create", json!({"name": "watcher", "kind": "service"})).await;
+    api.ok(&b.token, "roleBindings.create", json!({"identityId": idn["id"], "role": "member", "scopeKind": "tenant"})).await;
+    let tok = api.ok(&b.token, "tokens.create", json!({"identityId": idn["id"]})).await;
+    let secret = tok["secret"].as_str().unwrap();
+    let (mut here, mut there) = (watch(secret, &api.url).await, watch(secret, &url2).await);
+    emit_event(&api, Some(&b.id), "before").await;
+    for (name, s) in [("this process", &mut here), ("the other process", &mut there)] {
+        let (seen, ended) = sse_until_quiet(s, quiet).await;
+        assert_eq!((subjects(&seen), ended), (vec!["before".to_owned()], false), "{name}");
+    }
+    api.ok(&b.token, "tokens.revoke", json!({"tokenId": tok["token"]["id"]})).await;
+    emit_event(&api, Some(&b.id), "after").await;
+    for (name, s) in [("this process", &mut here), ("the other process", &mut there)] {
+        let (seen, ended) = tokio::time::timeout(Duration::from_secs(30), sse_until_quiet(s, Duration::from_secs(20))).await.unwrap();
+        assert!(ended, "{name}: the revoked token's stream goes on: {seen:?}");
+        assert_eq!(subjects(&seen), Vec::<String>::new(), "{name}: an event reached a revoked token");
+        assert_eq!(seen.last().map(|(e, v)| (e.as_str(), v["code"].as_str())), Some(("end", Some("UNAUTHENTICATED"))), "{name}");
+    }
+
+    // A removed fleet binding narrows the stream to the tenant's events; removing the last ends it.
+    let op_tenant = api.ok(&api.op, "tenants.list", json!({})).await["items"].as_array().unwrap().iter().find(|t| t["name"] == "operators").unwrap()["id"].as_str().unwrap().to_owned();
+    let fw = api.ok(&api.op, "identities.create", json!({"name": "fleetwatch", "kind": "service"})).await;
+    let viewer = api.ok(&api.op, "roleBindings.create", json!({"identityId": fw["id"], "role": "viewer", "scopeKind": "fleet"})).await;
+    let member = api.ok(&api.op, "roleBindings.create", json!({"identityId": fw["id"], "role": "member", "scopeKind": "tenant"})).await;
+    let fw_secret = api.ok(&api.op, "tokens.create", json!({"identityId": fw["id"]})).await["secret"].as_str().unwrap().to_owned();
+    let mut s = watch(&fw_secret, &api.url).await;
+    emit_event(&api, None, "fleet-1").await;
+    emit_event(&api, Some(&op_tenant), "tenant-1").await;
+    let (seen, ended) = sse_until_quiet(&mut s, quiet).await;
+    assert_eq!((subjects(&seen), ended), (vec!["fleet-1".to_owned(), "tenant-1".to_owned()], false));
+    api.ok(&api.op, "roleBindings.delete", json!({"roleBindingId": viewer["id"]})).await;
+    emit_event(&api, None, "fleet-2").await;
+    emit_event(&api, Some(&op_tenant), "tenant-2").await;
+    let (seen, ended) = sse_until_quiet(&mut s, quiet).await;
+    assert_eq!((subjects(&seen), ended), (vec!["tenant-2".to_owned()], false), "fleet events after the fleet binding went");
+    api.ok(&api.op, "roleBindings.delete", json!({"roleBindingId": member["id"]})).await;
+    emit_event(&api, Some(&op_tenant), "tenant-3").await;
+    let (seen, ended) = sse_until_quiet(&mut s, Duration::from_secs(20)).await;
+    assert!(ended && subjects(&seen).is_empty(), "{seen:?}");
+    assert_eq!(seen.last().map(|(_, v)| v["code"].as_str()), Some(Some("PERMISSION_DENIED")));
+    let r = api.http.get(format!("{}/v1/watch", api.url)).bearer_auth(&fw_secret).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 403, "a stream opened with no binding at all");
+
+    // Expiry on the database's clock ends a stream too.
+    let short = api.ok(&b.token, "tokens.create", json!({"identityId": idn["id"], "ttlSeconds": 60})).await["secret"].as_str().unwrap().to_owned();
+    let mut s = watch(&short, &api.url).await;
+    api.h.db().advance(Duration::from_secs(61)).await;
+    let (seen, ended) = sse_until_quiet(&mut s, Duration::from_secs(20)).await;
+    assert!(ended, "{seen:?}");
+    assert_eq!(seen.last().map(|(_, v)| v["code"].as_str()), Some(Some("UNAUTHENTICATED")));
+    let _ = stop2.send(true);
 }

@@ -183,7 +183,7 @@ async fn admin_credentials(db: &mut tokio_postgres::Client, root: &Path) -> anyh
         Some(r) => {
             let (tenant_id, identity): (String, String) = (r.get(0), r.get(1));
             let tx = db.transaction().await?;
-            let t = better_compute_iam::tokens::issue(&tx, &tenant_id, &identity, "dev", Some(better_compute_iam::tokens::MAX_TTL_S)).await?;
+            let t = better_compute_iam::tokens::issue(&tx, &tenant_id, None, &identity, "dev", Some(better_compute_iam::tokens::MAX_TTL_S)).await?;
             tx.commit().await?;
             DevAdmin { tenant_id, identity, secret: t.secret }
         }

@@ -54,7 +54,19 @@ pub const BUILTIN_ROLES: &[BuiltinRole] = &[
         holds: |p| p.starts_with("compute:reservations:") || p == "compute:quotas:read",
     },
     BuiltinRole { name: "viewer", description: "Read everything at the scope bound.", holds: |p| p.ends_with(":read") },
+    BuiltinRole {
+        name: "tenant-viewer",
+        description: "Read a tenant's own things: reservations, webhooks, quotas, identities and bindings (what a tenant admin can grant).",
+        holds: |p| p.ends_with(":read") && tenant_permission(p),
+    },
 ];
+
+/// Whether a permission is one of a tenant's own (reservations, webhooks, quotas read, identities,
+/// bindings): what a tenant binding confers. The same rule as [`applies_sql`] at tenant scope.
+pub fn tenant_permission(p: &str) -> bool {
+    ["compute:reservations:", "compute:webhooks:", "iam:identities:", "iam:bindings:"].iter().any(|prefix| p.starts_with(prefix))
+        || p == "compute:quotas:read"
+}
 
 /// Makes the `roles` table hold the built-in roles over `catalog`, and re-projects every identity
 /// bound to a role whose permissions changed. Run at start-up; cheap when nothing changed.
@@ -195,8 +207,59 @@ pub struct NewBinding<'a> {
     pub scope_id: &'a str,
 }
 
-/// Binds a role. Nobody grants more than they hold: the granter must hold every permission of the
-/// role at that scope (PERMISSION_DENIED otherwise), so a tenant admin cannot make anyone an operator.
+/// Locks an identity of the tenant for an action by `actor_id` on it (issuing or revoking its
+/// tokens, binding or unbinding its roles), and checks the rule that keeps anyone from acting as
+/// someone mightier: the actor must hold every permission the identity holds, at every scope it
+/// holds it (at that scope or one covering it). NOT_FOUND for an identity of another tenant,
+/// PERMISSION_DENIED naming what the actor lacks. The row lock holds the identity's bindings still
+/// until the caller's transaction ends, so the decision cannot be outrun by a concurrent binding.
+pub async fn lock_identity_for(tx: &impl GenericClient, tenant_id: &str, actor_id: &str, identity_id: &str) -> Result<(), Error> {
+    if tx
+        .query_opt("SELECT 1 FROM identities WHERE id = $1 AND tenant_id = $2 FOR UPDATE", &[&identity_id, &tenant_id])
+        .await
+        .map_err(DbError::from)?
+        .is_none()
+    {
+        return Err(Error::not_found("identity", identity_id));
+    }
+    if actor_id == identity_id {
+        return Ok(());
+    }
+    let missing: Vec<String> = tx
+        .query(
+            "SELECT t.permission || ' at ' || t.scope_kind || CASE WHEN t.scope_kind = 'fleet' THEN '' ELSE ' ' || t.scope_id END
+               FROM authz_projection t
+              WHERE t.identity_id = $2
+                AND NOT EXISTS (
+                  SELECT 1 FROM authz_projection c
+                   WHERE c.identity_id = $1 AND c.permission = t.permission
+                     AND CASE WHEN t.scope_kind = 'tenant' THEN (c.scope_kind, c.scope_id) = ('tenant', t.scope_id)
+                              ELSE (c.scope_kind, c.scope_id) IN (SELECT s.scope_kind, s.scope_id FROM inventory_scope_path(t.scope_kind, t.scope_id) s) END)
+              ORDER BY t.permission, t.scope_kind, t.scope_id
+              LIMIT 6",
+            &[&actor_id, &identity_id],
+        )
+        .await
+        .map_err(DbError::from)?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    if !missing.is_empty() {
+        let shown = missing.iter().take(5).cloned().collect::<Vec<_>>().join(", ");
+        let more = if missing.len() > 5 { ", …" } else { "" };
+        return Err(Error::new(
+            ErrorCode::PermissionDenied,
+            format!("you cannot act on identity {identity_id}: it holds what you do not ({shown}{more}); ask someone who holds all of it"),
+        ));
+    }
+    Ok(())
+}
+
+/// Binds a role. Nobody grants more than they hold: the granter must act on the identity
+/// ([`lock_identity_for`]) and hold every permission of the role: those the binding confers at a
+/// scope covering the binding's, the tenant's own permissions at the tenant, and the fleet's
+/// permissions a tenant binding cannot confer at fleet scope. So a tenant admin can neither make
+/// anyone an operator nor bind `fleet-admin` at tenant scope (PERMISSION_DENIED).
 pub async fn bind(tx: &impl GenericClient, b: &NewBinding<'_>) -> Result<RoleBindingView, Error> {
     let scope_id = match b.scope_kind {
         "fleet" => "",
@@ -205,14 +268,7 @@ pub async fn bind(tx: &impl GenericClient, b: &NewBinding<'_>) -> Result<RoleBin
         _ => return Err(Error::invalid_argument("scopeKind must be fleet, tenant, site, pool or node")),
     };
     // Lock order: the identity row first, so concurrent bindings of one identity project in turn.
-    if tx
-        .query_opt("SELECT 1 FROM identities WHERE id = $1 AND tenant_id = $2 FOR UPDATE", &[&b.identity_id, &b.tenant_id])
-        .await
-        .map_err(DbError::from)?
-        .is_none()
-    {
-        return Err(Error::not_found("identity", b.identity_id));
-    }
+    lock_identity_for(tx, b.tenant_id, b.granter_id, b.identity_id).await?;
     let perms: Vec<String> = tx
         .query_opt("SELECT permissions FROM roles WHERE name = $1", &[&b.role])
         .await
@@ -234,10 +290,15 @@ pub async fn bind(tx: &impl GenericClient, b: &NewBinding<'_>) -> Result<RoleBin
         .query(
             &format!(
                 "SELECT p FROM unnest($4::text[]) p
-                  WHERE {} AND NOT EXISTS (SELECT 1 FROM authz_projection a JOIN {path} s ON (s.scope_kind, s.scope_id) = (a.scope_kind, a.scope_id)
-                                     WHERE a.identity_id = $5 AND a.permission = p)
+                  WHERE NOT EXISTS (
+                    SELECT 1 FROM authz_projection a
+                     WHERE a.identity_id = $5 AND a.permission = p
+                       AND CASE WHEN {applies} THEN (a.scope_kind, a.scope_id) IN (SELECT s.scope_kind, s.scope_id FROM {path} s)
+                                WHEN {tenant_perm} THEN (a.scope_kind, a.scope_id) = ('tenant', $3::text)
+                                ELSE (a.scope_kind, a.scope_id) = ('fleet', '') END)
                   ORDER BY p",
-                applies_sql("p", "$1::text")
+                applies = applies_sql("p", "$1::text"),
+                tenant_perm = applies_sql("p", "'tenant'"),
             ),
             &[&b.scope_kind, &scope_id, &b.tenant_id, &perms, &b.granter_id],
         )
@@ -271,16 +332,20 @@ pub async fn bind(tx: &impl GenericClient, b: &NewBinding<'_>) -> Result<RoleBin
     Ok(view(&row))
 }
 
-/// Removes a binding of the tenant; the change reaches every cache through `authz_changes`.
-pub async fn unbind(tx: &impl GenericClient, tenant_id: &str, binding_id: &str) -> Result<RoleBindingView, Error> {
+/// Removes a binding of the tenant, by `actor_id`, who must be able to act on the identity bound
+/// ([`lock_identity_for`]); the change reaches every cache through `authz_changes`.
+pub async fn unbind(tx: &impl GenericClient, tenant_id: &str, actor_id: &str, binding_id: &str) -> Result<RoleBindingView, Error> {
     let row = tx
         .query_opt(&format!("{} WHERE id = $1 AND tenant_id = $2", select()), &[&binding_id, &tenant_id])
         .await
         .map_err(DbError::from)?
         .ok_or_else(|| Error::not_found("role binding", binding_id))?;
     let v = view(&row);
-    tx.execute("SELECT 1 FROM identities WHERE id = $1 FOR UPDATE", &[&v.identity_id]).await.map_err(DbError::from)?;
-    tx.execute("DELETE FROM role_bindings WHERE id = $1", &[&binding_id]).await.map_err(DbError::from)?;
+    lock_identity_for(tx, tenant_id, actor_id, &v.identity_id).await?;
+    if tx.execute("DELETE FROM role_bindings WHERE id = $1", &[&binding_id]).await.map_err(DbError::from)? == 0 {
+        // Removed by a concurrent unbind while this one waited for the identity's lock.
+        return Err(Error::not_found("role binding", binding_id));
+    }
     project(tx, &v.identity_id).await?;
     Ok(v)
 }

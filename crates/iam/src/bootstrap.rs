@@ -60,6 +60,6 @@ pub async fn tenant_with_admin(tx: &impl GenericClient, tenant_name: &str, admin
         .map_err(DbError::from)?;
     }
     project(tx, &identity.id).await?;
-    let token = issue(tx, &tenant.id, &identity.id, "first admin", Some(crate::tokens::MAX_TTL_S)).await?;
+    let token = issue(tx, &tenant.id, None, &identity.id, "first admin", Some(crate::tokens::MAX_TTL_S)).await?;
     Ok(Bootstrapped { tenant, identity, token })
 }

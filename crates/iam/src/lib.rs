@@ -16,7 +16,7 @@ pub mod tokens;
 use better_compute_db::Migration;
 use better_compute_runtime::authz::Permission;
 
-pub use resolver::{Iam, Principal};
+pub use resolver::{Iam, IdentityChange, Principal};
 
 /// The IAM module's migrations.
 pub const IAM_MIGRATIONS: &[Migration] =

@@ -27,6 +27,19 @@ pub const READ_DECISION_CACHE_TTL: Duration = Duration::from_secs(10);
 pub const CACHE_ENTRIES_MAX: usize = 100_000;
 /// Changes read per tail batch.
 const TAIL_BATCH: i64 = 1000;
+/// Changes the broadcast to long-lived streams holds; a stream further behind revalidates.
+const CHANGES_CAPACITY: usize = 1024;
+
+/// A change that can shrink what someone may do: a binding of the identity removed or changed, or
+/// (with `token_id`) one of its tokens revoked. Long-lived streams ([`Iam::subscribe_changes`])
+/// revalidate on it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdentityChange {
+    /// The identity changed.
+    pub identity_id: String,
+    /// The token revoked, if one was.
+    pub token_id: Option<String>,
+}
 
 /// Who a request speaks for, once authenticated.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,6 +76,7 @@ pub struct Iam {
     pool: Pool,
     clock: CacheClock,
     caches: Mutex<Caches>,
+    changes: tokio::sync::broadcast::Sender<IdentityChange>,
 }
 
 fn resource_scope<'a>(caller: Caller<'a>, r: Resource<'a>) -> (&'static str, &'a str) {
@@ -85,7 +99,8 @@ impl Iam {
 
     /// A resolver with a given clock (tests).
     pub fn with_clock(pool: Pool, clock: CacheClock) -> Iam {
-        Iam { pool, clock, caches: Mutex::new(Caches { auth: HashMap::new(), decisions: HashMap::new(), cursor: (0, 0) }) }
+        let (changes, _) = tokio::sync::broadcast::channel(CHANGES_CAPACITY);
+        Iam { pool, clock, caches: Mutex::new(Caches { auth: HashMap::new(), decisions: HashMap::new(), cursor: (0, 0) }), changes }
     }
 
     fn caches(&self) -> std::sync::MutexGuard<'_, Caches> {
@@ -133,9 +148,38 @@ impl Iam {
     /// process that committed a revocation or an unbinding calls it, so the change holds here
     /// before the answer leaves; other processes learn it from the tail.
     pub fn forget(&self, identity_id: &str, token_id: Option<&str>) {
-        let mut c = self.caches();
-        c.auth.retain(|_, (p, _)| p.identity_id != identity_id && Some(p.token_id.as_str()) != token_id);
-        c.decisions.retain(|k, _| k.0 != identity_id);
+        {
+            let mut c = self.caches();
+            c.auth.retain(|_, (p, _)| p.identity_id != identity_id && Some(p.token_id.as_str()) != token_id);
+            c.decisions.retain(|k, _| k.0 != identity_id);
+        }
+        // After the caches: a stream that revalidates on this must not read a stale entry. No
+        // subscriber is fine.
+        let _ = self.changes.send(IdentityChange { identity_id: identity_id.to_owned(), token_id: token_id.map(str::to_owned) });
+    }
+
+    /// Every change this process learns of from now on (served here, or read by the tail), for
+    /// streams that must end or narrow when their token is revoked or a binding removed.
+    pub fn subscribe_changes(&self) -> tokio::sync::broadcast::Receiver<IdentityChange> {
+        self.changes.subscribe()
+    }
+
+    /// Asks the database, uncached, whether a token is still live: how long it has left on the
+    /// database's clock, or UNAUTHENTICATED once it is revoked or expired.
+    pub async fn token_time_left(&self, token_id: &str) -> Result<Duration, Error> {
+        let db = self.pool.get().await.map_err(DbError::from)?;
+        let left = tokens::time_left(&**db, token_id).await?;
+        Ok(Duration::from_secs_f64(left.max(0.0)))
+    }
+
+    /// Whether an identity holds any permission at any scope (uncached).
+    pub async fn holds_anything(&self, identity_id: &str) -> Result<bool, Error> {
+        let db = self.pool.get().await.map_err(DbError::from)?;
+        let row = db
+            .query_one("SELECT EXISTS (SELECT 1 FROM authz_projection WHERE identity_id = $1)", &[&identity_id])
+            .await
+            .map_err(DbError::from)?;
+        Ok(row.get(0))
     }
 
     /// Reads `authz_changes` past the cursor and drops the cached entries they touch. Returns how

@@ -71,14 +71,20 @@ fn view(r: &tokio_postgres::Row) -> TokenView {
     TokenView { id: r.get(0), identity_id: r.get(1), name: r.get(2), expires_at: r.get(3), revoked_at: r.get(4), created_at: r.get(5) }
 }
 
-/// Issues a token for an identity of `tenant_id` (NOT_FOUND for another tenant's identity).
-pub async fn issue(tx: &impl GenericClient, tenant_id: &str, identity_id: &str, name: &str, ttl_s: Option<i64>) -> Result<IssuedToken, Error> {
+/// Issues a token for an identity of `tenant_id` (NOT_FOUND for another tenant's identity), by
+/// `actor_id`, who must be able to act on that identity
+/// ([`lock_identity_for`](crate::bindings::lock_identity_for)): a token is the identity's whole
+/// power. `None` is someone with direct access to the database (bootstrap, `dev`).
+pub async fn issue(tx: &impl GenericClient, tenant_id: &str, actor_id: Option<&str>, identity_id: &str, name: &str, ttl_s: Option<i64>) -> Result<IssuedToken, Error> {
     let ttl_s = ttl_s.unwrap_or(DEFAULT_TTL_S);
     if !(60..=MAX_TTL_S).contains(&ttl_s) {
         return Err(Error::invalid_argument(format!("ttlSeconds must be between 60 and {MAX_TTL_S}")));
     }
     if name.len() > 100 || name.chars().any(char::is_control) {
         return Err(Error::invalid_argument("name must be at most 100 printable characters"));
+    }
+    if let Some(actor_id) = actor_id {
+        crate::bindings::lock_identity_for(tx, tenant_id, actor_id, identity_id).await?;
     }
     let secret = new_secret();
     let id = TokenId::generate().to_string();
@@ -129,9 +135,32 @@ pub async fn authenticate(db: &impl GenericClient, secret: &str) -> Result<Token
     Ok(TokenOwner { token_id: row.get(0), tenant_id: row.get(1), identity_id: row.get(2), expires_in_s: row.get(3) })
 }
 
-/// Revokes a token of the tenant; a revoked one is returned unchanged. Written to `authz_changes`
-/// so every API process drops it from its cache at once.
-pub async fn revoke(tx: &impl GenericClient, tenant_id: &str, token_id: &str) -> Result<TokenView, Error> {
+/// Seconds a token has left on the database's clock (uncached): UNAUTHENTICATED once it is
+/// revoked, expired or gone.
+pub async fn time_left(db: &impl GenericClient, token_id: &str) -> Result<f64, Error> {
+    let row = db
+        .query_opt(
+            "SELECT extract(epoch FROM expires_at - compute_now())::float8 FROM tokens
+              WHERE id = $1 AND revoked_at IS NULL AND expires_at > compute_now()",
+            &[&token_id],
+        )
+        .await
+        .map_err(DbError::from)?
+        .ok_or_else(|| Error::new(ErrorCode::Unauthenticated, "the bearer token was revoked or has expired; ask for a new one"))?;
+    Ok(row.get(0))
+}
+
+/// Revokes a token of the tenant, by `actor_id`, who must be able to act on its identity
+/// ([`lock_identity_for`](crate::bindings::lock_identity_for)); a revoked one is returned
+/// unchanged. Written to `authz_changes` so every API process drops it from its cache at once.
+pub async fn revoke(tx: &impl GenericClient, tenant_id: &str, actor_id: &str, token_id: &str) -> Result<TokenView, Error> {
+    let owner: String = tx
+        .query_opt("SELECT identity_id FROM tokens WHERE id = $1 AND tenant_id = $2", &[&token_id, &tenant_id])
+        .await
+        .map_err(DbError::from)?
+        .ok_or_else(|| Error::not_found("token", token_id))?
+        .get(0);
+    crate::bindings::lock_identity_for(tx, tenant_id, actor_id, &owner).await?;
     let row = tx
         .query_opt(
             "UPDATE tokens SET revoked_at = coalesce(revoked_at, compute_now()) WHERE id = $1 AND tenant_id = $2

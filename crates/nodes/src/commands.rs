@@ -451,9 +451,11 @@ pub async fn run(
             ))
         }
     }
-    let key = req.idempotency_key.as_deref().filter(|k| !k.is_empty()).ok_or_else(|| {
-        Error::invalid_argument("idempotencyKey is required: a retry with the same key returns the same command")
+    // Only after the permission check: a caller who may not run commands learns nothing of the input.
+    let key = req.idempotency_key.as_deref().ok_or_else(|| {
+        Error::invalid_argument("idempotencyKey is required on commands.run: a retry with the same key returns the same command")
     })?;
+    idempotency::validate_key(key)?;
     let not_after_s = req.not_after_seconds.unwrap_or(600);
     if !(10..=3600).contains(&not_after_s) {
         return Err(Error::invalid_argument("notAfterSeconds must be between 10 and 3600"));

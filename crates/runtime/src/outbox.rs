@@ -161,7 +161,7 @@ pub async fn read_matching(db: &impl GenericClient, after: Cursor, limit: i64, f
 pub async fn visible_head(db: &impl GenericClient) -> Result<Cursor, DbError> {
     let row = db
         .query_opt(
-            "SELECT txid::text, seq FROM outbox WHERE txid < pg_snapshot_xmin(pg_current_snapshot()) ORDER BY txid DESC, seq DESC LIMIT 1",
+            "SELECT o.txid::text, o.seq FROM outbox o WHERE o.txid < pg_snapshot_xmin(pg_current_snapshot()) ORDER BY o.txid DESC, o.seq DESC LIMIT 1",
             &[],
         )
         .await?;

@@ -50,7 +50,6 @@ pub(super) fn methods() -> Vec<Method> {
     vec![
         method("commands.run", "Run diag.nvml, inventory.refresh, logs.collect or node.reboot on a node.", "compute:nodes:exec on the node", |ctx: Ctx, mut r: RunCommand| async move {
             ctx.own_tenant(r.tenant_id.take().as_deref())?;
-            super::required_key(r.idempotency_key.as_deref(), "commands.run")?;
             let mut db = ctx.db().await?;
             let registry = ctx.state.registry.clone();
             commands::run(&mut db, &registry, ctx.state.iam.as_ref(), ctx.caller(), &r).await

@@ -172,22 +172,22 @@ pub(super) fn methods() -> Vec<Method> {
             ctx.in_tenant(r.tenant_id.as_deref(), IDENTITIES_READ).await?;
             directory::list_identities(&**ctx.db().await?, &ctx.principal.tenant_id, &r.page()).await
         }),
-        method("tokens.create", "Issue a bearer token for an identity of your tenant. The secret is in this response only.", "iam:identities:write at tenant scope", |ctx: Ctx, r: CreateToken| async move {
+        method("tokens.create", "Issue a bearer token for an identity of your tenant. The secret is in this response only.", "iam:identities:write at tenant scope, and every permission the identity holds, at every scope it holds it", |ctx: Ctx, r: CreateToken| async move {
             ctx.in_tenant(r.tenant_id.as_deref(), IDENTITIES_WRITE).await?;
-            ctx.in_tx(async |tx| -> Result<IssuedToken, Error> { tokens::issue(tx, &ctx.principal.tenant_id, &r.identity_id, &r.name, r.ttl_seconds).await }).await
+            ctx.in_tx(async |tx| -> Result<IssuedToken, Error> { tokens::issue(tx, &ctx.principal.tenant_id, Some(&ctx.principal.identity_id), &r.identity_id, &r.name, r.ttl_seconds).await }).await
         }),
         method("tokens.list", "List your tenant's tokens (never their secrets).", "iam:identities:read at tenant scope", |ctx: Ctx, r: ListByIdentity| async move {
             ctx.in_tenant(r.tenant_id.as_deref(), IDENTITIES_READ).await?;
             tokens::list(&**ctx.db().await?, &ctx.principal.tenant_id, r.identity_id.as_deref(), &page(r.page_size, r.page_token)).await
         }),
-        method("tokens.revoke", "Revoke a token of your tenant; it stops working within a second (30 s at most).", "iam:identities:write at tenant scope", |ctx: Ctx, r: TokenRef| async move {
+        method("tokens.revoke", "Revoke a token of your tenant; it stops working within a second (30 s at most), and its watch streams end.", "iam:identities:write at tenant scope, and every permission its identity holds, at every scope it holds it", |ctx: Ctx, r: TokenRef| async move {
             ctx.in_tenant(r.tenant_id.as_deref(), IDENTITIES_WRITE).await?;
-            let v: TokenView = ctx.in_tx(async |tx| tokens::revoke(tx, &ctx.principal.tenant_id, &r.token_id).await).await?;
+            let v: TokenView = ctx.in_tx(async |tx| tokens::revoke(tx, &ctx.principal.tenant_id, &ctx.principal.identity_id, &r.token_id).await).await?;
             // This process drops it at once; the others on their next tail.
             ctx.state.iam.forget(&v.identity_id, Some(&v.id));
             Ok(v)
         }),
-        method("roleBindings.create", "Bind a role to an identity of your tenant at a scope; you cannot grant what you do not hold there.", "iam:bindings:write at tenant scope, and every permission of the role at the scope", |ctx: Ctx, r: CreateBinding| async move {
+        method("roleBindings.create", "Bind a role to an identity of your tenant at a scope; you cannot grant what you do not hold there.", "iam:bindings:write at tenant scope, every permission the identity holds at every scope it holds it, and every permission of the role at the scope", |ctx: Ctx, r: CreateBinding| async move {
             ctx.in_tenant(r.tenant_id.as_deref(), BINDINGS_WRITE).await?;
             let scope_id = r.scope_id.clone().unwrap_or_default();
             let v = ctx.in_tx(async |tx| -> Result<RoleBindingView, Error> {
@@ -212,9 +212,9 @@ pub(super) fn methods() -> Vec<Method> {
             ctx.in_tenant(r.tenant_id.as_deref(), BINDINGS_READ).await?;
             bindings::list(&**ctx.db().await?, &ctx.principal.tenant_id, r.identity_id.as_deref(), &page(r.page_size, r.page_token)).await
         }),
-        method("roleBindings.delete", "Remove a role binding of your tenant.", "iam:bindings:write at tenant scope", |ctx: Ctx, r: BindingRef| async move {
+        method("roleBindings.delete", "Remove a role binding of your tenant.", "iam:bindings:write at tenant scope, and every permission the identity bound holds, at every scope it holds it", |ctx: Ctx, r: BindingRef| async move {
             ctx.in_tenant(r.tenant_id.as_deref(), BINDINGS_WRITE).await?;
-            let v = ctx.in_tx(async |tx| bindings::unbind(tx, &ctx.principal.tenant_id, &r.role_binding_id).await).await?;
+            let v = ctx.in_tx(async |tx| bindings::unbind(tx, &ctx.principal.tenant_id, &ctx.principal.identity_id, &r.role_binding_id).await).await?;
             ctx.state.iam.forget(&v.identity_id, None);
             Ok(v)
         }),

@@ -46,8 +46,8 @@ impl TenantPage {
     }
 }
 
-/// The key a method requires (`reservations.create`, `reservations.extend`, `commands.run`),
-/// checked before anything is read or written.
+/// The key a method requires (`reservations.create`, `reservations.extend`), checked after the
+/// caller's permission and before anything is read or written.
 pub(crate) fn required_key<'a>(key: Option<&'a str>, method: &str) -> Result<&'a str, better_compute_core::Error> {
     let key = key.ok_or_else(|| {
         better_compute_core::Error::invalid_argument(format!(

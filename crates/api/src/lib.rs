@@ -34,6 +34,8 @@ pub use method::{Ctx, Method};
 pub const MAX_BODY_BYTES: usize = 1 << 20;
 /// The longest a method may run before the request is answered UNAVAILABLE.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// The longest a request's body may take to arrive once its headers have.
+pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What every handler shares.
 pub struct ApiState {
@@ -89,7 +91,14 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics_text))
         .fallback(|| async { error_response(&Error::not_found("path", "this path; methods are POST /v1/<method>, see /v1/openapi.json"), &new_request_id()) })
+        .method_not_allowed_fallback(|| async {
+            let e = Error::new(ErrorCode::Unsupported, "this HTTP method is not allowed here: methods are POST /v1/<method>; GET serves /v1/watch, /v1/openapi.json, /healthz, /readyz and /metrics");
+            let mut r = error_response(&e, &new_request_id());
+            *r.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
+            r
+        })
         .with_state(state)
+        .layer(tower_http::catch_panic::CatchPanicLayer::custom(panic_response))
 }
 
 /// Serves the API on `listener` until `shutdown` resolves.
@@ -117,10 +126,21 @@ fn error_response(e: &Error, request_id: &str) -> Response {
     r
 }
 
+/// A handler that panicked: 500 with a request id that the log line names, never the panic's text.
+fn panic_response(panic: Box<dyn std::any::Any + Send + 'static>) -> Response {
+    let request_id = new_request_id();
+    let what = panic.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| panic.downcast_ref::<String>().cloned()).unwrap_or_default();
+    tracing::error!(request_id = %request_id, panic = %what, "a request's handler panicked");
+    error_response(&Error::internal(format!("the server failed on this request; report request id {request_id}")), &request_id)
+}
+
 fn bearer(headers: &HeaderMap) -> Result<&str, Error> {
     let unauthenticated = || {
         Error::new(ErrorCode::Unauthenticated, "send `Authorization: Bearer <token>` (BETTER_COMPUTE_TOKEN for the CLI)")
     };
+    if headers.get_all(header::AUTHORIZATION).iter().nth(1).is_some() {
+        return Err(Error::invalid_argument("send one Authorization header, not several"));
+    }
     let v = headers.get(header::AUTHORIZATION).ok_or_else(unauthenticated)?.to_str().map_err(|_| unauthenticated())?;
     v.strip_prefix("Bearer ").map(str::trim).filter(|t| !t.is_empty()).ok_or_else(unauthenticated)
 }
@@ -162,17 +182,28 @@ async fn handle(state: &Arc<ApiState>, name: &str, headers: &HeaderMap, body: Bo
         .clone();
     let secret = bearer(headers)?;
     let principal = state.iam.authenticate(secret).await?;
-    if let Some(ct) = headers.get(header::CONTENT_TYPE) && !ct.to_str().unwrap_or_default().starts_with("application/json") {
+    if let Some(ct) = headers.get(header::CONTENT_TYPE) && !is_json(ct) {
         return Err(Error::invalid_argument("Content-Type must be application/json"));
     }
-    let bytes = axum::body::to_bytes(body, MAX_BODY_BYTES)
+    let too_large = || Error::invalid_argument(format!("the body is larger than {MAX_BODY_BYTES} bytes"));
+    // A declared length over the limit is refused before a byte of the body is read.
+    if let Some(len) = headers.get(header::CONTENT_LENGTH) && len.to_str().ok().and_then(|l| l.parse::<u64>().ok()).is_none_or(|l| l > MAX_BODY_BYTES as u64) {
+        return Err(too_large());
+    }
+    let bytes = tokio::time::timeout(BODY_READ_TIMEOUT, axum::body::to_bytes(body, MAX_BODY_BYTES))
         .await
-        .map_err(|_| Error::invalid_argument(format!("the body is larger than {MAX_BODY_BYTES} bytes")))?;
+        .map_err(|_| Error::invalid_argument(format!("the body did not arrive within {} s", BODY_READ_TIMEOUT.as_secs())))?
+        .map_err(|_| too_large())?;
     let ctx = Ctx { state: state.clone(), principal };
     match tokio::time::timeout(REQUEST_TIMEOUT, (m.call)(ctx, &bytes)).await {
         Ok(r) => r,
         Err(_) => Err(Error::new(ErrorCode::Unavailable, format!("{name} took longer than {}s; retry (with the same idempotency key)", REQUEST_TIMEOUT.as_secs()))),
     }
+}
+
+/// `application/json`, with parameters (`; charset=utf-8`) or without, in any case.
+fn is_json(ct: &HeaderValue) -> bool {
+    ct.to_str().ok().and_then(|v| v.split(';').next()).is_some_and(|essence| essence.trim().eq_ignore_ascii_case("application/json"))
 }
 
 async fn openapi_json(State(state): State<Arc<ApiState>>) -> Response {
@@ -188,4 +219,28 @@ async fn readyz(State(state): State<Arc<ApiState>>) -> Response {
 
 async fn metrics_text() -> Response {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], metrics::render()).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tower::ServiceExt;
+
+    #[tokio::test]
+    async fn a_panicking_handler_is_answered_500_as_json_with_the_request_id_its_log_line_names() {
+        let app: Router = Router::new()
+            .route("/p", get(|| async {
+                let bug: Option<&str> = None;
+                bug.expect("a bug, not a secret")
+            }))
+            .layer(tower_http::catch_panic::CatchPanicLayer::custom(panic_response));
+        let r = app.oneshot(axum::http::Request::get("/p").body(Body::empty()).unwrap()).await.unwrap();
+        assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        let id = r.headers()["x-request-id"].to_str().unwrap().to_owned();
+        assert!(id.starts_with("req_"), "{id}");
+        let body: serde_json::Value = serde_json::from_slice(&axum::body::to_bytes(r.into_body(), 1 << 16).await.unwrap()).unwrap();
+        assert_eq!(body["code"], "INTERNAL");
+        let message = body["message"].as_str().unwrap();
+        assert!(message.contains(&id) && !message.contains("a bug"), "{message}");
+    }
 }

@@ -93,7 +93,11 @@ fn has_nul_escape(body: &[u8]) -> bool {
 
 /// Parses a request body into `T`, naming the field at fault.
 pub fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, Error> {
-    let body: &[u8] = if body.iter().all(u8::is_ascii_whitespace) { b"{}" } else { body };
+    // Only an object: serde would read an array as positional fields, and an empty body is easy to
+    // send by mistake.
+    if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(Error::invalid_argument("the body must be a JSON object of the method's fields (`{}` for none)"));
+    }
     if has_nul_escape(body) {
         return Err(Error::invalid_argument("strings may not contain NUL (\\u0000)"));
     }
@@ -148,5 +152,23 @@ mod tests {
         assert!(!has_nul_escape(br#"{"a": "\\u0000"}"#));
         assert_eq!(parse::<serde_json::Value>(br#"{"a": "\u0000"}"#).unwrap_err().code, better_compute_core::ErrorCode::InvalidArgument);
         assert_eq!(parse::<serde_json::Value>(br#"{"a": "\\u0000"}"#).unwrap()["a"], "\\u0000");
+    }
+
+    #[test]
+    fn only_a_json_object_is_a_body() {
+        #[derive(serde::Deserialize, Debug)]
+        #[allow(dead_code)]
+        struct Two {
+            a: i64,
+            b: i64,
+        }
+        let mut refused = 0;
+        for body in [&b""[..], b"  ", b"[1, 2]", b"null", b"1", b"\"x\"", b"true"] {
+            let e = parse::<Two>(body).unwrap_err();
+            assert_eq!(e.code, better_compute_core::ErrorCode::InvalidArgument, "{body:?}");
+            refused += 1;
+        }
+        assert_eq!(refused, 7);
+        assert_eq!(parse::<Two>(b" {\"a\": 1, \"b\": 2}").unwrap().b, 2);
     }
 }

@@ -92,6 +92,22 @@ impl Api {
         (status, r.json().await.unwrap_or(Value::Null))
     }
 
+    /// One request written by hand on a fresh connection (headers only, no body): the status and
+    /// the JSON body of the answer, so refusals of the HTTP layer itself can be checked.
+    async fn http_exchange(&self, verb: &str, path: &str, headers: &str) -> (u16, Value) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut c = tokio::net::TcpStream::connect(self.url.trim_start_matches("http://")).await.unwrap();
+        c.write_all(format!("{verb} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{headers}\r\n").as_bytes()).await.unwrap();
+        let mut out = Vec::new();
+        tokio::time::timeout(Duration::from_secs(30), c.read_to_end(&mut out)).await.expect("no answer").unwrap();
+        let text = String::from_utf8_lossy(&out);
+        let status = text.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+        let body = text.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+        // A body may come chunked: take the JSON object inside.
+        let json = body.find('{').zip(body.rfind('}')).map(|(a, b)| &body[a..=b]).unwrap_or("null");
+        (status, serde_json::from_str(json).unwrap_or(Value::Null))
+    }
+
     async fn call(&self, token: &str, method: &str, body: Value) -> (u16, Value) {
         self.raw(token, method, body.to_string()).await
     }
@@ -365,7 +381,6 @@ async fn bad_input_on_every_method_is_a_clear_4xx_with_a_stable_code_and_writes_
     for t in tables {
         before.push(api.count(t).await);
     }
-    let big = format!("{{\"name\": \"{}\"}}", "x".repeat(better_compute_api::MAX_BODY_BYTES + 1));
     for (path, item) in doc["paths"].as_object().unwrap() {
         let m = path.trim_start_matches("/v1/");
         let schema_ref = item["post"]["requestBody"]["content"]["application/json"]["schema"]["$ref"].as_str().unwrap();
@@ -375,7 +390,7 @@ async fn bad_input_on_every_method_is_a_clear_4xx_with_a_stable_code_and_writes_
             ("unknown field", json!({"surelyNotAField": 1}).to_string()),
             ("malformed JSON", "{\"a\": ".to_owned()),
             ("not an object", "[1, 2]".to_owned()),
-            ("oversized", big.clone()),
+            ("an empty body", String::new()),
         ];
         if let Some(field) = required.first() {
             cases.push(("missing required", "{}".to_owned()));
@@ -386,6 +401,10 @@ async fn bad_input_on_every_method_is_a_clear_4xx_with_a_stable_code_and_writes_
             assert_eq!((s, v["code"].as_str()), (400, Some("INVALID_ARGUMENT")), "{m}, {what}: {v}");
             assert!(!v["message"].as_str().unwrap_or("").is_empty(), "{m}, {what}: no message");
         }
+        // A declared length over the limit is answered before any of the body is sent.
+        let head = format!("Authorization: Bearer {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n", api.op, better_compute_api::MAX_BODY_BYTES + 1);
+        let (s, v) = api.http_exchange("POST", &format!("/v1/{m}"), &head).await;
+        assert_eq!((s, v["code"].as_str()), (400, Some("INVALID_ARGUMENT")), "{m}, oversized: {v}");
     }
     // Without a token, or with a wrong one: 401, for any method.
     let r = api.http.post(format!("{}/v1/nodes.get", api.url)).body("{}").send().await.unwrap();
@@ -394,6 +413,20 @@ async fn bad_input_on_every_method_is_a_clear_4xx_with_a_stable_code_and_writes_
     assert_eq!((s, v["code"].as_str()), (401, Some("UNAUTHENTICATED")));
     let (s, v) = api.call(&api.op, "nodes.explode", json!({})).await;
     assert_eq!((s, v["code"].as_str()), (404, Some("NOT_FOUND")));
+    // The HTTP layer's own refusals are JSON with a stable code too.
+    let auth = format!("Authorization: Bearer {}\r\n", api.op);
+    for (verb, path, headers, want, code) in [
+        ("GET", "/v1/nodes.get", auth.clone(), 405, "UNSUPPORTED"),
+        ("PUT", "/v1/watch", auth.clone(), 405, "UNSUPPORTED"),
+        ("POST", "/v1/roles.list", format!("{auth}{auth}Content-Length: 2\r\n"), 400, "INVALID_ARGUMENT"),
+        ("POST", "/v1/roles.list", format!("{auth}Content-Type: application/jsonp\r\nContent-Length: 0\r\n"), 400, "INVALID_ARGUMENT"),
+        ("POST", "/v1/roles.list", format!("{auth}Content-Type: text/plain\r\nContent-Length: 0\r\n"), 400, "INVALID_ARGUMENT"),
+    ] {
+        let (s, v) = api.http_exchange(verb, path, &headers).await;
+        assert_eq!((s, v["code"].as_str()), (want, Some(code)), "{verb} {path} {headers:?}: {v}");
+    }
+    let r = api.http.post(format!("{}/v1/roles.list", api.url)).bearer_auth(&api.op).header("content-type", "application/json; charset=utf-8").body("{}").send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 200, "a charset parameter is still JSON");
     for (i, t) in tables.iter().enumerate() {
         assert_eq!(api.count(t).await, before[i], "bad input wrote to {t}");
     }

@@ -105,8 +105,10 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     }
     if std::env::var_os("BETTER_COMPUTE_TEST_BROKEN_FENCE").is_some_and(|v| v == "1") {
         // Only the simulator's checker test sets this: it must catch the stale writes that follow.
+        if !better_compute_db::lease::break_the_fence_for_tests() {
+            anyhow::bail!("BETTER_COMPUTE_TEST_BROKEN_FENCE is set, but only test builds can skip the lease fence; unset it");
+        }
         tracing::error!("BETTER_COMPUTE_TEST_BROKEN_FENCE=1: fenced transactions skip their fence; never run this in production");
-        better_compute_db::lease::break_the_fence_for_tests();
     }
     let registry = crate::registry()?;
     let pool = better_compute_db::pool::connect_pool(&args.db.database_url, args.pool_size)?;

@@ -131,6 +131,9 @@ const MODEL: &str = "H100-80GB";
 
 /// Runs the seeds; the first violation ends the run with an error naming the seed and the replay.
 pub async fn run(args: SimArgs) -> anyhow::Result<()> {
+    if args.broken.is_some() && !better_compute_daemon::FAULT_INJECTION {
+        anyhow::bail!("--broken needs a test build (the tests build one with feature fault-injection); this build always honours its fence and journal");
+    }
     let seeds = parse_seeds(&args.seeds)?;
     let (first, last) = (*seeds.start(), *seeds.end());
     for seed in seeds {

@@ -408,7 +408,7 @@ impl Daemon {
                     }
                     return;
                 }
-                None if !entry.retry_safe && !self.cfg.broken_rerun_journaled_commands => {
+                None if !entry.retry_safe && !(cfg!(feature = "fault-injection") && self.cfg.broken_rerun_journaled_commands) => {
                     let o = Outcome {
                         succeeded: false,
                         reason: "interrupted: the daemon restarted while it ran; it is not retry-safe, so it is not run again".into(),

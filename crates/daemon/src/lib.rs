@@ -105,9 +105,14 @@ pub struct DaemonConfig {
     /// Test only, never in production: a deliberately broken daemon that runs a command again
     /// although its journal says an earlier run of it was interrupted and it is not retry-safe.
     /// `better-compute sim --broken rerun-journaled-commands` uses it to prove the checker
-    /// catches a command that ran twice.
+    /// catches a command that ran twice. It takes effect only in test builds (feature
+    /// `fault-injection`); elsewhere the journal is always honoured.
     pub broken_rerun_journaled_commands: bool,
 }
+
+/// Whether this build carries the deliberately broken variants (feature `fault-injection`, test
+/// builds only): without it [`DaemonConfig::broken_rerun_journaled_commands`] does nothing.
+pub const FAULT_INJECTION: bool = cfg!(feature = "fault-injection");
 
 impl DaemonConfig {
     /// Defaults for a node named `node_name` keeping its state in `state_dir`.

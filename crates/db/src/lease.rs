@@ -46,15 +46,20 @@ SELECT set_config('better_compute.fence', name || '@' || epoch, true) FROM lease
 
 /// A deliberately broken fence, for the test that proves the simulator's stale-epoch check can
 /// fail: it names the lease and epoch but checks and locks nothing.
+#[cfg(feature = "fault-injection")]
 const BROKEN_FENCE_SQL: &str = "SELECT set_config('better_compute.fence', $1::text || '@' || $2::bigint::text, true)";
 
+#[cfg(feature = "fault-injection")]
 static BROKEN_FENCE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// Test only: makes every fenced transaction of this process skip the fence (a zombie's writes then
-/// go through). Only the simulator's checker test turns it on, through
-/// `BETTER_COMPUTE_TEST_BROKEN_FENCE=1` on a server process.
-pub fn break_the_fence_for_tests() {
+/// Test builds only (feature `fault-injection`): makes every fenced transaction of this process
+/// skip the fence (a zombie's writes then go through). Only the simulator's checker test turns it
+/// on, through `BETTER_COMPUTE_TEST_BROKEN_FENCE=1` on a server process. Returns whether it took
+/// effect: a build without the feature has no broken fence to turn on.
+pub fn break_the_fence_for_tests() -> bool {
+    #[cfg(feature = "fault-injection")]
     BROKEN_FENCE.store(true, std::sync::atomic::Ordering::SeqCst);
+    cfg!(feature = "fault-injection")
 }
 
 /// Lets the lease go at once, so the next holder need not wait for it to expire.
@@ -126,11 +131,14 @@ impl Lease {
     /// back) when the lease is no longer ours.
     pub async fn begin_fenced<'a>(&self, client: &'a mut Client) -> Result<FencedTransaction<'a>, DbError> {
         let tx = client.transaction().await?;
+        #[cfg(feature = "fault-injection")]
         let fenced = if BROKEN_FENCE.load(std::sync::atomic::Ordering::Relaxed) {
             tx.query_opt(BROKEN_FENCE_SQL, &[&self.name, &self.epoch]).await?
         } else {
             tx.query_opt(FENCE_SQL, &[&self.name, &self.owner, &self.epoch]).await?
         };
+        #[cfg(not(feature = "fault-injection"))]
+        let fenced = tx.query_opt(FENCE_SQL, &[&self.name, &self.owner, &self.epoch]).await?;
         if fenced.is_none() {
             tx.rollback().await?;
             return Err(DbError::LeaseLost { name: self.name.clone(), epoch: self.epoch });

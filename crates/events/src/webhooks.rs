@@ -53,6 +53,10 @@ pub struct WebhookWithSecret {
     pub webhook: WebhookView,
     /// The signing secret (`whsec_…`), shown this once: verify `webhook-signature` with it.
     pub secret: String,
+    /// What the caller should know but did not stop the create: the URL's name resolves only to
+    /// non-public addresses, or not at all, now.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 /// A delivery, as dead letters are listed.
@@ -159,7 +163,7 @@ pub async fn create(
     )
     .await
     .map_err(DbError::from)?;
-    Ok(WebhookWithSecret { webhook: get(tx, tenant_id, &id).await?, secret })
+    Ok(WebhookWithSecret { webhook: get(tx, tenant_id, &id).await?, secret, warnings: Vec::new() })
 }
 
 /// What an update changes (absent fields stay).
@@ -234,7 +238,7 @@ pub async fn rotate_secret(tx: &impl GenericClient, tenant_id: &str, id: &str, g
     if n == 0 {
         return Err(Error::not_found("webhook", id));
     }
-    Ok(WebhookWithSecret { webhook: get(tx, tenant_id, id).await?, secret })
+    Ok(WebhookWithSecret { webhook: get(tx, tenant_id, id).await?, secret, warnings: Vec::new() })
 }
 
 /// Queues a `webhook.test` delivery to one endpoint now.

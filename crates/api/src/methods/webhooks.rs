@@ -111,10 +111,16 @@ pub(super) fn methods() -> Vec<Method> {
     vec![
         method("webhooks.create", "Create a webhook endpoint for your tenant's events. The signing secret is in this response only.", "compute:webhooks:write at tenant scope", |ctx: Ctx, r: CreateWebhook| async move {
             let (policy, types) = (EgressPolicy::from_env(), catalogue(&ctx));
-            write(&ctx, r.tenant_id.as_deref(), async |tx| -> Result<WebhookWithSecret, Error> {
-                webhooks::create(tx, &ctx.principal.tenant_id, &r.url, &r.event_types, &r.description, policy, &types).await
-            })
-            .await
+            ctx.in_tenant(r.tenant_id.as_deref(), WEBHOOKS_WRITE).await?;
+            // Resolved before the transaction, so no connection waits on DNS.
+            let warnings = better_compute_events::ssrf::resolution_warnings(&r.url, policy).await;
+            let mut made = ctx
+                .in_tx(async |tx| -> Result<WebhookWithSecret, Error> {
+                    webhooks::create(tx, &ctx.principal.tenant_id, &r.url, &r.event_types, &r.description, policy, &types).await
+                })
+                .await?;
+            made.warnings = warnings;
+            Ok(made)
         }),
         method("webhooks.get", "Read a webhook endpoint.", "compute:webhooks:read at tenant scope", |ctx: Ctx, r: WebhookRef| async move {
             ctx.in_tenant(r.tenant_id.as_deref(), WEBHOOKS_READ).await?;

@@ -6,10 +6,12 @@
 //! `GET /v1/openapi.json` (generated from the handlers' own types), `GET /healthz`
 //! (the process is up), `GET /readyz` (the database answers) and `GET /metrics` (Prometheus).
 
+pub mod http;
 pub mod method;
 mod methods;
 mod metrics;
 pub mod openapi;
+pub mod rate_limit;
 pub mod watch;
 
 use std::collections::BTreeMap;
@@ -34,7 +36,8 @@ pub use method::{Ctx, Method};
 pub const MAX_BODY_BYTES: usize = 1 << 20;
 /// The longest a method may run before the request is answered UNAVAILABLE.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
-/// The longest a request's body may take to arrive once its headers have.
+/// The longest a request's body may take to arrive once its headers have (the default of
+/// [`ApiState::body_read_timeout`]).
 pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What every handler shares.
@@ -49,11 +52,16 @@ pub struct ApiState {
     /// How long a watch client may leave a full buffer untaken before it is dropped
     /// ([`watch::SLOW_CLIENT_TIMEOUT`]; tests shorten it).
     pub watch_slow_client_timeout: std::time::Duration,
+    /// How long a request's body may take to arrive ([`BODY_READ_TIMEOUT`]; tests shorten it).
+    pub body_read_timeout: std::time::Duration,
     /// How often a watch stream revalidates its token and grant ([`watch::REVALIDATE_INTERVAL`];
     /// tests shorten it).
     pub watch_revalidate_interval: std::time::Duration,
     /// Every event [`watch::tail_outbox`] reads, for the watch streams.
     feed: tokio::sync::broadcast::Sender<Arc<watch::FeedItem>>,
+    /// Per-token and per-tenant request rates ([`rate_limit::RateLimits::default`]; set them with
+    /// [`ApiState::set_rate_limits`]).
+    pub rate_limiter: rate_limit::RateLimiter,
     /// Where `reservations.create` and `reservations.release` batch (capacity's batch.rs), over
     /// connections from `pool`.
     pub placer: better_compute_capacity::batch::BatchPlacer,
@@ -67,7 +75,17 @@ impl ApiState {
         metrics::install();
         let (feed, _) = tokio::sync::broadcast::channel(watch::FEED_CAPACITY);
         let placer = better_compute_capacity::batch::BatchPlacer::start(pool.clone(), Default::default());
-        Arc::new(ApiState { pool, iam, registry, methods, watch_slow_client_timeout: watch::SLOW_CLIENT_TIMEOUT, watch_revalidate_interval: watch::REVALIDATE_INTERVAL, feed, placer })
+        Arc::new(ApiState { pool, iam, registry, methods, watch_slow_client_timeout: watch::SLOW_CLIENT_TIMEOUT, watch_revalidate_interval: watch::REVALIDATE_INTERVAL, body_read_timeout: BODY_READ_TIMEOUT, rate_limiter: rate_limit::RateLimiter::new(Default::default()), feed, placer })
+    }
+
+    /// The state with other request rates (before it is shared).
+    pub fn set_rate_limits(&mut self, limits: rate_limit::RateLimits) {
+        self.rate_limiter = rate_limit::RateLimiter::new(limits);
+    }
+
+    /// The state with another rate limiter (tests give it their clock).
+    pub fn set_rate_limiter(&mut self, limiter: rate_limit::RateLimiter) {
+        self.rate_limiter = limiter;
     }
 
     /// Every method, by name.
@@ -101,14 +119,24 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(panic_response))
 }
 
-/// Serves the API on `listener` until `shutdown` resolves.
+/// Serves the API on `listener` until `shutdown` resolves, with the default connection limits.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: Arc<ApiState>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    serve_with(listener, state, http::HttpSettings::default(), shutdown).await
+}
+
+/// [`serve`] with other connection limits (tests shorten the timeouts).
+pub async fn serve_with(
+    listener: tokio::net::TcpListener,
+    state: Arc<ApiState>,
+    settings: http::HttpSettings,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
     tokio::spawn(watch::tail_outbox(Arc::downgrade(&state)));
-    axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await
+    http::serve(listener, router(state), settings, shutdown).await
 }
 
 fn new_request_id() -> String {
@@ -122,6 +150,9 @@ fn error_response(e: &Error, request_id: &str) -> Response {
     let mut r = (status, axum::Json(e)).into_response();
     if let Ok(v) = HeaderValue::from_str(request_id) {
         r.headers_mut().insert("x-request-id", v);
+    }
+    if let Some(s) = e.details.get("retryAfterS").and_then(|s| s.as_u64()) {
+        r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(s));
     }
     r
 }
@@ -182,6 +213,7 @@ async fn handle(state: &Arc<ApiState>, name: &str, headers: &HeaderMap, body: Bo
         .clone();
     let secret = bearer(headers)?;
     let principal = state.iam.authenticate(secret).await?;
+    state.rate_limiter.take(&principal.token_id, &principal.tenant_id)?;
     if let Some(ct) = headers.get(header::CONTENT_TYPE) && !is_json(ct) {
         return Err(Error::invalid_argument("Content-Type must be application/json"));
     }
@@ -190,9 +222,9 @@ async fn handle(state: &Arc<ApiState>, name: &str, headers: &HeaderMap, body: Bo
     if let Some(len) = headers.get(header::CONTENT_LENGTH) && len.to_str().ok().and_then(|l| l.parse::<u64>().ok()).is_none_or(|l| l > MAX_BODY_BYTES as u64) {
         return Err(too_large());
     }
-    let bytes = tokio::time::timeout(BODY_READ_TIMEOUT, axum::body::to_bytes(body, MAX_BODY_BYTES))
+    let bytes = tokio::time::timeout(state.body_read_timeout, axum::body::to_bytes(body, MAX_BODY_BYTES))
         .await
-        .map_err(|_| Error::invalid_argument(format!("the body did not arrive within {} s", BODY_READ_TIMEOUT.as_secs())))?
+        .map_err(|_| Error::invalid_argument(format!("the body did not arrive within {} ms", state.body_read_timeout.as_millis())))?
         .map_err(|_| too_large())?;
     let ctx = Ctx { state: state.clone(), principal };
     match tokio::time::timeout(REQUEST_TIMEOUT, (m.call)(ctx, &bytes)).await {

@@ -157,6 +157,7 @@ async fn open(
     query: Result<Query<WatchQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Sse<impl futures_util::Stream<Item = Result<SseEvent, Infallible>> + use<>>, Error> {
     let principal = state.iam.authenticate(crate::bearer(headers)?).await?;
+    state.rate_limiter.take(&principal.token_id, &principal.tenant_id)?;
     let Query(q) = query.map_err(|e| Error::invalid_argument(format!("bad watch query: {e}")))?;
     // Subscribed before the grant is read, so no change after it is missed.
     let mut changes = state.iam.subscribe_changes();

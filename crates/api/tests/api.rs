@@ -35,6 +35,11 @@ impl Api {
 
     /// [`Api::start`], with the server's state adjusted first.
     async fn start_with(adjust: impl FnOnce(&mut ApiState)) -> Api {
+        Api::start_serving(adjust, better_compute_api::http::HttpSettings::default()).await
+    }
+
+    /// [`Api::start_with`], with other connection limits.
+    async fn start_serving(adjust: impl FnOnce(&mut ApiState), http: better_compute_api::http::HttpSettings) -> Api {
         let h = Harness::new(vec![
             Arc::new(better_compute_nodes::NodesModule),
             Arc::new(better_compute_capacity::CapacityModule),
@@ -71,7 +76,7 @@ impl Api {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let (stop, mut stopped) = tokio::sync::watch::channel(false);
-        tokio::spawn(better_compute_api::serve(listener, state, async move {
+        tokio::spawn(better_compute_api::serve_with(listener, state, http, async move {
             let _ = stopped.wait_for(|s| *s).await;
         }));
         Api { h, url, http: reqwest::Client::new(), op: op.token.secret, pool, node, _stop: stop }
@@ -95,12 +100,18 @@ impl Api {
     /// One request written by hand on a fresh connection (headers only, no body): the status and
     /// the JSON body of the answer, so refusals of the HTTP layer itself can be checked.
     async fn http_exchange(&self, verb: &str, path: &str, headers: &str) -> (u16, Value) {
+        self.raw_exchange(format!("{verb} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{headers}\r\n").as_bytes()).await
+    }
+
+    /// Writes `request` on a fresh connection and reads the answer until the server closes it.
+    async fn raw_exchange(&self, request: &[u8]) -> (u16, Value) {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let mut c = tokio::net::TcpStream::connect(self.url.trim_start_matches("http://")).await.unwrap();
-        c.write_all(format!("{verb} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{headers}\r\n").as_bytes()).await.unwrap();
+        c.write_all(request).await.unwrap();
         let mut out = Vec::new();
         tokio::time::timeout(Duration::from_secs(30), c.read_to_end(&mut out)).await.expect("no answer").unwrap();
         let text = String::from_utf8_lossy(&out);
+        assert!(text.is_empty() || text.to_ascii_lowercase().contains("\r\nx-request-id: req_"), "an answer without a request id: {text}");
         let status = text.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
         let body = text.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
         // A body may come chunked: take the JSON object inside.
@@ -1023,4 +1034,99 @@ async fn a_watch_stream_ends_when_its_token_is_revoked_or_expires_and_narrows_wh
     assert!(ended, "{seen:?}");
     assert_eq!(seen.last().map(|(_, v)| v["code"].as_str()), Some(Some("UNAUTHENTICATED")));
     let _ = stop2.send(true);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_http_layer_answers_its_own_refusals_as_json_and_drops_slow_and_idle_connections() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let limits = better_compute_api::http::HttpSettings { header_read_timeout: Duration::from_millis(300) };
+    let api = Api::start_serving(|s| s.body_read_timeout = Duration::from_millis(300), limits).await;
+    // Refusals hyper makes before the router sees the request: JSON with a request id.
+    let many: String = (0..150).map(|i| format!("X-H{i}: v\r\n")).collect();
+    let huge = format!("X-Big: {}\r\n", "v".repeat(70_000));
+    let mut refused = 0;
+    for (what, request, want) in [
+        ("a bad request line", b"GARBAGE\r\n\r\n".to_vec(), 400),
+        ("a bad header", b"POST /v1/roles.list HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n".to_vec(), 400),
+        ("150 headers", format!("POST /v1/roles.list HTTP/1.1\r\nHost: x\r\n{many}\r\n").into_bytes(), 431),
+        ("a 70 kB header", format!("POST /v1/roles.list HTTP/1.1\r\nHost: x\r\n{huge}\r\n").into_bytes(), 431),
+    ] {
+        let (s, v) = api.raw_exchange(&request).await;
+        assert_eq!((s, v["code"].as_str()), (want, Some("INVALID_ARGUMENT")), "{what}: {v}");
+        assert!(!v["message"].as_str().unwrap_or_default().is_empty(), "{what}");
+        refused += 1;
+    }
+    assert_eq!(refused, 4);
+    let addr = api.url.trim_start_matches("http://").to_owned();
+    // The server closes within its 300 ms; the 60 s guard only turns "held forever" into a failure.
+    let closed = async |c: &mut tokio::net::TcpStream| {
+        let mut buf = Vec::new();
+        tokio::time::timeout(Duration::from_secs(60), c.read_to_end(&mut buf)).await.expect("the server held the connection").ok();
+        String::from_utf8_lossy(&buf).into_owned()
+    };
+    // A head that never finishes: the connection is dropped.
+    let mut slow = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    slow.write_all(b"POST /v1/roles.list HTTP/1.1\r\nHost: x\r\n").await.unwrap();
+    closed(&mut slow).await;
+    // A body that never finishes: refused as JSON.
+    let mut stalled = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let head = format!("POST /v1/roles.list HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\nContent-Length: 10\r\n\r\n{{", api.op);
+    stalled.write_all(head.as_bytes()).await.unwrap();
+    let mut answer = vec![0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(60), stalled.read(&mut answer)).await.expect("no answer to a stalled body").unwrap();
+    let text = String::from_utf8_lossy(&answer[..n]);
+    assert!(text.starts_with("HTTP/1.1 400") && text.contains("did not arrive"), "{text}");
+    // An idle keep-alive connection after an answer: closed too.
+    let mut idle = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let request = format!("POST /v1/roles.list HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{{}}", api.op);
+    idle.write_all(request.as_bytes()).await.unwrap();
+    let text = closed(&mut idle).await;
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_or_tenant_over_its_rate_is_answered_429_with_retry_after_and_others_are_not_held_back() {
+    use better_compute_api::rate_limit::{RateLimiter, RateLimits};
+    let now_ms = Arc::new(AtomicU64::new(0));
+    let clock = now_ms.clone();
+    let limits = RateLimits { per_token_per_s: 6, per_tenant_per_s: 10, burst_s: 1 };
+    let api = Api::start_with(move |s| s.set_rate_limiter(RateLimiter::with_clock(limits, Arc::new(move || clock.load(Ordering::SeqCst))))).await;
+    // Each setup step in a second of its own, so the setup itself stays under the rates.
+    let next_second = || now_ms.fetch_add(1000, Ordering::SeqCst);
+    let b = api.tenant("tenant-b").await;
+    next_second();
+    let c = api.tenant("tenant-c").await;
+    next_second();
+    let idn = api.ok(&c.token, "identities.create", json!({"name": "second", "kind": "service"})).await;
+    api.ok(&c.token, "roleBindings.create", json!({"identityId": idn["id"], "role": "member", "scopeKind": "tenant"})).await;
+    let second = api.ok(&c.token, "tokens.create", json!({"identityId": idn["id"]})).await["secret"].as_str().unwrap().to_owned();
+    next_second();
+    let get = async |token: &str| {
+        let r = api.http.post(format!("{}/v1/roles.list", api.url)).bearer_auth(token).header("content-type", "application/json").body("{}").send().await.unwrap();
+        let retry = r.headers().get("retry-after").map(|v| v.to_str().unwrap().to_owned());
+        (r.status().as_u16(), retry, r.json::<Value>().await.unwrap())
+    };
+    let mut served = 0;
+    for _ in 0..6 {
+        assert_eq!(get(&b.token).await.0, 200);
+        served += 1;
+    }
+    assert_eq!(served, 6);
+    let (s, retry, v) = get(&b.token).await;
+    assert_eq!((s, v["code"].as_str(), retry.as_deref()), (429, Some("RATE_LIMITED"), Some("1")), "{v}");
+    assert!(v["message"].as_str().unwrap().contains("token"), "{v}");
+    // A watch stream opened counts as a request too.
+    assert_eq!(api.http.get(format!("{}/v1/watch", api.url)).bearer_auth(&b.token).send().await.unwrap().status().as_u16(), 429);
+    // Another tenant is not held back; its two tokens share its 10 a second.
+    for token in [&c.token, &second] {
+        for _ in 0..5 {
+            assert_eq!(get(token).await.0, 200);
+        }
+    }
+    let (s, _, v) = get(&second).await;
+    assert_eq!((s, v["message"].as_str().is_some_and(|m| m.contains("tenant"))), (429, true), "{v}");
+    // A second later, both are served again.
+    next_second();
+    assert_eq!(get(&b.token).await.0, 200);
+    assert_eq!(get(&second).await.0, 200);
 }

@@ -106,7 +106,7 @@ pub async fn run(b: ApiBench) -> anyhow::Result<()> {
     let identity = admin.identity.id.clone();
     let pool = better_compute_db::pool::connect_pool(&conn, b.clients)?;
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    let (addr, _server) = crate::server::start_api(pool.clone(), registry, "127.0.0.1:0", stopped).await?;
+    let (addr, _server) = crate::server::start_api(pool.clone(), registry, "127.0.0.1:0", better_compute_api::rate_limit::RateLimits::NONE, stopped).await?;
     let url = format!("http://{addr}");
     let http = reqwest::Client::builder().pool_max_idle_per_host(b.clients).build()?;
     let token = admin.token.secret.clone();

@@ -36,7 +36,7 @@ pub async fn run(b: EventsBench) -> anyhow::Result<()> {
     let tenant = admin.tenant.id.clone();
     let pool = better_compute_db::pool::connect_pool(&conn, 32)?;
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    let (addr, _server) = crate::server::start_api(pool, registry, "127.0.0.1:0", stopped).await?;
+    let (addr, _server) = crate::server::start_api(pool, registry, "127.0.0.1:0", better_compute_api::rate_limit::RateLimits::NONE, stopped).await?;
     let url = format!("http://{addr}/v1/watch");
     let http = reqwest::Client::new();
     let received: Arc<Mutex<Vec<HashMap<String, Instant>>>> = Arc::new(Mutex::new(vec![HashMap::new(); b.subscribers]));

@@ -97,7 +97,7 @@ async fn serve(cluster: &Cluster, root: &Path, args: &DevArgs) -> anyhow::Result
     better_compute_runtime::work_queue::Poker::install(pool.clone());
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let stopped_status = stopped.clone();
-    let (api_addr, api) = crate::server::start_api(pool.clone(), registry.clone(), &args.api_listen, stopped.clone()).await?;
+    let (api_addr, api) = crate::server::start_api(pool.clone(), registry.clone(), &args.api_listen, Default::default(), stopped.clone()).await?;
     let (worker, handle) = crate::server::start_worker(pool.clone(), registry.clone(), Some(conn.clone()), stopped.clone()).await?;
     let ca_dir = better_compute_gateway::default_ca_dir(root);
     let hostnames = vec!["localhost".to_owned(), "127.0.0.1".to_owned()];

@@ -34,6 +34,13 @@ pub struct ServerArgs {
     /// DATABASE_URL goes through PgBouncer in transaction mode.
     #[arg(long, env = "BETTER_COMPUTE_DIRECT_URL")]
     direct_url: Option<String>,
+    /// Requests a second one token may make to this API process, on average (bursts of 2 s of
+    /// it); more are answered 429 RATE_LIMITED with Retry-After. 0: no limit.
+    #[arg(long, env = "BETTER_COMPUTE_API_RATE_PER_TOKEN", default_value_t = better_compute_api::rate_limit::RateLimits::default().per_token_per_s)]
+    api_rate_per_token: u32,
+    /// Requests a second all of one tenant's tokens may make to this API process together. 0: no limit.
+    #[arg(long, env = "BETTER_COMPUTE_API_RATE_PER_TENANT", default_value_t = better_compute_api::rate_limit::RateLimits::default().per_tenant_per_s)]
+    api_rate_per_tenant: u32,
 }
 
 const KNOWN_ROLES: &[&str] = &["api", "gateway", "worker"];
@@ -75,6 +82,7 @@ pub(crate) async fn start_api(
     pool: better_compute_db::Pool,
     registry: Arc<Registry>,
     listen: &str,
+    limits: better_compute_api::rate_limit::RateLimits,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) -> anyhow::Result<(std::net::SocketAddr, tokio::task::JoinHandle<std::io::Result<()>>)> {
     {
@@ -87,7 +95,8 @@ pub(crate) async fn start_api(
     iam.start_tail().await?;
     let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("the api role cannot listen on {listen}"))?;
     let addr = listener.local_addr()?;
-    let state = better_compute_api::ApiState::new(pool, iam.clone(), registry);
+    let mut state = better_compute_api::ApiState::new(pool, iam.clone(), registry);
+    Arc::get_mut(&mut state).expect("not shared yet").set_rate_limits(limits);
     let mut tail_stop = shutdown.clone();
     tokio::spawn(iam.run_tail(std::time::Duration::from_secs(1), async move {
         let _ = tail_stop.wait_for(|s| *s).await;
@@ -117,7 +126,14 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let mut api = None;
     if args.roles.iter().any(|r| r == "api") {
-        let (addr, handle) = start_api(pool.clone(), registry.clone(), &args.api_listen, stopped.clone()).await?;
+        let (addr, handle) = start_api(
+            pool.clone(),
+            registry.clone(),
+            &args.api_listen,
+            better_compute_api::rate_limit::RateLimits { per_token_per_s: args.api_rate_per_token, per_tenant_per_s: args.api_rate_per_tenant, ..Default::default() },
+            stopped.clone(),
+        )
+        .await?;
         println!("api listening on http://{addr}");
         api = Some(handle);
     }

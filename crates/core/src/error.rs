@@ -25,13 +25,15 @@ pub enum ErrorCode {
     FailedPrecondition,
     /// A dependency is temporarily unavailable; retry with back-off.
     Unavailable,
+    /// Too many requests from this token or tenant; retry after the `Retry-After` seconds.
+    RateLimited,
     /// A bug or an unexpected failure; the message says no more than is safe.
     Internal,
 }
 
 impl ErrorCode {
     /// Every code, in declaration order.
-    pub const ALL: [ErrorCode; 10] = [
+    pub const ALL: [ErrorCode; 11] = [
         ErrorCode::InvalidArgument,
         ErrorCode::Unauthenticated,
         ErrorCode::PermissionDenied,
@@ -41,6 +43,7 @@ impl ErrorCode {
         ErrorCode::Unsupported,
         ErrorCode::FailedPrecondition,
         ErrorCode::Unavailable,
+        ErrorCode::RateLimited,
         ErrorCode::Internal,
     ];
 
@@ -56,6 +59,7 @@ impl ErrorCode {
             ErrorCode::Unsupported => "UNSUPPORTED",
             ErrorCode::FailedPrecondition => "FAILED_PRECONDITION",
             ErrorCode::Unavailable => "UNAVAILABLE",
+            ErrorCode::RateLimited => "RATE_LIMITED",
             ErrorCode::Internal => "INTERNAL",
         }
     }
@@ -72,6 +76,7 @@ impl ErrorCode {
             ErrorCode::Unsupported => 422,
             ErrorCode::FailedPrecondition => 412,
             ErrorCode::Unavailable => 503,
+            ErrorCode::RateLimited => 429,
             ErrorCode::Internal => 500,
         }
     }

@@ -145,9 +145,19 @@ fn new_request_id() -> String {
     format!("req_{}", b.iter().map(|x| format!("{x:02x}")).collect::<String>())
 }
 
+/// The longest message an error answer carries: whatever a message repeats of the request, the
+/// answer stays small.
+pub const MAX_ERROR_MESSAGE_CHARS: usize = 1024;
+
 fn error_response(e: &Error, request_id: &str) -> Response {
     let status = StatusCode::from_u16(e.code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let mut r = (status, axum::Json(e)).into_response();
+    let mut r = match e.message.char_indices().nth(MAX_ERROR_MESSAGE_CHARS) {
+        None => (status, axum::Json(e)).into_response(),
+        Some((cut, _)) => {
+            let short = Error { message: format!("{}…", &e.message[..cut]), ..e.clone() };
+            (status, axum::Json(short)).into_response()
+        }
+    };
     if let Ok(v) = HeaderValue::from_str(request_id) {
         r.headers_mut().insert("x-request-id", v);
     }

@@ -1130,3 +1130,61 @@ async fn a_token_or_tenant_over_its_rate_is_answered_429_with_retry_after_and_ot
     assert_eq!(get(&b.token).await.0, 200);
     assert_eq!(get(&second).await.0, 200);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_stored_string_and_amount_is_bounded_and_no_sum_can_overflow() {
+    use better_compute_core::bounds;
+    let api = Api::start().await;
+    let b = api.tenant("tenant-b").await;
+    let wh = api.ok(&b.token, "webhooks.create", json!({"url": "https://example.com/b"})).await;
+    let tables = ["reservations", "commands", "webhooks", "outbox", "quota_usage"];
+    let mut before = Vec::new();
+    for t in tables {
+        before.push(api.count(t).await);
+    }
+    let res = |patch: Value| {
+        let mut r = reservation(&api.pool, Some("bounded"));
+        for (k, v) in patch.as_object().unwrap() {
+            r[k] = v.clone();
+        }
+        r
+    };
+    let long = |n: usize| "x".repeat(n);
+    let selector: serde_json::Map<String, Value> = (0..=bounds::SELECTOR_ENTRIES).map(|i| (format!("k{i}"), json!("v"))).collect();
+    let cases: Vec<(&str, &str, Value)> = vec![
+        ("memoryMib 2^63-1", "reservations.create", res(json!({"memoryMib": i64::MAX}))),
+        ("diskGib 2^63-1", "reservations.create", res(json!({"diskGib": i64::MAX}))),
+        ("memoryMib past its bound", "reservations.create", res(json!({"memoryMib": bounds::MAX_MEMORY_MIB + 1}))),
+        ("vcpu 2^31-1", "reservations.create", res(json!({"vcpu": i32::MAX}))),
+        ("a long gpu.model", "reservations.create", res(json!({"gpu": {"kind": "gpu", "model": long(bounds::VALUE_CHARS + 1), "count": 1}}))),
+        ("a selector of 33", "reservations.create", res(json!({"nodeSelector": selector}))),
+        ("a long selector value", "reservations.create", res(json!({"nodeSelector": {"k": long(bounds::VALUE_CHARS + 1)}}))),
+        ("a long toleration key", "reservations.create", res(json!({"tolerations": [{"key": long(bounds::KEY_CHARS + 1)}]}))),
+        ("quota 2^63-1", "quotas.set", json!({"tenantId": b.id, "resource": "memory_mib", "max": i64::MAX})),
+        ("a long taint value", "nodes.taint", json!({"nodeId": api.node, "key": "k", "value": long(bounds::VALUE_CHARS + 1)})),
+        ("a long quarantine reason", "devices.quarantine", json!({"deviceId": "GPU-0", "reason": long(bounds::NOTE_CHARS + 1)})),
+        ("a long webhook description", "webhooks.create", json!({"url": "https://example.com/c", "description": long(bounds::NOTE_CHARS + 1)})),
+        ("a long webhook description, updated", "webhooks.update", json!({"webhookId": wh["webhook"]["id"], "description": long(900 * 1024)})),
+        ("a large command payload", "commands.run", json!({"nodeId": api.node, "kind": "logs.collect", "payload": {"pad": long(bounds::COMMAND_PAYLOAD_BYTES)}, "idempotencyKey": "big"})),
+    ];
+    let mut refused = 0;
+    for (what, m, body) in &cases {
+        let token = if m.starts_with("reservations") || m.starts_with("webhooks") { &b.token } else { &api.op };
+        let (s, v) = api.call(token, m, body.clone()).await;
+        assert_eq!((s, v["code"].as_str()), (400, Some("INVALID_ARGUMENT")), "{what}: {v}");
+        assert!(v.to_string().len() < 2048, "{what}: the answer echoes the input: {} bytes", v.to_string().len());
+        refused += 1;
+    }
+    assert_eq!(refused, cases.len());
+    for (i, t) in tables.iter().enumerate() {
+        assert_eq!(api.count(t).await, before[i], "a refused value wrote to {t}");
+    }
+    // At their bounds, the amounts are taken, and the sums stay exact.
+    api.ok(&api.op, "quotas.set", json!({"tenantId": b.id, "resource": "memory_mib", "max": bounds::MAX_QUOTA})).await;
+    let (s, v) = api.call(&b.token, "reservations.create", res(json!({"memoryMib": bounds::MAX_MEMORY_MIB}))).await;
+    assert!(s == 200 || v["code"] == "FAILED_PRECONDITION", "{v}");
+    // An id of 10,000 characters is not repeated back.
+    let (s, v) = api.call(&b.token, "reservations.get", json!({"reservationId": long(10_000)})).await;
+    assert_eq!(s, 404);
+    assert!(v["message"].as_str().unwrap().chars().count() < 200, "{v}");
+}

@@ -29,9 +29,7 @@ pub async fn set(tx: &impl GenericClient, tenant_id: &str, resource: &str, max: 
     if !RESOURCES.contains(&resource) {
         return Err(Error::invalid_argument(format!("resource must be one of {}", RESOURCES.join(", "))).into());
     }
-    if max < 0 {
-        return Err(Error::invalid_argument("max must not be negative").into());
-    }
+    better_compute_core::bounds::check_amount("max", max, better_compute_core::bounds::MAX_QUOTA)?;
     let row = tx
         .query_opt(
             "INSERT INTO quota_usage AS q (tenant_id, resource, max) VALUES ($1, $2, $3)

@@ -9,6 +9,7 @@
 
 use std::time::Duration;
 
+use better_compute_core::bounds;
 use better_compute_core::id::{EventId, ReservationId};
 use better_compute_core::state::{ReservationState, State, RESERVATION_STATE_TABLE};
 use better_compute_core::Error;
@@ -166,6 +167,7 @@ fn demand(req: &CreateReservation) -> Result<Demand, Error> {
     if g.model.trim().is_empty() {
         return Err(Error::invalid_argument("gpu.model is required"));
     }
+    bounds::check_text("gpu.model", &g.model, bounds::VALUE_CHARS)?;
     let profile = match (g.kind.as_str(), &g.profile) {
         ("mig", Some(p)) if better_compute_nodes::layout::parse_mig_profile(p).is_some() => p.clone(),
         ("mig", _) => return Err(Error::invalid_argument("gpu.profile must be a MIG profile like \"3g.40gb\" for kind mig")),
@@ -175,17 +177,28 @@ fn demand(req: &CreateReservation) -> Result<Demand, Error> {
     if !(0..=MAX_GPUS).contains(&g.count) {
         return Err(Error::invalid_argument(format!("gpu.count must be between 0 and {MAX_GPUS}")));
     }
-    if req.vcpu < 0 || req.memory_mib < 0 || req.disk_gib < 0 {
-        return Err(Error::invalid_argument("vcpu, memoryMib and diskGib must not be negative"));
-    }
+    bounds::check_amount("vcpu", req.vcpu, bounds::MAX_VCPU)?;
+    bounds::check_amount("memoryMib", req.memory_mib, bounds::MAX_MEMORY_MIB)?;
+    bounds::check_amount("diskGib", req.disk_gib, bounds::MAX_DISK_GIB)?;
     if g.count == 0 && req.vcpu == 0 && req.memory_mib == 0 && req.disk_gib == 0 {
         return Err(Error::invalid_argument("a reservation must ask for something: gpu.count, vcpu, memoryMib or diskGib"));
     }
-    if let Some((k, _)) = req.node_selector.iter().find(|(_, v)| !v.is_string()) {
-        return Err(Error::invalid_argument(format!("nodeSelector.{k} must be a string")));
+    if req.node_selector.len() > bounds::SELECTOR_ENTRIES || req.tolerations.len() > bounds::SELECTOR_ENTRIES {
+        return Err(Error::invalid_argument(format!("nodeSelector and tolerations take at most {} entries each", bounds::SELECTOR_ENTRIES)));
     }
-    if req.tolerations.iter().any(|t| t.key.is_empty()) {
-        return Err(Error::invalid_argument("every toleration needs a key"));
+    for (k, v) in &req.node_selector {
+        bounds::check_text("a nodeSelector key", k, bounds::KEY_CHARS)?;
+        let Some(v) = v.as_str() else {
+            return Err(Error::invalid_argument(format!("nodeSelector.{} must be a string", bounds::echo(k))));
+        };
+        bounds::check_text("a nodeSelector value", v, bounds::VALUE_CHARS)?;
+    }
+    for t in &req.tolerations {
+        if t.key.is_empty() {
+            return Err(Error::invalid_argument("every toleration needs a key"));
+        }
+        bounds::check_text("a toleration's key", &t.key, bounds::KEY_CHARS)?;
+        bounds::check_text("a toleration's value", t.value.as_deref().unwrap_or(""), bounds::VALUE_CHARS)?;
     }
     // Timestamps are checked for shape here: PostgreSQL would also take words like `now`, which
     // read the real clock behind compute_now()'s back. The range itself is computed in the

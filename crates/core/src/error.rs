@@ -121,7 +121,7 @@ impl Error {
 
     /// `NOT_FOUND` for a resource of a kind with an id.
     pub fn not_found(kind: &str, id: &str) -> Self {
-        Self::new(ErrorCode::NotFound, format!("{kind} {id} not found"))
+        Self::new(ErrorCode::NotFound, format!("{kind} {} not found", crate::bounds::echo(id)))
     }
 
     /// `CONFLICT`.

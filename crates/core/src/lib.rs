@@ -2,6 +2,7 @@
 //! state tables that declare each aggregate's legal transitions, and time constants. This crate does
 //! no I/O, so every other crate can depend on it.
 
+pub mod bounds;
 pub mod error;
 pub mod id;
 pub mod lease;

@@ -117,10 +117,7 @@ fn check_types(types: &[String], catalogue: &[&str]) -> Result<(), Error> {
 }
 
 fn check_description(d: &str) -> Result<(), Error> {
-    if d.len() > 500 {
-        return Err(Error::invalid_argument("description: at most 500 characters"));
-    }
-    Ok(())
+    better_compute_core::bounds::check_text("description", d, better_compute_core::bounds::NOTE_CHARS)
 }
 
 /// One webhook of the tenant.

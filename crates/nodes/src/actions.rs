@@ -55,8 +55,8 @@ pub async fn uncordon(tx: &impl GenericClient, node_id: &str) -> Result<bool, Db
 }
 
 fn valid_taint_key(key: &str) -> Result<(), Error> {
-    if key.is_empty() || key.len() > 253 || key.chars().any(|c| c.is_whitespace()) {
-        return Err(Error::invalid_argument("taint key must be 1 to 253 characters without spaces"));
+    if key.is_empty() || key.chars().count() > better_compute_core::bounds::KEY_CHARS || key.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(Error::invalid_argument(format!("taint key must be 1 to {} characters without spaces", better_compute_core::bounds::KEY_CHARS)));
     }
     Ok(())
 }
@@ -65,6 +65,7 @@ fn valid_taint_key(key: &str) -> Result<(), Error> {
 /// tolerate it are placed there.
 pub async fn taint(tx: &impl GenericClient, node_id: &str, key: &str, value: &str) -> Result<(), DbError> {
     valid_taint_key(key)?;
+    better_compute_core::bounds::check_text("value", value, better_compute_core::bounds::VALUE_CHARS)?;
     let n = tx
         .execute(
             "UPDATE nodes SET taints = (SELECT coalesce(jsonb_agg(t), '[]') FROM jsonb_array_elements(taints) t
@@ -138,6 +139,7 @@ pub async fn quarantine(tx: &impl GenericClient, uuid: &str, reason: &str) -> Re
     if reason.trim().is_empty() {
         return Err(Error::invalid_argument("a quarantine needs a reason").into());
     }
+    better_compute_core::bounds::check_text("reason", reason, better_compute_core::bounds::NOTE_CHARS)?;
     let node = update_gpu(tx, uuid, "quarantined = true, quarantine_reason = $2", &[&uuid, &reason]).await?;
     outbox::emit(tx, NewEvent { event_type: "device.quarantined", tenant_id: None, subject: uuid, data: serde_json::json!({"nodeId": node, "reason": reason}) }).await?;
     Ok(())

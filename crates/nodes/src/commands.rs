@@ -447,7 +447,7 @@ pub async fn run(
         _ => {
             return Err(Error::new(
                 ErrorCode::Unsupported,
-                format!("commands.run does not run {:?}; it runs diag.nvml, inventory.refresh, logs.collect and node.reboot", req.kind),
+                format!("commands.run does not run {:?}; it runs diag.nvml, inventory.refresh, logs.collect and node.reboot", better_compute_core::bounds::echo(&req.kind)),
             ))
         }
     }
@@ -456,6 +456,9 @@ pub async fn run(
         Error::invalid_argument("idempotencyKey is required on commands.run: a retry with the same key returns the same command")
     })?;
     idempotency::validate_key(key)?;
+    if serde_json::to_vec(&req.payload).map_or(true, |p| p.len() > better_compute_core::bounds::COMMAND_PAYLOAD_BYTES) {
+        return Err(Error::invalid_argument(format!("payload must be at most {} bytes of JSON", better_compute_core::bounds::COMMAND_PAYLOAD_BYTES)));
+    }
     let not_after_s = req.not_after_seconds.unwrap_or(600);
     if !(10..=3600).contains(&not_after_s) {
         return Err(Error::invalid_argument("notAfterSeconds must be between 10 and 3600"));

@@ -301,6 +301,11 @@ async fn watch(client: &Client, fields: &[String], output: &str) -> anyhow::Resu
             while let Some(end) = buf.find("\n\n") {
                 let block: String = buf.drain(..end + 2).collect();
                 let field = |name: &str| block.lines().find_map(|l| l.strip_prefix(name)).map(|v| v.trim_start().to_owned());
+                if field("event:").as_deref() == Some("end") {
+                    // The server ended the stream: the token was revoked or expired, or the bindings went.
+                    let v: Value = serde_json::from_str(&field("data:").unwrap_or_default()).unwrap_or(Value::Null);
+                    bail!("{}: {}", v["code"].as_str().unwrap_or("ERROR"), v["message"].as_str().unwrap_or("the server ended the stream"));
+                }
                 let (Some(id), Some(data)) = (field("id:"), field("data:")) else { continue };
                 last = Some(id.clone());
                 if output == "json" {

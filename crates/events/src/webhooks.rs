@@ -111,7 +111,7 @@ fn check_types(types: &[String], catalogue: &[&str]) -> Result<(), Error> {
         return Err(Error::invalid_argument("eventTypes: at most 100"));
     }
     if let Some(t) = types.iter().find(|t| !catalogue.contains(&t.as_str()) && t.as_str() != TEST_EVENT) {
-        return Err(Error::invalid_argument(format!("eventTypes: {t:?} is not an event type; see docs/events.md")));
+        return Err(Error::invalid_argument(format!("eventTypes: {:?} is not an event type; see docs/events.md", better_compute_core::bounds::echo(t))));
     }
     Ok(())
 }

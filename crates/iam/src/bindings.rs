@@ -207,6 +207,11 @@ pub struct NewBinding<'a> {
     pub scope_id: &'a str,
 }
 
+/// The first column of every row a query answers, as text.
+async fn texts(tx: &impl GenericClient, sql: &str, params: &[&(dyn tokio_postgres::types::ToSql + Sync)]) -> Result<Vec<String>, Error> {
+    Ok(tx.query(sql, params).await.map_err(DbError::from)?.iter().map(|r| r.get(0)).collect())
+}
+
 /// Locks an identity of the tenant for an action by `actor_id` on it (issuing or revoking its
 /// tokens, binding or unbinding its roles), and checks the rule that keeps anyone from acting as
 /// someone mightier: the actor must hold every permission the identity holds, at every scope it
@@ -225,9 +230,9 @@ pub async fn lock_identity_for(tx: &impl GenericClient, tenant_id: &str, actor_i
     if actor_id == identity_id {
         return Ok(());
     }
-    let missing: Vec<String> = tx
-        .query(
-            "SELECT t.permission || ' at ' || t.scope_kind || CASE WHEN t.scope_kind = 'fleet' THEN '' ELSE ' ' || t.scope_id END
+    let missing = texts(
+        tx,
+        "SELECT t.permission || ' at ' || t.scope_kind || CASE WHEN t.scope_kind = 'fleet' THEN '' ELSE ' ' || t.scope_id END
                FROM authz_projection t
               WHERE t.identity_id = $2
                 AND NOT EXISTS (
@@ -237,13 +242,9 @@ pub async fn lock_identity_for(tx: &impl GenericClient, tenant_id: &str, actor_i
                               ELSE (c.scope_kind, c.scope_id) IN (SELECT s.scope_kind, s.scope_id FROM inventory_scope_path(t.scope_kind, t.scope_id) s) END)
               ORDER BY t.permission, t.scope_kind, t.scope_id
               LIMIT 6",
-            &[&actor_id, &identity_id],
-        )
-        .await
-        .map_err(DbError::from)?
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+        &[&actor_id, &identity_id],
+    )
+    .await?;
     if !missing.is_empty() {
         let shown = missing.iter().take(5).cloned().collect::<Vec<_>>().join(", ");
         let more = if missing.len() > 5 { ", …" } else { "" };
@@ -286,10 +287,10 @@ pub async fn bind(tx: &impl GenericClient, b: &NewBinding<'_>) -> Result<RoleBin
             return Err(Error::not_found(b.scope_kind, scope_id));
         }
     }
-    let missing: Vec<String> = tx
-        .query(
-            &format!(
-                "SELECT p FROM unnest($4::text[]) p
+    let missing = texts(
+        tx,
+        &format!(
+            "SELECT p FROM unnest($4::text[]) p
                   WHERE NOT EXISTS (
                     SELECT 1 FROM authz_projection a
                      WHERE a.identity_id = $5 AND a.permission = p
@@ -297,16 +298,12 @@ pub async fn bind(tx: &impl GenericClient, b: &NewBinding<'_>) -> Result<RoleBin
                                 WHEN {tenant_perm} THEN (a.scope_kind, a.scope_id) = ('tenant', $3::text)
                                 ELSE (a.scope_kind, a.scope_id) = ('fleet', '') END)
                   ORDER BY p",
-                applies = applies_sql("p", "$1::text"),
-                tenant_perm = applies_sql("p", "'tenant'"),
-            ),
-            &[&b.scope_kind, &scope_id, &b.tenant_id, &perms, &b.granter_id],
-        )
-        .await
-        .map_err(DbError::from)?
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+            applies = applies_sql("p", "$1::text"),
+            tenant_perm = applies_sql("p", "'tenant'"),
+        ),
+        &[&b.scope_kind, &scope_id, &b.tenant_id, &perms, &b.granter_id],
+    )
+    .await?;
     if !missing.is_empty() {
         return Err(Error::new(
             ErrorCode::PermissionDenied,

@@ -268,13 +268,15 @@ mod tests {
     use super::*;
     use tower::ServiceExt;
 
+    /// A handler with a bug: it panics on what it was given.
+    fn broken_handler(found: Option<&'static str>) -> &'static str {
+        found.expect("a bug, not a secret")
+    }
+
     #[tokio::test]
     async fn a_panicking_handler_is_answered_500_as_json_with_the_request_id_its_log_line_names() {
         let app: Router = Router::new()
-            .route("/p", get(|| async {
-                let bug: Option<&str> = None;
-                bug.expect("a bug, not a secret")
-            }))
+            .route("/p", get(|| async { broken_handler(None) }))
             .layer(tower_http::catch_panic::CatchPanicLayer::custom(panic_response));
         let r = app.oneshot(axum::http::Request::get("/p").body(Body::empty()).unwrap()).await.unwrap();
         assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);

@@ -123,6 +123,11 @@ impl Daemon {
         Ok(d)
     }
 
+    /// The deliberately broken daemon of the checker's test: only a test build can be one.
+    fn reruns_journaled_commands(&self) -> bool {
+        cfg!(feature = "fault-injection") && self.cfg.broken_rerun_journaled_commands
+    }
+
     async fn join(cfg: &DaemonConfig, backend: &dyn GpuBackend) -> Result<Identity, DaemonError> {
         let token = cfg.join_token.clone().ok_or_else(|| {
             DaemonError::Config(format!("{} holds no node identity: pass --join-token (and --ca-cert) to join", cfg.state_dir.display()))
@@ -408,7 +413,7 @@ impl Daemon {
                     }
                     return;
                 }
-                None if !entry.retry_safe && !(cfg!(feature = "fault-injection") && self.cfg.broken_rerun_journaled_commands) => {
+                None if !entry.retry_safe && !self.reruns_journaled_commands() => {
                     let o = Outcome {
                         succeeded: false,
                         reason: "interrupted: the daemon restarted while it ran; it is not retry-safe, so it is not run again".into(),

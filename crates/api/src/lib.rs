@@ -60,7 +60,7 @@ pub struct ApiState {
     /// Every event [`watch::tail_outbox`] reads, for the watch streams.
     feed: tokio::sync::broadcast::Sender<Arc<watch::FeedItem>>,
     /// Per-token and per-tenant request rates ([`rate_limit::RateLimits::default`]; set them with
-    /// [`ApiState::set_rate_limits`]).
+    /// [`ApiState::set_rate_limiter`]).
     pub rate_limiter: rate_limit::RateLimiter,
     /// Where `reservations.create` and `reservations.release` batch (capacity's batch.rs), over
     /// connections from `pool`.
@@ -78,12 +78,8 @@ impl ApiState {
         Arc::new(ApiState { pool, iam, registry, methods, watch_slow_client_timeout: watch::SLOW_CLIENT_TIMEOUT, watch_revalidate_interval: watch::REVALIDATE_INTERVAL, body_read_timeout: BODY_READ_TIMEOUT, rate_limiter: rate_limit::RateLimiter::new(Default::default()), feed, placer })
     }
 
-    /// The state with other request rates (before it is shared).
-    pub fn set_rate_limits(&mut self, limits: rate_limit::RateLimits) {
-        self.rate_limiter = rate_limit::RateLimiter::new(limits);
-    }
-
-    /// The state with another rate limiter (tests give it their clock).
+    /// The state with another rate limiter: other rates, or (tests) another clock. Before the
+    /// state is shared.
     pub fn set_rate_limiter(&mut self, limiter: rate_limit::RateLimiter) {
         self.rate_limiter = limiter;
     }

@@ -240,7 +240,8 @@ async fn open(
                 match grant(&state, &principal).await {
                     Ok((include_fleet, left)) => {
                         filter.include_fleet = include_fleet;
-                        expiry.as_mut().reset(tokio::time::Instant::now() + left);
+                        // Not sooner than 100 ms: a token a hair from its expiry is not asked about in a spin.
+                        expiry.as_mut().reset(tokio::time::Instant::now() + left.max(Duration::from_millis(100)));
                     }
                     Err(e) if e.code == ErrorCode::Unavailable || e.code == ErrorCode::Internal => {
                         // The database did not answer: the next check decides.

@@ -96,7 +96,7 @@ pub(crate) async fn start_api(
     let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("the api role cannot listen on {listen}"))?;
     let addr = listener.local_addr()?;
     let mut state = better_compute_api::ApiState::new(pool, iam.clone(), registry);
-    Arc::get_mut(&mut state).expect("not shared yet").set_rate_limits(limits);
+    Arc::get_mut(&mut state).expect("not shared yet").set_rate_limiter(better_compute_api::rate_limit::RateLimiter::new(limits));
     let mut tail_stop = shutdown.clone();
     tokio::spawn(iam.run_tail(std::time::Duration::from_secs(1), async move {
         let _ = tail_stop.wait_for(|s| *s).await;

@@ -39,10 +39,18 @@ RETURNING compute_now()";
 /// also names the lease and epoch (`<name>@<epoch>`) in the transaction-local setting
 /// `better_compute.fence`, so an audit (the simulator's stale-epoch check) can tell which epoch
 /// each write was made under.
+///
+/// It also bounds every later statement of the transaction by [`FENCED_STATEMENT_TIMEOUT`]
+/// (`SET LOCAL statement_timeout`), so no job's statement runs past its lease: a statement that
+/// would is cancelled, the transaction fails, and the job runs again in smaller steps.
 const FENCE_SQL: &str = "
-SELECT set_config('better_compute.fence', name || '@' || epoch, true) FROM leases
+SELECT set_config('better_compute.fence', name || '@' || epoch, true), set_config('statement_timeout', $4::text, true) FROM leases
  WHERE name = $1 AND owner = $2 AND epoch = $3 AND expires_at > compute_now()
    FOR SHARE";
+
+/// The longest any statement of a fenced transaction may run: well inside a worker lease's 15 s
+/// (renewed every 5 s), so a job cannot outlive the lease it runs under by one statement.
+pub const FENCED_STATEMENT_TIMEOUT: &str = "10s";
 
 /// A deliberately broken fence, for the test that proves the simulator's stale-epoch check can
 /// fail: it names the lease and epoch but checks and locks nothing.
@@ -135,10 +143,10 @@ impl Lease {
         let fenced = if BROKEN_FENCE.load(std::sync::atomic::Ordering::Relaxed) {
             tx.query_opt(BROKEN_FENCE_SQL, &[&self.name, &self.epoch]).await?
         } else {
-            tx.query_opt(FENCE_SQL, &[&self.name, &self.owner, &self.epoch]).await?
+            tx.query_opt(FENCE_SQL, &[&self.name, &self.owner, &self.epoch, &FENCED_STATEMENT_TIMEOUT]).await?
         };
         #[cfg(not(feature = "fault-injection"))]
-        let fenced = tx.query_opt(FENCE_SQL, &[&self.name, &self.owner, &self.epoch]).await?;
+        let fenced = tx.query_opt(FENCE_SQL, &[&self.name, &self.owner, &self.epoch, &FENCED_STATEMENT_TIMEOUT]).await?;
         if fenced.is_none() {
             tx.rollback().await?;
             return Err(DbError::LeaseLost { name: self.name.clone(), epoch: self.epoch });
@@ -147,39 +155,71 @@ impl Lease {
     }
 }
 
-/// Tries to take or extend many leases for `owner` in one statement; returns those now held.
+/// What [`acquire_many`] found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Acquired {
+    /// Leases taken or extended: held until their new expiry.
+    pub held: Vec<Lease>,
+    /// Names this owner holds (the epoch with each) that a fenced transaction holds still, so they
+    /// were neither extended nor touched: the owner keeps acting under them, and the next call
+    /// extends them once that transaction has ended.
+    pub busy: Vec<(String, i64)>,
+}
+
+/// Takes or extends many leases for `owner` in one statement, without ever waiting on a lease row
+/// a fenced transaction holds: a long job under one lease (this owner's, or a zombie's under an
+/// expired one) cannot hold up the renewal of every other lease. A free or expired row a fenced
+/// transaction holds is left for a later call, as [`ACQUIRE_SQL`] would wait for it; our own such
+/// rows come back in [`Acquired::busy`].
 pub async fn acquire_many(
     db: &impl GenericClient,
     names: &[String],
     owner: &str,
     ttl: Duration,
     clock: Option<&Clock>,
-) -> Result<Vec<Lease>, DbError> {
+) -> Result<Acquired, DbError> {
     if names.is_empty() {
-        return Ok(Vec::new());
+        return Ok(Acquired::default());
     }
     let sent = Instant::now();
     let rows = db
         .query(
-            "INSERT INTO leases AS l (name, owner, epoch, expires_at)
-             SELECT n, $2, 1, compute_now() + make_interval(secs => $3) FROM unnest($1::text[]) AS n
-             ON CONFLICT (name) DO UPDATE
-                SET owner = EXCLUDED.owner,
-                    epoch = CASE WHEN l.owner = EXCLUDED.owner THEN l.epoch ELSE l.epoch + 1 END,
-                    expires_at = EXCLUDED.expires_at
-              -- as ACQUIRE_SQL: our own, or expired; waits for fenced transactions' FOR SHARE
-              WHERE l.owner = EXCLUDED.owner OR l.expires_at < compute_now()
-             RETURNING name, epoch, compute_now()",
+            "WITH lockable AS (
+               SELECT l.name FROM leases l
+                WHERE l.name = ANY($1) AND (l.owner = $2 OR l.expires_at < compute_now())
+                  FOR NO KEY UPDATE SKIP LOCKED
+             ), taken AS (
+               UPDATE leases l
+                  SET owner = $2,
+                      epoch = CASE WHEN l.owner = $2 THEN l.epoch ELSE l.epoch + 1 END,
+                      expires_at = compute_now() + make_interval(secs => $3)
+                 FROM lockable k WHERE l.name = k.name
+               RETURNING l.name, l.epoch
+             ), fresh AS (
+               INSERT INTO leases (name, owner, epoch, expires_at)
+               SELECT n, $2, 1, compute_now() + make_interval(secs => $3) FROM unnest($1::text[]) AS n
+               ON CONFLICT (name) DO NOTHING
+               RETURNING name, epoch
+             )
+             SELECT name, epoch, true, compute_now() FROM taken
+             UNION ALL SELECT name, epoch, true, compute_now() FROM fresh
+             UNION ALL SELECT l.name, l.epoch, false, compute_now() FROM leases l
+                        WHERE l.name = ANY($1) AND l.owner = $2 AND l.name NOT IN (SELECT name FROM lockable)",
             &[&names, &owner, &ttl.as_secs_f64()],
         )
         .await?;
     if let Some(r) = rows.first() {
-        observe(clock, r.get(2), sent);
+        observe(clock, r.get(3), sent);
     }
-    Ok(rows
-        .iter()
-        .map(|r| Lease { name: r.get(0), owner: owner.to_owned(), epoch: r.get(1), ttl })
-        .collect())
+    let mut out = Acquired::default();
+    for r in &rows {
+        if r.get(2) {
+            out.held.push(Lease { name: r.get(0), owner: owner.to_owned(), epoch: r.get(1), ttl });
+        } else {
+            out.busy.push((r.get(0), r.get(1)));
+        }
+    }
+    Ok(out)
 }
 
 /// Renews many leases in one statement; returns the names still held (same owner and epoch).
@@ -204,15 +244,19 @@ pub async fn renew_many(db: &impl GenericClient, leases: &[Lease], clock: Option
     Ok(rows.iter().map(|r| r.get(0)).collect())
 }
 
-/// Releases many leases at once.
+/// Releases many leases at once, skipping those a fenced transaction holds.
 pub async fn release_many(db: &impl GenericClient, leases: &[Lease]) -> Result<(), DbError> {
     let Some(first) = leases.first() else { return Ok(()) };
     let names: Vec<&str> = leases.iter().map(|l| l.name.as_str()).collect();
     let epochs: Vec<i64> = leases.iter().map(|l| l.epoch).collect();
+    // A lease a fenced transaction still holds is skipped rather than waited for: it lapses on
+    // its own (or the next release takes it), and nothing else waits behind it.
     db.execute(
         "UPDATE leases l SET expires_at = '-infinity'
-           FROM unnest($1::text[], $2::int8[]) AS h(name, epoch)
-          WHERE l.name = h.name AND l.epoch = h.epoch AND l.owner = $3",
+           FROM (SELECT l2.name FROM leases l2 JOIN unnest($1::text[], $2::int8[]) AS h(name, epoch)
+                                  ON l2.name = h.name AND l2.epoch = h.epoch
+                  WHERE l2.owner = $3 FOR NO KEY UPDATE OF l2 SKIP LOCKED) k
+          WHERE l.name = k.name",
         &[&names, &epochs, &first.owner],
     )
     .await?;

@@ -469,3 +469,49 @@ fn a_second_holder_of_a_data_folder_is_refused_with_the_first_ones_pid() {
     FileLock::try_acquire(&path, &dir).unwrap();
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewing_many_leases_never_waits_on_a_fenced_transaction_and_a_busy_lease_stays_its_holders() {
+    use better_compute_db::lease::acquire_many;
+    let db = TestDb::core().await;
+    let mut a_conn = db.connect().await;
+    let maint = db.connect().await;
+    let names = vec!["singleton:prune".to_owned(), "shard:7".to_owned()];
+    let first = acquire_many(&maint, &names, "worker-a", WORKER_LEASE_TTL, None).await.unwrap();
+    assert_eq!((first.held.len(), first.busy.len()), (2, 0));
+    let prune = first.held.iter().find(|l| l.name() == "singleton:prune").unwrap().clone();
+    // A long job of A's holds its fence on one lease…
+    let long_job = prune.begin_fenced(&mut a_conn).await.unwrap();
+    // …and A's renewal neither waits for it nor lets the other lease lapse.
+    let again = within("A's renewal past its own long job", acquire_many(&maint, &names, "worker-a", WORKER_LEASE_TTL, None)).await.unwrap();
+    assert_eq!(again.held.iter().map(|l| l.name()).collect::<Vec<_>>(), vec!["shard:7"]);
+    assert_eq!(again.busy, vec![("singleton:prune".to_owned(), 1)]);
+    // Both expire; B takes what is free at once and leaves the row A's job holds.
+    db.advance(Duration::from_secs(16)).await;
+    let b = db.connect().await;
+    let taken = within("B's takeover past A's long job", acquire_many(&b, &names, "worker-b", WORKER_LEASE_TTL, None)).await.unwrap();
+    assert_eq!(taken.held.iter().map(|l| (l.name(), l.epoch())).collect::<Vec<_>>(), vec![("shard:7", 2)]);
+    assert!(taken.busy.is_empty());
+    // A's job still commits under the epoch it fenced; then B takes that lease too, and A is fenced.
+    long_job.execute("SELECT 1", &[]).await.unwrap();
+    long_job.commit().await.unwrap();
+    let later = acquire_many(&b, &names, "worker-b", WORKER_LEASE_TTL, None).await.unwrap();
+    let mut got: Vec<(String, i64)> = later.held.iter().map(|l| (l.name().to_owned(), l.epoch())).collect();
+    got.sort();
+    assert_eq!(got, vec![("shard:7".to_owned(), 2), ("singleton:prune".to_owned(), 2)]);
+    assert!(matches!(prune.begin_fenced(&mut a_conn).await, Err(DbError::LeaseLost { .. })));
+}
+
+#[tokio::test]
+async fn a_fenced_transactions_statements_are_bounded_by_the_statement_timeout() {
+    let db = TestDb::core().await;
+    let mut c = db.connect().await;
+    let lease = Lease::acquire(&c, "singleton:slow", "worker-a", WORKER_LEASE_TTL, None).await.unwrap().unwrap();
+    let tx = lease.begin_fenced(&mut c).await.unwrap();
+    let timeout: String = tx.query_one("SHOW statement_timeout", &[]).await.unwrap().get(0);
+    assert_eq!(timeout, better_compute_db::lease::FENCED_STATEMENT_TIMEOUT);
+    tx.rollback().await.unwrap();
+    // Transaction-local: the connection's own setting is back after it.
+    let after: String = c.query_one("SHOW statement_timeout", &[]).await.unwrap().get(0);
+    assert_eq!(after, "0");
+}

@@ -387,3 +387,46 @@ async fn after_a_rotation_both_secrets_sign_until_the_grace_ends() {
     assert!(verify(&rotated.secret, &after.0, &after.1, ts(&after.0)));
     assert!(!verify(&wh.secret, &after.0, &after.1, ts(&after.0)), "the old secret still signs after its grace");
 }
+
+/// Every plan node of an `EXPLAIN (FORMAT JSON)`, depth first.
+fn plan_nodes(node: &serde_json::Value, out: &mut Vec<serde_json::Value>) {
+    out.push(node.clone());
+    for child in node["Plans"].as_array().into_iter().flatten() {
+        plan_nodes(child, out);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pruning_a_million_row_outbox_walks_it_once_instead_of_once_per_row() {
+    let h = harness(DEV).await;
+    let c = h.db().connect().await;
+    // 10 rows past the retention, then a million recent ones; every sink has read them all.
+    c.batch_execute(
+        "INSERT INTO outbox (id, type, subject, data, time)
+           SELECT 'evt_old' || g, 'test.event', 's', '{}', compute_now() - interval '30 days' FROM generate_series(1, 10) g;
+         INSERT INTO outbox (id, type, subject, data)
+           SELECT 'evt_new' || g, 'test.event', 's', '{}' FROM generate_series(1, 1000000) g;
+         INSERT INTO outbox_cursors (sink, txid, seq)
+           SELECT 'test-sink', txid, seq FROM outbox ORDER BY txid DESC, seq DESC LIMIT 1;
+         ANALYZE outbox;",
+    )
+    .await
+    .unwrap();
+    let cursor = c.query_one(better_compute_events::prune::SLOWEST_CURSOR_SQL, &[]).await.unwrap();
+    let (txid, seq): (String, i64) = (cursor.get(0), cursor.get(1));
+    let explain = format!("EXPLAIN (FORMAT JSON) {}", better_compute_events::prune::PRUNE_EVENTS_SQL);
+    let plan: serde_json::Value = c.query_one(&explain, &[&(7.0 * 86400.0), &10_000i64, &txid, &seq]).await.unwrap().get(0);
+    let mut nodes = Vec::new();
+    plan_nodes(&plan[0]["Plan"], &mut nodes);
+    assert!(nodes.len() >= 3, "{plan}");
+    assert!(
+        nodes.iter().all(|n| n["Parent Relationship"] != "SubPlan"),
+        "the prune rescans the outbox per row (a correlated SubPlan): {plan}"
+    );
+    // And it runs: the ten old rows go, the million stay.
+    let retention = Duration::from_secs(7 * 86400);
+    let (events, _) = tokio::time::timeout(Duration::from_secs(120), better_compute_events::prune::prune(&c, retention)).await.expect("prune hung").unwrap();
+    assert_eq!(events, 10);
+    let left: i64 = c.query_one("SELECT count(*) FROM outbox", &[]).await.unwrap().get(0);
+    assert_eq!(left, 1_000_000);
+}

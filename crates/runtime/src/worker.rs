@@ -194,10 +194,13 @@ impl Worker {
         let (keep, give_up): (Vec<Lease>, Vec<Lease>) = held.into_iter().partition(|l| want.contains(l.name()));
         // Let go at once, so the new owner need not wait for expiry.
         release_many(&*tx, &give_up).await?;
-        // One statement renews what we hold and takes what is free; a name missing from the answer
-        // is held by someone else (for now).
+        // One statement renews what we hold and takes what is free, waiting on no row a fenced
+        // transaction holds; a name missing from the answer is held by someone else (for now).
         let names: Vec<String> = want.iter().cloned().collect();
-        let now_held = acquire_many(&*tx, &names, &self.cfg.id, WORKER_LEASE_TTL, Some(&self.clock)).await?;
+        let acquired = acquire_many(&*tx, &names, &self.cfg.id, WORKER_LEASE_TTL, Some(&self.clock)).await?;
+        let mut now_held = acquired.held;
+        // Ours, but a job's fenced transaction holds them now: still ours, renewed next time.
+        now_held.extend(keep.iter().filter(|l| acquired.busy.iter().any(|(n, e)| n == l.name() && *e == l.epoch())).cloned());
         for l in &keep {
             if !now_held.iter().any(|h| h.name() == l.name() && h.epoch() == l.epoch()) {
                 tracing::warn!(lease = l.name(), epoch = l.epoch(), "lease lost");
@@ -449,15 +452,27 @@ impl Worker {
             let poke = poke.clone();
             tokio::spawn(work_queue::listen(conn, &[work_queue::POKE_CHANNEL], move |_, _| poke.notify_one()))
         });
-        let mut last_maintain: Option<Instant> = None;
+        // Maintenance (heartbeat, lease renewal) runs on its own, so no job's run, however long,
+        // holds up the renewal of the leases every other job runs under.
+        if let Err(e) = self.maintain().await {
+            tracing::warn!(error = %e, "worker maintenance failed");
+        }
+        let maintenance = {
+            let (me, mut stop) = (self.clone(), shutdown.clone());
+            tokio::spawn(async move {
+                loop {
+                    tokio::select! {
+                        _ = tokio::time::sleep(me.cfg.maintain_every) => {}
+                        _ = stop.wait_for(|s| *s) => return,
+                    }
+                    if let Err(e) = me.maintain().await {
+                        tracing::warn!(error = %e, "worker maintenance failed");
+                    }
+                }
+            })
+        };
         let jobs: Vec<String> = self.registry.job_names().into_iter().map(String::from).collect();
         while !*shutdown.borrow() {
-            if last_maintain.is_none_or(|t| t.elapsed() >= self.cfg.maintain_every) {
-                if let Err(e) = self.maintain().await {
-                    tracing::warn!(error = %e, "worker maintenance failed");
-                }
-                last_maintain = Some(Instant::now());
-            }
             let mut busy = false;
             for job in &jobs {
                 match self.tick(job).await {
@@ -477,6 +492,8 @@ impl Worker {
         if let Some(l) = listener {
             l.abort();
         }
+        // No maintenance may run after the shutdown lets the leases go.
+        let _ = maintenance.await;
         self.shutdown().await
     }
 }

@@ -864,3 +864,48 @@ async fn a_workers_outcomes_and_an_enqueue_of_the_same_keys_never_deadlock() {
     let rows: Vec<(String, Option<String>)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
     assert_eq!(rows, [(k1, Some("x".to_owned())), (k2, None)]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_that_does_not_end_never_holds_up_its_workers_lease_renewals() {
+    let probe = Arc::new(Probe::new(NODE_KIND, ShardBy::Node));
+    let h = harness_with(probe.clone(), vec![]).await;
+    // The harness's own worker is idle: let its leases lapse, so the running worker takes them all.
+    h.db().advance(Duration::from_secs(16)).await;
+    let mut cfg = WorkerConfig::new("wrk_running");
+    cfg.maintain_every = Duration::from_millis(50);
+    let w = Arc::new(Worker::start(h.db().pool.clone(), h.registry().clone(), cfg).await.unwrap());
+    probe.gated.lock().unwrap().insert("node_stuck".to_owned());
+    enqueue(&h, &probe.kind, "node_stuck").await;
+    let (stop, stopping) = tokio::sync::watch::channel(false);
+    let running = tokio::spawn(w.clone().run(stopping));
+    // The run starts and does not end.
+    within("the stuck run to start", probe.entered.notified()).await;
+    let c = h.db().client().await;
+    let renewed_past = |at: std::time::SystemTime| {
+        let c = &c;
+        async move {
+            loop {
+                let lapsing: i64 = c
+                    .query_one("SELECT count(*) FROM leases WHERE owner = 'wrk_running' AND expires_at < $1::timestamptz + interval '14 s'", &[&at])
+                    .await
+                    .unwrap()
+                    .get(0);
+                let held: i64 = c.query_one("SELECT count(*) FROM leases WHERE owner = 'wrk_running'", &[]).await.unwrap().get(0);
+                if held > 0 && lapsing == 0 {
+                    return held;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    // Time passes twice by 10 s of the 15 s lease; each time every lease is renewed from the new now.
+    for _ in 0..2 {
+        h.db().advance(Duration::from_secs(10)).await;
+        let now: std::time::SystemTime = c.query_one("SELECT compute_now()", &[]).await.unwrap().get(0);
+        let held = within("the leases to be renewed while a run is stuck", renewed_past(now)).await;
+        assert!(held >= 256, "{held} leases held");
+    }
+    probe.gate.notify_one();
+    let _ = stop.send(true);
+    within("the worker to stop", running).await.unwrap().unwrap();
+}

@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use better_compute_core::shard::{rendezvous_owner, stable_hash, SHARD_COUNT};
 use better_compute_db::lease::{acquire_many, release_many, WORKER_LEASE_TTL};

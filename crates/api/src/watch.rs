@@ -168,12 +168,26 @@ async fn open(
         types: q.types.iter().flat_map(|t| t.split(',')).map(str::trim).filter(|t| !t.is_empty()).map(String::from).collect(),
         subject: q.subject.clone(),
     };
-    let last = headers.get("last-event-id").and_then(|v| v.to_str().ok()).map(String::from).or(q.last_event_id);
+    let header = match headers.get("last-event-id") {
+        Some(v) => Some(v.to_str().map_err(|_| Error::invalid_argument("Last-Event-ID must be an event id of this stream, like 1234-5"))?.to_owned()),
+        None => None,
+    };
+    let last = header.or(q.last_event_id);
     let mut feed = state.feed.subscribe();
+    let head = outbox::visible_head(&**state.pool.get().await.map_err(DbError::from)?).await?;
     let start = match last {
-        Some(id) => id.parse::<Cursor>()?,
+        Some(id) => {
+            let at = id.parse::<Cursor>()?;
+            // No event this stream sent is past the head: a cursor beyond it is not ours.
+            if at > head {
+                return Err(Error::invalid_argument(format!(
+                    "Last-Event-ID {at} is ahead of every event; resume from an id this stream sent, or leave it out to start from now"
+                )));
+            }
+            at
+        }
         // From now on: everything visible already is history.
-        None => outbox::visible_head(&**state.pool.get().await.map_err(DbError::from)?).await?,
+        None => head,
     };
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<SseEvent, Infallible>>(WATCH_BUFFER);
     let (pool, patience, every) = (state.pool.clone(), state.watch_slow_client_timeout, state.watch_revalidate_interval);

@@ -1188,3 +1188,37 @@ async fn every_stored_string_and_amount_is_bounded_and_no_sum_can_overflow() {
     assert_eq!(s, 404);
     assert!(v["message"].as_str().unwrap().chars().count() < 200, "{v}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_watch_starts_from_now_across_a_txid_digit_rollover_and_a_bad_cursor_is_a_clear_400() {
+    let api = Api::start().await;
+    let b = api.tenant("tenant-b").await;
+    // Events of old transactions whose ids have two and three digits: as text '99' sorts after
+    // '100' and after every real txid, as numbers it is the other way round.
+    let c = api.h.db().connect().await;
+    let xmin: i64 = c.query_one("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::int8", &[]).await.unwrap().get(0);
+    assert!(xmin > 100, "{xmin}");
+    for txid in ["99", "100"] {
+        c.execute(
+            "INSERT INTO outbox (txid, id, type, tenant_id, subject, data) VALUES ($1::text::xid8, 'evt_old' || $1, 'test.event', $2, 'old', '{}')",
+            &[&txid, &b.id],
+        )
+        .await
+        .unwrap();
+    }
+    let mut s = api.http.get(format!("{}/v1/watch", api.url)).bearer_auth(&b.token).send().await.unwrap();
+    assert_eq!(s.status().as_u16(), 200);
+    emit_event(&api, Some(&b.id), "new").await;
+    let (seen, _) = sse_until_quiet(&mut s, Duration::from_secs(2)).await;
+    assert_eq!(subjects(&seen), vec!["new".to_owned()], "a new watch replayed history");
+    // A cursor past every event, one that is not a cursor, and a header that is not ASCII.
+    let mut refused = 0;
+    for (what, value) in [("from the future", reqwest::header::HeaderValue::from_static("99999999999-1")), ("not a cursor", reqwest::header::HeaderValue::from_static("yesterday")), ("not ASCII", reqwest::header::HeaderValue::from_bytes("1-ä".as_bytes()).unwrap())] {
+        let r = api.http.get(format!("{}/v1/watch", api.url)).bearer_auth(&b.token).header("Last-Event-ID", value).send().await.unwrap();
+        assert_eq!(r.status().as_u16(), 400, "{what}");
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["code"], "INVALID_ARGUMENT", "{what}: {v}");
+        refused += 1;
+    }
+    assert_eq!(refused, 3);
+}

@@ -85,7 +85,7 @@ impl std::fmt::Display for Cursor {
 impl std::str::FromStr for Cursor {
     type Err = better_compute_core::Error;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let bad = || better_compute_core::Error::invalid_argument(format!("{s:?} is not an event cursor"));
+        let bad = || better_compute_core::Error::invalid_argument(format!("{:?} is not an event id like 1234-5", better_compute_core::bounds::echo(s)));
         let (t, q) = s.split_once('-').ok_or_else(bad)?;
         Ok(Cursor { txid: t.parse().map_err(|_| bad())?, seq: q.parse().map_err(|_| bad())? })
     }

@@ -1222,3 +1222,35 @@ async fn a_new_watch_starts_from_now_across_a_txid_digit_rollover_and_a_bad_curs
     }
     assert_eq!(refused, 3);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_repeats_of_a_create_near_the_quota_all_answer_the_first_outcome() {
+    let api = Api::start().await;
+    let b = api.tenant("tenant-b").await;
+    // Room for exactly one such reservation.
+    api.ok(&api.op, "quotas.set", json!({"tenantId": b.id, "resource": "gpus", "max": 1})).await;
+    let mut rounds = 0;
+    for round in 0..20 {
+        let key = format!("near-quota-{round}");
+        let calls = (0..6).map(|_| api.call(&b.token, "reservations.create", reservation(&api.pool, Some(&key))));
+        let answers = futures_util::future::join_all(calls).await;
+        let first = &answers[0];
+        for (s, v) in &answers {
+            assert_eq!((s, &v["id"], &v["code"]), (&first.0, &first.1["id"], &first.1["code"]), "round {round}: {answers:?}");
+        }
+        if first.0 == 200 {
+            api.ok(&b.token, "reservations.release", json!({"reservationId": first.1["id"]})).await;
+        }
+        rounds += 1;
+    }
+    assert_eq!(rounds, 20);
+    // A refusal is the key's answer too: once quota is raised, a repeat of the refused key is
+    // still refused (it replays), and a new key is placed.
+    api.ok(&api.op, "quotas.set", json!({"tenantId": b.id, "resource": "gpus", "max": 0})).await;
+    let (s, v) = api.call(&b.token, "reservations.create", reservation(&api.pool, Some("refused-first"))).await;
+    assert_eq!((s, v["code"].as_str()), (429, Some("QUOTA_EXCEEDED")), "{v}");
+    api.ok(&api.op, "quotas.set", json!({"tenantId": b.id, "resource": "gpus", "max": 1})).await;
+    let (s, again) = api.call(&b.token, "reservations.create", reservation(&api.pool, Some("refused-first"))).await;
+    assert_eq!((s, &again), (429, &v), "a repeat of a refused key was judged afresh");
+    assert_eq!(api.call(&b.token, "reservations.create", reservation(&api.pool, Some("a-new-key"))).await.0, 200);
+}

@@ -332,9 +332,25 @@ async fn create_alone(client: &mut Client, caller: Caller<'_>, req: &CreateReser
     let scope = IdempotencyScope { tenant_id: caller.tenant_id, identity_id: caller.identity_id, key };
     if let Claim::Replay(v) = idempotency::claim(&tx, scope, "reservations.create", &request).await? {
         tx.commit().await.map_err(DbError::from)?;
-        return serde_json::from_value(v).map_err(|e| Error::internal(e.to_string()));
+        return serde_json::from_value(idempotency::replayed(v)?).map_err(|e| Error::internal(e.to_string()));
     }
-    let v = reserve(&tx, caller, req, d, id).await?;
+    // A final refusal (the quota, the pool) is the key's answer too: every repeat gets it, so a
+    // repeat judged later can neither succeed where the first was refused nor the other way round.
+    let mut tx = tx;
+    let attempt = tx.savepoint("reserve").await.map_err(DbError::from)?;
+    let v = match reserve(&attempt, caller, req, d, id).await.map_err(Error::from) {
+        Ok(v) => {
+            attempt.commit().await.map_err(DbError::from)?;
+            v
+        }
+        Err(e) if idempotency::is_final(&e) => {
+            attempt.rollback().await.map_err(DbError::from)?;
+            idempotency::complete_with_error(&tx, scope, &e).await?;
+            tx.commit().await.map_err(DbError::from)?;
+            return Err(e);
+        }
+        Err(e) => return Err(e),
+    };
     idempotency::complete(&tx, scope, &serde_json::to_value(&v).expect("view serializes")).await?;
     tx.commit().await.map_err(DbError::from)?;
     work_queue::poke(&*client).await;

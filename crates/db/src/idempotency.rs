@@ -112,6 +112,31 @@ pub async fn claim(
         .ok_or_else(|| Error::internal("idempotency key committed without a response").into())
 }
 
+/// Whether a method's refusal is its final answer for the key, stored with
+/// [`complete_with_error`] and replayed, rather than a passing failure (the database away, a race
+/// lost, a rate) that a retry with the same key may get past.
+pub fn is_final(e: &Error) -> bool {
+    use better_compute_core::ErrorCode::*;
+    !matches!(e.code, Unavailable | Internal | Conflict | RateLimited | Unauthenticated)
+}
+
+/// Stores a final refusal as the key's response, so every repeat of the key answers that refusal
+/// too, whatever the interleaving (a repeat that ran later would otherwise be judged afresh, and
+/// could succeed where the first was refused). Call in the transaction that claimed the key, after
+/// rolling the method's own work back to a savepoint.
+pub async fn complete_with_error(tx: &Transaction<'_>, scope: IdempotencyScope<'_>, e: &Error) -> Result<(), DbError> {
+    complete(tx, scope, &serde_json::json!({ "error": e })).await
+}
+
+/// A replayed response as the method answers it: the stored value, or the stored refusal as the
+/// error.
+pub fn replayed(stored: serde_json::Value) -> Result<serde_json::Value, Error> {
+    match stored.get("error") {
+        Some(e) => Err(serde_json::from_value(e.clone()).unwrap_or_else(|_| Error::internal("a stored refusal did not parse"))),
+        None => Ok(stored),
+    }
+}
+
 /// Stores the method's response for replays. Call in the transaction that claimed the key.
 pub async fn complete(
     tx: &Transaction<'_>,

@@ -4,6 +4,7 @@
 //! are acknowledged, run in their lane, and their outcome journaled before it is reported.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -40,7 +41,10 @@ struct State {
     /// A spec not yet fully converged, retried every heartbeat.
     pending: Option<(i64, NodeSpec)>,
     in_lane: HashMap<String, u32>,
-    running: HashMap<String, (String, tokio::task::AbortHandle, bool)>,
+    /// Each running command: its lane, its task, and whether a cancel may still stop it (taken
+    /// back with a compare-and-swap by whichever comes first, the cancel or the command's point of
+    /// no return).
+    running: HashMap<String, (String, tokio::task::AbortHandle, Arc<AtomicBool>)>,
     waiting: Vec<Waiting>,
     last_health: Vec<(String, bool)>,
     inventory_sent: bool,
@@ -472,13 +476,16 @@ impl Daemon {
         let me = self.clone();
         let id = c.command_id.clone();
         let lane = c.lane.clone();
+        // A retry-safe command can be stopped at any point; a reboot until its grace is over (the
+        // one point of no return a command kind has).
+        let cancellable = Arc::new(AtomicBool::new(c.retry_safe || matches!(payload, Some(Payload::NodeReboot(_)))));
         let payload = payload.expect("checked above");
-        let cancellable = c.retry_safe;
         {
             // Registered before the task can finish and remove itself.
             let mut st = self.state.lock().expect("state");
+            let can_cancel = cancellable.clone();
             let task = tokio::spawn(async move {
-                let outcome = me.execute(payload).await;
+                let outcome = me.execute(payload, &can_cancel).await;
                 me.finish(&id, &lane, outcome).await;
             });
             st.running.insert(c.command_id.clone(), (c.lane.clone(), task.abort_handle(), cancellable));
@@ -494,7 +501,10 @@ impl Daemon {
     }
 
     async fn finish(&self, id: &str, lane: &str, outcome: Option<Outcome>) {
-        self.state.lock().expect("state").running.remove(id);
+        // Once: a cancel and the command's own end may both get here.
+        if self.state.lock().expect("state").running.remove(id).is_none() {
+            return;
+        }
         self.release_lane(lane);
         // None: the node is going down (a reboot); the reconnect with a new boot id settles it.
         let Some(o) = outcome else { return };
@@ -508,14 +518,16 @@ impl Daemon {
     async fn cancel(&self, id: &str) {
         let task = self.state.lock().expect("state").running.get(id).cloned();
         let Some((lane, handle, cancellable)) = task else { return };
-        if !cancellable {
+        if cancellable.compare_exchange(true, false, Ordering::SeqCst, Ordering::SeqCst).is_err() {
             return; // a reboot under way cannot be taken back
         }
         handle.abort();
         self.finish(id, &lane, Some(Outcome { succeeded: false, reason: "cancelled".into(), result_json: "null".into() })).await;
     }
 
-    async fn execute(&self, p: Payload) -> Option<Outcome> {
+    /// Runs a command. `cancellable` is taken back (true to false) at a point of no return; when
+    /// that fails, a cancel came first and the command must not go on.
+    async fn execute(&self, p: Payload, cancellable: &AtomicBool) -> Option<Outcome> {
         let ok = |v: serde_json::Value| Some(Outcome { succeeded: true, reason: String::new(), result_json: v.to_string() });
         let fail = |r: String| Some(Outcome { succeeded: false, reason: r, result_json: "null".into() });
         match p {
@@ -562,6 +574,10 @@ impl Daemon {
             Payload::NodeReboot(req) => {
                 self.logs.line(format!("rebooting in {} s: {}", req.grace_seconds, req.reason));
                 tokio::time::sleep(Duration::from_secs(req.grace_seconds as u64)).await;
+                if cancellable.compare_exchange(true, false, Ordering::SeqCst, Ordering::SeqCst).is_err() {
+                    // Cancelled during the grace: the cancel reports it.
+                    return None;
+                }
                 match &self.cfg.reboot {
                     RebootHook::Disabled => {
                         fail("reboot is not enabled on this daemon: start it with --reboot-command or --allow-systemctl-reboot".into())

@@ -585,3 +585,36 @@ async fn bad_input_from_a_daemon_gets_a_clear_code_and_changes_nothing() {
     assert!(!used, "and did not burn the token");
     let _ = g.stop.send(true);
 }
+
+#[tokio::test]
+async fn a_reboot_cancelled_during_its_grace_never_reboots_and_reports_cancelled() {
+    let f = Fleet::new().await;
+    let g = f.gateway("gw_a", true).await;
+    let token = f.join_token(None).await;
+    let reboots = Arc::new(AtomicU32::new(0));
+    let mut cfg = f.config(&g, "n1", Some(token));
+    let counter = reboots.clone();
+    cfg.reboot = RebootHook::Callback(Arc::new(move |_| {
+        counter.fetch_add(1, Ordering::SeqCst);
+    }));
+    let d = f.start(cfg, gpus("n1")).await;
+    let node = d.d.node_id();
+    f.settle_spec().await;
+    f.converged(&node).await;
+    // A grace far longer than the test: only the cancel can end it.
+    let reboot = f.enqueue(&node, "node.reboot", serde_json::json!({"reason": "maintenance", "graceSeconds": 3600}), "reboot-later").await;
+    f.wait_command(&node, &reboot, "running").await;
+    let c = f.h.db().client().await;
+    let marked = commands::cancel(&**c, &node, &reboot).await.unwrap();
+    assert!(marked.cancel_requested);
+    commands::poke_gateway(&**c, &node).await;
+    let v = f.wait_command(&node, &reboot, "failed").await;
+    assert_eq!(v.reason.as_deref(), Some("cancelled"));
+    assert_eq!(reboots.load(Ordering::SeqCst), 0, "the node rebooted after all");
+    // The lane is free again: another reboot runs (and its hook fires).
+    let now = f.enqueue(&node, "node.reboot", serde_json::json!({"reason": "now"}), "reboot-now").await;
+    wait_until("the second reboot's hook ran", || async { reboots.load(Ordering::SeqCst) == 1 }).await;
+    f.wait_command(&node, &now, "running").await;
+    d.kill().await;
+    let _ = g.stop.send(true);
+}

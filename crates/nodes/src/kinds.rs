@@ -111,7 +111,7 @@ pub fn command_kinds() -> Vec<CommandKind> {
         },
         CommandKind {
             name: "node.reboot",
-            summary: "Reboots the node after `graceSeconds` (at most 3600) for workloads to stop; needs a `reason`. Self-terminating: a reconnect with a new boot id settles it as succeeded. Never run twice: a new daemon journal fails it with `journal-lost`.",
+            summary: "Reboots the node after `graceSeconds` (at most 3600) for workloads to stop; needs a `reason`. A cancel during the grace stops it (failed, reason `cancelled`); once the grace is over it goes ahead. Self-terminating: a reconnect with a new boot id settles it as succeeded. Never run twice: a new daemon journal fails it with `journal-lost`.",
             lane: "power",
             timeout: Duration::from_secs(900),
             retry_safe: false,

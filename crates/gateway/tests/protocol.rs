@@ -430,7 +430,7 @@ async fn a_session_closed_underneath_its_gateway_ends_its_stream_and_the_daemon_
 }
 
 #[tokio::test]
-async fn a_command_finding_its_lane_without_credits_is_busy_then_retried_and_run() {
+async fn a_command_whose_lane_has_no_free_credit_waits_at_the_gateway_and_goes_the_moment_one_frees() {
     let f = Fleet::new().await;
     let (g, fake, d, node) = f.joined(true).await;
     // The diag lane has one credit; the first diagnostic holds it.
@@ -438,18 +438,28 @@ async fn a_command_finding_its_lane_without_credits_is_busy_then_retried_and_run
     let a = f.enqueue(&node, "diag.nvml", serde_json::json!({}), "diag-a").await;
     f.wait_command(&node, &a, "running").await;
     let b = f.enqueue(&node, "diag.nvml", serde_json::json!({}), "diag-b").await;
-    wait_until("b was refused BUSY", || async {
-        f.one("SELECT busy_count FROM commands WHERE id = $1", &b).await.get::<_, i32>(0) >= 1
-    })
-    .await;
-    assert_eq!(f.command(&node, &b).await.state, "pending");
+    // A later command of another lane is sent past it: b was considered, and held.
+    let inv = f.enqueue(&node, "inventory.refresh", serde_json::json!({}), "inv-after-b").await;
+    f.wait_command(&node, &inv, "succeeded").await;
+    let held = f.command(&node, &b).await;
+    assert_eq!(held.state, "pending");
+    assert_eq!(f.one("SELECT busy_count FROM commands WHERE id = $1", &b).await.get::<_, i32>(0), 0, "b was sent to be refused BUSY");
+    // The running one's result frees the credit, and b goes at once: no back-off, no clock moved.
     fake.release_diag();
     f.wait_command(&node, &a, "succeeded").await;
-    // Its back-off is in simulated time: it is sent again once that passes.
-    f.h.db().advance(Duration::from_secs(31)).await;
     let v = f.wait_command(&node, &b, "succeeded").await;
     assert_eq!(v.result.unwrap()["backend"], "fake");
     assert_eq!(fake.diag_runs(), 2);
+    // A flood of one lane's commands: every one runs, none is refused, none expires.
+    let mut ids = Vec::new();
+    for i in 0..60 {
+        ids.push(f.enqueue(&node, "diag.nvml", serde_json::json!({}), &format!("flood-{i}")).await);
+    }
+    for id in &ids {
+        f.wait_command(&node, id, "succeeded").await;
+    }
+    let busy: i64 = f.h.db().client().await.query_one("SELECT coalesce(sum(busy_count), 0)::int8 FROM commands WHERE id = ANY($1)", &[&ids]).await.unwrap().get(0);
+    assert_eq!((ids.len(), busy), (60, 0));
     d.kill().await;
     let _ = g.stop.send(true);
 }

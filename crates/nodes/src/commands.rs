@@ -262,7 +262,7 @@ pub enum Rejection {
     StaleGeneration,
     /// Past `notAfter`. Final.
     Expired,
-    /// No credits in its lane: back to pending, retried after 1 s doubling to 30 s.
+    /// No credits in its lane: back to pending, retried after 1 s doubling to 30 s, jittered.
     Busy,
     /// A destructive kind without a valid signature (v0.2). Final.
     BadSignature,
@@ -285,10 +285,11 @@ pub async fn reject(tx: &impl GenericClient, id: &str, why: Rejection) -> Result
     match why {
         Rejection::Busy => {
             let view = move_to(tx, id, CommandState::Pending, None, None).await?;
-            // 1 s, 2 s, 4 s … 30 s.
+            // 1 s, 2 s, 4 s … 30 s, each a random point in its upper half: commands refused
+            // together do not all come back at the same instant to be refused together again.
             tx.execute(
                 "UPDATE commands SET busy_count = busy_count + 1,
-                        not_before = compute_now() + make_interval(secs => LEAST($2::float8, power(2, busy_count)))
+                        not_before = compute_now() + make_interval(secs => LEAST($2::float8, power(2, busy_count)) * (0.5 + 0.5 * random()))
                   WHERE id = $1",
                 &[&id, &BUSY_BACKOFF_MAX.as_secs_f64()],
             )

@@ -196,7 +196,9 @@ pub struct Dispatched {
 
 /// Moves the node's due pending commands to `sent`, at most `limit`, if `epoch` still holds the
 /// session through `gateway_id`: the session row is locked first, so routing is decided by a join
-/// at dispatch time and a zombie gateway routes nothing.
+/// at dispatch time and a zombie gateway routes nothing. A lane gets no more than its free credits
+/// ([`LANES`](crate::spec::LANES) less its commands in flight): the rest wait here, in seq order,
+/// and go the moment a result frees a credit, instead of being sent to be refused BUSY.
 pub async fn dispatch(tx: &impl GenericClient, node_id: &str, gateway_id: &str, epoch: i64, limit: i64) -> Result<Option<Dispatched>, DbError> {
     if !fence(tx, node_id, gateway_id, epoch).await? {
         return Ok(None);
@@ -205,12 +207,17 @@ pub async fn dispatch(tx: &impl GenericClient, node_id: &str, gateway_id: &str, 
     let rows = tx
         .query(
             &format!(
-                "UPDATE commands SET state = 'sent', sent_at = compute_now(), version = version + 1
-                  WHERE id IN (SELECT id FROM commands WHERE node_id = $1 AND state = 'pending' AND not_before <= compute_now()
-                                  AND not_after > compute_now() ORDER BY seq LIMIT $2 FOR UPDATE)
+                "WITH credits AS (SELECT * FROM unnest($3::text[], $4::int8[]) AS l(lane, n)),
+                      busy AS (SELECT lane, count(*) AS n FROM commands WHERE node_id = $1 AND state IN ('sent', 'running') GROUP BY lane),
+                      due AS (SELECT id, seq, lane, row_number() OVER (PARTITION BY lane ORDER BY seq) AS k FROM commands
+                               WHERE node_id = $1 AND state = 'pending' AND not_before <= compute_now() AND not_after > compute_now()),
+                      room AS (SELECT d.id, d.seq FROM due d LEFT JOIN credits c ON c.lane = d.lane LEFT JOIN busy b ON b.lane = d.lane
+                                WHERE d.k <= coalesce(c.n, 1) - coalesce(b.n, 0) ORDER BY d.seq LIMIT $2)
+                 UPDATE commands SET state = 'sent', sent_at = compute_now(), version = version + 1
+                  WHERE id IN (SELECT id FROM commands WHERE id IN (SELECT id FROM room) AND state = 'pending' ORDER BY seq FOR UPDATE)
                  RETURNING {DISPATCH_COLUMNS}"
             ),
-            &[&node_id, &limit],
+            &[&node_id, &limit, &lane_names(), &lane_credits()],
         )
         .await?;
     let mut commands: Vec<Dispatch> = rows.iter().map(dispatch_of).collect();
@@ -222,6 +229,14 @@ pub async fn dispatch(tx: &impl GenericClient, node_id: &str, gateway_id: &str, 
         .map(|r| r.get(0))
         .collect();
     Ok(Some(Dispatched { commands, cancels }))
+}
+
+fn lane_names() -> Vec<&'static str> {
+    crate::spec::LANES.iter().map(|(n, _)| *n).collect()
+}
+
+fn lane_credits() -> Vec<i64> {
+    crate::spec::LANES.iter().map(|(_, c)| i64::from(*c)).collect()
 }
 
 /// The node's in-flight commands, sent again after a reconnect: the daemon's journal makes a

@@ -84,6 +84,10 @@ impl NodeSpecPart for GpusPart {
     }
 }
 
+/// The command lanes every daemon is given, with their credits (commands in flight at once): the
+/// `agent` section sends them, and the gateway sends a node no more of a lane than it has credits.
+pub const LANES: &[(&str, u32)] = &[("default", 4), ("diag", 1), ("power", 1)];
+
 /// `agent`: the daemon's settings and command lanes with their credits.
 pub struct AgentPart;
 
@@ -94,11 +98,10 @@ impl NodeSpecPart for AgentPart {
     }
 
     async fn node_spec(&self, _tx: &Transaction<'_>, _node_id: &str) -> Result<NodeSpec, RunError> {
-        let lane = |name: &str, credits| CommandLane { name: name.to_owned(), credits };
         Ok(NodeSpec {
             agent: Some(AgentSection {
                 heartbeat_interval_ms: HEARTBEAT_INTERVAL_MS,
-                lanes: vec![lane("default", 4), lane("diag", 1), lane("power", 1)],
+                lanes: LANES.iter().map(|(name, credits)| CommandLane { name: (*name).to_owned(), credits: *credits }).collect(),
             }),
             ..Default::default()
         })

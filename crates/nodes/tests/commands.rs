@@ -109,7 +109,7 @@ async fn seq_strictly_increases_per_node_under_concurrent_enqueues() {
 }
 
 #[tokio::test]
-async fn busy_sends_the_command_back_with_a_back_off_from_one_to_thirty_seconds() {
+async fn busy_sends_the_command_back_with_a_jittered_back_off_from_one_to_thirty_seconds() {
     let (h, node) = setup().await;
     let r = h.registry().clone();
     let c = h.db().client().await;
@@ -124,9 +124,23 @@ async fn busy_sends_the_command_back_with_a_back_off_from_one_to_thirty_seconds(
             .await
             .unwrap()
             .get(0);
-        waits.push(secs as u64);
+        waits.push(secs);
     }
-    assert_eq!(waits, [1, 2, 4, 8, 16, 30, 30]);
+    // Each wait is a random point in the upper half of 1, 2, 4 … 30 s.
+    for (wait, base) in waits.iter().zip([1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]) {
+        assert!(*wait >= base / 2.0 && *wait <= base, "{waits:?}");
+    }
+    assert_eq!(waits.len(), 7);
+    // Twenty commands refused at the same instant come back at different instants.
+    let mut at = std::collections::BTreeSet::new();
+    for i in 0..20 {
+        let b = commands::enqueue(&**c, &r, cmd(&node, "diag.nvml", &serde_json::json!({}), &format!("busy-{i}"))).await.unwrap();
+        commands::mark_sent(&**c, &b.id).await.unwrap();
+        commands::reject(&**c, &b.id, Rejection::Busy).await.unwrap();
+        let us: i64 = c.query_one("SELECT (extract(epoch FROM not_before) * 1e6)::int8 FROM commands WHERE id = $1", &[&b.id]).await.unwrap().get(0);
+        at.insert(us);
+    }
+    assert!(at.len() >= 15, "{} distinct retry instants of 20", at.len());
     // Final rejections.
     commands::mark_sent(&**c, &v.id).await.unwrap();
     let failed = commands::reject(&**c, &v.id, Rejection::StaleGeneration).await.unwrap();

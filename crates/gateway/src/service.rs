@@ -267,9 +267,10 @@ async fn apply(inner: &Inner, node: &str, s: &Session, batch: Vec<DaemonMessage>
     if msgs.is_empty() {
         return Ok(true);
     }
+    let writes_node = msgs.iter().any(|m| matches!(m, Msg::SpecStatus(_) | Msg::Inventory(_) | Msg::Health(_)));
     let mut c = inner.pool.get().await?;
     let tx = c.transaction().await?;
-    if !session::fence(&*tx, node, &inner.cfg.id, s.epoch).await? {
+    if !session::fence_reports(&*tx, node, &inner.cfg.id, s.epoch, writes_node).await? {
         return Ok(false);
     }
     let mut freed = false;

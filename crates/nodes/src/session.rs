@@ -92,6 +92,17 @@ pub async fn fence(tx: &impl GenericClient, node_id: &str, gateway_id: &str, epo
         .is_some())
 }
 
+/// [`fence`] for a batch of a daemon's reports. When the batch writes the node's own row (spec
+/// status, inventory, health), the node's row is locked first, as session open and close and the
+/// liveness job lock it, so every transaction takes the node and then its session: a report racing
+/// a takeover or a liveness pass waits instead of deadlocking.
+pub async fn fence_reports(tx: &impl GenericClient, node_id: &str, gateway_id: &str, epoch: i64, writes_node: bool) -> Result<bool, DbError> {
+    if writes_node {
+        tx.query_opt("SELECT 1 FROM nodes WHERE id = $1 FOR NO KEY UPDATE", &[&node_id]).await?;
+    }
+    fence(tx, node_id, gateway_id, epoch).await
+}
+
 /// Closes the session if `epoch` still holds it; the node becomes disconnected. Returns whether it
 /// did (a superseded session closes nothing).
 pub async fn close(tx: &impl GenericClient, node_id: &str, epoch: i64, reason: &str) -> Result<bool, DbError> {

@@ -303,3 +303,61 @@ async fn commands_run_asks_for_compute_nodes_exec_on_the_node_before_anything_el
     assert_eq!(commands::get_as(&c, &authz, me, &node, &queued.id).await.unwrap().state, "pending");
     assert_eq!(commands::cancel_as(&mut c, &LocalOperator, me, &node, &queued.id).await.unwrap().state, "cancelled");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemons_report_racing_a_takeover_and_a_session_close_waits_instead_of_deadlocking() {
+    use better_compute_nodes::session::{self, Hello};
+    let (h, node) = setup().await;
+    let hello = |gw: &'static str| Hello { node_id: "", gateway_id: gw, boot_id: "b1", journal_id: "j1", daemon_version: "t" };
+    let mut c = h.db().client().await;
+    let tx = c.transaction().await.unwrap();
+    let mut epoch = session::open(&*tx, &Hello { node_id: &node, ..hello("gw_a") }).await.unwrap().session_epoch;
+    tx.commit().await.unwrap();
+    let status = better_compute_proto::v1::SpecStatus { generation: 1, observed_generation: 1, ..Default::default() };
+    let mut finished = 0;
+    for round in 0..3 {
+        // A report of gw_a's session, its fence taken, not yet written…
+        let mut rc = h.db().client().await;
+        let report = rc.transaction().await.unwrap();
+        assert!(session::fence_reports(&*report, &node, "gw_a", epoch, true).await.unwrap());
+        // …while another gateway takes the session over (round 0 and 2) or gw_a's close (round 1)
+        // runs beside it: it waits for the report's node lock, and neither fails.
+        let other = {
+            let db = h.db().client().await;
+            let node = node.clone();
+            tokio::spawn(async move {
+                let mut db = db;
+                let tx = db.transaction().await.unwrap();
+                if round == 1 {
+                    session::close(&*tx, &node, epoch, "test").await.unwrap();
+                } else {
+                    session::open(&*tx, &Hello { node_id: &node, gateway_id: "gw_b", boot_id: "b1", journal_id: "j1", daemon_version: "t" }).await.unwrap();
+                }
+                tx.commit().await.unwrap();
+            })
+        };
+        let observer = h.db().client().await;
+        tokio::time::timeout(Duration::from_secs(30), async {
+            while observer
+                .query_opt("SELECT 1 FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'", &[])
+                .await
+                .unwrap()
+                .is_none()
+            {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("round {round}: the other transaction never waited for the report"));
+        assert!(!other.is_finished(), "round {round}");
+        session::report_spec_status(&*report, &node, &status).await.unwrap();
+        report.commit().await.unwrap();
+        tokio::time::timeout(Duration::from_secs(30), other).await.expect("deadlocked").unwrap();
+        finished += 1;
+        // The next round reports under a session gw_a holds again.
+        let tx = c.transaction().await.unwrap();
+        epoch = session::open(&*tx, &Hello { node_id: &node, ..hello("gw_a") }).await.unwrap().session_epoch;
+        tx.commit().await.unwrap();
+    }
+    assert_eq!(finished, 3);
+}

@@ -59,6 +59,9 @@ pub struct ApiState {
     pub watch_revalidate_interval: std::time::Duration,
     /// Every event [`watch::tail_outbox`] reads, for the watch streams.
     feed: tokio::sync::broadcast::Sender<Arc<watch::FeedItem>>,
+    /// Business time, anchored at the first `/readyz` and sampled at every one after: its
+    /// `clock.skew` check is part of readiness.
+    clock: tokio::sync::OnceCell<better_compute_db::Clock>,
     /// Per-token and per-tenant request rates ([`rate_limit::RateLimits::default`]; set them with
     /// [`ApiState::set_rate_limiter`]).
     pub rate_limiter: rate_limit::RateLimiter,
@@ -75,7 +78,7 @@ impl ApiState {
         metrics::install();
         let (feed, _) = tokio::sync::broadcast::channel(watch::FEED_CAPACITY);
         let placer = better_compute_capacity::batch::BatchPlacer::start(pool.clone(), Default::default());
-        Arc::new(ApiState { pool, iam, registry, methods, watch_slow_client_timeout: watch::SLOW_CLIENT_TIMEOUT, watch_revalidate_interval: watch::REVALIDATE_INTERVAL, body_read_timeout: BODY_READ_TIMEOUT, rate_limiter: rate_limit::RateLimiter::new(Default::default()), feed, placer })
+        Arc::new(ApiState { pool, iam, registry, methods, watch_slow_client_timeout: watch::SLOW_CLIENT_TIMEOUT, watch_revalidate_interval: watch::REVALIDATE_INTERVAL, body_read_timeout: BODY_READ_TIMEOUT, rate_limiter: rate_limit::RateLimiter::new(Default::default()), clock: tokio::sync::OnceCell::new(), feed, placer })
     }
 
     /// The state with another rate limiter: other rates, or (tests) another clock. Before the
@@ -248,11 +251,23 @@ async fn openapi_json(State(state): State<Arc<ApiState>>) -> Response {
     axum::Json(openapi::document(state.methods.values())).into_response()
 }
 
+/// Ready when the database answers and this process's clock agrees with the database's
+/// (`clock.skew`): `{ready, checks: [{name, ok, detail}]}`, 503 when not.
 async fn readyz(State(state): State<Arc<ApiState>>) -> Response {
-    match state.pool.get().await {
-        Ok(db) if db.query_one("SELECT 1", &[]).await.is_ok() => (StatusCode::OK, "ready\n").into_response(),
-        _ => (StatusCode::SERVICE_UNAVAILABLE, "the database does not answer\n").into_response(),
+    let checks = async {
+        let db = state.pool.get().await.map_err(|e| e.to_string())?;
+        let clock = state.clock.get_or_try_init(|| better_compute_db::Clock::start(&**db)).await.map_err(|e| e.to_string())?;
+        clock.sample(&**db).await.map_err(|e| e.to_string())?;
+        Ok::<_, String>(clock.self_check())
     }
+    .await;
+    let checks: Vec<serde_json::Value> = match checks {
+        Ok(cs) => cs.iter().map(|c| serde_json::json!({"name": c.name, "ok": c.ok, "detail": c.detail})).collect(),
+        Err(e) => vec![serde_json::json!({"name": "database", "ok": false, "detail": format!("the database does not answer: {e}")})],
+    };
+    let ready = checks.iter().all(|c| c["ok"] == true);
+    let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    (status, axum::Json(serde_json::json!({"ready": ready, "checks": checks}))).into_response()
 }
 
 async fn metrics_text() -> Response {

@@ -537,7 +537,10 @@ async fn operators_see_health_readiness_and_per_method_metrics() {
         }
     };
     assert_eq!(get("/healthz").await.0, 200);
-    assert_eq!(get("/readyz").await.0, 200);
+    let (s, ready) = get("/readyz").await;
+    assert_eq!(s, 200, "{ready}");
+    let ready: Value = serde_json::from_str(&ready).unwrap();
+    assert_eq!((ready["ready"].as_bool(), ready["checks"][0]["name"].as_str(), ready["checks"][0]["ok"].as_bool()), (Some(true), Some("clock.skew"), Some(true)), "{ready}");
     let (s, text) = get("/metrics").await;
     assert_eq!(s, 200);
     for line in [
@@ -947,6 +950,33 @@ async fn sse_until_quiet(resp: &mut reqwest::Response, quiet: Duration) -> (Vec<
     }
 }
 
+/// Reads SSE blocks until a `test.event` about `last` arrives (60 s at most: under load the outbox
+/// shows an event only once every older transaction of the cluster has ended); the subjects of
+/// the test events read, in order, and whether the stream ended first.
+async fn sse_until_subject(resp: &mut reqwest::Response, last: &str) -> (Vec<String>, bool) {
+    let mut buf = String::new();
+    let mut out = Vec::new();
+    let read = async {
+        loop {
+            let Ok(Some(chunk)) = resp.chunk().await else { return true };
+            buf.push_str(&String::from_utf8_lossy(&chunk));
+            while let Some(end) = buf.find("\n\n") {
+                let block: String = buf.drain(..end + 2).collect();
+                let field = |name: &str| block.lines().find_map(|l| l.strip_prefix(name)).map(|v| v.trim_start().to_owned());
+                if let (Some("test.event"), Some(data)) = (field("event:").as_deref(), field("data:")) {
+                    let v: Value = serde_json::from_str(&data).unwrap();
+                    out.push(v["subject"].as_str().unwrap().to_owned());
+                    if out.last().map(String::as_str) == Some(last) {
+                        return false;
+                    }
+                }
+            }
+        }
+    };
+    let ended = tokio::time::timeout(Duration::from_secs(60), read).await.unwrap_or_else(|_| panic!("no {last:?} event within 60 s"));
+    (out, ended)
+}
+
 async fn emit_event(api: &Api, tenant: Option<&str>, subject: &str) {
     let db = api.h.db().connect().await;
     let e = better_compute_runtime::outbox::NewEvent { event_type: "test.event", tenant_id: tenant, subject, data: json!({}) };
@@ -961,7 +991,6 @@ fn subjects(events: &[(String, Value)]) -> Vec<String> {
 async fn a_watch_stream_ends_when_its_token_is_revoked_or_expires_and_narrows_when_a_binding_is_removed() {
     let api = Api::start_with(|s| s.watch_revalidate_interval = Duration::from_millis(100)).await;
     let b = api.tenant("tenant-b").await;
-    let quiet = Duration::from_secs(2);
     let watch = async |token: &str, url: &str| {
         let r = api.http.get(format!("{url}/v1/watch")).bearer_auth(token).send().await.unwrap();
         assert_eq!(r.status().as_u16(), 200);
@@ -990,8 +1019,7 @@ async fn a_watch_stream_ends_when_its_token_is_revoked_or_expires_and_narrows_wh
     let (mut here, mut there) = (watch(secret, &api.url).await, watch(secret, &url2).await);
     emit_event(&api, Some(&b.id), "before").await;
     for (name, s) in [("this process", &mut here), ("the other process", &mut there)] {
-        let (seen, ended) = sse_until_quiet(s, quiet).await;
-        assert_eq!((subjects(&seen), ended), (vec!["before".to_owned()], false), "{name}");
+        assert_eq!(sse_until_subject(s, "before").await, (vec!["before".to_owned()], false), "{name}");
     }
     api.ok(&b.token, "tokens.revoke", json!({"tokenId": tok["token"]["id"]})).await;
     emit_event(&api, Some(&b.id), "after").await;
@@ -1011,13 +1039,12 @@ async fn a_watch_stream_ends_when_its_token_is_revoked_or_expires_and_narrows_wh
     let mut s = watch(&fw_secret, &api.url).await;
     emit_event(&api, None, "fleet-1").await;
     emit_event(&api, Some(&op_tenant), "tenant-1").await;
-    let (seen, ended) = sse_until_quiet(&mut s, quiet).await;
-    assert_eq!((subjects(&seen), ended), (vec!["fleet-1".to_owned(), "tenant-1".to_owned()], false));
+    assert_eq!(sse_until_subject(&mut s, "tenant-1").await, (vec!["fleet-1".to_owned(), "tenant-1".to_owned()], false));
     api.ok(&api.op, "roleBindings.delete", json!({"roleBindingId": viewer["id"]})).await;
     emit_event(&api, None, "fleet-2").await;
     emit_event(&api, Some(&op_tenant), "tenant-2").await;
-    let (seen, ended) = sse_until_quiet(&mut s, quiet).await;
-    assert_eq!((subjects(&seen), ended), (vec!["tenant-2".to_owned()], false), "fleet events after the fleet binding went");
+    // fleet-2 was emitted first: had it passed, it would come before tenant-2.
+    assert_eq!(sse_until_subject(&mut s, "tenant-2").await, (vec!["tenant-2".to_owned()], false), "fleet events after the fleet binding went");
     api.ok(&api.op, "roleBindings.delete", json!({"roleBindingId": member["id"]})).await;
     emit_event(&api, Some(&op_tenant), "tenant-3").await;
     let (seen, ended) = sse_until_quiet(&mut s, Duration::from_secs(20)).await;
@@ -1209,8 +1236,7 @@ async fn a_new_watch_starts_from_now_across_a_txid_digit_rollover_and_a_bad_curs
     let mut s = api.http.get(format!("{}/v1/watch", api.url)).bearer_auth(&b.token).send().await.unwrap();
     assert_eq!(s.status().as_u16(), 200);
     emit_event(&api, Some(&b.id), "new").await;
-    let (seen, _) = sse_until_quiet(&mut s, Duration::from_secs(2)).await;
-    assert_eq!(subjects(&seen), vec!["new".to_owned()], "a new watch replayed history");
+    assert_eq!(sse_until_subject(&mut s, "new").await.0, vec!["new".to_owned()], "a new watch replayed history");
     // A cursor past every event, one that is not a cursor, and a header that is not ASCII.
     let mut refused = 0;
     for (what, value) in [("from the future", reqwest::header::HeaderValue::from_static("99999999999-1")), ("not a cursor", reqwest::header::HeaderValue::from_static("yesterday")), ("not ASCII", reqwest::header::HeaderValue::from_bytes("1-ä".as_bytes()).unwrap())] {
@@ -1253,4 +1279,27 @@ async fn concurrent_repeats_of_a_create_near_the_quota_all_answer_the_first_outc
     let (s, again) = api.call(&b.token, "reservations.create", reservation(&api.pool, Some("refused-first"))).await;
     assert_eq!((s, &again), (429, &v), "a repeat of a refused key was judged afresh");
     assert_eq!(api.call(&b.token, "reservations.create", reservation(&api.pool, Some("a-new-key"))).await.0, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_fails_with_clock_skew_when_the_database_clock_jumps() {
+    let api = Api::start().await;
+    let c = api.h.db().connect().await;
+    better_compute_db::clock::use_real_clock(&c).await.unwrap();
+    let ready = || async {
+        let r = api.http.get(format!("{}/readyz", api.url)).send().await.unwrap();
+        (r.status().as_u16(), r.json::<Value>().await.unwrap())
+    };
+    // The first look anchors the process's clock to the database's; the next agrees.
+    assert_eq!(ready().await.0, 200);
+    let (s, v) = ready().await;
+    assert_eq!((s, v["checks"][0]["ok"].as_bool()), (200, Some(true)), "{v}");
+    // The database's clock jumps ten seconds ahead: not ready, and the check says why.
+    c.batch_execute("CREATE OR REPLACE FUNCTION compute_now() RETURNS timestamptz LANGUAGE sql STABLE AS $$ SELECT now() + interval '10 s' $$") // check-sql-now: allow (a jumped clock)
+        .await
+        .unwrap();
+    let (s, v) = ready().await;
+    assert_eq!((s, v["ready"].as_bool(), v["checks"][0]["name"].as_str(), v["checks"][0]["ok"].as_bool()), (503, Some(false), Some("clock.skew"), Some(false)), "{v}");
+    // It holds steady there: the next sample agrees with the new anchor.
+    assert_eq!(ready().await.0, 200);
 }

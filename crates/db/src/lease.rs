@@ -17,22 +17,25 @@ pub const WORKER_LEASE_TTL: Duration = Duration::from_secs(WORKER_LEASE_TTL_S);
 /// The time to live of gateway leases.
 pub const GATEWAY_LEASE_TTL: Duration = Duration::from_secs(GATEWAY_LEASE_TTL_S);
 
-/// Takes a free or expired lease, or extends our own. The epoch moves only when the owner changes.
+/// Takes a free or expired lease, or extends our own. The epoch stays only when we extend our own
+/// live lease: a new owner, or our own lease taken back after it expired, gets a new epoch, so
+/// nothing fenced under the lapsed epoch can commit.
 const ACQUIRE_SQL: &str = "
 INSERT INTO leases AS l (name, owner, epoch, expires_at)
 VALUES ($1, $2, 1, compute_now() + make_interval(secs => $3))
 ON CONFLICT (name) DO UPDATE
    SET owner = EXCLUDED.owner,
-       epoch = CASE WHEN l.owner = EXCLUDED.owner THEN l.epoch ELSE l.epoch + 1 END,
+       epoch = CASE WHEN l.owner = EXCLUDED.owner AND l.expires_at > compute_now() THEN l.epoch ELSE l.epoch + 1 END,
        expires_at = EXCLUDED.expires_at
  -- only our own lease, or one whose holder let it expire; waits for a fenced transaction's FOR SHARE
  WHERE l.owner = EXCLUDED.owner OR l.expires_at < compute_now()
 RETURNING epoch, compute_now()";
 
-/// Extends the lease only if we still hold it at the same epoch.
+/// Extends the lease only if we still hold it at the same epoch and it has not expired: a lapsed
+/// lease is taken again with [`Lease::acquire`], under a new epoch.
 const RENEW_SQL: &str = "
 UPDATE leases SET expires_at = compute_now() + make_interval(secs => $4)
- WHERE name = $1 AND owner = $2 AND epoch = $3
+ WHERE name = $1 AND owner = $2 AND epoch = $3 AND expires_at > compute_now()
 RETURNING compute_now()";
 
 /// The fence: the first statement of every fenced transaction. The row lock is what fences. It
@@ -116,7 +119,8 @@ impl Lease {
         self.epoch
     }
 
-    /// Extends the lease by its time to live. `false` means it was lost: stop acting under it.
+    /// Extends the lease by its time to live. `false` means it was lost, or lapsed (even if nobody
+    /// took it): stop acting under it, and [`Lease::acquire`] it again for a new epoch.
     pub async fn renew(&self, db: &impl GenericClient, clock: Option<&Clock>) -> Result<bool, DbError> {
         let sent = Instant::now();
         let row = db.query_opt(RENEW_SQL, &[&self.name, &self.owner, &self.epoch, &self.ttl.as_secs_f64()]).await?;
@@ -191,7 +195,7 @@ pub async fn acquire_many(
              ), taken AS (
                UPDATE leases l
                   SET owner = $2,
-                      epoch = CASE WHEN l.owner = $2 THEN l.epoch ELSE l.epoch + 1 END,
+                      epoch = CASE WHEN l.owner = $2 AND l.expires_at > compute_now() THEN l.epoch ELSE l.epoch + 1 END,
                       expires_at = compute_now() + make_interval(secs => $3)
                  FROM lockable k WHERE l.name = k.name
                RETURNING l.name, l.epoch
@@ -233,7 +237,7 @@ pub async fn renew_many(db: &impl GenericClient, leases: &[Lease], clock: Option
         .query(
             "UPDATE leases l SET expires_at = compute_now() + make_interval(secs => h.ttl)
                FROM unnest($1::text[], $2::int8[], $4::float8[]) AS h(name, epoch, ttl)
-              WHERE l.name = h.name AND l.epoch = h.epoch AND l.owner = $3
+              WHERE l.name = h.name AND l.epoch = h.epoch AND l.owner = $3 AND l.expires_at > compute_now()
              RETURNING l.name, compute_now()",
             &[&names, &epochs, &first.owner, &ttls],
         )

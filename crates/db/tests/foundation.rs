@@ -157,6 +157,15 @@ async fn renewal_by_the_owner_keeps_the_epoch_and_takeover_after_expiry_incremen
     b.release(&**c).await.unwrap();
     let a2 = Lease::acquire(&**c, "shard:7", "worker-a", WORKER_LEASE_TTL, None).await.unwrap().unwrap();
     assert_eq!(a2.epoch(), 3);
+    // A lease that lapsed is not renewed, even when nobody took it: its holder takes it again,
+    // under a new epoch, so nothing fenced under the lapsed one commits.
+    db.advance(Duration::from_secs(16)).await;
+    assert!(!a2.renew(&**c, None).await.unwrap());
+    let a3 = Lease::acquire(&**c, "shard:7", "worker-a", WORKER_LEASE_TTL, None).await.unwrap().unwrap();
+    assert_eq!(a3.epoch(), 4);
+    db.advance(Duration::from_secs(16)).await;
+    let many = better_compute_db::lease::acquire_many(&**c, &["shard:7".to_owned()], "worker-a", WORKER_LEASE_TTL, None).await.unwrap();
+    assert_eq!(many.held.iter().map(|l| l.epoch()).collect::<Vec<_>>(), vec![5]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

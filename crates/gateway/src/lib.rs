@@ -88,6 +88,8 @@ pub(crate) struct Inner {
     pub(crate) ca: Arc<Ca>,
     pub(crate) hub: hub::Hub,
     dispatching: Arc<Semaphore>,
+    /// Business time, sampled at start and at every lease renewal (`clock.skew`).
+    clock: better_compute_db::Clock,
 }
 
 /// A running gateway.
@@ -105,10 +107,12 @@ impl Gateway {
             // Every statement in a transaction: safe behind PgBouncer in transaction pooling.
             let mut c = pool.get().await.map_err(DbError::from)?;
             let tx = c.transaction().await.map_err(DbError::from)?;
-            let lease = Lease::acquire(&*tx, &lease_name, &cfg.id, better_compute_db::lease::GATEWAY_LEASE_TTL, None).await?;
+            let clock = better_compute_db::Clock::start(&*tx).await?;
+            let lease = Lease::acquire(&*tx, &lease_name, &cfg.id, better_compute_db::lease::GATEWAY_LEASE_TTL, Some(&clock)).await?;
             tx.commit().await.map_err(DbError::from)?;
-            lease.ok_or_else(|| GatewayError::LeaseHeld(cfg.id.clone()))?
+            (lease.ok_or_else(|| GatewayError::LeaseHeld(cfg.id.clone()))?, clock)
         };
+        let (lease, clock) = lease;
         let (cert, key) = ca.server_identity(&cfg.hostnames)?;
         let tls = tonic::transport::ServerTlsConfig::new()
             .identity(tonic::transport::Identity::from_pem(cert, key))
@@ -117,7 +121,7 @@ impl Gateway {
             .client_auth_optional(true);
         let listener = tokio::net::TcpListener::bind(&cfg.listen).await.map_err(|e| GatewayError::Transport(format!("listen on {}: {e}", cfg.listen)))?;
         let addr = listener.local_addr().map_err(|e| GatewayError::Transport(e.to_string()))?;
-        let inner = Arc::new(Inner { dispatching: Arc::new(Semaphore::new(cfg.dispatch_concurrency.max(1))), cfg, pool, ca, hub: hub::Hub::new() });
+        let inner = Arc::new(Inner { dispatching: Arc::new(Semaphore::new(cfg.dispatch_concurrency.max(1))), cfg, pool, ca, hub: hub::Hub::new(), clock });
         let server = tonic::transport::Server::builder()
             .tls_config(tls)
             .map_err(|e| GatewayError::Transport(e.to_string()))?
@@ -171,6 +175,11 @@ impl Gateway {
         self.inner.hub.len()
     }
 
+    /// Its self-checks: `clock.skew`, from the samples its lease renewals take.
+    pub fn self_check(&self) -> Vec<better_compute_db::clock::SelfCheck> {
+        self.inner.clock.self_check()
+    }
+
     /// Waits for its tasks after shutdown turned true.
     pub async fn join(self) {
         for t in self.tasks {
@@ -201,7 +210,7 @@ impl Inner {
             }
             let Ok(mut c) = self.pool.get().await else { continue };
             let renewed = match c.transaction().await {
-                Ok(tx) => match lease.renew(&*tx, None).await {
+                Ok(tx) => match lease.renew(&*tx, Some(&self.clock)).await {
                     Ok(r) => tx.commit().await.map(|_| r).map_err(DbError::from),
                     Err(e) => Err(e),
                 },
@@ -213,7 +222,7 @@ impl Inner {
                     let dropped = self.hub.clear("this gateway lost its lease");
                     tracing::warn!(gateway = %self.cfg.id, dropped, "gateway lease lost; sessions dropped");
                     if let Ok(tx) = c.transaction().await
-                        && let Ok(Some(l)) = Lease::acquire(&*tx, lease.name(), &self.cfg.id, better_compute_db::lease::GATEWAY_LEASE_TTL, None).await
+                        && let Ok(Some(l)) = Lease::acquire(&*tx, lease.name(), &self.cfg.id, better_compute_db::lease::GATEWAY_LEASE_TTL, Some(&self.clock)).await
                         && tx.commit().await.is_ok()
                     {
                         lease = l;

@@ -1,11 +1,13 @@
 //! `events.deliver`: sends due deliveries, signed, and records what happened.
 //!
-//! A run claims up to [`BATCH`] due rows (pushing their `next_attempt_at` past [`CLAIM_S`], so a
-//! crashed sender's rows come back), sends them concurrently without holding a transaction, then
-//! records each outcome: 2xx delivered; 410 Gone disables the endpoint; anything else (an error
-//! status, a timeout, a refused address) is retried on [`SCHEDULE_S`] with ±10% jitter, later if
-//! the receiver's `Retry-After` asks, and after the last retry the delivery is a dead letter. Then
-//! the run arms its own next wake-up at the earliest pending attempt.
+//! A run claims up to [`BATCH`] due rows, at most [`PER_ENDPOINT`] of one endpoint (pushing their
+//! `next_attempt_at` past [`CLAIM_S`], so a crashed sender's rows come back), sends them
+//! concurrently without holding a transaction, and records each outcome the moment it arrives, in
+//! a transaction of its own guarded by its claim: 2xx delivered; 410 Gone disables the endpoint;
+//! anything else (an error status, a timeout, a refused address) is retried on [`SCHEDULE_S`] with
+//! ±10% jitter, later if the receiver's `Retry-After` (seconds or an HTTP-date) asks, and after the
+//! last retry the delivery is a dead letter. Then the run arms its own next wake-up at the earliest
+//! pending attempt.
 
 use std::time::Duration;
 
@@ -20,6 +22,9 @@ use crate::DELIVER;
 pub const SCHEDULE_S: [u64; 9] = [5, 300, 1800, 7200, 18_000, 36_000, 50_400, 72_000, 86_400];
 /// Deliveries claimed per run.
 pub const BATCH: i64 = 32;
+/// One endpoint's deliveries claimed per run at most, so one endpoint's backlog (or a hanging
+/// receiver) holds up at most this many of a batch.
+pub const PER_ENDPOINT: i64 = 4;
 /// How long a claim holds a delivery away from other senders.
 pub const CLAIM_S: f64 = 60.0;
 /// The longest `Retry-After` honoured.
@@ -34,6 +39,16 @@ pub fn retry_delay_s(attempts: usize, seed: &str, retry_after_s: Option<u64>) ->
     let jitter = ((h % 2001) as f64 / 1000.0 - 1.0) * 0.1;
     let delay = base * (1.0 + jitter);
     Some(delay.max(retry_after_s.unwrap_or(0).min(MAX_RETRY_AFTER_S) as f64))
+}
+
+/// A `Retry-After` value in seconds: delta-seconds, or an HTTP-date (RFC 9110) measured from `now`.
+pub fn retry_after_s(value: &str, now: std::time::SystemTime) -> Option<u64> {
+    let value = value.trim();
+    if let Ok(s) = value.parse::<u64>() {
+        return Some(s);
+    }
+    let at = httpdate::parse_http_date(value).ok()?;
+    Some(at.duration_since(now).map(|d| d.as_secs_f64().ceil() as u64).unwrap_or(0))
 }
 
 enum Sent {
@@ -59,6 +74,8 @@ struct Claimed {
     url: String,
     secrets: Vec<String>,
     timestamp: i64,
+    webhook_id: String,
+    stamp: ClaimStamp,
 }
 
 impl Deliverer {
@@ -83,7 +100,7 @@ impl Deliverer {
             Ok(r) if r.status().as_u16() == 410 => Sent::Gone,
             Ok(r) => Sent::Failed {
                 status: Some(r.status().as_u16()),
-                retry_after_s: r.headers().get("retry-after").and_then(|v| v.to_str().ok()?.trim().parse().ok()),
+                retry_after_s: r.headers().get("retry-after").and_then(|v| retry_after_s(v.to_str().ok()?, std::time::SystemTime::now())),
                 error: format!("the endpoint answered {}", r.status()),
             },
             Err(e) if e.is_timeout() => Sent::Failed { status: None, retry_after_s: None, error: format!("no answer within {:?}", self.timeout) },
@@ -101,6 +118,83 @@ impl Deliverer {
     }
 }
 
+/// The database's "now" as a claim stamp: a delivery's outcome is recorded only while its
+/// `next_attempt_at` is still the stamp this run's claim set, so a later sender that claimed it
+/// again (after [`CLAIM_S`]) is never overwritten by a stale outcome.
+type ClaimStamp = std::time::SystemTime;
+
+impl Deliverer {
+    /// Records one attempt's outcome in a transaction of its own, the moment it is known, so a slow
+    /// receiver elsewhere in the batch can neither delay it nor make it lost. A delivery whose
+    /// webhook was deleted meanwhile (its row gone), or that another sender claimed again, records
+    /// nothing.
+    async fn record(&self, ctx: &ReconcileContext, d: &Claimed, sent: Sent) -> Result<(), RunError> {
+        let mut c = ctx.client().await?;
+        let tx = c.transaction().await.map_err(better_compute_db::DbError::from)?;
+        let mine = "id = $1 AND state = 'pending' AND next_attempt_at = $2";
+        match sent {
+            Sent::Delivered(status) => {
+                tx.execute(
+                    &format!(
+                        "UPDATE webhook_deliveries SET state = 'delivered', attempts = attempts + 1, next_attempt_at = NULL,
+                                finished_at = compute_now(), last_status = $3, last_error = NULL WHERE {mine}"
+                    ),
+                    &[&d.id, &d.stamp, &(status as i32)],
+                )
+                .await
+                .map_err(better_compute_db::DbError::from)?;
+            }
+            Sent::Gone => {
+                let n = tx
+                    .execute(
+                        &format!(
+                            "UPDATE webhook_deliveries SET state = 'dead', attempts = attempts + 1, next_attempt_at = NULL,
+                                    finished_at = compute_now(), last_status = 410,
+                                    last_error = 'the endpoint answered 410 Gone; it is disabled' WHERE {mine}"
+                        ),
+                        &[&d.id, &d.stamp],
+                    )
+                    .await
+                    .map_err(better_compute_db::DbError::from)?;
+                if n == 1 {
+                    tx.execute(
+                        "UPDATE webhooks SET disabled_at = coalesce(disabled_at, compute_now()), version = version + 1,
+                                disabled_reason = 'the endpoint answered 410 Gone'
+                          WHERE id = $1",
+                        &[&d.webhook_id],
+                    )
+                    .await
+                    .map_err(better_compute_db::DbError::from)?;
+                }
+            }
+            Sent::Failed { status, retry_after_s, error } => {
+                let Some(attempts) = tx
+                    .query_opt(&format!("SELECT attempts + 1 FROM webhook_deliveries WHERE {mine} FOR UPDATE"), &[&d.id, &d.stamp])
+                    .await
+                    .map_err(better_compute_db::DbError::from)?
+                    .map(|r| r.get::<_, i32>(0))
+                else {
+                    return Ok(());
+                };
+                let delay = retry_delay_s(attempts as usize, &d.id, retry_after_s);
+                tx.execute(
+                    "UPDATE webhook_deliveries
+                        SET attempts = $2, last_status = $3, last_error = $4,
+                            state = CASE WHEN $5::float8 IS NULL THEN 'dead' ELSE 'pending' END,
+                            next_attempt_at = compute_now() + make_interval(secs => $5),
+                            finished_at = CASE WHEN $5::float8 IS NULL THEN compute_now() END
+                      WHERE id = $1",
+                    &[&d.id, &attempts, &status.map(i32::from), &error, &delay],
+                )
+                .await
+                .map_err(better_compute_db::DbError::from)?;
+            }
+        }
+        tx.commit().await.map_err(better_compute_db::DbError::from)?;
+        Ok(())
+    }
+}
+
 #[async_trait::async_trait]
 impl Reconciler for Deliverer {
     fn kind(&self) -> Kind {
@@ -114,21 +208,27 @@ impl Reconciler for Deliverer {
     async fn run(&self, ctx: &ReconcileContext, _key: &str) -> Result<Outcome, RunError> {
         let mut c = ctx.client().await?;
         let tx = ctx.begin_fenced(&mut c).await?;
+        // At most PER_ENDPOINT of one endpoint's deliveries a batch, oldest first: one endpoint's
+        // backlog cannot fill the batch that other tenants' deliveries wait for.
         let rows = tx
             .query(
-                "WITH due AS (SELECT id FROM webhook_deliveries
-                               WHERE state = 'pending' AND next_attempt_at <= compute_now()
-                               ORDER BY next_attempt_at LIMIT $1 FOR UPDATE SKIP LOCKED)
+                "WITH ranked AS (SELECT id, next_attempt_at,
+                                        row_number() OVER (PARTITION BY webhook_id ORDER BY next_attempt_at, id) AS k
+                                   FROM webhook_deliveries
+                                  WHERE state = 'pending' AND next_attempt_at <= compute_now()),
+                      due AS (SELECT d.id FROM webhook_deliveries d
+                               WHERE d.id IN (SELECT id FROM ranked WHERE k <= $3 ORDER BY next_attempt_at LIMIT $1)
+                                 AND d.state = 'pending' AND d.next_attempt_at <= compute_now()
+                               FOR UPDATE SKIP LOCKED)
                  UPDATE webhook_deliveries d SET next_attempt_at = compute_now() + make_interval(secs => $2)
                    FROM due, webhooks w
                   WHERE d.id = due.id AND w.id = d.webhook_id
                  RETURNING d.id, d.event_id, d.payload::text, w.url, w.secret,
                            CASE WHEN w.previous_valid_until > compute_now() THEN w.previous_secret END,
-                           extract(epoch FROM compute_now())::int8, w.disabled_at IS NOT NULL",
-                &[&BATCH, &CLAIM_S],
+                           extract(epoch FROM compute_now())::int8, w.disabled_at IS NOT NULL, w.id, d.next_attempt_at",
+                &[&BATCH, &CLAIM_S, &PER_ENDPOINT],
             )
             .await?;
-        tx.commit().await?;
         let mut claimed = Vec::new();
         let mut disabled = Vec::new();
         for r in &rows {
@@ -138,11 +238,17 @@ impl Reconciler for Deliverer {
             }
             let mut secrets = vec![r.get::<_, String>(4)];
             secrets.extend(r.get::<_, Option<String>>(5));
-            claimed.push(Claimed { id: r.get(0), event_id: r.get(1), payload: r.get(2), url: r.get(3), secrets, timestamp: r.get(6) });
+            claimed.push(Claimed {
+                id: r.get(0),
+                event_id: r.get(1),
+                payload: r.get(2),
+                url: r.get(3),
+                secrets,
+                timestamp: r.get(6),
+                webhook_id: r.get(8),
+                stamp: r.get(9),
+            });
         }
-        let http = client(self.policy, self.timeout);
-        let sent = futures_util::future::join_all(claimed.iter().map(|d| self.send(&http, d))).await;
-        let tx = ctx.begin_fenced(&mut c).await?;
         for id in &disabled {
             tx.execute(
                 "UPDATE webhook_deliveries SET state = 'dead', next_attempt_at = NULL, finished_at = compute_now(),
@@ -151,49 +257,24 @@ impl Reconciler for Deliverer {
             )
             .await?;
         }
-        for (d, s) in claimed.iter().zip(sent) {
-            match s {
-                Sent::Delivered(status) => {
-                    tx.execute(
-                        "UPDATE webhook_deliveries SET state = 'delivered', attempts = attempts + 1, next_attempt_at = NULL,
-                                finished_at = compute_now(), last_status = $2, last_error = NULL WHERE id = $1",
-                        &[&d.id, &(status as i32)],
-                    )
-                    .await?;
-                }
-                Sent::Gone => {
-                    tx.execute(
-                        "UPDATE webhooks SET disabled_at = coalesce(disabled_at, compute_now()), version = version + 1,
-                                disabled_reason = 'the endpoint answered 410 Gone'
-                          WHERE id = (SELECT webhook_id FROM webhook_deliveries WHERE id = $1)",
-                        &[&d.id],
-                    )
-                    .await?;
-                    tx.execute(
-                        "UPDATE webhook_deliveries SET state = 'dead', attempts = attempts + 1, next_attempt_at = NULL,
-                                finished_at = compute_now(), last_status = 410, last_error = 'the endpoint answered 410 Gone; it is disabled'
-                          WHERE id = $1",
-                        &[&d.id],
-                    )
-                    .await?;
-                }
-                Sent::Failed { status, retry_after_s, error } => {
-                    let attempts: i32 = tx.query_one("SELECT attempts + 1 FROM webhook_deliveries WHERE id = $1", &[&d.id]).await?.get(0);
-                    let delay = retry_delay_s(attempts as usize, &d.id, retry_after_s);
-                    tx.execute(
-                        "UPDATE webhook_deliveries
-                            SET attempts = $2, last_status = $3, last_error = $4,
-                                state = CASE WHEN $5::float8 IS NULL THEN 'dead' ELSE 'pending' END,
-                                next_attempt_at = compute_now() + make_interval(secs => $5),
-                                finished_at = CASE WHEN $5::float8 IS NULL THEN compute_now() END
-                          WHERE id = $1",
-                        &[&d.id, &attempts, &status.map(i32::from), &error, &delay],
-                    )
-                    .await?;
-                }
+        tx.commit().await?;
+        // Sent concurrently, each outcome recorded as it arrives; the slowest is bounded by the
+        // request timeout, which is well inside the claim.
+        let http = &client(self.policy, self.timeout);
+        let mut sends: futures_util::stream::FuturesUnordered<_> = claimed
+            .iter()
+            .map(|d| async move { (d, self.send(http, d).await) })
+            .collect();
+        let mut failed_records = 0;
+        while let Some((d, sent)) = futures_util::StreamExt::next(&mut sends).await {
+            if let Err(e) = self.record(ctx, d, sent).await {
+                // The claim lapses and the delivery is sent again: at least once.
+                tracing::warn!(delivery = %d.id, error = %e, "a delivery's outcome could not be recorded");
+                failed_records += 1;
             }
         }
         // Arm the next wake-up at the earliest pending attempt.
+        let tx = ctx.begin_fenced(&mut c).await?;
         let next: Option<f64> = tx
             .query_one(
                 "SELECT extract(epoch FROM min(next_attempt_at) - compute_now())::float8 FROM webhook_deliveries WHERE state = 'pending'",
@@ -205,6 +286,9 @@ impl Reconciler for Deliverer {
             work_queue::enqueue_after(&*tx, &DELIVER, "all", Duration::from_secs_f64(s.max(0.0))).await?;
         }
         tx.commit().await?;
+        if failed_records > 0 {
+            return Err(format!("{failed_records} outcomes could not be recorded; their deliveries go again after the claim").into());
+        }
         Ok(if rows.len() as i64 == BATCH { Outcome::SyncAgain } else { Outcome::Done })
     }
 }

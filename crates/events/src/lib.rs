@@ -37,7 +37,8 @@ pub const WEBHOOKS_WRITE: &str = "compute:webhooks:write";
 pub struct EventsConfig {
     /// Where webhooks may go.
     pub policy: EgressPolicy,
-    /// Per delivery request (15 s).
+    /// Per delivery request (10 s): well inside the delivery's claim and the job's lease, and the
+    /// most a hanging receiver can hold up the batch it is in.
     pub timeout: Duration,
     /// How long events and finished deliveries are kept (7 days).
     pub retention: Duration,
@@ -45,7 +46,7 @@ pub struct EventsConfig {
 
 impl Default for EventsConfig {
     fn default() -> Self {
-        EventsConfig { policy: EgressPolicy::default(), timeout: Duration::from_secs(15), retention: Duration::from_secs(7 * 24 * 3600) }
+        EventsConfig { policy: EgressPolicy::default(), timeout: Duration::from_secs(10), retention: Duration::from_secs(7 * 24 * 3600) }
     }
 }
 

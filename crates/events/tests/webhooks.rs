@@ -430,3 +430,77 @@ async fn pruning_a_million_row_outbox_walks_it_once_instead_of_once_per_row() {
     let left: i64 = c.query_one("SELECT count(*) FROM outbox", &[]).await.unwrap().get(0);
     assert_eq!(left, 1_000_000);
 }
+
+#[test]
+fn retry_after_is_read_as_seconds_or_as_an_http_date() {
+    use better_compute_events::deliver::retry_after_s;
+    let now = std::time::UNIX_EPOCH + Duration::from_secs(784_111_777); // Sun, 06 Nov 1994 08:49:37 GMT
+    assert_eq!(retry_after_s("120", now), Some(120));
+    assert_eq!(retry_after_s(" 7 ", now), Some(7));
+    assert_eq!(retry_after_s("Sun, 06 Nov 1994 08:51:37 GMT", now), Some(120));
+    assert_eq!(retry_after_s("Sun, 06 Nov 1994 08:00:00 GMT", now), Some(0), "a date past is now");
+    assert_eq!(retry_after_s("soon", now), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hanging_receiver_neither_delays_nor_loses_the_batchs_other_outcomes_and_its_webhook_may_go_meanwhile() {
+    // Requests may take 10 s: the hanging receiver answers after 5.
+    let config = EventsConfig { policy: DEV, timeout: Duration::from_secs(10), ..EventsConfig::default() };
+    let h = Arc::new(Harness::new(vec![Arc::new(EventsModule { config })]).await);
+    let (_slow_rx, slow_addr) = Receiver::start(vec![Reply::Hang]).await;
+    let (fast_rx, fast_addr) = Receiver::start(vec![]).await;
+    let slow = hook(&h, &format!("http://{slow_addr}/hook"), DEV).await;
+    let fast = hook(&h, &format!("http://{fast_addr}/hook"), DEV).await;
+    let event = emit(&h, TENANT, "res_hang").await;
+    fan_out(&h, &event).await;
+    let run = tokio::spawn({
+        let h = h.clone();
+        async move { h.job("events.deliver").tick().await }
+    });
+    // The fast endpoint's outcome is recorded while the slow one is still in flight…
+    tokio::time::timeout(Duration::from_secs(60), async {
+        while delivery(&h, &fast.webhook.id, &event).await.0 != "delivered" {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the fast delivery was not recorded while the slow one hung");
+    assert!(!run.is_finished(), "the slow receiver was not in flight any more");
+    assert_eq!(fast_rx.seen.lock().unwrap().len(), 1);
+    // …and the slow endpoint's webhook is deleted meanwhile: the run still ends cleanly.
+    let c = h.db().connect().await;
+    webhooks::delete(&c, TENANT, &slow.webhook.id).await.unwrap();
+    let report = tokio::time::timeout(Duration::from_secs(60), run).await.expect("the run hung").unwrap();
+    assert_eq!(report.errors, 0, "{report:?}");
+    assert_eq!(delivery(&h, &fast.webhook.id, &event).await, ("delivered".to_owned(), 1, None));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_endpoints_backlog_takes_at_most_its_share_of_a_batch() {
+    let h = harness(DEV).await;
+    let (_rx, addr) = Receiver::start(vec![]).await;
+    let busy = hook(&h, &format!("http://{addr}/hook"), DEV).await;
+    let mut events = Vec::new();
+    for i in 0..10 {
+        events.push(emit(&h, TENANT, &format!("res_{i}")).await);
+    }
+    fan_out(&h, events.last().unwrap()).await;
+    h.job("outbox-dispatch").drain(5).await;
+    let other = hook(&h, &format!("http://{addr}/hook"), DEV).await;
+    let late = emit(&h, TENANT, "res_other").await;
+    fan_out(&h, &late).await;
+    let c = h.db().connect().await;
+    let count = |webhook: String| {
+        let c = &c;
+        async move {
+            let n: i64 = c.query_one("SELECT count(*) FROM webhook_deliveries WHERE webhook_id = $1 AND state = 'delivered'", &[&webhook]).await.unwrap().get(0);
+            n
+        }
+    };
+    // Eleven for the busy endpoint (the late event too), one for the other.
+    let queued: i64 = c.query_one("SELECT count(*) FROM webhook_deliveries WHERE webhook_id = $1", &[&busy.webhook.id]).await.unwrap().get(0);
+    assert_eq!(queued, 11);
+    h.job("events.deliver").tick().await;
+    assert_eq!(count(busy.webhook.id.clone()).await, better_compute_events::deliver::PER_ENDPOINT);
+    assert_eq!(count(other.webhook.id.clone()).await, 1, "the other endpoint waited behind the backlog");
+}

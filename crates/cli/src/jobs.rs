@@ -10,7 +10,8 @@ pub struct JobsArgs {
     json: bool,
 }
 
-/// Prints the jobs' queues, their last runs, and the lease holders.
+/// Prints the jobs' queues, their last runs, the workers' leases, and the live gateways with
+/// their sessions.
 pub async fn run(args: JobsArgs) -> anyhow::Result<()> {
     use better_compute_runtime::status;
     let client = better_compute_db::pool::connect(&args.db.database_url).await?;
@@ -18,8 +19,9 @@ pub async fn run(args: JobsArgs) -> anyhow::Result<()> {
     let queues = status::queues(&client, &registry.job_names()).await?;
     let runs = status::job_runs(&client).await?;
     let holders = status::holders(&client).await?;
+    let gateways = better_compute_nodes::session::live_gateways(&client).await?;
     if args.json {
-        let out = serde_json::json!({ "queues": queues, "runs": runs, "holders": holders });
+        let out = serde_json::json!({ "queues": queues, "runs": runs, "holders": holders, "gateways": gateways });
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
     }
@@ -49,6 +51,11 @@ pub async fn run(args: JobsArgs) -> anyhow::Result<()> {
     println!("{:<32} {:>5} {:>7}  SINGLETONS", "WORKER", "LIVE", "SHARDS");
     for h in &holders {
         println!("{:<32} {:>5} {:>7}  {}", h.worker_id, h.live, h.shards.len(), h.singletons.join(", "));
+    }
+    println!();
+    println!("{:<32} {:>8} {:>12}", "GATEWAY", "SESSIONS", "LEASE LEFT");
+    for g in &gateways {
+        println!("{:<32} {:>8} {:>11.1}s", g.id, g.sessions, g.lease_left_s);
     }
     Ok(())
 }

@@ -135,6 +135,13 @@ impl Hub {
         all.len()
     }
 
+    /// Every session held, as (node, epoch), by node id.
+    pub fn held(&self) -> Vec<(String, i64)> {
+        let mut all: Vec<(String, i64)> = self.sessions.lock().expect("hub").iter().map(|(n, s)| (n.clone(), s.epoch)).collect();
+        all.sort();
+        all
+    }
+
     /// How many sessions are held.
     pub fn len(&self) -> usize {
         self.sessions.lock().expect("hub").len()

@@ -231,13 +231,25 @@ impl Inner {
                 Err(e) => tracing::warn!(error = %e, "gateway lease renewal failed"),
             }
         }
-        // A clean stop: the sessions close as their streams end; the lease goes at once.
+        // A clean stop: every session this gateway holds closes now (its node is disconnected at
+        // once, not after its silence), its stream ends, and the lease goes at once.
+        let held = self.hub.held();
         if let Ok(mut c) = self.pool.get().await
             && let Ok(tx) = c.transaction().await
-            && lease.release(&*tx).await.is_ok()
         {
-            let _ = tx.commit().await;
+            let mut closed = 0;
+            for (node, epoch) in &held {
+                match session::close(&*tx, node, *epoch, "the gateway stopped").await {
+                    Ok(true) => closed += 1,
+                    Ok(false) => {}
+                    Err(e) => tracing::warn!(node = %node, error = %e, "could not close a session on stop"),
+                }
+            }
+            if lease.release(&*tx).await.is_ok() && tx.commit().await.is_ok() {
+                tracing::info!(gateway = %self.cfg.id, closed, "gateway stopped; its sessions are closed");
+            }
         }
+        self.hub.clear("the gateway stopped");
     }
 
     /// Ends the streams of sessions the database no longer gives this gateway (the liveness job

@@ -628,3 +628,16 @@ async fn a_reboot_cancelled_during_its_grace_never_reboots_and_reports_cancelled
     d.kill().await;
     let _ = g.stop.send(true);
 }
+
+#[tokio::test]
+async fn a_gateway_that_stops_cleanly_marks_its_nodes_disconnected_at_once() {
+    let f = Fleet::new().await;
+    let (g, _fake, d, node) = f.joined(true).await;
+    assert_eq!(f.one("SELECT liveness FROM nodes WHERE id = $1", &node).await.get::<_, String>(0), "connected");
+    let _ = g.stop.send(true);
+    tokio::time::timeout(Duration::from_secs(60), g.gw.join()).await.expect("the gateway did not stop");
+    // No time has passed on the database's clock: the close, not the silence, disconnected it.
+    let row = f.one("SELECT liveness, (SELECT close_reason FROM node_sessions WHERE node_id = $1) FROM nodes WHERE id = $1", &node).await;
+    assert_eq!((row.get::<_, String>(0), row.get::<_, Option<String>>(1)), ("disconnected".to_owned(), Some("the gateway stopped".to_owned())));
+    d.kill().await;
+}

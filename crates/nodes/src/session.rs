@@ -405,3 +405,28 @@ pub async fn report_health(tx: &impl GenericClient, node_id: &str, health: &Heal
     }
     Ok(changed)
 }
+
+/// A gateway as operators see it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GatewayStatus {
+    /// Its id.
+    pub id: String,
+    /// Seconds until its lease expires if it stops renewing.
+    pub lease_left_s: f64,
+    /// Sessions open through it.
+    pub sessions: i64,
+}
+
+/// The live gateways (holding an unexpired lease) and their open sessions, by id.
+pub async fn live_gateways(db: &impl GenericClient) -> Result<Vec<GatewayStatus>, DbError> {
+    let rows = db
+        .query(
+            "SELECT l.owner, extract(epoch FROM l.expires_at - compute_now())::float8,
+                    (SELECT count(*) FROM node_sessions s WHERE s.gateway_id = l.owner AND s.closed_at IS NULL)
+               FROM leases l WHERE l.name LIKE 'gateway:%' AND l.expires_at > compute_now() ORDER BY l.owner",
+            &[],
+        )
+        .await?;
+    Ok(rows.iter().map(|r| GatewayStatus { id: r.get(0), lease_left_s: r.get(1), sessions: r.get(2) }).collect())
+}

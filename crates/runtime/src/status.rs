@@ -137,7 +137,7 @@ pub async fn holders(db: &impl GenericClient) -> Result<Vec<Holder>, DbError> {
                     coalesce(array_agg(substr(l.name, 7)::int ORDER BY substr(l.name, 7)::int)
                                FILTER (WHERE l.name LIKE 'shard:%'), '{}'),
                     coalesce(array_agg(l.name ORDER BY l.name) FILTER (WHERE l.name NOT LIKE 'shard:%'), '{}')
-               FROM leases l WHERE l.expires_at > compute_now()
+               FROM leases l WHERE l.expires_at > compute_now() AND l.name NOT LIKE 'gateway:%'
               GROUP BY l.owner ORDER BY l.owner",
             &[&better_compute_db::workers::WORKER_TTL.as_secs_f64()],
         )

@@ -433,39 +433,34 @@ impl Daemon {
             },
             Ok(None) => {}
         }
-        // UNSUPPORTED: another node's, an unknown kind, or a body that is not the kind's.
         let payload = c.body.as_ref().and_then(|b| b.payload.clone());
-        let supported = c.node_id == self.node_id() && KINDS.contains(&c.kind.as_str()) && payload.as_ref().is_some_and(|p| kind_of(p) == c.kind);
-        if !supported {
-            return self.reject(&c.command_id, RejectReason::Unsupported, "another node's command, or a kind this daemon does not run").await;
-        }
-        // STALE_GENERATION: wait (until notAfter) for the spec it presupposes.
-        if c.min_generation > self.applied_generation() {
-            if c.expires_in_ms <= 0 {
-                return self.reject(&c.command_id, RejectReason::StaleGeneration, "its minGeneration is not applied").await;
-            }
-            let deadline = Instant::now() + Duration::from_millis(c.expires_in_ms as u64);
-            self.state.lock().expect("state").waiting.push(Waiting { cmd: c, deadline });
-            return;
-        }
-        // EXPIRED.
-        if c.expires_in_ms <= 0 {
-            return self.reject(&c.command_id, RejectReason::Expired, "past notAfter").await;
-        }
-        // BUSY: no credit left in its lane.
-        let admitted = {
+        let node_id = self.node_id();
+        let decision = {
             let mut st = self.state.lock().expect("state");
             let credits = st.applied.as_ref().map(|a| a.lanes.clone()).unwrap_or_else(|| Applied::initial().lanes).get(&c.lane).copied().unwrap_or(1);
+            let applied_generation = st.applied_generation;
             let used = st.in_lane.entry(c.lane.clone()).or_default();
-            if *used >= credits {
-                false
-            } else {
+            let d = check(&c, &node_id, payload.as_ref(), applied_generation, *used < credits);
+            if d == Check::Admit {
+                // The credit is taken in the same lock as the check, so two commands cannot both
+                // see the last one free.
                 *used += 1;
-                true
             }
+            d
         };
-        if !admitted {
-            return self.reject(&c.command_id, RejectReason::Busy, "no credits left in the lane").await;
+        match decision {
+            Check::Unsupported => {
+                return self.reject(&c.command_id, RejectReason::Unsupported, "another node's command, or a kind this daemon does not run").await;
+            }
+            Check::WaitForSpec => {
+                let deadline = Instant::now() + Duration::from_millis(c.expires_in_ms as u64);
+                self.state.lock().expect("state").waiting.push(Waiting { cmd: c, deadline });
+                return;
+            }
+            Check::StaleGeneration => return self.reject(&c.command_id, RejectReason::StaleGeneration, "its minGeneration is not applied").await,
+            Check::Expired => return self.reject(&c.command_id, RejectReason::Expired, "past notAfter").await,
+            Check::Busy => return self.reject(&c.command_id, RejectReason::Busy, "no credits left in the lane").await,
+            Check::Admit => {}
         }
         if let Err(e) = self.journal.accept(&c.command_id, &c.kind, c.seq, c.retry_safe, &self.run_id) {
             self.logs.line(format!("cannot journal {}: {e}; not running it", c.command_id));
@@ -604,6 +599,40 @@ async fn stopped(shutdown: &mut watch::Receiver<bool>) {
     let _ = shutdown.wait_for(|s| *s).await;
 }
 
+/// What the checks decide of a command, in the spec's order: UNSUPPORTED, then STALE_GENERATION
+/// (waiting for the spec while `notAfter` allows), then EXPIRED, then BUSY.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Check {
+    /// Another node's command, an unknown kind, or a body that is not the kind's.
+    Unsupported,
+    /// Its `minGeneration` is not applied yet, and it has time left: wait for the spec.
+    WaitForSpec,
+    /// Its `minGeneration` is not applied, and its time is up.
+    StaleGeneration,
+    /// Past `notAfter`.
+    Expired,
+    /// No credit left in its lane.
+    Busy,
+    /// Run it.
+    Admit,
+}
+
+/// The checks every command meets before it runs, as a pure function of what the daemon knows.
+pub(crate) fn check(c: &Command, node_id: &str, payload: Option<&Payload>, applied_generation: i64, lane_has_credit: bool) -> Check {
+    let supported = c.node_id == node_id && KINDS.contains(&c.kind.as_str()) && payload.is_some_and(|p| kind_of(p) == c.kind);
+    if !supported {
+        Check::Unsupported
+    } else if c.min_generation > applied_generation {
+        if c.expires_in_ms <= 0 { Check::StaleGeneration } else { Check::WaitForSpec }
+    } else if c.expires_in_ms <= 0 {
+        Check::Expired
+    } else if !lane_has_credit {
+        Check::Busy
+    } else {
+        Check::Admit
+    }
+}
+
 /// Exponential back-off with jitter: `min·2^attempt`, capped at `max`, then a random point in
 /// its upper half, so a fleet that lost its gateway does not come back in one wave.
 pub fn backoff(min: Duration, max: Duration, attempt: u32) -> Duration {
@@ -617,6 +646,44 @@ pub fn backoff(min: Duration, max: Duration, attempt: u32) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_checks_run_in_the_specs_order_alone_and_combined() {
+        let diag = Payload::DiagNvml(Default::default());
+        let cmd = |node: &str, kind: &str, min_generation: i64, expires_in_ms: i64| Command {
+            node_id: node.into(),
+            kind: kind.into(),
+            min_generation,
+            expires_in_ms,
+            ..Default::default()
+        };
+        // (command, its payload, applied generation, a credit free) → decision.
+        let cases: Vec<(Command, Option<&Payload>, bool, Check)> = vec![
+            (cmd("n1", "diag.nvml", 0, 1000), Some(&diag), true, Check::Admit),
+            // Each alone.
+            (cmd("n2", "diag.nvml", 0, 1000), Some(&diag), true, Check::Unsupported),
+            (cmd("n1", "gpu.burn", 0, 1000), Some(&diag), true, Check::Unsupported),
+            (cmd("n1", "node.reboot", 0, 1000), Some(&diag), true, Check::Unsupported),
+            (cmd("n1", "diag.nvml", 0, 1000), None, true, Check::Unsupported),
+            (cmd("n1", "diag.nvml", 9, 1000), Some(&diag), true, Check::WaitForSpec),
+            (cmd("n1", "diag.nvml", 9, 0), Some(&diag), true, Check::StaleGeneration),
+            (cmd("n1", "diag.nvml", 0, 0), Some(&diag), true, Check::Expired),
+            (cmd("n1", "diag.nvml", 0, -5), Some(&diag), true, Check::Expired),
+            (cmd("n1", "diag.nvml", 0, 1000), Some(&diag), false, Check::Busy),
+            // Combined: the earlier check wins.
+            (cmd("n2", "diag.nvml", 9, 0), Some(&diag), false, Check::Unsupported),
+            (cmd("n1", "diag.nvml", 9, 0), Some(&diag), false, Check::StaleGeneration),
+            (cmd("n1", "diag.nvml", 9, 1000), Some(&diag), false, Check::WaitForSpec),
+            (cmd("n1", "diag.nvml", 0, 0), Some(&diag), false, Check::Expired),
+            (cmd("n1", "diag.nvml", 5, 1000), Some(&diag), false, Check::Busy),
+        ];
+        let mut decided = 0;
+        for (c, payload, free, want) in &cases {
+            assert_eq!(check(c, "n1", *payload, 5, *free), *want, "{c:?} free={free}");
+            decided += 1;
+        }
+        assert_eq!(decided, 15);
+    }
 
     #[test]
     fn backoff_doubles_up_to_its_cap_with_jitter_in_the_upper_half() {

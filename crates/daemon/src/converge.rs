@@ -48,15 +48,17 @@ impl Held {
         Held { atoms: a.atoms.clone(), starts_at: a.starts_at.clone(), ends_at: a.ends_at.clone() }
     }
 
-    /// Whether the two share an atom at the same time (bookings of one atom at different times do not
-    /// overlap).
+    /// Whether the two share hardware at the same time (bookings at different times do not
+    /// overlap): the same atom, or a whole GPU (`<uuid>`) and one of its MIG instances
+    /// (`<uuid>/mig<k>`) or slots (`<uuid>/s<k>`).
     fn overlaps(&self, other: &Held) -> Option<String> {
         let before = |a: &str, b: &str| a.is_empty() || b.is_empty() || a < b;
         let same_time = before(&self.starts_at, &other.ends_at) && before(&other.starts_at, &self.ends_at);
         if !same_time {
             return None;
         }
-        self.atoms.iter().find(|x| other.atoms.contains(x)).cloned()
+        let within = |part: &str, whole: &str| part.strip_prefix(whole).is_some_and(|rest| rest.starts_with('/'));
+        self.atoms.iter().find(|x| other.atoms.iter().any(|y| x == &y || within(x, y) || within(y, x))).cloned()
     }
 }
 
@@ -198,6 +200,27 @@ mod tests {
         let third = converge(&spec(vec![alloc("b", &[&u[0], &u[1]])]), &f, &second.applied);
         assert_eq!(third.applied.allocations.keys().collect::<Vec<_>>(), ["b"]);
         assert!(third.sections.iter().all(|s| s.state == SectionState::Converged as i32));
+    }
+
+    #[test]
+    fn a_whole_gpu_overlaps_its_mig_instances_and_slots_but_not_another_gpus() {
+        let held = |atoms: &[&str]| Held { atoms: atoms.iter().map(|s| s.to_string()).collect(), ..Default::default() };
+        let mut checked = 0;
+        for (a, b, overlap) in [
+            (&["GPU-1"][..], &["GPU-1"][..], true),
+            (&["GPU-1"], &["GPU-1/mig0"], true),
+            (&["GPU-1/s2"], &["GPU-1"], true),
+            (&["GPU-1/mig0"], &["GPU-1/mig1"], false),
+            (&["GPU-1/s0"], &["GPU-1/s1"], false),
+            (&["GPU-1"], &["GPU-10"], false),
+            (&["GPU-1"], &["GPU-10/s0"], false),
+            (&["GPU-2", "GPU-1/mig3"], &["GPU-1"], true),
+        ] {
+            assert_eq!(held(a).overlaps(&held(b)).is_some(), overlap, "{a:?} vs {b:?}");
+            assert_eq!(held(b).overlaps(&held(a)).is_some(), overlap, "{b:?} vs {a:?}");
+            checked += 1;
+        }
+        assert_eq!(checked, 8);
     }
 
     #[test]

@@ -90,6 +90,8 @@ pub(crate) struct Inner {
     dispatching: Arc<Semaphore>,
     /// Business time, sampled at start and at every lease renewal (`clock.skew`).
     clock: better_compute_db::Clock,
+    /// Set once a clean stop began: new sessions are refused.
+    pub(crate) stopping: std::sync::atomic::AtomicBool,
 }
 
 /// A running gateway.
@@ -121,7 +123,7 @@ impl Gateway {
             .client_auth_optional(true);
         let listener = tokio::net::TcpListener::bind(&cfg.listen).await.map_err(|e| GatewayError::Transport(format!("listen on {}: {e}", cfg.listen)))?;
         let addr = listener.local_addr().map_err(|e| GatewayError::Transport(e.to_string()))?;
-        let inner = Arc::new(Inner { dispatching: Arc::new(Semaphore::new(cfg.dispatch_concurrency.max(1))), cfg, pool, ca, hub: hub::Hub::new(), clock });
+        let inner = Arc::new(Inner { dispatching: Arc::new(Semaphore::new(cfg.dispatch_concurrency.max(1))), cfg, pool, ca, hub: hub::Hub::new(), clock, stopping: Default::default() });
         let server = tonic::transport::Server::builder()
             .tls_config(tls)
             .map_err(|e| GatewayError::Transport(e.to_string()))?
@@ -139,8 +141,9 @@ impl Gateway {
                 let r = server
                     .serve_with_incoming_shutdown(incoming, async move {
                         let _ = stop.wait_for(|s| *s).await;
-                        // Ends every stream, so the graceful shutdown has nothing to wait for.
-                        stopping.hub.clear("this gateway is stopping");
+                        // Closes every session and ends every stream, so the graceful shutdown has
+                        // nothing to wait for.
+                        stopping.close_all().await;
                     })
                     .await;
                 if let Err(e) = r {
@@ -231,8 +234,19 @@ impl Inner {
                 Err(e) => tracing::warn!(error = %e, "gateway lease renewal failed"),
             }
         }
-        // A clean stop: every session this gateway holds closes now (its node is disconnected at
-        // once, not after its silence), its stream ends, and the lease goes at once.
+        // A clean stop: the sessions were closed as the server stopped; the lease goes at once.
+        if let Ok(mut c) = self.pool.get().await
+            && let Ok(tx) = c.transaction().await
+            && lease.release(&*tx).await.is_ok()
+        {
+            let _ = tx.commit().await;
+        }
+    }
+
+    /// A clean stop: refuses new sessions from now on, closes every session it holds in the
+    /// database (its node is disconnected at once, not after its silence), then ends their streams.
+    async fn close_all(&self) {
+        self.stopping.store(true, std::sync::atomic::Ordering::SeqCst);
         let held = self.hub.held();
         if let Ok(mut c) = self.pool.get().await
             && let Ok(tx) = c.transaction().await
@@ -245,11 +259,11 @@ impl Inner {
                     Err(e) => tracing::warn!(node = %node, error = %e, "could not close a session on stop"),
                 }
             }
-            if lease.release(&*tx).await.is_ok() && tx.commit().await.is_ok() {
-                tracing::info!(gateway = %self.cfg.id, closed, "gateway stopped; its sessions are closed");
+            if tx.commit().await.is_ok() {
+                tracing::info!(gateway = %self.cfg.id, closed, "gateway stopping; its sessions are closed");
             }
         }
-        self.hub.clear("the gateway stopped");
+        self.hub.clear("this gateway is stopping");
     }
 
     /// Ends the streams of sessions the database no longer gives this gateway (the liveness job

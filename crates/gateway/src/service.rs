@@ -139,6 +139,9 @@ impl Gateway for GatewayService {
             }
         }
         let inner = &self.inner;
+        if inner.stopping.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(Status::unavailable("UNAVAILABLE: this gateway is stopping; connect to another"));
+        }
         let (out, rx) = tokio::sync::mpsc::channel(inner.cfg.session_queue.max(8));
         // One transaction: open the session, read what the daemon needs, and dispatch.
         let mut c = inner.pool.get().await.map_err(db)?;
@@ -161,6 +164,17 @@ impl Gateway for GatewayService {
         tx.commit().await.map_err(db)?;
         drop(c);
         inner.hub.insert(&node, s.clone());
+        // A stop that began while this session opened may have missed it: close it as it would.
+        if inner.stopping.load(std::sync::atomic::Ordering::SeqCst) {
+            if let Ok(mut c) = inner.pool.get().await
+                && let Ok(tx) = c.transaction().await
+                && session::close(&*tx, &node, opened.session_epoch, "the gateway stopped").await.is_ok()
+            {
+                let _ = tx.commit().await;
+            }
+            inner.hub.remove(&node, opened.session_epoch, "this gateway is stopping");
+            return Err(Status::unavailable("UNAVAILABLE: this gateway is stopping; connect to another"));
+        }
         let welcome = Welcome { session_epoch: opened.session_epoch, generation: opened.generation };
         let _ = out.try_send(Ok(GatewayMessage { msg: Some(gateway_message::Msg::Welcome(welcome)) }));
         if let Some((generation, json)) = spec && s.claim_generation(generation) {

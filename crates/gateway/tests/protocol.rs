@@ -638,6 +638,7 @@ async fn a_gateway_that_stops_cleanly_marks_its_nodes_disconnected_at_once() {
     tokio::time::timeout(Duration::from_secs(60), g.gw.join()).await.expect("the gateway did not stop");
     // No time has passed on the database's clock: the close, not the silence, disconnected it.
     let row = f.one("SELECT liveness, (SELECT close_reason FROM node_sessions WHERE node_id = $1) FROM nodes WHERE id = $1", &node).await;
-    assert_eq!((row.get::<_, String>(0), row.get::<_, Option<String>>(1)), ("disconnected".to_owned(), Some("the gateway stopped".to_owned())));
+    let (liveness, reason): (String, Option<String>) = (row.get(0), row.get(1));
+    assert_eq!((liveness.as_str(), reason.as_deref()), ("disconnected", Some("the gateway stopped")));
     d.kill().await;
 }

@@ -106,14 +106,16 @@ async fn liveness_moves_through_each_grace_in_simulated_time_and_an_unreachable_
     }
     run_for(&h, (UNREACHABLE_AFTER_S - 5) as u64).await;
     assert_eq!(liveness_of(&h, &node).await.0, "disconnected");
-    // An outage: the job does not run for a minute. Afterwards every node gets 5 minutes.
+    // An outage: the job does not run for a minute. A node disconnected across it gets 5 minutes
+    // on its own 40 s, counted from its own disconnection (35 s before the outage), not a window
+    // from the outage's end.
     h.db().advance(Duration::from_secs(60)).await;
     assert!(evaluate(&h).await.outage_grace);
     assert_eq!(liveness_of(&h, &node).await.0, "disconnected", "outage grace");
-    run_for(&h, (OUTAGE_GRACE_S - 5) as u64).await;
-    assert_eq!(liveness_of(&h, &node).await.0, "disconnected", "still inside the outage grace");
+    run_for(&h, (UNREACHABLE_AFTER_S + OUTAGE_GRACE_S - 35 - 60 - 5) as u64).await;
+    assert_eq!(liveness_of(&h, &node).await.0, "disconnected", "still inside its outage grace");
     run_for(&h, 5).await;
-    assert_eq!(liveness_of(&h, &node).await.0, "unreachable");
+    assert_eq!(liveness_of(&h, &node).await.0, "unreachable", "40 s + 5 min after its own disconnection");
     assert_eq!(reservations::get(&**c, ME, &reservation.id).await.unwrap().state, "placed");
 }
 

@@ -9,7 +9,9 @@
 //!   `noScheduleReasons` and raises `node.unreachable` (NodeUnreachable); nothing is released;
 //! - unreachable → lost only in `provider` and `vps-host` pools with `lostAfter`, never bare metal;
 //! - after a gap in this job's own runs longer than [`OUTAGE_GAP_S`] (the database or the
-//!   controllers were down), no node becomes unreachable for [`OUTAGE_GRACE_S`].
+//!   controllers were down), every node disconnected then, and every node that disconnects in the
+//!   [`OUTAGE_GRACE_S`] after, gets [`OUTAGE_GRACE_S`] of grace on its own 40 s: each becomes
+//!   unreachable 40 s + 5 min after its own disconnection.
 //!
 //! A new session makes the node connected again (see [`crate::session::open`]).
 
@@ -50,7 +52,7 @@ pub struct LivenessReport {
     pub unreachable: u64,
     /// Nodes now lost.
     pub lost: u64,
-    /// Whether this pass is inside an outage grace.
+    /// Whether this pass is inside an outage's grace (nodes disconnecting now get its 5 minutes).
     pub outage_grace: bool,
 }
 
@@ -61,21 +63,37 @@ async fn ids(tx: &impl GenericClient, sql: &str) -> Result<Vec<String>, DbError>
 /// One pass over every joined node. Runs in the caller's (fenced) transaction.
 pub async fn evaluate(tx: &impl GenericClient) -> Result<LivenessReport, DbError> {
     // The job's own heartbeat; a long gap since the last run starts the outage grace.
-    let outage_grace: bool = tx
+    let run = tx
         .query_one(
             &format!(
-                "INSERT INTO liveness_runs AS l (singleton, last_run_at, outage_grace_until) VALUES (true, compute_now(), compute_now())
+                "WITH prev AS (SELECT last_run_at FROM liveness_runs WHERE singleton)
+                 INSERT INTO liveness_runs AS l (singleton, last_run_at, outage_grace_until) VALUES (true, compute_now(), compute_now())
                  ON CONFLICT (singleton) DO UPDATE SET
                     outage_grace_until = CASE WHEN l.last_run_at < compute_now() - make_interval(secs => {OUTAGE_GAP_S})
                                               THEN compute_now() + make_interval(secs => {OUTAGE_GRACE_S}) ELSE l.outage_grace_until END,
                     last_run_at = compute_now()
-                 RETURNING outage_grace_until > compute_now()"
+                 RETURNING outage_grace_until > compute_now(),
+                           coalesce((SELECT last_run_at < compute_now() - make_interval(secs => {OUTAGE_GAP_S}) FROM prev), false)"
             ),
             &[],
         )
-        .await?
-        .get(0);
+        .await?;
+    let (outage_grace, outage_began): (bool, bool) = (run.get(0), run.get(1));
     let mut report = LivenessReport { outage_grace, ..Default::default() };
+    // The outage's grace is each node's own: every node already disconnected when it is seen, and
+    // every node that disconnects while it lasts, becomes unreachable only 40 s + 5 min after its
+    // own disconnection, not at the end of one window for all.
+    if outage_began {
+        tx.execute(
+            &format!(
+                "UPDATE nodes SET disconnect_grace_s = GREATEST(disconnect_grace_s, {OUTAGE_GRACE_S})
+                  WHERE id IN (SELECT id FROM nodes WHERE liveness = 'disconnected' AND joined_at IS NOT NULL ORDER BY id FOR UPDATE)"
+            ),
+            &[],
+        )
+        .await?;
+    }
+    let outage_extra = if outage_grace { OUTAGE_GRACE_S } else { 0 };
 
     // Lock order: nodes, then node_sessions.
     let gateway_lost = ids(
@@ -88,7 +106,7 @@ pub async fn evaluate(tx: &impl GenericClient) -> Result<LivenessReport, DbError
     .await?;
     for id in &gateway_lost {
         close_session(tx, id, "gateway-lost").await?;
-        crate::session::mark_disconnected(tx, id, GATEWAY_LOSS_GRACE_S).await?;
+        crate::session::mark_disconnected(tx, id, GATEWAY_LOSS_GRACE_S.max(outage_extra)).await?;
     }
     report.gateway_lost = gateway_lost.len() as u64;
 
@@ -104,26 +122,24 @@ pub async fn evaluate(tx: &impl GenericClient) -> Result<LivenessReport, DbError
     .await?;
     for id in &silent {
         close_session(tx, id, "silent").await?;
-        crate::session::mark_disconnected(tx, id, 0).await?;
+        crate::session::mark_disconnected(tx, id, outage_extra).await?;
     }
     report.silent = silent.len() as u64;
 
-    if !report.outage_grace {
-        let unreachable = ids(
-            tx,
-            &format!(
-                "SELECT id FROM nodes
-                  WHERE liveness = 'disconnected' AND joined_at IS NOT NULL
-                    AND liveness_since + make_interval(secs => {UNREACHABLE_AFTER_S} + disconnect_grace_s) <= compute_now()
-                  ORDER BY id LIMIT $1 FOR UPDATE"
-            ),
-        )
-        .await?;
-        for id in &unreachable {
-            actions::set_liveness(tx, id, "unreachable").await?;
-        }
-        report.unreachable = unreachable.len() as u64;
+    let unreachable = ids(
+        tx,
+        &format!(
+            "SELECT id FROM nodes
+              WHERE liveness = 'disconnected' AND joined_at IS NOT NULL
+                AND liveness_since + make_interval(secs => {UNREACHABLE_AFTER_S} + disconnect_grace_s) <= compute_now()
+              ORDER BY id LIMIT $1 FOR UPDATE"
+        ),
+    )
+    .await?;
+    for id in &unreachable {
+        actions::set_liveness(tx, id, "unreachable").await?;
     }
+    report.unreachable = unreachable.len() as u64;
 
     // Never bare metal: the pool's CHECK allows lost_after_s only for provider and vps-host pools.
     let lost = ids(

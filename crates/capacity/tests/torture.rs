@@ -1,6 +1,7 @@
 //! The capacity torture test: 1,000 concurrent operations over many connections on a fleet of 50
 //! nodes with 8 GPUs each (some MIG, some time-sliced) — reserve, extend, release, cordon, taint,
-//! health flips, quarantine, mode changes, clock jumps — while the capacity jobs run; then every
+//! health flips, quarantine, mode changes, nodes going unreachable, lost and back, clock jumps —
+//! while the capacity jobs run; then every
 //! invariant is checked against the database. Seeded: the operations of a seed are the same every
 //! run (their interleaving is the machine's). CI runs a few seeds; for many:
 //! `TORTURE_SEEDS=1-50 cargo nextest run -p better-compute-capacity --run-ignored only torture_seeds_from_env`
@@ -156,6 +157,16 @@ async fn one_op(
             };
             mode::change_gpu_mode(c, g, &m).await?;
             Ok("mode")
+        }
+        98 => {
+            // The liveness job's transitions: a node goes unreachable (it leaves placement, keeps
+            // its bookings), is lost, or comes back.
+            let n = &f.nodes[pick_node(rng)];
+            let to = ["unreachable", "lost", "connected"][rng.below(3) as usize];
+            let tx = c.transaction().await.map_err(db)?;
+            actions::set_liveness(&tx, n, to).await.map_err(Into::<better_compute_core::Error>::into)?;
+            tx.commit().await.map_err(db)?;
+            Ok("liveness")
         }
         _ => {
             h.db().advance(Duration::from_secs(60 * (1 + rng.below(10)))).await;

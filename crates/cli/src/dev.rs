@@ -143,18 +143,52 @@ async fn serve(cluster: &Cluster, root: &Path, args: &DevArgs) -> anyhow::Result
     println!("ready: DATABASE_URL={url} BETTER_COMPUTE_URL={api_url} BETTER_COMPUTE_TENANT={} BETTER_COMPUTE_TOKEN={}", admin.tenant_id, admin.secret);
     // SAFETY: isatty on our own stdout.
     let status = (unsafe { libc::isatty(1) } == 1).then(|| tokio::spawn(crate::dev_fleet::live_status(conn.clone(), stopped_status)));
-    let signal = crate::shutdown_signal().await?;
+    let ended = tokio::select! {
+        signal = crate::shutdown_signal() => Ok(signal?),
+        e = watch_postgres(cluster) => Err(e),
+    };
     if let Some(s) = status {
         s.abort();
         println!();
     }
-    println!("received {signal}");
+    match &ended {
+        Ok(signal) => println!("received {signal}"),
+        Err(e) => println!("stopping: {e}"),
+    }
     stop.send(true)?;
     fleet.stop().await;
     gateway.join().await;
     handle.await??;
     api.await??;
-    Ok(())
+    ended.map(|_| ())
+}
+
+/// How often dev looks whether its PostgreSQL is still there.
+const POSTGRES_WATCH_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Watches dev's own PostgreSQL: when it dies (killed, crashed), starts it again at once and says
+/// so in one line, so the server, worker, gateway and daemons reconnect instead of logging
+/// failures until someone notices. Returns only when it cannot be started again.
+async fn watch_postgres(cluster: &Cluster) -> anyhow::Error {
+    loop {
+        tokio::time::sleep(POSTGRES_WATCH_EVERY).await;
+        // SAFETY: signal 0 only asks whether the process exists.
+        let alive = cluster.postmaster_pid().is_some_and(|pid| unsafe { libc::kill(pid, 0) } == 0);
+        if alive {
+            continue;
+        }
+        let c = cluster.clone();
+        match tokio::task::spawn_blocking(move || c.start()).await {
+            Ok(Ok(())) => println!("PostgreSQL stopped unexpectedly; started it again (pid {:?}); everything reconnects", cluster.postmaster_pid()),
+            Ok(Err(e)) => {
+                return anyhow::anyhow!(
+                    "PostgreSQL stopped unexpectedly and could not be started again: {e}; see {}",
+                    cluster.options().data_dir.join("server.log").display()
+                )
+            }
+            Err(e) => return anyhow::anyhow!("PostgreSQL stopped unexpectedly; restarting it failed: {e}"),
+        }
+    }
 }
 
 /// The dev admin's token and tenant.

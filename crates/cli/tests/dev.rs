@@ -269,6 +269,23 @@ async fn dev_refuses_a_second_copy_stops_on_ctrl_c_and_keeps_data_across_restart
     assert_eq!(gateways.len(), 1, "{text}");
     assert!(!text.lines().any(|l| l.starts_with("gw") && l.contains("false")), "a gateway shown as a dead worker: {text}");
 
+    // Its PostgreSQL dies (an immediate shutdown, as a crash): dev starts it again and says so once.
+    let pid: i32 = std::fs::read_to_string(dir.join("pgdata/postmaster.pid")).unwrap().lines().next().unwrap().trim().parse().unwrap();
+    // SAFETY: signalling the PostgreSQL our own child started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGQUIT) }, 0);
+    first.wait_for("PostgreSQL stopped unexpectedly; started it again");
+    let mut back = None;
+    for _ in 0..600 {
+        if let Ok(c) = better_compute_db::pool::connect(&url).await
+            && let Ok(r) = c.query_one("SELECT n::bigint FROM kept", &[]).await
+        {
+            back = Some(r.get::<_, i64>(0));
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(back, Some(42), "the restarted PostgreSQL lost the data");
+
     // A second dev on the same folder is refused, clearly, and the first keeps running.
     let second = Command::new(BIN).arg("dev").arg("--data-dir").arg(&dir).output().unwrap();
     assert!(!second.status.success());

@@ -48,9 +48,11 @@ pub async fn run(args: JobsArgs) -> anyhow::Result<()> {
         println!("{:<24} {:<32} {:>8}  {}", r.job, r.worker_id, r.ticks, r.last_report);
     }
     println!();
-    println!("{:<32} {:>5} {:>7}  SINGLETONS", "WORKER", "LIVE", "SHARDS");
+    println!("{:<32} {:>5} {:>7} {:<12}  SINGLETONS", "WORKER", "LIVE", "SHARDS", "CHECKS");
     for h in &holders {
-        println!("{:<32} {:>5} {:>7}  {}", h.worker_id, h.live, h.shards.len(), h.singletons.join(", "));
+        let failing: Vec<&str> = h.checks.as_array().into_iter().flatten().filter(|c| c["ok"] == false).filter_map(|c| c["name"].as_str()).collect();
+        let checks = if failing.is_empty() { "ok".to_owned() } else { failing.join(",") };
+        println!("{:<32} {:>5} {:>7} {:<12}  {}", h.worker_id, h.live, h.shards.len(), checks, h.singletons.join(", "));
     }
     println!();
     println!("{:<32} {:>8} {:>12}", "GATEWAY", "SESSIONS", "LEASE LEFT");

@@ -264,6 +264,8 @@ async fn dev_refuses_a_second_copy_stops_on_ctrl_c_and_keeps_data_across_restart
     let text = String::from_utf8_lossy(&jobs.stdout);
     assert!(jobs.status.success(), "{}", String::from_utf8_lossy(&jobs.stderr));
     assert!(text.contains("event-subscribers") && text.contains("SHARDS") && text.contains(" 256 "), "{text}");
+    // Each worker's self-checks (clock.skew): the worker holding the shards reports ok.
+    assert!(text.lines().any(|l| l.starts_with("wrk_") && l.contains(" 256 ok")), "{text}");
     // The live gateway, apart from the workers, with its sessions.
     let gateways: Vec<&str> = text.lines().skip_while(|l| !l.starts_with("GATEWAY")).skip(1).filter(|l| !l.trim().is_empty()).collect();
     assert_eq!(gateways.len(), 1, "{text}");

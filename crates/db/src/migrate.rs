@@ -41,6 +41,7 @@ pub const CORE_MIGRATIONS: &[Migration] = &[
         name: "0003_idempotency",
         sql: include_str!("migrations/core/0003_idempotency.sql"),
     },
+    Migration { module: "core", name: "0004_worker_checks", sql: include_str!("migrations/core/0004_worker_checks.sql") },
 ];
 
 /// Arbitrary, fixed key of the advisory lock that serialises migrators.

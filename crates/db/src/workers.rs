@@ -39,9 +39,10 @@ pub async fn register(db: &impl GenericClient, w: &WorkerInfo) -> Result<(), DbE
     Ok(())
 }
 
-/// Heartbeats. `false` when the row is gone (pruned as dead): register again.
-pub async fn heartbeat(db: &impl GenericClient, id: &str) -> Result<bool, DbError> {
-    Ok(db.execute("UPDATE workers SET heartbeat_at = compute_now() WHERE id = $1", &[&id]).await? == 1)
+/// Heartbeats, with the worker's self-checks (`[{name, ok, detail}]`, as `jobs` shows them).
+/// `false` when the row is gone (pruned as dead): register again.
+pub async fn heartbeat(db: &impl GenericClient, id: &str, checks: &serde_json::Value) -> Result<bool, DbError> {
+    Ok(db.execute("UPDATE workers SET heartbeat_at = compute_now(), checks = $2 WHERE id = $1", &[&id, checks]).await? == 1)
 }
 
 /// Removes the row on a clean shutdown, so shards move at once.

@@ -34,7 +34,7 @@ async fn migrations_apply_once_and_are_recorded_in_order() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(names, ["core/0001_clock", "core/0002_leases_and_workers", "core/0003_idempotency"]);
+    assert_eq!(names, ["core/0001_clock", "core/0002_leases_and_workers", "core/0003_idempotency", "core/0004_worker_checks"]);
 }
 
 #[tokio::test]
@@ -254,12 +254,12 @@ async fn workers_that_stop_heartbeating_drop_out_of_the_live_set() {
     }
     assert_eq!(workers::live(&**c).await.unwrap(), ["wrk_a", "wrk_b"]);
     db.advance(Duration::from_secs(10)).await;
-    assert!(workers::heartbeat(&**c, "wrk_a").await.unwrap());
+    assert!(workers::heartbeat(&**c, "wrk_a", &serde_json::json!([])).await.unwrap());
     db.advance(Duration::from_secs(10)).await;
     assert_eq!(workers::live(&**c).await.unwrap(), ["wrk_a"]);
     db.advance(Duration::from_secs(200)).await;
     assert_eq!(workers::prune_dead(&**c).await.unwrap(), 2);
-    assert!(!workers::heartbeat(&**c, "wrk_a").await.unwrap());
+    assert!(!workers::heartbeat(&**c, "wrk_a", &serde_json::json!([])).await.unwrap());
 }
 
 fn scope<'a>(identity: &'a str, key: &'a str) -> IdempotencyScope<'a> {

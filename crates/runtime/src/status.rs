@@ -60,6 +60,8 @@ pub struct Holder {
     pub shards: Vec<i32>,
     /// Other leases it holds unexpired (`singleton:…`).
     pub singletons: Vec<String>,
+    /// Its self-checks at its last heartbeat (`clock.skew`), `[{name, ok, detail}]`.
+    pub checks: serde_json::Value,
 }
 
 /// Queue status of every job with rows, plus `jobs` with none.
@@ -136,7 +138,8 @@ pub async fn holders(db: &impl GenericClient) -> Result<Vec<Holder>, DbError> {
                              AND w.heartbeat_at > compute_now() - make_interval(secs => $1)),
                     coalesce(array_agg(substr(l.name, 7)::int ORDER BY substr(l.name, 7)::int)
                                FILTER (WHERE l.name LIKE 'shard:%'), '{}'),
-                    coalesce(array_agg(l.name ORDER BY l.name) FILTER (WHERE l.name NOT LIKE 'shard:%'), '{}')
+                    coalesce(array_agg(l.name ORDER BY l.name) FILTER (WHERE l.name NOT LIKE 'shard:%'), '{}'),
+                    coalesce((SELECT w.checks FROM workers w WHERE w.id = l.owner), '[]')
                FROM leases l WHERE l.expires_at > compute_now() AND l.name NOT LIKE 'gateway:%'
               GROUP BY l.owner ORDER BY l.owner",
             &[&better_compute_db::workers::WORKER_TTL.as_secs_f64()],
@@ -144,6 +147,6 @@ pub async fn holders(db: &impl GenericClient) -> Result<Vec<Holder>, DbError> {
         .await?;
     Ok(rows
         .iter()
-        .map(|r| Holder { worker_id: r.get(0), live: r.get(1), shards: r.get(2), singletons: r.get(3) })
+        .map(|r| Holder { worker_id: r.get(0), live: r.get(1), shards: r.get(2), singletons: r.get(3), checks: r.get(4) })
         .collect())
 }

@@ -182,7 +182,9 @@ impl Worker {
     pub async fn maintain(&self) -> Result<MaintainReport, DbError> {
         let mut client = self.pool.get().await?;
         let tx = client.transaction().await?;
-        if !workers::heartbeat(&*tx, &self.cfg.id).await? {
+        let checks: serde_json::Value =
+            self.clock.self_check().iter().map(|c| serde_json::json!({"name": c.name, "ok": c.ok, "detail": c.detail})).collect();
+        if !workers::heartbeat(&*tx, &self.cfg.id, &checks).await? {
             workers::register(&*tx, &Self::info(&self.cfg)).await?;
         }
         let mut live = workers::live(&*tx).await?;

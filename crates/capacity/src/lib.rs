@@ -36,6 +36,11 @@ pub const CAPACITY_MIGRATIONS: &[Migration] = &[
     Migration { module: "capacity", name: "0012_batches", sql: include_str!("migrations/capacity/0012_batches.sql") },
     Migration { module: "capacity", name: "0013_batch_plans", sql: include_str!("migrations/capacity/0013_batch_plans.sql") },
     Migration { module: "capacity", name: "0014_batch_locks_late", sql: include_str!("migrations/capacity/0014_batch_locks_late.sql") },
+    Migration {
+        module: "capacity",
+        name: "0015_final_refusals_judge_hardware",
+        sql: include_str!("migrations/capacity/0015_final_refusals_judge_hardware.sql"),
+    },
 ];
 
 /// Moves a reservation through time (start, end) and retries it while pending; key: reservation

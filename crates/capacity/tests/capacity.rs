@@ -1008,3 +1008,38 @@ async fn the_tables_placements_churn_are_vacuumed_once_two_percent_of_them_is_de
         assert_eq!(count(&h, &sql).await, 1, "{table}");
     }
 }
+
+#[tokio::test]
+async fn a_quarantined_or_unhealthy_gpu_leaves_a_request_pending_and_only_the_hardware_refuses_one() {
+    let h = harness().await;
+    // One node of 8 whole GPUs, one of 8 GPUs each in MIG mode (two 3g.40gb instances).
+    let modes = vec![GpuMode::Exclusive, GpuMode::Mig { layout: vec!["3g.40gb".into(), "3g.40gb".into()] }];
+    let f = fleet(&h, &modes, 8).await;
+    let mut c = h.db().connect().await;
+    {
+        let tx = c.transaction().await.unwrap();
+        actions::quarantine(&tx, &f.gpus[0][0], "flaky fan").await.unwrap();
+        actions::set_gpu_health(&tx, &f.gpus[0][1], false).await.unwrap();
+        for g in &f.gpus[1] {
+            actions::quarantine(&tx, g, "firmware update").await.unwrap();
+        }
+        tx.commit().await.unwrap();
+    }
+    settle_outbox(&h).await;
+    h.job("event-subscribers").drain(20).await;
+    // The node has 8 GPUs, two out for now: 8 waits instead of being refused as too many.
+    let eight = reservations::create(&mut c, ME, &whole(&f.pool_id, 8)).await.unwrap();
+    assert_eq!(eight.state, "pending", "{eight:?}");
+    // Every MIG parent is quarantined: a MIG instance waits too, the pool has them.
+    let mut mig = whole(&f.pool_id, 1);
+    mig.gpu = GpuRequest { kind: "mig".into(), model: MODEL.into(), profile: Some("3g.40gb".into()), count: 1 };
+    let instance = reservations::create(&mut c, ME, &mig).await.unwrap();
+    assert_eq!(instance.state, "pending", "{instance:?}");
+    // What the hardware can never hold is still refused, at once.
+    let err = reservations::create(&mut c, ME, &whole(&f.pool_id, 9)).await.unwrap_err();
+    assert_eq!((err.code, err.message.contains("most on one node is 8")), (ErrorCode::FailedPrecondition, true), "{err:?}");
+    mig.gpu.profile = Some("1g.10gb".into());
+    let err = reservations::create(&mut c, ME, &mig).await.unwrap_err();
+    assert_eq!(err.code, ErrorCode::InvalidArgument, "{err:?}");
+    assert_eq!(count(&h, "SELECT count(*) FROM reservations").await, 2);
+}

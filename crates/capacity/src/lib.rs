@@ -41,6 +41,11 @@ pub const CAPACITY_MIGRATIONS: &[Migration] = &[
         name: "0015_final_refusals_judge_hardware",
         sql: include_str!("migrations/capacity/0015_final_refusals_judge_hardware.sql"),
     },
+    Migration {
+        module: "capacity",
+        name: "0016_final_refusals_judge_scalars",
+        sql: include_str!("migrations/capacity/0016_final_refusals_judge_scalars.sql"),
+    },
 ];
 
 /// Moves a reservation through time (start, end) and retries it while pending; key: reservation

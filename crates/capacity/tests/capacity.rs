@@ -1010,7 +1010,7 @@ async fn the_tables_placements_churn_are_vacuumed_once_two_percent_of_them_is_de
 }
 
 #[tokio::test]
-async fn a_quarantined_or_unhealthy_gpu_leaves_a_request_pending_and_only_the_hardware_refuses_one() {
+async fn a_quarantined_or_unhealthy_gpu_leaves_a_request_pending_and_only_the_hardware_refuses_one_cpu_only_too() {
     let h = harness().await;
     // One node of 8 whole GPUs, one of 8 GPUs each in MIG mode (two 3g.40gb instances).
     let modes = vec![GpuMode::Exclusive, GpuMode::Mig { layout: vec!["3g.40gb".into(), "3g.40gb".into()] }];
@@ -1041,5 +1041,26 @@ async fn a_quarantined_or_unhealthy_gpu_leaves_a_request_pending_and_only_the_ha
     mig.gpu.profile = Some("1g.10gb".into());
     let err = reservations::create(&mut c, ME, &mig).await.unwrap_err();
     assert_eq!(err.code, ErrorCode::InvalidArgument, "{err:?}");
-    assert_eq!(count(&h, "SELECT count(*) FROM reservations").await, 2);
+    // A CPU-only request names the GPU model of the nodes it may land on: one the pool lacks can
+    // never be placed, and neither can more vCPU, memory or disk than any node has when empty.
+    let mut cpu_only = whole(&f.pool_id, 0);
+    cpu_only.gpu.model = "A100-40GB".into();
+    let err = reservations::create(&mut c, ME, &cpu_only).await.unwrap_err();
+    assert_eq!((err.code, err.message.contains("has no gpu A100-40GB atoms")), (ErrorCode::InvalidArgument, true), "{err:?}");
+    for (vcpu, memory_mib, disk_gib) in [(129, 1024, 1), (1, 1_048_577, 1), (1, 1024, 8_001)] {
+        for gpus in [0, 1] {
+            let req = reservations::CreateReservation { vcpu, memory_mib, disk_gib, ..whole(&f.pool_id, gpus) };
+            let err = reservations::create(&mut c, ME, &req).await.unwrap_err();
+            assert_eq!(
+                (err.code, err.message.contains("128 vCPU, 1048576 MiB memory and 8000 GiB disk")),
+                (ErrorCode::FailedPrecondition, true),
+                "{vcpu} vCPU, {memory_mib} MiB, {disk_gib} GiB with {gpus} GPUs: {err:?}"
+            );
+        }
+    }
+    // Exactly a whole node's scalars still fits (the quarantines do not matter to a CPU-only one).
+    let full = reservations::CreateReservation { vcpu: 128, memory_mib: 1_048_576, disk_gib: 8_000, ..whole(&f.pool_id, 0) };
+    let v = reservations::create(&mut c, ME, &full).await.unwrap();
+    assert_eq!(v.state, "placed", "{v:?}");
+    assert_eq!(count(&h, "SELECT count(*) FROM reservations").await, 3);
 }

@@ -6,6 +6,8 @@
 //! run (their interleaving is the machine's). CI runs a few seeds; for many:
 //! `TORTURE_SEEDS=1-50 cargo nextest run -p better-compute-capacity --run-ignored only torture_seeds_from_env`
 //! (add `TORTURE_PGBOUNCER=1` to send the operations through PgBouncer).
+//! Two mutation tests break a guard (the exclusion constraint, the placer's `FOR SHARE`) and show
+//! the checks catch it.
 
 mod fleet;
 
@@ -29,6 +31,8 @@ const NODES: usize = 50;
 const GPUS: usize = 8;
 const CONNECTIONS: usize = 16;
 const TENANTS: [&str; 3] = ["ten_a", "ten_b", "ten_c"];
+/// Seeds a mutation test may run before the checks must have caught the mutation.
+const MUTATION_SEEDS: u64 = 6;
 
 
 fn node_mode(i: usize) -> GpuMode {
@@ -192,10 +196,71 @@ enum Route {
     PgBouncer,
 }
 
+/// What the checks found after a run: operations that failed unexpectedly, and broken invariants.
+struct Outcome {
+    failures: Vec<String>,
+    violations: Vec<String>,
+}
+
 async fn torture(seed: u64, ops: usize, route: Route) {
+    let out = torture_run(seed, ops, route, None).await;
+    assert!(out.failures.is_empty(), "seed {seed}: operations failed unexpectedly:\n{}", out.failures.join("\n"));
+    assert!(out.violations.is_empty(), "seed {seed}: invariants broken:\n{}", out.violations.join("\n"));
+}
+
+/// A deliberate break of the database's guards, to show the torture test catches it.
+#[derive(Clone, Copy, Debug)]
+enum Mutation {
+    /// `device_bookings`' exclusion constraint dropped: only the placer's locks stand between two
+    /// overlapping bookings of an atom.
+    NoExclusionConstraint,
+    /// Every `FOR SHARE` taken out of the placement functions (the node, the GPUs of MIG instances
+    /// and slots, the pool): a concurrent cordon, quarantine, mode change or whole-GPU booking no
+    /// longer waits for a placement that read the old state.
+    NoForShare,
+}
+
+async fn mutate(h: &Harness, m: Mutation) {
+    let c = h.db().client().await;
+    match m {
+        Mutation::NoExclusionConstraint => {
+            let names: Vec<String> = c
+                .query("SELECT conname FROM pg_constraint WHERE conrelid = 'device_bookings'::regclass AND contype = 'x'", &[])
+                .await
+                .unwrap()
+                .iter()
+                .map(|r| r.get(0))
+                .collect();
+            assert_eq!(names.len(), 1, "device_bookings should have one exclusion constraint: {names:?}");
+            c.batch_execute(&format!("ALTER TABLE device_bookings DROP CONSTRAINT {}", names[0])).await.unwrap();
+        }
+        Mutation::NoForShare => {
+            let defs: Vec<String> = c
+                .query(
+                    "SELECT regexp_replace(pg_get_functiondef(oid), 'FOR SHARE( OF \\w+)?', '', 'g') FROM pg_proc
+                      WHERE proname IN ('capacity_place', 'capacity_reserve', 'capacity_reserve_batch') AND prosrc LIKE '%FOR SHARE%'",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .iter()
+                .map(|r| r.get(0))
+                .collect();
+            assert!(defs.len() >= 2, "the placement functions should take FOR SHARE locks: {} found", defs.len());
+            for d in defs {
+                c.batch_execute(&d).await.unwrap();
+            }
+        }
+    }
+}
+
+async fn torture_run(seed: u64, ops: usize, route: Route, mutation: Option<Mutation>) -> Outcome {
     let h = harness().await;
     let modes: Vec<GpuMode> = (0..NODES).map(node_mode).collect();
     let f = fleet(&h, &modes, GPUS).await;
+    if let Some(m) = mutation {
+        mutate(&h, m).await;
+    }
     {
         let c = h.db().client().await;
         for t in TENANTS {
@@ -268,24 +333,24 @@ async fn torture(seed: u64, ops: usize, route: Route) {
         h.job(job).drain(100).await;
     }
     let failures = failures.lock().unwrap().clone();
-    assert!(failures.is_empty(), "seed {seed}: operations failed unexpectedly:\n{}", failures.join("\n"));
     let refused = tally.refused.lock().unwrap().clone();
     let batched = placer.counters().done.load(Ordering::SeqCst);
     eprintln!("seed {seed}: {} ok, refused {refused:?}, {batched} done in batches", tally.ok.load(Ordering::SeqCst));
     assert!(batched > 20, "seed {seed}: only {batched} requests done in batches; the test did not exercise the batch placer");
-    check_invariants(&h, seed, &f).await;
+    Outcome { failures, violations: check_invariants(&h, seed, &f).await }
 }
 
-async fn check_invariants(h: &Harness, seed: u64, f: &Fleet) {
+async fn check_invariants(h: &Harness, seed: u64, f: &Fleet) -> Vec<String> {
     let initial: HashMap<String, GpuMode> =
         f.gpus.iter().enumerate().flat_map(|(i, gs)| gs.iter().map(move |g| (g.clone(), node_mode(i)))).collect();
     let report = invariants::check(&**h.db().client().await, &initial).await.unwrap();
-    assert!(report.violations.is_empty(), "seed {seed}: invariants broken:\n{}", report.violations.join("\n"));
     assert!(report.placements_checked > 50, "seed {seed}: only {} placements; the test did not exercise the placer", report.placements_checked);
     // The counts' open flags, kept by a trigger and put right by the rollup, agree with their
     // nodes once the jobs have run after the last change.
     let stale = invariants::stale_open_flags(&**h.db().client().await).await.unwrap();
-    assert!(stale.is_empty(), "seed {seed}: open flags disagree with their nodes: {stale:?}");
+    let mut violations = report.violations;
+    violations.extend(stale.into_iter().map(|s| format!("open flag disagrees with its node: {s:?}")));
+    violations
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -316,4 +381,29 @@ async fn torture_seeds_from_env() {
     for seed in a.parse::<u64>().unwrap()..=b.parse::<u64>().unwrap() {
         torture(seed, 1000, if std::env::var_os("TORTURE_PGBOUNCER").is_some() { Route::PgBouncer } else { Route::Direct }).await;
     }
+}
+
+/// Runs seeds with `m` applied until the checks catch it (at most `seeds`), and answers what they
+/// caught.
+async fn caught(m: Mutation, seeds: std::ops::RangeInclusive<u64>) -> Vec<String> {
+    for seed in seeds {
+        let out = torture_run(seed, 1000, Route::Direct, Some(m)).await;
+        if !out.violations.is_empty() {
+            eprintln!("{m:?}: seed {seed} caught: {}", out.violations[0]);
+            return out.violations;
+        }
+    }
+    Vec::new()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_torture_test_catches_the_exclusion_constraint_removed() {
+    let v = caught(Mutation::NoExclusionConstraint, 1..=MUTATION_SEEDS).await;
+    assert!(v.iter().any(|v| v.contains("overlap")), "no seed caught the missing exclusion constraint: {v:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_torture_test_catches_the_placers_for_share_removed() {
+    let v = caught(Mutation::NoForShare, 1..=MUTATION_SEEDS).await;
+    assert!(!v.is_empty(), "no seed caught the placer without FOR SHARE");
 }

@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use better_compute_capacity::batch::{BatchPlacer, BatchSettings};
 use better_compute_capacity::reservations::{self, CreateReservation, GpuRequest};
 use better_compute_capacity::{invariants, mode, quota, Caller};
 use better_compute_core::ErrorCode;
@@ -48,9 +49,14 @@ pub struct SimArgs {
     /// fleet can stay live.
     #[arg(long, default_value_t = 8)]
     fault_interval_s: u64,
-    /// Workload operations per second.
-    #[arg(long, default_value_t = 10)]
+    /// Workload operations per second, over all its clients.
+    #[arg(long, default_value_t = 40)]
     ops_per_s: u64,
+    /// Concurrent workload clients, each with its own connection and its own seeded operations.
+    /// Their creates and releases go through one batch placer, as the API's do, so concurrent ones
+    /// are placed in batches.
+    #[arg(long, default_value_t = 8)]
+    clients: u64,
     /// Send every server connection (and the workload's) through PgBouncer in transaction pooling
     /// mode (Debian's `pgbouncer`); LISTEN goes straight to PostgreSQL.
     #[arg(long)]
@@ -143,7 +149,7 @@ pub async fn run(args: SimArgs) -> anyhow::Result<()> {
         let report = run_seed(&args, seed).await.with_context(|| format!("seed {seed} could not run"))?;
         if !report.violations.is_empty() {
             anyhow::bail!(
-                "seed {seed}: {} invariant violation(s):\n  {}\nreplay: better-compute sim --seeds {seed} --duration {}s --nodes {} --gateways {} --workers {} --fault-interval-s {} --ops-per-s {} --reboot-crash-percent {}{}{}{}{}",
+                "seed {seed}: {} invariant violation(s):\n  {}\nreplay: better-compute sim --seeds {seed} --duration {}s --nodes {} --gateways {} --workers {} --fault-interval-s {} --ops-per-s {} --clients {} --reboot-crash-percent {}{}{}{}{}",
                 report.violations.len(),
                 report.violations.join("\n  "),
                 args.duration.as_secs(),
@@ -152,6 +158,7 @@ pub async fn run(args: SimArgs) -> anyhow::Result<()> {
                 args.workers,
                 args.fault_interval_s,
                 args.ops_per_s,
+                args.clients,
                 args.reboot_crash_percent,
                 if args.pgbouncer { " --pgbouncer" } else { "" },
                 if args.liveness { " --liveness" } else { "" },
@@ -180,6 +187,15 @@ struct SeedReport {
     summary: String,
 }
 
+/// One workload operation's context: the batch placer, a tag unique to the operation (its client
+/// and number, for idempotency keys and reboot reasons), and the fleet.
+struct Op<'a> {
+    placer: &'a BatchPlacer,
+    tag: String,
+    nodes: &'a [String],
+    gpus: &'a [Vec<String>],
+}
+
 /// Counts of what happened, for the summary line.
 #[derive(Default)]
 struct Tally {
@@ -188,6 +204,8 @@ struct Tally {
     refused: AtomicU64,
     unavailable: AtomicU64,
     commands: AtomicU64,
+    /// Creates and releases the batch placer did in a batch.
+    batched: AtomicU64,
     faults: Mutex<HashMap<&'static str, u32>>,
     /// Placements in the current fault interval (intervals without one are counted in the summary).
     interval_placed: AtomicU64,
@@ -394,9 +412,10 @@ impl Sim {
         Ok(SeedReport {
             violations,
             summary: format!(
-                "{} operations ({} placed, {} commands, {} refused, {} failed while the database was away); faults: {}; {} reboots; {idle_intervals} intervals without a placement",
+                "{} operations ({} placed, {} creates and releases in batches, {} commands, {} refused, {} failed while the database was away); faults: {}; {} reboots; {idle_intervals} intervals without a placement",
                 t.ops.load(Ordering::SeqCst),
                 t.placed.load(Ordering::SeqCst),
+                t.batched.load(Ordering::SeqCst),
                 t.commands.load(Ordering::SeqCst),
                 t.refused.load(Ordering::SeqCst),
                 t.unavailable.load(Ordering::SeqCst),
@@ -632,12 +651,39 @@ impl Sim {
     }
 
     /// The seeded workload: tenants reserve, extend and release; operators cordon, taint,
-    /// quarantine and change modes; commands of every kind the API runs.
+    /// quarantine and change modes; commands of every kind the API runs. `--clients` clients run
+    /// it concurrently, their creates and releases through one batch placer, as the API's are.
     async fn workload(self: Arc<Self>, nodes: Vec<String>, gpus: Vec<Vec<String>>, stop: Arc<AtomicBool>) {
-        let mut rng = Rng(self.seed);
+        let placer = match better_compute_db::pool::connect_pool(&self.db_conn, 4) {
+            Ok(pool) => BatchPlacer::start(pool, BatchSettings::default()),
+            Err(e) => {
+                eprintln!("  the workload could not start its batch placer: {e}");
+                return;
+            }
+        };
+        let clients: Vec<_> = (0..self.args.clients.max(1))
+            .map(|k| tokio::spawn(self.clone().client(k, placer.clone(), nodes.clone(), gpus.clone(), stop.clone())))
+            .collect();
+        for c in clients {
+            let _ = c.await;
+        }
+        self.tally.batched.store(placer.counters().done.load(Ordering::SeqCst), Ordering::SeqCst);
+    }
+
+    /// One workload client: its own connection, its own seeded operations, at its share of
+    /// `--ops-per-s`.
+    async fn client(
+        self: Arc<Self>,
+        k: u64,
+        placer: BatchPlacer,
+        nodes: Vec<String>,
+        gpus: Vec<Vec<String>>,
+        stop: Arc<AtomicBool>,
+    ) {
+        let mut rng = Rng(self.seed.wrapping_mul(1_000_003).wrapping_add(k));
         let mut live: Vec<(usize, String)> = Vec::new();
         let mut client: Option<tokio_postgres::Client> = None;
-        let period = Duration::from_millis(1000 / self.args.ops_per_s.max(1));
+        let period = Duration::from_micros(1_000_000 * self.args.clients.max(1) / self.args.ops_per_s.max(1));
         let mut i = 0u64;
         while !stop.load(Ordering::SeqCst) {
             tokio::time::sleep(period).await;
@@ -650,7 +696,8 @@ impl Sim {
                 continue;
             };
             self.tally.ops.fetch_add(1, Ordering::Relaxed);
-            match self.one_op(c, &mut rng, i, &nodes, &gpus, &mut live).await {
+            let op = Op { placer: &placer, tag: format!("{k}-{i}"), nodes: &nodes, gpus: &gpus };
+            match self.one_op(c, &mut rng, op, &mut live).await {
                 Ok(()) => {}
                 Err(e) if matches!(e.code, ErrorCode::Internal | ErrorCode::Unavailable) => {
                     // The database went away mid-request (a fault): the outcome is in doubt, and the
@@ -668,11 +715,10 @@ impl Sim {
         &self,
         c: &mut tokio_postgres::Client,
         rng: &mut Rng,
-        i: u64,
-        nodes: &[String],
-        gpus: &[Vec<String>],
+        op: Op<'_>,
         live: &mut Vec<(usize, String)>,
     ) -> Result<(), better_compute_core::Error> {
+        let Op { placer, tag, nodes, gpus } = op;
         let db = |e: tokio_postgres::Error| better_compute_core::Error::from(better_compute_db::DbError::from(e));
         let n = rng.below(nodes.len() as u64) as usize;
         let gpu = gpus[n][rng.below(gpus[n].len() as u64) as usize].clone();
@@ -696,9 +742,9 @@ impl Sim {
                     duration_s: Some(60 + rng.below(1800) as i64),
                     node_selector: Default::default(),
                     tolerations: vec![],
-                    idempotency_key: Some(format!("sim-{}-{i}", self.seed)),
+                    idempotency_key: Some(format!("sim-{}-{tag}", self.seed)),
                 };
-                let r = reservations::create(c, Caller { tenant_id: TENANTS[t], identity_id: "idn_sim" }, &req).await?;
+                let r = reservations::create_batched(placer, c, Caller { tenant_id: TENANTS[t], identity_id: "idn_sim" }, &req).await?;
                 if r.state == "placed" || r.state == "active" {
                     self.tally.placed.fetch_add(1, Ordering::Relaxed);
                     self.tally.interval_placed.fetch_add(1, Ordering::Relaxed);
@@ -717,7 +763,7 @@ impl Sim {
             }
             48..=62 if !live.is_empty() => {
                 let (t, id) = live.swap_remove(rng.below(live.len() as u64) as usize);
-                reservations::release(c, Caller { tenant_id: TENANTS[t], identity_id: "idn_sim" }, &id).await?;
+                reservations::release_batched(placer, c, Caller { tenant_id: TENANTS[t], identity_id: "idn_sim" }, &id).await?;
             }
             63..=68 => {
                 let tx = c.transaction().await.map_err(db)?;
@@ -747,10 +793,10 @@ impl Sim {
                     0 | 1 => ("diag.nvml", serde_json::json!({"level": 1})),
                     2 | 3 => ("inventory.refresh", serde_json::json!({"sections": ["gpus"]})),
                     4 | 5 => ("logs.collect", serde_json::json!({"sinceSeconds": 60})),
-                    _ => ("node.reboot", serde_json::json!({"reason": format!("sim seed {} op {i}", self.seed), "graceSeconds": 0})),
+                    _ => ("node.reboot", serde_json::json!({"reason": format!("sim seed {} op {tag}", self.seed), "graceSeconds": 0})),
                 };
                 let registry = crate::registry().map_err(|e| better_compute_core::Error::internal(e.to_string()))?;
-                let key = format!("sim-{}-{i}", self.seed);
+                let key = format!("sim-{}-{tag}", self.seed);
                 let tx = c.transaction().await.map_err(db)?;
                 commands::enqueue(
                     &tx,

@@ -31,6 +31,13 @@ fn two_seeds_of_faults_keep_every_invariant_and_the_fleet_converges_after() {
     assert_eq!(out.matches(": passed in ").count(), 2, "both seeds ran to the end:\n{out}");
     // Faults really happened: every seed prints each one it injected.
     assert!(out.matches("] ").count() >= 4, "faults were injected:\n{out}");
+    // The workload's creates and releases went through the batch placer the API uses.
+    let batched: Vec<u64> = out
+        .split(" creates and releases in batches")
+        .filter_map(|before| before.rsplit(' ').next()?.parse().ok())
+        .collect();
+    assert_eq!(batched.len(), 2, "each seed counts its batched creates and releases:\n{out}");
+    assert!(batched.iter().all(|&n| n > 0), "every seed placed or released some in batches: {batched:?}\n{out}");
 }
 
 #[test]
@@ -58,8 +65,8 @@ fn a_daemon_that_reruns_journaled_commands_is_caught_with_its_seed_and_a_replay_
 fn a_worker_that_skips_its_lease_fence_is_caught_writing_under_a_stale_epoch() {
     // Only zombies: a worker paused until others took its leases wakes up and, with its fence
     // broken, writes under the epochs it lost; the audit of fenced writes must catch it. A zombie
-    // writes only if the pause caught it inside a run, which is chance: at the defaults (a fault
-    // every 8 s, 10 operations a second) one seed of 64 s missed in one run of three on a loaded
+    // writes only if the pause caught it inside a run, which is chance: with a fault every 8 s and
+    // 10 operations a second, one seed of 64 s missed in one run of three on a loaded
     // machine, and once in CI. Twice the pauses and three times the work make a miss rare.
     let o = sim(&[
         "--seeds", "11", "--duration", "64s", "--nodes", "4", "--faults", "zombie", "--broken", "skip-fence",

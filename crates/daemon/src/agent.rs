@@ -10,7 +10,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use better_compute_proto::v1::gateway_client::GatewayClient;
 use better_compute_proto::v1::{
-    command_body::Payload, daemon_message, gateway_message, Command, CommandAck, CommandReject, CommandResult, DaemonMessage, GatewayMessage,
+    command_body::Payload, daemon_message, gateway_message, Command, CommandAck, CommandReject, CommandResult, DaemonMessage, GatewayMessage, GpusSection,
     Health, Heartbeat, Hello, JoinRequest, NodeSpec, RejectReason, RotateCertificateRequest, SpecStatus,
 };
 use prost::Message;
@@ -119,6 +119,14 @@ impl Daemon {
             state: Mutex::new(State::default()),
             out: Mutex::new(None),
         });
+        // The layouts last applied: what the allocations the spec below holds were placed on.
+        if let Some(bytes) = d.journal.gpu_layouts().map_err(|e| DaemonError::Journal(e.to_string()))?
+            && let Ok(section) = GpusSection::decode(bytes.as_slice())
+        {
+            let mut applied = Applied::initial();
+            applied.layouts = section.gpus.into_iter().map(|g| (g.uuid.clone(), g)).collect();
+            d.state.lock().expect("state").applied = Some(applied);
+        }
         if let Some((generation, bytes)) = d.journal.applied_spec().map_err(|e| DaemonError::Journal(e.to_string()))?
             && let Ok(spec) = NodeSpec::decode(bytes.as_slice()) {
                 d.apply_spec(generation, spec).await;
@@ -351,7 +359,14 @@ impl Daemon {
         };
         let backend = self.backend.clone();
         let s = spec.clone();
+        let layouts_before = held.layouts.clone();
         let Ok(c) = tokio::task::spawn_blocking(move || converge::converge(&s, backend.as_ref(), &held)).await else { return };
+        if c.applied.layouts != layouts_before {
+            let section = GpusSection { gpus: c.applied.layouts.values().cloned().collect() };
+            if let Err(e) = self.journal.set_gpu_layouts(&section.encode_to_vec()) {
+                self.logs.line(format!("cannot journal the GPUs' layouts: {e}"));
+            }
+        }
         {
             let mut st = self.state.lock().expect("state");
             st.applied = Some(c.applied.clone());

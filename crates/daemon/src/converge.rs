@@ -3,10 +3,15 @@
 //! allocation gets; an assignment that overlaps one already held is refused and reported failed),
 //! and `gpus` (mode and MIG layout, through the backend; a GPU an allocation holds changes only
 //! once it is free). The generation counts as applied only when no section is still pending.
+//!
+//! A GPU that holds allocations keeps the layout they were placed on: each pass first restores it
+//! (the last layout applied to the GPU, journaled, or else the desired one) when the hardware lost
+//! it, as a MIG layout or time-slicing is after a reboot or with fake GPUs after a daemon restart.
+//! Restoring an unchanged layout is a no-op; a layout that cannot be restored is reported failed.
 
 use std::collections::{BTreeMap, HashMap};
 
-use better_compute_proto::v1::{NodeSpec, SectionState, SectionStatus};
+use better_compute_proto::v1::{Gpu, GpuMode, GpusSection, NodeSpec, SectionState, SectionStatus};
 
 use crate::backend::{GpuApply, GpuBackend};
 
@@ -22,12 +27,32 @@ pub struct Applied {
     pub allocations: BTreeMap<String, Held>,
     /// Heartbeat interval.
     pub heartbeat_ms: u32,
+    /// The layout last applied to each GPU (its `gpus` section entry), by uuid; the daemon
+    /// journals it, so a restart knows what its allocations were placed on.
+    pub layouts: BTreeMap<String, Gpu>,
 }
 
 impl Applied {
-    /// Before any spec: the default lanes, nothing allocated.
+    /// Before any spec: the default lanes, nothing allocated, no layout known.
     pub fn initial() -> Applied {
-        Applied { lanes: DEFAULT_LANES.iter().map(|(n, c)| (n.to_string(), *c)).collect(), allocations: BTreeMap::new(), heartbeat_ms: 5_000 }
+        Applied {
+            lanes: DEFAULT_LANES.iter().map(|(n, c)| (n.to_string(), *c)).collect(),
+            allocations: BTreeMap::new(),
+            heartbeat_ms: 5_000,
+            layouts: BTreeMap::new(),
+        }
+    }
+}
+
+/// Whether `atom` exists on its GPU laid out as `layout`: the whole GPU in exclusive mode, MIG
+/// instance `k` of a MIG layout with more than `k`, slot `k` of a shared GPU with more than `k`.
+fn layout_has(layout: &Gpu, atom: &str) -> bool {
+    let Some(rest) = atom.strip_prefix(layout.uuid.as_str()) else { return false };
+    let index = |r: &str, prefix: &str| r.strip_prefix(prefix).and_then(|k| k.parse::<usize>().ok());
+    match GpuMode::try_from(layout.mode).unwrap_or(GpuMode::Unspecified) {
+        GpuMode::Exclusive | GpuMode::Unspecified => rest.is_empty(),
+        GpuMode::Mig => index(rest, "/mig").is_some_and(|k| k < layout.mig_layout.len()),
+        GpuMode::TimeSlice | GpuMode::Mps => index(rest, "/s").is_some_and(|k| k < layout.slots as usize),
     }
 }
 
@@ -141,17 +166,51 @@ pub fn converge(spec: &NodeSpec, backend: &dyn GpuBackend, held: &Applied) -> Co
 
     // GPUs: a GPU any held allocation uses is busy.
     let busy: Vec<String> = applied.allocations.values().flat_map(|h| &h.atoms).filter_map(|atom| owns(&local_gpus, atom)).collect();
+    let desired: BTreeMap<&str, &Gpu> = spec.gpus.iter().flat_map(|g| &g.gpus).map(|g| (g.uuid.as_str(), g)).collect();
+    // First, each busy GPU gets back the layout its allocations were placed on, if the hardware
+    // lost it: the last one applied, or else the desired one, whichever has every atom they hold.
+    let mut unrestored = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
+    for gpu in busy.iter().filter(|g| seen.insert(g.as_str())) {
+        let atoms: Vec<&String> = applied.allocations.values().flat_map(|h| &h.atoms).filter(|a| owns(std::slice::from_ref(gpu), a).is_some()).collect();
+        let target = [applied.layouts.get(gpu), desired.get(gpu.as_str()).copied()]
+            .into_iter()
+            .flatten()
+            .find(|l| atoms.iter().all(|a| layout_has(l, a)))
+            .cloned();
+        let Some(target) = target else { continue }; // placed on another layout: the hardware keeps what it has
+        match backend.apply_gpus(&GpusSection { gpus: vec![target.clone()] }, &[]) {
+            Ok(outcomes) => match outcomes.into_iter().next() {
+                Some((_, GpuApply::Converged)) => {
+                    applied.layouts.insert(gpu.clone(), target);
+                }
+                Some((_, GpuApply::Pending(m) | GpuApply::Failed(m))) => {
+                    unrestored.push(format!("{gpu}: its allocations' layout is not on the hardware and cannot be restored: {m}"))
+                }
+                None => unrestored.push(format!("{gpu}: the backend said nothing of restoring its layout")),
+            },
+            Err(e) => unrestored.push(format!("{gpu}: its allocations' layout cannot be restored: {e}")),
+        }
+    }
     let gpus = match &spec.gpus {
-        None => section("gpus", SectionState::Converged, ""),
+        None if unrestored.is_empty() => section("gpus", SectionState::Converged, ""),
+        None => section("gpus", SectionState::Failed, unrestored.join("; ")),
         Some(g) => match backend.apply_gpus(g, &busy) {
             Err(e) => section("gpus", SectionState::Pending, e.to_string()),
             Ok(outcomes) => {
-                let failed: Vec<String> =
-                    outcomes.iter().filter_map(|(u, o)| if let GpuApply::Failed(m) = o { Some(format!("{u}: {m}")) } else { None }).collect();
+                for (uuid, o) in &outcomes {
+                    if *o == GpuApply::Converged && let Some(d) = desired.get(uuid.as_str()) {
+                        applied.layouts.insert(uuid.clone(), (*d).clone());
+                    }
+                }
+                let failed: Vec<String> = unrestored
+                    .into_iter()
+                    .chain(outcomes.iter().filter_map(|(u, o)| if let GpuApply::Failed(m) = o { Some(format!("{u}: {m}")) } else { None }))
+                    .collect();
                 let pending: Vec<String> =
                     outcomes.iter().filter_map(|(u, o)| if let GpuApply::Pending(m) = o { Some(format!("{u}: {m}")) } else { None }).collect();
                 if !pending.is_empty() {
-                    section("gpus", SectionState::Pending, pending.join("; "))
+                    section("gpus", SectionState::Pending, pending.into_iter().chain(failed).collect::<Vec<_>>().join("; "))
                 } else if !failed.is_empty() {
                     section("gpus", SectionState::Failed, failed.join("; "))
                 } else {
@@ -233,5 +292,96 @@ mod tests {
         let spec = NodeSpec { gpus: Some(mig), allocations: Some(AllocationsSection { allocations: vec![alloc("a", &[&u])] }), ..Default::default() };
         let c = converge(&spec, &f, &Applied::initial());
         assert!(!c.done, "{:?}", c.sections);
+    }
+
+    fn gpu(uuid: &str, mode: GpuMode, mig_layout: &[&str], slots: u32) -> Gpu {
+        Gpu { uuid: uuid.into(), index: 0, mode: mode as i32, mig_layout: mig_layout.iter().map(|s| s.to_string()).collect(), slots }
+    }
+
+    fn state_of(c: &Convergence, name: &str) -> (i32, String) {
+        let s = c.sections.iter().find(|s| s.section == name).unwrap();
+        (s.state, s.message.clone())
+    }
+
+    /// Whether `backend` has `layout` now: applying it to a GPU marked busy changes nothing.
+    fn has(backend: &dyn GpuBackend, layout: &Gpu) -> bool {
+        let out = backend.apply_gpus(&GpusSection { gpus: vec![layout.clone()] }, std::slice::from_ref(&layout.uuid)).unwrap();
+        out == vec![(layout.uuid.clone(), GpuApply::Converged)]
+    }
+
+    /// GPUs whose layout never changes (as NVML's, which the daemon does not reconfigure).
+    struct Frozen(crate::fake::FakeGpus);
+
+    impl GpuBackend for Frozen {
+        fn name(&self) -> &'static str {
+            "frozen"
+        }
+        fn inventory(&self) -> Result<better_compute_proto::v1::Inventory, crate::backend::BackendError> {
+            self.0.inventory()
+        }
+        fn health(&self) -> Result<Vec<better_compute_proto::v1::GpuHealth>, crate::backend::BackendError> {
+            self.0.health()
+        }
+        fn apply_gpus(&self, desired: &GpusSection, _busy: &[String]) -> Result<Vec<(String, GpuApply)>, crate::backend::BackendError> {
+            let all = self.0.uuids();
+            Ok(self.0.apply_gpus(desired, &all)?.into_iter().map(|(u, o)| match o {
+                GpuApply::Pending(_) => (u, GpuApply::Failed("this backend cannot change a layout".into())),
+                o => (u, o),
+            }).collect())
+        }
+        fn diag(&self, req: &better_compute_proto::v1::DiagNvml) -> Result<serde_json::Value, crate::backend::BackendError> {
+            self.0.diag(req)
+        }
+    }
+
+    #[test]
+    fn a_gpu_holding_allocations_gets_its_layout_back_after_a_restart_and_the_truth_is_reported_when_it_cannot() {
+        let fresh = || crate::fake::FakeGpus::parse("fake:1xH100-80GB", "n").unwrap();
+        let u = fresh().uuids()[0].clone();
+        let mig = gpu(&u, GpuMode::Mig, &["3g.40gb", "3g.40gb"], 0);
+        let shared = gpu(&u, GpuMode::TimeSlice, &[], 4);
+        let spec = |layout: &Gpu, atom: &str| NodeSpec {
+            gpus: Some(GpusSection { gpus: vec![layout.clone()] }),
+            allocations: Some(AllocationsSection { allocations: vec![alloc("a", &[atom])] }),
+            ..Default::default()
+        };
+        let mut checked = 0;
+        for (layout, atom) in [(&mig, format!("{u}/mig1")), (&shared, format!("{u}/s2"))] {
+            let before = fresh();
+            let first = converge(&spec(layout, &atom), &before, &Applied::initial());
+            assert!(first.done && has(&before, layout), "{:?}", first.sections);
+            assert_eq!(first.applied.layouts.get(&u), Some(layout));
+            // The daemon restarts on hardware that lost the layout (a new fake is exclusive), with
+            // its journal (the layouts) or without it (the desired layout has the atoms too).
+            for journaled in [true, false] {
+                let after = fresh();
+                assert!(!has(&after, layout));
+                let held = Applied { layouts: if journaled { first.applied.layouts.clone() } else { BTreeMap::new() }, ..Applied::initial() };
+                let c = converge(&spec(layout, &atom), &after, &held);
+                assert!(c.done, "journaled {journaled}: {:?}", c.sections);
+                assert_eq!(state_of(&c, "gpus").0, SectionState::Converged as i32);
+                assert!(has(&after, layout), "journaled {journaled}: the layout was not restored");
+                checked += 1;
+            }
+        }
+        // The desired layout moved on while the GPU was held: the journaled one is restored, and
+        // the change still waits for the GPU to be free.
+        let before = fresh();
+        let atom = format!("{u}/mig1");
+        let first = converge(&spec(&mig, &atom), &before, &Applied::initial());
+        let after = fresh();
+        let exclusive = gpu(&u, GpuMode::Exclusive, &[], 0);
+        let c = converge(&spec(&exclusive, &atom), &after, &Applied { layouts: first.applied.layouts.clone(), ..Applied::initial() });
+        assert!(!c.done);
+        assert_eq!(state_of(&c, "gpus").0, SectionState::Pending as i32);
+        assert!(has(&after, &mig), "the allocation's layout was not restored");
+        // Hardware that cannot be changed back is reported, not called converged.
+        let frozen = Frozen(fresh());
+        let c = converge(&spec(&mig, &atom), &frozen, &Applied { layouts: first.applied.layouts.clone(), ..Applied::initial() });
+        let (state, message) = state_of(&c, "gpus");
+        assert_eq!(state, SectionState::Failed as i32, "{message}");
+        assert!(message.contains("cannot be restored"), "{message}");
+        checked += 2;
+        assert_eq!(checked, 6);
     }
 }

@@ -1,5 +1,5 @@
 //! The daemon's journal on local disk (redb): its own journal id, every command it accepted and
-//! the outcome, and the desired state it last applied. Written (and synced) before a command is
+//! the outcome, the desired state it last applied, and the layout last applied to each GPU. Written (and synced) before a command is
 //! acknowledged, so a command that is not retry-safe never runs twice, also across a daemon restart.
 //! A wiped journal gets a new id, and the control plane then fails the node's in-flight commands
 //! that are not retry-safe with `journal-lost` instead of sending them again.
@@ -12,6 +12,8 @@ use serde::{Deserialize, Serialize};
 const META: TableDefinition<&str, &str> = TableDefinition::new("meta");
 const COMMANDS: TableDefinition<&str, &[u8]> = TableDefinition::new("commands");
 const SPEC: TableDefinition<&str, &[u8]> = TableDefinition::new("spec");
+/// Key in SPEC of the GPUs' last applied layouts (a protobuf `GpusSection`).
+const LAYOUTS_KEY: &str = "gpu_layouts";
 /// Finished commands kept; older ones are pruned.
 pub const KEEP_COMMANDS: u64 = 10_000;
 
@@ -147,6 +149,20 @@ impl Journal {
         w.open_table(SPEC).map_err(err)?.insert("applied", bytes.as_slice()).map_err(err)?;
         w.commit().map_err(err)
     }
+
+    /// The layout last applied to each GPU (protobuf `GpusSection`), if any was recorded.
+    pub fn gpu_layouts(&self) -> Result<Option<Vec<u8>>, JournalError> {
+        let r = self.db.begin_read().map_err(err)?;
+        let t = r.open_table(SPEC).map_err(err)?;
+        Ok(t.get(LAYOUTS_KEY).map_err(err)?.map(|v| v.value().to_vec()))
+    }
+
+    /// Records the layout last applied to each GPU.
+    pub fn set_gpu_layouts(&self, layouts: &[u8]) -> Result<(), JournalError> {
+        let w = self.db.begin_write().map_err(err)?;
+        w.open_table(SPEC).map_err(err)?.insert(LAYOUTS_KEY, layouts).map_err(err)?;
+        w.commit().map_err(err)
+    }
 }
 
 /// Drops the oldest finished entries (by seq) down to [`KEEP_COMMANDS`].
@@ -185,6 +201,12 @@ mod tests {
         assert_eq!(j.get("cmd_1").unwrap().unwrap().outcome, None);
         j.finish("cmd_1", Outcome { succeeded: true, reason: String::new(), result_json: "{}".into() }).unwrap();
         assert!(j.get("cmd_1").unwrap().unwrap().outcome.unwrap().succeeded);
+        assert_eq!(j.applied_spec().unwrap(), Some((3, b"spec".to_vec())));
+        assert_eq!(j.gpu_layouts().unwrap(), None);
+        j.set_gpu_layouts(b"layouts").unwrap();
+        drop(j);
+        let j = Journal::open(&path).unwrap();
+        assert_eq!(j.gpu_layouts().unwrap(), Some(b"layouts".to_vec()));
         assert_eq!(j.applied_spec().unwrap(), Some((3, b"spec".to_vec())));
         drop(j);
         std::fs::remove_file(&path).unwrap();

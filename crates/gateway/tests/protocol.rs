@@ -642,3 +642,47 @@ async fn a_gateway_that_stops_cleanly_marks_its_nodes_disconnected_at_once() {
     assert_eq!((liveness.as_str(), reason.as_deref()), ("disconnected", Some("the gateway stopped")));
     d.kill().await;
 }
+
+#[tokio::test]
+async fn a_restarted_daemon_restores_the_layout_its_allocations_were_placed_on_from_its_journal() {
+    use better_compute_daemon::backend::GpuBackend;
+    use better_compute_daemon::journal::Journal;
+    use better_compute_proto::v1::{Allocation, AllocationsSection, Gpu, GpuMode, GpusSection, NodeSpec};
+    use prost::Message;
+
+    let f = Fleet::new().await;
+    let (g, fake, d, _node) = f.joined(true).await;
+    let u = fake.uuids();
+    d.kill().await;
+    let path = f.dir.path().join("n1/journal.redb");
+    {
+        let j = Journal::open(&path).unwrap();
+        // The first spec's layouts (both GPUs exclusive) were journaled as they were applied.
+        let layouts = GpusSection::decode(j.gpu_layouts().unwrap().expect("layouts journaled").as_slice()).unwrap();
+        assert_eq!(layouts.gpus.iter().map(|g| g.uuid.clone()).collect::<Vec<_>>(), u);
+        // As if GPU 0 had since been put in MIG mode and an allocation held its second instance
+        // (this fleet has no capacity module to place one).
+        let (generation, bytes) = j.applied_spec().unwrap().unwrap();
+        let mut spec = NodeSpec::decode(bytes.as_slice()).unwrap();
+        let mig = Gpu { uuid: u[0].clone(), index: 0, mode: GpuMode::Mig as i32, mig_layout: vec!["3g.40gb".into(), "3g.40gb".into()], slots: 0 };
+        spec.gpus.as_mut().unwrap().gpus[0] = mig.clone();
+        spec.allocations = Some(AllocationsSection {
+            allocations: vec![Allocation { allocation_id: "res_a".into(), atoms: vec![format!("{}/mig1", u[0])], ..Default::default() }],
+        });
+        j.set_applied_spec(generation, &spec.encode_to_vec()).unwrap();
+        let mut layouts = layouts;
+        layouts.gpus[0] = mig;
+        j.set_gpu_layouts(&layouts.encode_to_vec()).unwrap();
+    }
+    // The daemon restarts on GPUs that lost their layout (fresh fakes are exclusive): before it
+    // runs, it has restored the MIG layout its allocation was placed on.
+    let fresh = gpus("n1");
+    assert!(!fresh.inventory().unwrap().gpus[0].mig_enabled);
+    let restarted = Daemon::start(f.config(&g, "n1", None), fresh.clone()).await.unwrap();
+    let inv = fresh.inventory().unwrap();
+    assert!(inv.gpus[0].mig_enabled, "the MIG layout was not restored");
+    assert_eq!(inv.gpus[0].mig_instances.len(), 2);
+    assert!(!inv.gpus[1].mig_enabled);
+    drop(restarted);
+    let _ = g.stop.send(true);
+}

@@ -363,10 +363,14 @@ impl Worker {
         }
         let leases: HashMap<i16, Lease> = grants.iter().map(|(g, l)| (g.shard, l.clone())).collect();
         let grants: Vec<ShardGrant> = grants.into_iter().map(|(g, _)| g).collect();
-        let mut client = self.pool.get().await?;
-        let tx = client.transaction().await?;
-        let claimed = work_queue::claim(&*tx, kind.name, &grants, &self.cfg.id, WORKER_LEASE_TTL, self.cfg.claim_batch).await?;
-        tx.commit().await?;
+        let claimed = {
+            let mut client = self.pool.get().await?;
+            let tx = client.transaction().await?;
+            let claimed = work_queue::claim(&*tx, kind.name, &grants, &self.cfg.id, WORKER_LEASE_TTL, self.cfg.claim_batch).await?;
+            tx.commit().await?;
+            claimed
+        };
+        // No connection is held while the runs go: every job ticks at once, each run takes its own.
         report.claimed = claimed.len() as u64;
         let results: Vec<(Claimed, RunResult)> = futures_util::stream::iter(claimed)
             .map(|c| {
@@ -397,6 +401,7 @@ impl Worker {
                 }
             }
         }
+        let mut client = self.pool.get().await?;
         let tx = client.transaction().await?;
         work_queue::apply_outcomes(&*tx, kind.name, &self.cfg.id, &results).await?;
         tx.commit().await?;
@@ -446,13 +451,17 @@ impl Worker {
         Ok(tx.commit().await?)
     }
 
-    /// Runs until `shutdown` turns true: maintains every few seconds, ticks every job while there
-    /// is work, and otherwise sleeps until a poke or the poll interval.
-    pub async fn run(self: Arc<Self>, mut shutdown: tokio::sync::watch::Receiver<bool>) -> Result<(), DbError> {
-        let poke = Arc::new(tokio::sync::Notify::new());
+    /// Runs until `shutdown` turns true: maintains every few seconds and, for every job in a task
+    /// of its own, ticks it while it has work and otherwise sleeps until a poke or the poll
+    /// interval. A job whose run is slow (a webhook receiver taking its time) holds up only itself.
+    pub async fn run(self: Arc<Self>, shutdown: tokio::sync::watch::Receiver<bool>) -> Result<(), DbError> {
+        // Each poke bumps the count; every job's loop wakes on the change.
+        // The sender lives as long as the loops do: a dropped one would end every wait at once.
+        let (poke, poked) = tokio::sync::watch::channel(0u64);
+        let poke = Arc::new(poke);
         let listener = self.cfg.listen.clone().map(|conn| {
             let poke = poke.clone();
-            tokio::spawn(work_queue::listen(conn, &[work_queue::POKE_CHANNEL], move |_, _| poke.notify_one()))
+            tokio::spawn(work_queue::listen(conn, &[work_queue::POKE_CHANNEL], move |_, _| poke.send_modify(|n| *n += 1)))
         });
         // Maintenance (heartbeat, lease renewal) runs on its own, so no job's run, however long,
         // holds up the renewal of the leases every other job runs under.
@@ -473,24 +482,38 @@ impl Worker {
                 }
             })
         };
-        let jobs: Vec<String> = self.registry.job_names().into_iter().map(String::from).collect();
-        while !*shutdown.borrow() {
-            let mut busy = false;
-            for job in &jobs {
-                match self.tick(job).await {
-                    Ok(r) => busy |= r.claimed as i64 >= self.cfg.claim_batch || r.delivered > 0,
-                    Err(e) => tracing::warn!(job, error = %e, "job tick failed"),
-                }
-            }
-            if busy {
-                continue;
-            }
-            tokio::select! {
-                _ = poke.notified() => {}
-                _ = tokio::time::sleep(self.cfg.poll_interval) => {}
-                _ = shutdown.changed() => {}
-            }
+        let loops: Vec<_> = self
+            .registry
+            .job_names()
+            .into_iter()
+            .map(|job| {
+                let (me, job, mut shutdown, mut poked) = (self.clone(), job.to_owned(), shutdown.clone(), poked.clone());
+                tokio::spawn(async move {
+                    while !*shutdown.borrow() {
+                        poked.mark_unchanged();
+                        let busy = match me.tick(&job).await {
+                            Ok(r) => r.claimed as i64 >= me.cfg.claim_batch || r.delivered > 0,
+                            Err(e) => {
+                                tracing::warn!(job, error = %e, "job tick failed");
+                                false
+                            }
+                        };
+                        if busy {
+                            continue;
+                        }
+                        tokio::select! {
+                            _ = poked.changed() => {}
+                            _ = tokio::time::sleep(me.cfg.poll_interval) => {}
+                            _ = shutdown.changed() => {}
+                        }
+                    }
+                })
+            })
+            .collect();
+        for l in loops {
+            let _ = l.await;
         }
+        drop(poke);
         if let Some(l) = listener {
             l.abort();
         }

@@ -909,3 +909,35 @@ async fn a_run_that_does_not_end_never_holds_up_its_workers_lease_renewals() {
     let _ = stop.send(true);
     within("the worker to stop", running).await.unwrap().unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_whose_run_does_not_end_holds_up_no_other_job_of_its_worker() {
+    let stuck = Arc::new(Probe::new("stuck-job", ShardBy::Node));
+    let other = Arc::new(Probe::new("other-job", ShardBy::Node));
+    let module = TestModule { reconcilers: vec![stuck.clone(), other.clone()], subscribers: vec![] };
+    let h = Harness::new(vec![Arc::new(module)]).await;
+    // The harness's own worker is idle: let its leases lapse, so the running worker takes them all.
+    h.db().advance(Duration::from_secs(16)).await;
+    let mut cfg = WorkerConfig::new("wrk_running");
+    cfg.poll_interval = Duration::from_millis(50);
+    let w = Arc::new(Worker::start(h.db().pool.clone(), h.registry().clone(), cfg).await.unwrap());
+    stuck.gated.lock().unwrap().insert("node_stuck".to_owned());
+    enqueue(&h, &stuck.kind, "node_stuck").await;
+    let (stop, stopping) = tokio::sync::watch::channel(false);
+    let running = tokio::spawn(w.clone().run(stopping));
+    within("the stuck run to start", stuck.entered.notified()).await;
+    // The first job's run does not end; the second job's keys still run, again and again.
+    for i in 0..3 {
+        enqueue(&h, &other.kind, &format!("node_other_{i}")).await;
+        within("the other job to run while the first is stuck", async {
+            while other.runs_of(&format!("node_other_{i}")) == 0 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+    }
+    assert_eq!((stuck.total_runs(), other.total_runs()), (1, 3));
+    stuck.gate.notify_one();
+    let _ = stop.send(true);
+    within("the worker to stop", running).await.unwrap().unwrap();
+}

@@ -1,13 +1,17 @@
 //! `events.deliver`: sends due deliveries, signed, and records what happened.
 //!
-//! A run claims up to [`BATCH`] due rows, at most [`PER_ENDPOINT`] of one endpoint (pushing their
-//! `next_attempt_at` past [`CLAIM_S`], so a crashed sender's rows come back), sends them
-//! concurrently without holding a transaction, and records each outcome the moment it arrives, in
-//! a transaction of its own guarded by its claim: 2xx delivered; 410 Gone disables the endpoint;
-//! anything else (an error status, a timeout, a refused address) is retried on [`SCHEDULE_S`] with
-//! ±10% jitter, later if the receiver's `Retry-After` (seconds or an HTTP-date) asks, and after the
-//! last retry the delivery is a dead letter. Then the run arms its own next wake-up at the earliest
-//! pending attempt.
+//! Each endpoint (webhook) is a key of its own, spread over the shards, so endpoints are delivered
+//! side by side, by every worker, and a slow or hanging receiver holds up only its own deliveries.
+//! An endpoint's run claims up to [`BATCH`] of its due rows, oldest first (pushing their
+//! `next_attempt_at` past [`CLAIM_S`], so a crashed sender's rows come back), sends at most
+//! [`PER_ENDPOINT`] at once without holding a connection, starts none after its budget ([`ENDPOINT_BUDGET`])
+//! (those go back to due), and records each outcome the moment it arrives, in a transaction of its
+//! own guarded by its claim: 2xx delivered; 410 Gone disables the endpoint; anything else (an
+//! error status, a timeout, a refused address) is retried on [`SCHEDULE_S`] with ±10% jitter, later
+//! if the receiver's `Retry-After` (seconds or an HTTP-date) asks, and after the last retry the
+//! delivery is a dead letter. Then the run arms its endpoint's next wake-up at its earliest
+//! pending attempt. The key [`SWEEP_KEY`], every minute, enqueues every endpoint with a due
+//! delivery, in case a wake-up was lost.
 
 use std::time::Duration;
 
@@ -20,11 +24,17 @@ use crate::DELIVER;
 /// Delays before each retry, in seconds: 5 s, 5 min, 30 min, 2 h, 5 h, 10 h, 14 h, 20 h, 24 h:
 /// ten attempts over about three days and four hours.
 pub const SCHEDULE_S: [u64; 9] = [5, 300, 1800, 7200, 18_000, 36_000, 50_400, 72_000, 86_400];
-/// Deliveries claimed per run.
+/// One endpoint's deliveries claimed per run.
 pub const BATCH: i64 = 32;
-/// One endpoint's deliveries claimed per run at most, so one endpoint's backlog (or a hanging
-/// receiver) holds up at most this many of a batch.
-pub const PER_ENDPOINT: i64 = 4;
+/// One endpoint's deliveries in flight at once.
+pub const PER_ENDPOINT: usize = 4;
+/// How long one endpoint's run starts new sends, by default; the rest of its claim goes back to
+/// due. With the request timeout (10 s) a run ends within 30 s, inside its claim.
+pub const ENDPOINT_BUDGET: Duration = Duration::from_secs(20);
+/// The key that enqueues every endpoint with a due delivery.
+pub const SWEEP_KEY: &str = "all";
+/// Endpoints one sweep enqueues at most.
+const SWEEP_MAX: i64 = 10_000;
 /// How long a claim holds a delivery away from other senders.
 pub const CLAIM_S: f64 = 60.0;
 /// The longest `Retry-After` honoured.
@@ -55,6 +65,8 @@ enum Sent {
     Delivered(u16),
     Gone,
     Failed { status: Option<u16>, retry_after_s: Option<u64>, error: String },
+    /// Not sent: the endpoint's budget ran out first. Due again at once.
+    Unsent,
 }
 
 /// The deliverer.
@@ -63,9 +75,11 @@ pub struct Deliverer {
     pub policy: EgressPolicy,
     /// Per request.
     pub timeout: Duration,
+    /// How long one endpoint's run starts new sends ([`ENDPOINT_BUDGET`] by default).
+    pub budget: Duration,
 }
 
-const PERIODIC: &[Periodic] = &[Periodic { key: "all", every: Duration::from_secs(60) }];
+const PERIODIC: &[Periodic] = &[Periodic { key: SWEEP_KEY, every: Duration::from_secs(60) }];
 
 struct Claimed {
     id: String,
@@ -118,6 +132,16 @@ impl Deliverer {
     }
 }
 
+impl Deliverer {
+    /// Sends `d` unless the endpoint's budget, counted from `started`, ran out first.
+    async fn send_within_budget<'a>(&self, http: &reqwest::Client, d: &'a Claimed, started: std::time::Instant) -> (&'a Claimed, Sent) {
+        if started.elapsed() >= self.budget {
+            return (d, Sent::Unsent);
+        }
+        (d, self.send(http, d).await)
+    }
+}
+
 /// The database's "now" as a claim stamp: a delivery's outcome is recorded only while its
 /// `next_attempt_at` is still the stamp this run's claim set, so a later sender that claimed it
 /// again (after [`CLAIM_S`]) is never overwritten by a stale outcome.
@@ -133,6 +157,11 @@ impl Deliverer {
         let tx = c.transaction().await.map_err(better_compute_db::DbError::from)?;
         let mine = "id = $1 AND state = 'pending' AND next_attempt_at = $2";
         match sent {
+            Sent::Unsent => {
+                tx.execute(&format!("UPDATE webhook_deliveries SET next_attempt_at = compute_now() WHERE {mine}"), &[&d.id, &d.stamp])
+                    .await
+                    .map_err(better_compute_db::DbError::from)?;
+            }
             Sent::Delivered(status) => {
                 tx.execute(
                     &format!(
@@ -205,66 +234,17 @@ impl Reconciler for Deliverer {
         PERIODIC
     }
 
-    async fn run(&self, ctx: &ReconcileContext, _key: &str) -> Result<Outcome, RunError> {
-        let mut c = ctx.client().await?;
-        let tx = ctx.begin_fenced(&mut c).await?;
-        // At most PER_ENDPOINT of one endpoint's deliveries a batch, oldest first: one endpoint's
-        // backlog cannot fill the batch that other tenants' deliveries wait for.
-        let rows = tx
-            .query(
-                "WITH ranked AS (SELECT id, next_attempt_at,
-                                        row_number() OVER (PARTITION BY webhook_id ORDER BY next_attempt_at, id) AS k
-                                   FROM webhook_deliveries
-                                  WHERE state = 'pending' AND next_attempt_at <= compute_now()),
-                      due AS (SELECT d.id FROM webhook_deliveries d
-                               WHERE d.id IN (SELECT id FROM ranked WHERE k <= $3 ORDER BY next_attempt_at LIMIT $1)
-                                 AND d.state = 'pending' AND d.next_attempt_at <= compute_now()
-                               FOR UPDATE SKIP LOCKED)
-                 UPDATE webhook_deliveries d SET next_attempt_at = compute_now() + make_interval(secs => $2)
-                   FROM due, webhooks w
-                  WHERE d.id = due.id AND w.id = d.webhook_id
-                 RETURNING d.id, d.event_id, d.payload::text, w.url, w.secret,
-                           CASE WHEN w.previous_valid_until > compute_now() THEN w.previous_secret END,
-                           extract(epoch FROM compute_now())::int8, w.disabled_at IS NOT NULL, w.id, d.next_attempt_at",
-                &[&BATCH, &CLAIM_S, &PER_ENDPOINT],
-            )
-            .await?;
-        let mut claimed = Vec::new();
-        let mut disabled = Vec::new();
-        for r in &rows {
-            if r.get::<_, bool>(7) {
-                disabled.push(r.get::<_, String>(0));
-                continue;
-            }
-            let mut secrets = vec![r.get::<_, String>(4)];
-            secrets.extend(r.get::<_, Option<String>>(5));
-            claimed.push(Claimed {
-                id: r.get(0),
-                event_id: r.get(1),
-                payload: r.get(2),
-                url: r.get(3),
-                secrets,
-                timestamp: r.get(6),
-                webhook_id: r.get(8),
-                stamp: r.get(9),
-            });
+    async fn run(&self, ctx: &ReconcileContext, key: &str) -> Result<Outcome, RunError> {
+        if key == SWEEP_KEY {
+            return sweep(ctx).await;
         }
-        for id in &disabled {
-            tx.execute(
-                "UPDATE webhook_deliveries SET state = 'dead', next_attempt_at = NULL, finished_at = compute_now(),
-                        last_error = 'the endpoint is disabled; enable it, then replay' WHERE id = $1",
-                &[id],
-            )
-            .await?;
-        }
-        tx.commit().await?;
-        // Sent concurrently, each outcome recorded as it arrives; the slowest is bounded by the
-        // request timeout, which is well inside the claim.
+        let (claimed, disabled) = claim(ctx, key).await?;
+        // Sent at most PER_ENDPOINT at once, each outcome recorded as it arrives, no connection
+        // held meanwhile; after the budget, the rest goes back unsent.
         let http = &client(self.policy, self.timeout);
-        let mut sends: futures_util::stream::FuturesUnordered<_> = claimed
-            .iter()
-            .map(|d| async move { (d, self.send(http, d).await) })
-            .collect();
+        let started = std::time::Instant::now();
+        let sends: Vec<_> = claimed.iter().map(|d| self.send_within_budget(http, d, started)).collect();
+        let mut sends = futures_util::StreamExt::buffer_unordered(futures_util::stream::iter(sends), PER_ENDPOINT);
         let mut failed_records = 0;
         while let Some((d, sent)) = futures_util::StreamExt::next(&mut sends).await {
             if let Err(e) = self.record(ctx, d, sent).await {
@@ -273,22 +253,111 @@ impl Reconciler for Deliverer {
                 failed_records += 1;
             }
         }
-        // Arm the next wake-up at the earliest pending attempt.
+        drop(sends);
+        // Arm the endpoint's next wake-up at its earliest pending attempt.
+        let mut c = ctx.client().await?;
         let tx = ctx.begin_fenced(&mut c).await?;
         let next: Option<f64> = tx
             .query_one(
-                "SELECT extract(epoch FROM min(next_attempt_at) - compute_now())::float8 FROM webhook_deliveries WHERE state = 'pending'",
-                &[],
+                "SELECT extract(epoch FROM min(next_attempt_at) - compute_now())::float8 FROM webhook_deliveries
+                  WHERE webhook_id = $1 AND state = 'pending'",
+                &[&key],
             )
             .await?
             .get(0);
         if let Some(s) = next {
-            work_queue::enqueue_after(&*tx, &DELIVER, "all", Duration::from_secs_f64(s.max(0.0))).await?;
+            work_queue::enqueue_after(&*tx, &DELIVER, key, Duration::from_secs_f64(s.max(0.0))).await?;
         }
         tx.commit().await?;
         if failed_records > 0 {
             return Err(format!("{failed_records} outcomes could not be recorded; their deliveries go again after the claim").into());
         }
-        Ok(if rows.len() as i64 == BATCH { Outcome::SyncAgain } else { Outcome::Done })
+        tracing::debug!(webhook = key, claimed = claimed.len(), disabled, "deliveries sent");
+        Ok(Outcome::Done)
     }
+
+    async fn keys(&self, ctx: &ReconcileContext, shards: &[i16]) -> Result<Vec<String>, RunError> {
+        let mut c = ctx.client().await?;
+        let tx = c.transaction().await?;
+        let rows = tx.query("SELECT DISTINCT webhook_id FROM webhook_deliveries WHERE state = 'pending'", &[]).await?;
+        tx.commit().await?;
+        Ok(rows
+            .iter()
+            .map(|r| r.get::<_, String>(0))
+            .chain([SWEEP_KEY.to_owned()])
+            .filter(|k| shards.contains(&DELIVER.shard_of(k)))
+            .collect())
+    }
+}
+
+/// Claims up to [`BATCH`] of endpoint `webhook`'s due deliveries, oldest first; those of a disabled
+/// endpoint become dead letters at once. Returns the claimed ones to send and how many died.
+async fn claim(ctx: &ReconcileContext, webhook: &str) -> Result<(Vec<Claimed>, usize), RunError> {
+    let mut c = ctx.client().await?;
+    let tx = ctx.begin_fenced(&mut c).await?;
+    let rows = tx
+        .query(
+            "WITH due AS (SELECT id FROM webhook_deliveries
+                           WHERE webhook_id = $3 AND state = 'pending' AND next_attempt_at <= compute_now()
+                           ORDER BY next_attempt_at, id LIMIT $1
+                           FOR UPDATE SKIP LOCKED)
+             UPDATE webhook_deliveries d SET next_attempt_at = compute_now() + make_interval(secs => $2)
+               FROM due, webhooks w
+              WHERE d.id = due.id AND w.id = d.webhook_id
+             RETURNING d.id, d.event_id, d.payload::text, w.url, w.secret,
+                       CASE WHEN w.previous_valid_until > compute_now() THEN w.previous_secret END,
+                       extract(epoch FROM compute_now())::int8, w.disabled_at IS NOT NULL, w.id, d.next_attempt_at",
+            &[&BATCH, &CLAIM_S, &webhook],
+        )
+        .await?;
+    let mut claimed = Vec::new();
+    let mut disabled = Vec::new();
+    for r in &rows {
+        if r.get::<_, bool>(7) {
+            disabled.push(r.get::<_, String>(0));
+            continue;
+        }
+        let mut secrets = vec![r.get::<_, String>(4)];
+        secrets.extend(r.get::<_, Option<String>>(5));
+        claimed.push(Claimed {
+            id: r.get(0),
+            event_id: r.get(1),
+            payload: r.get(2),
+            url: r.get(3),
+            secrets,
+            timestamp: r.get(6),
+            webhook_id: r.get(8),
+            stamp: r.get(9),
+        });
+    }
+    if !disabled.is_empty() {
+        tx.execute(
+            "UPDATE webhook_deliveries SET state = 'dead', next_attempt_at = NULL, finished_at = compute_now(),
+                    last_error = 'the endpoint is disabled; enable it, then replay' WHERE id = ANY($1)",
+            &[&disabled],
+        )
+        .await?;
+    }
+    tx.commit().await?;
+    Ok((claimed, disabled.len()))
+}
+
+/// Enqueues every endpoint with a due delivery (at most [`SWEEP_MAX`]; more makes it run again).
+async fn sweep(ctx: &ReconcileContext) -> Result<Outcome, RunError> {
+    let mut c = ctx.client().await?;
+    let tx = ctx.begin_fenced(&mut c).await?;
+    let due: Vec<String> = tx
+        .query(
+            "SELECT DISTINCT webhook_id FROM webhook_deliveries WHERE state = 'pending' AND next_attempt_at <= compute_now() LIMIT $1",
+            &[&SWEEP_MAX],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    for chunk in due.chunks(1_000) {
+        work_queue::enqueue_many(&*tx, &DELIVER, chunk).await?;
+    }
+    tx.commit().await?;
+    Ok(if due.len() as i64 == SWEEP_MAX { Outcome::SyncAgain } else { Outcome::Done })
 }

@@ -54,7 +54,11 @@ impl Sink for Fanout {
             &[&ids, &hook_ids, &tenant_ids, &event_ids, &types, &payloads],
         )
         .await?;
-        work_queue::enqueue(tx, &DELIVER, "all").await?;
+        // Each endpoint's key, once.
+        let mut endpoints = hook_ids.clone();
+        endpoints.sort();
+        endpoints.dedup();
+        work_queue::enqueue_many(tx, &DELIVER, &endpoints).await?;
         Ok(())
     }
 }

@@ -22,10 +22,13 @@ pub use ssrf::EgressPolicy;
 
 /// The events module's migrations.
 pub const EVENTS_MIGRATIONS: &[Migration] =
-    &[Migration { module: "events", name: "0001_webhooks", sql: include_str!("migrations/events/0001_webhooks.sql") }];
+    &[
+        Migration { module: "events", name: "0001_webhooks", sql: include_str!("migrations/events/0001_webhooks.sql") },
+        Migration { module: "events", name: "0002_endpoint_due", sql: include_str!("migrations/events/0002_endpoint_due.sql") },
+    ];
 
-/// The deliverer's kind: one singleton key, `all`.
-pub const DELIVER: Kind = Kind { name: "events.deliver", shard_by: ShardBy::None };
+/// The deliverer's kind: a key per endpoint (its webhook id), and the sweep key `all`.
+pub const DELIVER: Kind = Kind { name: "events.deliver", shard_by: ShardBy::Key };
 
 /// `compute:webhooks:read` (tenant).
 pub const WEBHOOKS_READ: &str = "compute:webhooks:read";
@@ -37,16 +40,22 @@ pub const WEBHOOKS_WRITE: &str = "compute:webhooks:write";
 pub struct EventsConfig {
     /// Where webhooks may go.
     pub policy: EgressPolicy,
-    /// Per delivery request (10 s): well inside the delivery's claim and the job's lease, and the
-    /// most a hanging receiver can hold up the batch it is in.
+    /// Per delivery request (10 s): well inside the delivery's claim.
     pub timeout: Duration,
+    /// How long one endpoint's run starts new sends (20 s); the rest of its claim goes back to due.
+    pub endpoint_budget: Duration,
     /// How long events and finished deliveries are kept (7 days).
     pub retention: Duration,
 }
 
 impl Default for EventsConfig {
     fn default() -> Self {
-        EventsConfig { policy: EgressPolicy::default(), timeout: Duration::from_secs(10), retention: Duration::from_secs(7 * 24 * 3600) }
+        EventsConfig {
+            policy: EgressPolicy::default(),
+            timeout: Duration::from_secs(10),
+            endpoint_budget: deliver::ENDPOINT_BUDGET,
+            retention: Duration::from_secs(7 * 24 * 3600),
+        }
     }
 }
 
@@ -79,7 +88,7 @@ impl better_compute_runtime::Module for EventsModule {
 
     fn reconcilers(&self) -> Vec<Arc<dyn Reconciler>> {
         vec![
-            Arc::new(deliver::Deliverer { policy: self.config.policy, timeout: self.config.timeout }),
+            Arc::new(deliver::Deliverer { policy: self.config.policy, timeout: self.config.timeout, budget: self.config.endpoint_budget }),
             Arc::new(prune::Pruner { retention: self.config.retention }),
         ]
     }

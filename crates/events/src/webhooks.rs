@@ -256,7 +256,7 @@ pub async fn send_test(tx: &impl GenericClient, tenant_id: &str, id: &str) -> Re
     )
     .await
     .map_err(DbError::from)?;
-    work_queue::enqueue(tx, &DELIVER, "all").await?;
+    work_queue::enqueue(tx, &DELIVER, id).await?;
     delivery_view(tx, tenant_id, &delivery).await
 }
 
@@ -311,6 +311,6 @@ pub async fn replay(tx: &impl GenericClient, tenant_id: &str, id: &str) -> Resul
     if n == 0 {
         return Err(Error::failed_precondition(format!("delivery {id} is {}, not dead", d.state)));
     }
-    work_queue::enqueue(tx, &DELIVER, "all").await?;
+    work_queue::enqueue(tx, &DELIVER, &d.webhook_id).await?;
     delivery_view(tx, tenant_id, id).await
 }

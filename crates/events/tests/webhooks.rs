@@ -476,31 +476,64 @@ async fn a_hanging_receiver_neither_delays_nor_loses_the_batchs_other_outcomes_a
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_endpoints_backlog_takes_at_most_its_share_of_a_batch() {
-    let h = harness(DEV).await;
-    let (_rx, addr) = Receiver::start(vec![]).await;
-    let busy = hook(&h, &format!("http://{addr}/hook"), DEV).await;
+async fn a_hanging_endpoints_backlog_holds_up_no_other_endpoint_and_sends_at_most_four_at_once_within_its_budget() {
+    // Requests may take 10 s; each of the slow receiver's answers takes 5; the endpoint's budget is
+    // 4 s, so its run starts one wave of four and gives the rest back.
+    let config = EventsConfig { policy: DEV, timeout: Duration::from_secs(10), endpoint_budget: Duration::from_secs(4), ..EventsConfig::default() };
+    let h = Arc::new(Harness::new(vec![Arc::new(EventsModule { config })]).await);
+    let (slow_rx, slow_addr) = Receiver::start(vec![Reply::Hang; 20]).await;
+    let (fast_rx, fast_addr) = Receiver::start(vec![]).await;
+    let slow = hook(&h, &format!("http://{slow_addr}/hook"), DEV).await;
     let mut events = Vec::new();
-    for i in 0..10 {
+    for i in 0..9 {
         events.push(emit(&h, TENANT, &format!("res_{i}")).await);
     }
     fan_out(&h, events.last().unwrap()).await;
     h.job("outbox-dispatch").drain(5).await;
-    let other = hook(&h, &format!("http://{addr}/hook"), DEV).await;
-    let late = emit(&h, TENANT, "res_other").await;
+    let fast = hook(&h, &format!("http://{fast_addr}/hook"), DEV).await;
+    let late = emit(&h, TENANT, "res_late").await;
     fan_out(&h, &late).await;
     let c = h.db().connect().await;
-    let count = |webhook: String| {
+    let count = |webhook: String, state: &'static str| {
         let c = &c;
         async move {
-            let n: i64 = c.query_one("SELECT count(*) FROM webhook_deliveries WHERE webhook_id = $1 AND state = 'delivered'", &[&webhook]).await.unwrap().get(0);
+            let n: i64 = c
+                .query_one("SELECT count(*) FROM webhook_deliveries WHERE webhook_id = $1 AND state = $2", &[&webhook, &state])
+                .await
+                .unwrap()
+                .get(0);
             n
         }
     };
-    // Eleven for the busy endpoint (the late event too), one for the other.
-    let queued: i64 = c.query_one("SELECT count(*) FROM webhook_deliveries WHERE webhook_id = $1", &[&busy.webhook.id]).await.unwrap().get(0);
-    assert_eq!(queued, 11);
-    h.job("events.deliver").tick().await;
-    assert_eq!(count(busy.webhook.id.clone()).await, better_compute_events::deliver::PER_ENDPOINT);
-    assert_eq!(count(other.webhook.id.clone()).await, 1, "the other endpoint waited behind the backlog");
+    // Ten for the slow endpoint (the late event too), one for the other.
+    assert_eq!(count(slow.webhook.id.clone(), "pending").await, 10);
+    let run = tokio::spawn({
+        let h = h.clone();
+        async move { h.job("events.deliver").tick().await }
+    });
+    // The other endpoint is served while the slow one hangs, with four of its requests in flight.
+    tokio::time::timeout(Duration::from_secs(4), async {
+        while delivery(&h, &fast.webhook.id, &late).await.0 != "delivered" {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the other endpoint waited behind the hanging one");
+    assert_eq!(fast_rx.seen.lock().unwrap().len(), 1);
+    assert!(!run.is_finished(), "the slow receiver was not in flight any more");
+    assert_eq!(slow_rx.seen.lock().unwrap().len(), better_compute_events::deliver::PER_ENDPOINT, "requests in flight at once");
+    let report = tokio::time::timeout(Duration::from_secs(60), run).await.expect("the run hung").unwrap();
+    assert_eq!(report.errors, 0, "{report:?}");
+    // One wave went before the budget ran out; the other six are due again, unsent and unattempted.
+    assert_eq!(slow_rx.seen.lock().unwrap().len(), 4);
+    assert_eq!(count(slow.webhook.id.clone(), "delivered").await, 4);
+    let unsent: i64 = c
+        .query_one(
+            "SELECT count(*) FROM webhook_deliveries WHERE webhook_id = $1 AND state = 'pending' AND attempts = 0 AND next_attempt_at <= compute_now()",
+            &[&slow.webhook.id],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(unsent, 6);
 }

@@ -44,10 +44,9 @@ pub struct BatchSettings {
 }
 
 impl Default for BatchSettings {
-    /// One batcher for creates and one for releases, of at most 32 requests. On the 2-core bench
-    /// machine (64 clients, `better-compute bench capacity`), one batcher made batches of about 19
-    /// and spent 1.1 ms of CPU per placement and its release; two made batches of 9 and spent 1.4
-    /// to 1.5 ms: a batch's fixed cost outweighs the overlap (docs/capacity.md, "Stop 23").
+    /// One batcher for creates and one for releases, of at most 32 requests: a second batcher
+    /// halves the batches, and a batch's fixed cost outweighs the overlap (`bench capacity
+    /// --batchers 2` shows it; docs/capacity.md, "Why it is built this way").
     fn default() -> Self {
         BatchSettings { batchers: 1, max_batch: 32, queue_len: 1024, retries: 1 }
     }

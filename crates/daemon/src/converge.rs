@@ -164,15 +164,19 @@ pub fn converge(spec: &NodeSpec, backend: &dyn GpuBackend, held: &Applied) -> Co
         section("allocations", SectionState::Failed, failures.join("; "))
     });
 
-    // GPUs: a GPU any held allocation uses is busy.
-    let busy: Vec<String> = applied.allocations.values().flat_map(|h| &h.atoms).filter_map(|atom| owns(&local_gpus, atom)).collect();
+    // GPUs: a GPU any held allocation uses is busy; the atoms held on each.
+    let mut held_atoms: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for atom in applied.allocations.values().flat_map(|h| &h.atoms) {
+        if let Some(gpu) = owns(&local_gpus, atom) {
+            held_atoms.entry(gpu).or_default().push(atom.clone());
+        }
+    }
+    let busy: Vec<String> = held_atoms.keys().cloned().collect();
     let desired: BTreeMap<&str, &Gpu> = spec.gpus.iter().flat_map(|g| &g.gpus).map(|g| (g.uuid.as_str(), g)).collect();
     // First, each busy GPU gets back the layout its allocations were placed on, if the hardware
     // lost it: the last one applied, or else the desired one, whichever has every atom they hold.
     let mut unrestored = Vec::new();
-    let mut seen = std::collections::BTreeSet::new();
-    for gpu in busy.iter().filter(|g| seen.insert(g.as_str())) {
-        let atoms: Vec<&String> = applied.allocations.values().flat_map(|h| &h.atoms).filter(|a| owns(std::slice::from_ref(gpu), a).is_some()).collect();
+    for (gpu, atoms) in &held_atoms {
         let target = [applied.layouts.get(gpu), desired.get(gpu.as_str()).copied()]
             .into_iter()
             .flatten()

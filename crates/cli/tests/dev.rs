@@ -157,10 +157,18 @@ async fn dev_refuses_a_second_copy_stops_on_ctrl_c_and_keeps_data_across_restart
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(rolled, "the rollup never ran");
-    let cap = Command::new(BIN).args(["capacity", "--database-url", &url]).output().unwrap();
-    let text = String::from_utf8_lossy(&cap.stdout);
     // Two pools: gpus (bare metal; GPU 7 of its first node in MIG, of its second time-sliced) and
-    // burst (a provider's).
+    // burst (a provider's). The mode changes and the rollup are jobs of their own, running side by
+    // side, so the rollup may first show the pools before the changes: wait for them.
+    let mut text = String::new();
+    for _ in 0..600 {
+        let cap = Command::new(BIN).args(["capacity", "--database-url", &url]).output().unwrap();
+        text = String::from_utf8_lossy(&cap.stdout).into_owned();
+        if text.contains("H100-80GB: 14 of 14 idle") && text.contains("3g.40gb: 2 of 2 idle") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     assert!(text.contains("pool dev/gpus") && text.contains("H100-80GB: 14 of 14 idle") && text.contains("3g.40gb: 2 of 2 idle"), "{text}");
     assert!(text.contains("pool dev/burst") && text.contains("H100-80GB: 16 of 16 idle"), "{text}");
     // Every demo node joined through the gateway and applied its desired state.

@@ -3,7 +3,8 @@
 //! resyncs going.
 //!
 //! Everything a worker does is a method that tests can call step by step ([`Worker::maintain`],
-//! [`Worker::tick`]); [`Worker::run`] only loops over them, woken by pokes and polling.
+//! [`Worker::tick`]); [`Worker::run`] loops over the same steps, woken by pokes and polling: a
+//! loop per job, each reconciler's keeping its runs going and claiming more as slots free.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::panic::AssertUnwindSafe;
@@ -36,7 +37,7 @@ pub struct WorkerConfig {
     pub roles: Vec<String>,
     /// Keys claimed per claim.
     pub claim_batch: i64,
-    /// Runs in flight at once within a tick.
+    /// Runs of one job in flight at once (within a tick, and in `run`'s loop).
     pub run_concurrency: usize,
     /// Events per outbox batch.
     pub outbox_batch: i64,
@@ -347,50 +348,56 @@ impl Worker {
                 .ok_or_else(|| better_compute_core::Error::not_found("job", name))?;
             self.tick_reconciler(r).await?
         };
-        let mut st = self.state.lock().expect("worker state");
-        let entry = st.reports.entry(name.to_owned()).or_default();
-        entry.0 += 1;
-        entry.1 = report.clone();
+        self.save_report(name, &report);
         Ok(report)
     }
 
     async fn tick_reconciler(&self, r: Arc<dyn Reconciler>) -> Result<JobReport, DbError> {
-        let kind = r.kind();
-        let grants = self.grants(&kind);
-        let mut report = JobReport::default();
-        if grants.is_empty() {
-            return Ok(report);
-        }
-        let leases: HashMap<i16, Lease> = grants.iter().map(|(g, l)| (g.shard, l.clone())).collect();
-        let grants: Vec<ShardGrant> = grants.into_iter().map(|(g, _)| g).collect();
-        let claimed = {
-            let mut client = self.pool.get().await?;
-            let tx = client.transaction().await?;
-            let claimed = work_queue::claim(&*tx, kind.name, &grants, &self.cfg.id, WORKER_LEASE_TTL, self.cfg.claim_batch).await?;
-            tx.commit().await?;
-            claimed
-        };
-        // No connection is held while the runs go: every job ticks at once, each run takes its own.
-        report.claimed = claimed.len() as u64;
+        let claimed = self.claim(&r.kind(), self.cfg.claim_batch).await?;
+        // No connection is held while the runs go: every job runs at once, each run takes its own.
         let results: Vec<(Claimed, RunResult)> = futures_util::stream::iter(claimed)
-            .map(|c| {
-                let ctx = self.context(leases[&c.shard].clone());
-                let r = r.clone();
-                async move {
-                    // A panicking reconciler fails its key, not the worker.
-                    let res = AssertUnwindSafe(r.run(&ctx, &c.key)).catch_unwind().await;
-                    let res = match res {
-                        Ok(Ok(o)) => RunResult::Ok(o),
-                        Ok(Err(e)) => RunResult::Err(e.to_string()),
-                        Err(_) => RunResult::Err("the reconciler panicked".to_owned()),
-                    };
-                    (c, res)
-                }
-            })
+            .map(|(c, lease)| self.run_one(r.clone(), c, lease))
             .buffer_unordered(self.cfg.run_concurrency.max(1))
             .collect()
             .await;
-        for (c, res) in &results {
+        self.apply(&r.kind(), &results).await
+    }
+
+    /// Claims up to `limit` due keys of `kind` in this worker's shards, each with the lease it
+    /// runs under.
+    async fn claim(&self, kind: &Kind, limit: i64) -> Result<Vec<(Claimed, Lease)>, DbError> {
+        let grants = self.grants(kind);
+        if grants.is_empty() || limit <= 0 {
+            return Ok(Vec::new());
+        }
+        let leases: HashMap<i16, Lease> = grants.iter().map(|(g, l)| (g.shard, l.clone())).collect();
+        let grants: Vec<ShardGrant> = grants.into_iter().map(|(g, _)| g).collect();
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await?;
+        let claimed = work_queue::claim(&*tx, kind.name, &grants, &self.cfg.id, WORKER_LEASE_TTL, limit).await?;
+        tx.commit().await?;
+        Ok(claimed.into_iter().map(|c| { let l = leases[&c.shard].clone(); (c, l) }).collect())
+    }
+
+    /// Runs one claimed key under `lease`.
+    async fn run_one(&self, r: Arc<dyn Reconciler>, c: Claimed, lease: Lease) -> (Claimed, RunResult) {
+        let ctx = self.context(lease);
+        // A panicking reconciler fails its key, not the worker.
+        let res = match AssertUnwindSafe(r.run(&ctx, &c.key)).catch_unwind().await {
+            Ok(Ok(o)) => RunResult::Ok(o),
+            Ok(Err(e)) => RunResult::Err(e.to_string()),
+            Err(_) => RunResult::Err("the reconciler panicked".to_owned()),
+        };
+        (c, res)
+    }
+
+    /// Applies ended runs' outcomes to the queue and returns what they did.
+    async fn apply(&self, kind: &Kind, results: &[(Claimed, RunResult)]) -> Result<JobReport, DbError> {
+        let mut report = JobReport { claimed: results.len() as u64, ..JobReport::default() };
+        if results.is_empty() {
+            return Ok(report);
+        }
+        for (c, res) in results {
             match res {
                 RunResult::Ok(crate::Outcome::Done) => report.done += 1,
                 RunResult::Ok(crate::Outcome::SyncAgain) => report.sync_again += 1,
@@ -403,13 +410,80 @@ impl Worker {
         }
         let mut client = self.pool.get().await?;
         let tx = client.transaction().await?;
-        work_queue::apply_outcomes(&*tx, kind.name, &self.cfg.id, &results).await?;
+        work_queue::apply_outcomes(&*tx, kind.name, &self.cfg.id, results).await?;
         tx.commit().await?;
-        if !results.is_empty() {
-            // Runs may have enqueued work for other shards' owners (and a dirtied key is due now).
-            work_queue::poke(&**client).await;
-        }
+        // Runs may have enqueued work for other shards' owners (and a dirtied key is due now).
+        work_queue::poke(&**client).await;
         Ok(report)
+    }
+
+    /// Saves a job's report for `jobs`.
+    fn save_report(&self, name: &str, report: &JobReport) {
+        let mut st = self.state.lock().expect("worker state");
+        let entry = st.reports.entry(name.to_owned()).or_default();
+        entry.0 += 1;
+        entry.1 = report.clone();
+    }
+
+    /// Keeps up to `run_concurrency` runs of reconciler `r` going until `shutdown`: claims keys for
+    /// the free slots, applies each run's outcome as it ends (with any others that ended by then),
+    /// and claims again once at most half the slots are busy, on a poke, or every poll interval.
+    /// A run that takes long holds up only its own slot: later keys of the same job still run.
+    async fn reconcile_loop(
+        self: Arc<Self>,
+        r: Arc<dyn Reconciler>,
+        mut shutdown: tokio::sync::watch::Receiver<bool>,
+        mut poked: tokio::sync::watch::Receiver<u64>,
+    ) {
+        let kind = r.kind();
+        let slots = self.cfg.run_concurrency.max(1);
+        let mut runs = futures_util::stream::FuturesUnordered::new();
+        let mut claim_now = true;
+        while !*shutdown.borrow() {
+            if claim_now && runs.len() <= slots / 2 {
+                poked.mark_unchanged();
+                let free = (slots - runs.len()).min(self.cfg.claim_batch.max(1) as usize);
+                match self.claim(&kind, free as i64).await {
+                    Ok(claimed) => {
+                        let full = claimed.len() == free;
+                        for (c, lease) in claimed {
+                            runs.push(self.run_one(r.clone(), c, lease));
+                        }
+                        // A full claim may have left more due: claim again once slots free.
+                        claim_now = full;
+                    }
+                    Err(e) => {
+                        tracing::warn!(job = kind.name, error = %e, "claiming failed");
+                        claim_now = false;
+                    }
+                }
+            }
+            tokio::select! {
+                Some(first) = runs.next(), if !runs.is_empty() => {
+                    let mut ended = vec![first];
+                    while let Some(Some(more)) = runs.next().now_or_never() {
+                        ended.push(more);
+                    }
+                    match self.apply(&kind, &ended).await {
+                        Ok(report) => self.save_report(kind.name, &report),
+                        // The claims lapse and the keys are claimed again.
+                        Err(e) => tracing::warn!(job = kind.name, error = %e, "applying outcomes failed"),
+                    }
+                    claim_now = true;
+                }
+                _ = poked.changed() => claim_now = true,
+                _ = tokio::time::sleep(self.cfg.poll_interval) => claim_now = true,
+                _ = shutdown.changed() => {}
+            }
+        }
+        // The runs in flight end and their outcomes are applied before the leases go.
+        let mut ended = Vec::new();
+        while let Some(x) = runs.next().await {
+            ended.push(x);
+        }
+        if let Err(e) = self.apply(&kind, &ended).await {
+            tracing::warn!(job = kind.name, error = %e, "applying outcomes failed");
+        }
     }
 
     async fn tick_sinks(&self, sinks: &[Arc<dyn Sink>]) -> Result<JobReport, DbError> {
@@ -482,11 +556,13 @@ impl Worker {
                 }
             })
         };
-        let loops: Vec<_> = self
+        let mut loops: Vec<_> = self
             .registry
-            .job_names()
-            .into_iter()
-            .map(|job| {
+            .reconcilers()
+            .iter()
+            .map(|r| tokio::spawn(self.clone().reconcile_loop(r.clone(), shutdown.clone(), poked.clone())))
+            .collect();
+        loops.extend([EVENT_SUBSCRIBERS_JOB, OUTBOX_DISPATCH_JOB].into_iter().map(|job| {
                 let (me, job, mut shutdown, mut poked) = (self.clone(), job.to_owned(), shutdown.clone(), poked.clone());
                 tokio::spawn(async move {
                     while !*shutdown.borrow() {
@@ -508,8 +584,7 @@ impl Worker {
                         }
                     }
                 })
-            })
-            .collect();
+            }));
         for l in loops {
             let _ = l.await;
         }

@@ -941,3 +941,42 @@ async fn a_job_whose_run_does_not_end_holds_up_no_other_job_of_its_worker() {
     let _ = stop.send(true);
     within("the worker to stop", running).await.unwrap().unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_whose_run_does_not_end_holds_up_no_later_key_of_its_job() {
+    let probe = Arc::new(Probe::new(NODE_KIND, ShardBy::Node));
+    let h = harness_with(probe.clone(), vec![]).await;
+    h.db().advance(Duration::from_secs(16)).await;
+    let mut cfg = WorkerConfig::new("wrk_running");
+    cfg.poll_interval = Duration::from_millis(50);
+    let w = Arc::new(Worker::start(h.db().pool.clone(), h.registry().clone(), cfg).await.unwrap());
+    probe.gated.lock().unwrap().insert("node_stuck".to_owned());
+    enqueue(&h, &probe.kind, "node_stuck").await;
+    let (stop, stopping) = tokio::sync::watch::channel(false);
+    let running = tokio::spawn(w.clone().run(stopping));
+    within("the stuck run to start", probe.entered.notified()).await;
+    // Keys of the same job enqueued after the stuck run began still run, and their outcomes are
+    // applied (their queue rows go) while it hangs.
+    for i in 0..3 {
+        let key = format!("node_later_{i}");
+        enqueue(&h, &probe.kind, &key).await;
+        within("a later key of the job to run while one of its keys is stuck", async {
+            while probe.runs_of(&key) == 0 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+    }
+    within("the later keys' outcomes to be applied", async {
+        while queue_len(&h).await > 1 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert_eq!(queue_len(&h).await, 1, "only the stuck key is still queued");
+    assert_eq!((probe.runs_of("node_stuck"), probe.total_runs()), (1, 4));
+    probe.gate.notify_one();
+    let _ = stop.send(true);
+    within("the worker to stop", running).await.unwrap().unwrap();
+    assert_eq!(queue_len(&h).await, 0, "the stuck run's outcome was applied before the worker stopped");
+}

@@ -437,7 +437,9 @@ impl Worker {
     ) {
         let kind = r.kind();
         let slots = self.cfg.run_concurrency.max(1);
-        let mut runs = futures_util::stream::FuturesUnordered::new();
+        // Each run is a task of its own, so runs go on while the loop awaits a claim or an apply:
+        // a run holding a pooled connection must never wait on the loop that waits on the pool.
+        let mut runs = tokio::task::JoinSet::new();
         let mut claim_now = true;
         while !*shutdown.borrow() {
             if claim_now && runs.len() <= slots / 2 {
@@ -447,7 +449,8 @@ impl Worker {
                     Ok(claimed) => {
                         let full = claimed.len() == free;
                         for (c, lease) in claimed {
-                            runs.push(self.run_one(r.clone(), c, lease));
+                            let (me, r) = (self.clone(), r.clone());
+                            runs.spawn(async move { me.run_one(r, c, lease).await });
                         }
                         // A full claim may have left more due: claim again once slots free.
                         claim_now = full;
@@ -459,10 +462,10 @@ impl Worker {
                 }
             }
             tokio::select! {
-                Some(first) = runs.next(), if !runs.is_empty() => {
-                    let mut ended = vec![first];
-                    while let Some(Some(more)) = runs.next().now_or_never() {
-                        ended.push(more);
+                Some(first) = runs.join_next(), if !runs.is_empty() => {
+                    let mut ended: Vec<(Claimed, RunResult)> = first.into_iter().collect();
+                    while let Some(more) = runs.try_join_next() {
+                        ended.extend(more);
                     }
                     match self.apply(&kind, &ended).await {
                         Ok(report) => self.save_report(kind.name, &report),
@@ -478,8 +481,8 @@ impl Worker {
         }
         // The runs in flight end and their outcomes are applied before the leases go.
         let mut ended = Vec::new();
-        while let Some(x) = runs.next().await {
-            ended.push(x);
+        while let Some(x) = runs.join_next().await {
+            ended.extend(x);
         }
         if let Err(e) = self.apply(&kind, &ended).await {
             tracing::warn!(job = kind.name, error = %e, "applying outcomes failed");

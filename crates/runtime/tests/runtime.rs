@@ -45,6 +45,8 @@ struct Probe {
     write_effects: bool,
     /// Re-enqueue the key from another transaction during its first run.
     dirty_during_first_run: bool,
+    /// Keys whose runs hold a pooled connection for a while before they end.
+    hold_connection: Mutex<HashSet<String>>,
     fenced_failures: AtomicUsize,
 }
 
@@ -63,6 +65,7 @@ impl Probe {
             gate: Notify::new(),
             write_effects: false,
             dirty_during_first_run: false,
+            hold_connection: Mutex::new(HashSet::new()),
             fenced_failures: AtomicUsize::new(0),
         }
     }
@@ -98,6 +101,11 @@ impl Reconciler for Probe {
         if self.gated.lock().unwrap().remove(key) {
             self.entered.notify_one();
             self.gate.notified().await;
+        }
+        if self.hold_connection.lock().unwrap().contains(key) {
+            let _held = ctx.client().await?;
+            // Long enough for a quicker run to end and its outcome to need a connection.
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
         if first && self.dirty_during_first_run {
             let mut c = ctx.client().await?;
@@ -979,4 +987,32 @@ async fn a_key_whose_run_does_not_end_holds_up_no_later_key_of_its_job() {
     let _ = stop.send(true);
     within("the worker to stop", running).await.unwrap().unwrap();
     assert_eq!(queue_len(&h).await, 0, "the stuck run's outcome was applied before the worker stopped");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_holding_every_pooled_connection_never_deadlock_the_loop_applying_an_ended_runs_outcome() {
+    let probe = Arc::new(Probe::new(NODE_KIND, ShardBy::Node));
+    let h = harness_with(probe.clone(), vec![]).await;
+    h.db().advance(Duration::from_secs(16)).await;
+    // Two connections: both held by slow runs while a quick run's outcome waits to be applied.
+    let pool = better_compute_db::pool::connect_pool(h.db().connection_string(), 2).unwrap();
+    let mut cfg = WorkerConfig::new("wrk_small_pool");
+    cfg.poll_interval = Duration::from_millis(50);
+    let w = Arc::new(Worker::start(pool, h.registry().clone(), cfg).await.unwrap());
+    w.maintain().await.unwrap();
+    probe.hold_connection.lock().unwrap().extend(["node_slow_1".to_owned(), "node_slow_2".to_owned()]);
+    for key in ["node_quick", "node_slow_1", "node_slow_2"] {
+        enqueue(&h, &probe.kind, key).await;
+    }
+    let (stop, stopping) = tokio::sync::watch::channel(false);
+    let running = tokio::spawn(w.clone().run(stopping));
+    within("every outcome to be applied", async {
+        while queue_len(&h).await > 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert_eq!(probe.total_runs(), 3);
+    let _ = stop.send(true);
+    within("the worker to stop", running).await.unwrap().unwrap();
 }

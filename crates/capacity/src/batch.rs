@@ -1,6 +1,6 @@
 //! The batch placer: concurrent `reservations.create` and `reservations.release` calls done
 //! together, one statement per step for the whole batch (`capacity_reserve_batch`,
-//! `capacity_release_batch`, migrations/capacity/0012_batches.sql).
+//! `capacity_release_batch`, src/sql/batch.sql).
 //!
 //! Batchers take requests from a bounded queue per kind; a batch is whatever waited while the
 //! batcher was busy, up to [`BatchSettings::max_batch`], so an idle server places a lone request at

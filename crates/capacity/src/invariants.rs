@@ -84,7 +84,7 @@ const RULES: [(&str, &str); 6] = [
     ),
 ];
 
-/// The atom-count rows whose open flag (0007_open_counts) disagrees with their node, as
+/// The atom-count rows whose open flag (src/sql/counts.sql) disagrees with their node, as
 /// "node kind open". Not one of the invariants: the flag is a hint that a refresh racing a change
 /// of its node may leave stale until `capacity.rollup` runs, so this holds once the jobs have run
 /// after the last change, not at every moment.

@@ -20,32 +20,17 @@ use std::sync::Arc;
 use better_compute_db::Migration;
 use better_compute_runtime::{Kind, Reconciler, ShardBy, Sink};
 
-/// The capacity module's migrations.
+/// The capacity module's migrations: its tables, then its functions, one file per concept, in the
+/// order they call each other (a SQL-language function's callees must exist when it is made).
 pub const CAPACITY_MIGRATIONS: &[Migration] = &[
-    Migration { module: "capacity", name: "0001_capacity", sql: include_str!("migrations/capacity/0001_capacity.sql") },
-    Migration { module: "capacity", name: "0002_placer", sql: include_str!("migrations/capacity/0002_placer.sql") },
-    Migration { module: "capacity", name: "0003_reservations", sql: include_str!("migrations/capacity/0003_reservations.sql") },
-    Migration { module: "capacity", name: "0004_release", sql: include_str!("migrations/capacity/0004_release.sql") },
-    Migration { module: "capacity", name: "0005_placer", sql: include_str!("migrations/capacity/0005_placer.sql") },
-    Migration { module: "capacity", name: "0006_generic_candidates", sql: include_str!("migrations/capacity/0006_generic_candidates.sql") },
-    Migration { module: "capacity", name: "0007_open_counts", sql: include_str!("migrations/capacity/0007_open_counts.sql") },
-    Migration { module: "capacity", name: "0008_autovacuum", sql: include_str!("migrations/capacity/0008_autovacuum.sql") },
-    Migration { module: "capacity", name: "0009_refresh_lock_order", sql: include_str!("migrations/capacity/0009_refresh_lock_order.sql") },
-    Migration { module: "capacity", name: "0010_counts_lock_order", sql: include_str!("migrations/capacity/0010_counts_lock_order.sql") },
-    Migration { module: "capacity", name: "0011_booking_history", sql: include_str!("migrations/capacity/0011_booking_history.sql") },
-    Migration { module: "capacity", name: "0012_batches", sql: include_str!("migrations/capacity/0012_batches.sql") },
-    Migration { module: "capacity", name: "0013_batch_plans", sql: include_str!("migrations/capacity/0013_batch_plans.sql") },
-    Migration { module: "capacity", name: "0014_batch_locks_late", sql: include_str!("migrations/capacity/0014_batch_locks_late.sql") },
-    Migration {
-        module: "capacity",
-        name: "0015_final_refusals_judge_hardware",
-        sql: include_str!("migrations/capacity/0015_final_refusals_judge_hardware.sql"),
-    },
-    Migration {
-        module: "capacity",
-        name: "0016_final_refusals_judge_scalars",
-        sql: include_str!("migrations/capacity/0016_final_refusals_judge_scalars.sql"),
-    },
+    Migration::numbered("capacity", "0001_capacity", include_str!("migrations/capacity/0001_capacity.sql")),
+    Migration::repeatable("capacity", "eligibility", include_str!("sql/eligibility.sql")),
+    Migration::repeatable("capacity", "counts", include_str!("sql/counts.sql")),
+    Migration::repeatable("capacity", "placer", include_str!("sql/placer.sql")),
+    Migration::repeatable("capacity", "quota", include_str!("sql/quota.sql")),
+    Migration::repeatable("capacity", "reservation", include_str!("sql/reservation.sql")),
+    Migration::repeatable("capacity", "release", include_str!("sql/release.sql")),
+    Migration::repeatable("capacity", "batch", include_str!("sql/batch.sql")),
 ];
 
 /// Moves a reservation through time (start, end) and retries it while pending; key: reservation

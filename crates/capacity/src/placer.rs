@@ -1,8 +1,7 @@
 //! The placer: chooses a node and atoms for a demand and books them, or says why it cannot.
 //!
-//! It runs in the database, as `capacity_place` (migrations/capacity/0002_placer.sql, redefined in
-//! 0003_reservations.sql and last in 0005_placer.sql), with the plans kept by the backend;
-//! `capacity_reserve` and `capacity_step` (0003_reservations.sql) call it. Candidates come from `node_atom_counts`
+//! It runs in the database, as `capacity_place` (src/sql/placer.sql), with the plans kept by the
+//! backend; `capacity_reserve` and `capacity_step` (src/sql/reservation.sql) call it. Candidates come from `node_atom_counts`
 //! by index (idle atoms of the class, fewest first, so reservations pack onto busy nodes and leave
 //! whole nodes free; ties broken by chance, so concurrent placers spread), never from a scan of the
 //! pool. Each attempt is a savepoint (a PL/pgSQL block): it locks the node row and the chosen atoms

@@ -1,6 +1,6 @@
 //! Quotas: per tenant and resource, `used` moves only through guarded updates in the transaction
 //! that reserves or releases, with a `CHECK (used <= max)` backstop. The charge and the refund run
-//! in the database (`capacity_charge` and `capacity_refund`, migrations/capacity/0003_reservations.sql),
+//! in the database (`capacity_charge` and `capacity_refund`, src/sql/quota.sql),
 //! inside `capacity_reserve` and `capacity_end`.
 
 use better_compute_core::Error;

@@ -93,7 +93,7 @@ impl Reconciler for Rollup {
     async fn run(&self, ctx: &ReconcileContext, pool: &str) -> Result<Outcome, RunError> {
         let mut c = ctx.client().await?;
         let tx = ctx.begin_fenced(&mut c).await?;
-        // The counts' open flags (0007_open_counts), put right where a refresh raced a change of
+        // The counts' open flags (src/sql/counts.sql), put right where a refresh raced a change of
         // its node: the stale nodes FOR SHARE (nodes before their counts, the lock order), so the
         // flag is set from a version of the node that cannot change before commit. SKIP LOCKED: a
         // node being changed right now is left to that change's trigger and to the next run, and

@@ -4,7 +4,7 @@
 //! the node it touches.
 //!
 //! Create, release and the moves through time run in the database, one statement each
-//! (`migrations/capacity/0003_reservations.sql`): one round trip, with the plans kept by the
+//! (`src/sql/reservation.sql`): one round trip, with the plans kept by the
 //! backend. This side checks the request's shape, makes the ids, and reads back the view.
 
 use std::time::Duration;
@@ -131,7 +131,7 @@ pub struct ReservationView {
     pub conditions: Vec<serde_json::Value>,
 }
 
-/// The view of a reservation from `capacity_view` (`migrations/capacity/0003_reservations.sql`).
+/// The view of a reservation from `capacity_view` (`src/sql/reservation.sql`).
 fn from_json(v: serde_json::Value) -> Result<ReservationView, DbError> {
     serde_json::from_value(v).map_err(|e| Error::internal(format!("reservation view: {e}")).into())
 }

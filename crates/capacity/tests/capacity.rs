@@ -999,7 +999,7 @@ async fn a_creates_poke_reaches_the_workers_only_after_the_create_has_committed(
 #[tokio::test]
 async fn the_tables_placements_churn_are_vacuumed_once_two_percent_of_them_is_dead() {
     let h = harness().await;
-    // Each placement and release leaves dead versions in these (0008_autovacuum); at the default
+    // Each placement and release leaves dead versions in these (the capacity baseline's autovacuum settings); at the default
     // 20% they piled up in the atom lookup's index and a create-and-release loop slowed by a quarter.
     for table in ["device_bookings", "reservations", "quota_usage", "node_atom_counts", "node_resources", "work_queue"] {
         let sql = format!(

@@ -5,7 +5,7 @@
 //! `crates/*/src` (migrations live there too) for `now()`, `CURRENT_TIMESTAMP`, `LOCALTIMESTAMP`,
 //! `transaction_timestamp()`, `statement_timestamp()`, `clock_timestamp()` and their cousins
 //! `CURRENT_TIME`, `CURRENT_DATE` and `LOCALTIME`. Exceptions: the migration that defines
-//! `compute_now()` (`migrations/core/0001_clock.sql`), and any line marked `check-sql-now: allow`.
+//! `compute_now()` (`crates/db/src/sql/clock.sql`), and any line marked `check-sql-now: allow`.
 
 use std::path::{Path, PathBuf};
 
@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 pub const ALLOW_MARKER: &str = "check-sql-now: allow";
 
 /// The one file allowed to read the real clock: it defines `compute_now()`.
-pub const CLOCK_MIGRATION: &str = "migrations/core/0001_clock.sql";
+pub const CLOCK_FILE: &str = "db/src/sql/clock.sql";
 
 /// A forbidden clock read.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -199,7 +199,7 @@ pub fn scan_rust(path: &Path, src: &str) -> Vec<Violation> {
 
 /// Scans a SQL file: all of it.
 pub fn scan_sql(path: &Path, src: &str) -> Vec<Violation> {
-    if path.to_string_lossy().replace('\\', "/").ends_with(CLOCK_MIGRATION) {
+    if path.to_string_lossy().replace('\\', "/").ends_with(CLOCK_FILE) {
         return Vec::new();
     }
     find_clock_reads(src)

@@ -59,12 +59,12 @@ fn the_allow_marker_exempts_its_line_only() {
 }
 
 #[test]
-fn sql_files_are_scanned_whole_except_the_clock_migration() {
+fn sql_files_are_scanned_whole_except_the_clock_file() {
     let sql = "CREATE TABLE t (a timestamptz DEFAULT now());\n-- fine: compute_now()\n";
     let v = scan_sql(Path::new("crates/x/src/migrations/x/0002_t.sql"), sql);
     assert_eq!(v.len(), 1);
     assert_eq!(v[0].line, 1);
-    assert!(scan_sql(Path::new("crates/db/src/migrations/core/0001_clock.sql"), sql).is_empty());
+    assert!(scan_sql(Path::new("crates/db/src/sql/clock.sql"), sql).is_empty());
     let marked = "SELECT now(); -- check-sql-now: allow\n";
     assert!(scan_sql(Path::new("a.sql"), marked).is_empty());
 }

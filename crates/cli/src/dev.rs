@@ -87,7 +87,13 @@ async fn serve(cluster: &Cluster, root: &Path, args: &DevArgs) -> anyhow::Result
     let registry = crate::registry()?;
     let conn = cluster.connection_string(DEV_DATABASE);
     let mut db = better_compute_db::pool::connect(&conn).await?;
-    let report = better_compute_db::migrate(&mut db, &registry.migrations()).await?;
+    let report = better_compute_db::migrate(&mut db, &registry.migrations()).await.with_context(|| {
+        format!(
+            "the database in {} does not take this build's migrations (made by an older build before the \
+             schema's baseline?): remove that folder to start afresh, or pass another --data-dir",
+            root.display()
+        )
+    })?;
     let admin = admin_credentials(&mut db, root).await?;
     let first_start = seed_demo_fleet(&mut db, &admin.tenant_id).await?;
     if first_start {

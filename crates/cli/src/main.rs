@@ -43,6 +43,9 @@ enum Command {
     Daemon(daemon::DaemonArgs),
     /// Apply every pending migration to the database at DATABASE_URL, then exit.
     Migrate(DatabaseArgs),
+    /// Print the schema of the database at DATABASE_URL as the checked-in snapshot has it
+    /// (`schema/snapshot.sql`): run it on a freshly migrated database after changing a migration.
+    Schema(DatabaseArgs),
     /// Show the jobs: queue depth, oldest due key, last errors, last runs, and who holds which shard.
     Jobs(jobs::JobsArgs),
     /// Call the HTTP API: `better-compute api METHOD key=value key:=json …` (`--list` lists methods).
@@ -130,6 +133,11 @@ fn main() -> std::process::ExitCode {
             Command::Server(args) => server::run(args).await,
             Command::Daemon(args) => daemon::run(args).await,
             Command::Migrate(args) => migrate(args).await,
+            Command::Schema(args) => {
+                let client = better_compute_db::pool::connect(&args.database_url).await?;
+                print!("{}", better_compute_db::schema::snapshot(&client).await?);
+                Ok(())
+            }
             Command::Jobs(args) => jobs::run(args).await,
             Command::Capacity(args) => capacity::run(args).await,
             Command::Nodes(args) => ops::nodes(args).await,

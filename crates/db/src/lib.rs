@@ -12,6 +12,7 @@ pub mod migrate;
 pub mod paging;
 pub mod pgbouncer;
 pub mod pool;
+pub mod schema;
 pub mod testing;
 pub mod workers;
 
@@ -19,5 +20,5 @@ pub use aggregate::{Aggregate, Transitioned};
 pub use clock::Clock;
 pub use error::DbError;
 pub use lease::{FencedTransaction, Lease};
-pub use migrate::{migrate, Migration, CORE_MIGRATIONS};
+pub use migrate::{migrate, Migration, MigrationKind, CLOCK_MIGRATIONS, CORE_MIGRATIONS, FOUNDATION_MIGRATIONS};
 pub use pool::Pool;

@@ -1,23 +1,52 @@
-//! Migrations per module, core first: ordered, recorded in `schema_migrations`, each applied once in
-//! its own transaction. Many processes may migrate at once: a transaction-scoped advisory lock
-//! (safe under PgBouncer's transaction pooling) serialises them, and each re-checks what is applied.
+//! Migrations per module: numbered migrations (tables, indexes, constraints, settings), each
+//! applied once, and repeatable SQL files (the module's functions and the triggers that call
+//! them, one file per concept, every statement `CREATE OR REPLACE`), applied after the module's
+//! numbered ones and again whenever their text changes, as Flyway's repeatable migrations are.
+//! So a function's current text is in one file, and changing it is editing that file.
+//!
+//! One run applies everything pending in one transaction, under a transaction-scoped advisory
+//! lock (safe under PgBouncer's transaction pooling) that serialises concurrent migrators: either
+//! all of it lands or none. Everything applied is recorded in `schema_migrations` with its
+//! checksum; a numbered migration edited after it was applied is refused.
 
 use sha2::{Digest, Sha256};
 
 use crate::DbError;
+
+/// How a migration is applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MigrationKind {
+    /// Once, in name order within its module; never edited afterwards.
+    Numbered,
+    /// After the module's numbered migrations, and again whenever its text changes.
+    Repeatable,
+}
 
 /// One migration: a module's named SQL script.
 #[derive(Debug, Clone, Copy)]
 pub struct Migration {
     /// The owning module, e.g. `core`.
     pub module: &'static str,
-    /// Ordered within the module by name, e.g. `0001_clock`.
+    /// `0001_core` for a numbered migration (ordered by name within its module); the concept for a
+    /// repeatable one, e.g. `placer`.
     pub name: &'static str,
-    /// The SQL, run in one transaction.
+    /// The SQL.
     pub sql: &'static str,
+    /// Numbered or repeatable.
+    pub kind: MigrationKind,
 }
 
 impl Migration {
+    /// A numbered migration.
+    pub const fn numbered(module: &'static str, name: &'static str, sql: &'static str) -> Migration {
+        Migration { module, name, sql, kind: MigrationKind::Numbered }
+    }
+
+    /// A repeatable SQL file.
+    pub const fn repeatable(module: &'static str, name: &'static str, sql: &'static str) -> Migration {
+        Migration { module, name, sql, kind: MigrationKind::Repeatable }
+    }
+
     /// SHA-256 of the SQL, recorded so a migration edited after it was applied is noticed.
     pub fn checksum(&self) -> String {
         hex(&Sha256::digest(self.sql.as_bytes()))
@@ -28,21 +57,19 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// The core module's migrations: the clock, leases and workers, idempotency keys.
-pub const CORE_MIGRATIONS: &[Migration] = &[
-    Migration { module: "core", name: "0001_clock", sql: include_str!("migrations/core/0001_clock.sql") },
-    Migration {
-        module: "core",
-        name: "0002_leases_and_workers",
-        sql: include_str!("migrations/core/0002_leases_and_workers.sql"),
-    },
-    Migration {
-        module: "core",
-        name: "0003_idempotency",
-        sql: include_str!("migrations/core/0003_idempotency.sql"),
-    },
-    Migration { module: "core", name: "0004_worker_checks", sql: include_str!("migrations/core/0004_worker_checks.sql") },
+/// The clock module: `compute_sim_clock` and `compute_now()`, before every other module because
+/// their tables' defaults read the clock.
+pub const CLOCK_MIGRATIONS: &[Migration] = &[
+    Migration::numbered("clock", "0001_clock", include_str!("migrations/clock/0001_clock.sql")),
+    Migration::repeatable("clock", "clock", include_str!("sql/clock.sql")),
 ];
+
+/// The core module's migrations: leases and workers, idempotency keys.
+pub const CORE_MIGRATIONS: &[Migration] =
+    &[Migration::numbered("core", "0001_core", include_str!("migrations/core/0001_core.sql"))];
+
+/// The foundation every database has, in order: the clock, then core.
+pub const FOUNDATION_MIGRATIONS: &[&[Migration]] = &[CLOCK_MIGRATIONS, CORE_MIGRATIONS];
 
 /// Arbitrary, fixed key of the advisory lock that serialises migrators.
 const MIGRATION_LOCK_KEY: i64 = 0x6263_6d69_6772;
@@ -50,9 +77,9 @@ const MIGRATION_LOCK_KEY: i64 = 0x6263_6d69_6772;
 /// What a migration run did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct MigrateReport {
-    /// `module/name` of each migration applied by this run.
+    /// `module/name` of each numbered migration and repeatable file applied by this run.
     pub applied: Vec<String>,
-    /// How many were already applied.
+    /// How many were already applied (repeatable files unchanged since).
     pub already_applied: usize,
 }
 
@@ -64,66 +91,59 @@ pub fn fingerprint(sets: &[&[Migration]]) -> String {
         h.update([0]);
         h.update(m.name.as_bytes());
         h.update([0]);
+        h.update([m.kind as u8]);
         h.update(m.sql.as_bytes());
         h.update([0]);
     }
     hex(&h.finalize())[..16].to_owned()
 }
 
-/// Applies every migration of `sets` not yet applied, in order: sets in the order given (core
-/// first), names in order within a set.
+/// Applies what is pending of `sets`, in one transaction: sets in the order given (the clock and
+/// core first), within a set its numbered migrations not yet applied in name order, then its
+/// repeatable files that are new or changed, in the order listed.
 pub async fn migrate(client: &mut tokio_postgres::Client, sets: &[&[Migration]]) -> Result<MigrateReport, DbError> {
     let mut ordered: Vec<Migration> = Vec::new();
     for set in sets {
-        let mut set = set.to_vec();
-        set.sort_by_key(|m| m.name);
-        ordered.extend(set);
+        let mut numbered: Vec<Migration> = set.iter().filter(|m| m.kind == MigrationKind::Numbered).copied().collect();
+        numbered.sort_by_key(|m| m.name);
+        ordered.extend(numbered);
+        ordered.extend(set.iter().filter(|m| m.kind == MigrationKind::Repeatable));
     }
-    {
-        let tx = client.transaction().await?;
-        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK_KEY]).await?;
-        tx.batch_execute(
-            "CREATE TABLE IF NOT EXISTS schema_migrations (
-               module text NOT NULL,
-               name text NOT NULL,
-               checksum text NOT NULL,
-               applied_at timestamptz NOT NULL DEFAULT now(), -- check-sql-now: allow (bookkeeping, before compute_now() exists)
-               PRIMARY KEY (module, name))",
-        )
-        .await?;
-        tx.commit().await?;
-    }
+    let tx = client.transaction().await?;
+    // Serialises concurrent migrators; released at commit.
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK_KEY]).await?;
+    tx.batch_execute(
+        "CREATE TABLE IF NOT EXISTS schema_migrations (
+           module text NOT NULL,
+           name text NOT NULL,
+           checksum text NOT NULL,
+           applied_at timestamptz NOT NULL DEFAULT now(), -- check-sql-now: allow (bookkeeping, before compute_now() exists)
+           PRIMARY KEY (module, name))",
+    )
+    .await?;
     let mut report = MigrateReport::default();
     for m in ordered {
-        let tx = client.transaction().await?;
-        // Serialises concurrent migrators; released at commit.
-        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK_KEY]).await?;
-        let row = tx
+        let label = format!("{}/{}", m.module, m.name);
+        let recorded: Option<String> = tx
             .query_opt("SELECT checksum FROM schema_migrations WHERE module = $1 AND name = $2", &[&m.module, &m.name])
-            .await?;
+            .await?
+            .map(|r| r.get(0));
         let checksum = m.checksum();
-        match row {
-            Some(r) => {
-                let recorded: String = r.get(0);
-                if recorded != checksum {
-                    return Err(DbError::MigrationChanged { migration: format!("{}/{}", m.module, m.name) });
-                }
-                report.already_applied += 1;
-            }
-            None => {
-                tx.batch_execute(m.sql).await.map_err(|source| DbError::MigrationFailed {
-                    migration: format!("{}/{}", m.module, m.name),
-                    source,
-                })?;
+        match (recorded, m.kind) {
+            (Some(recorded), _) if recorded == checksum => report.already_applied += 1,
+            (Some(_), MigrationKind::Numbered) => return Err(DbError::MigrationChanged { migration: label }),
+            _ => {
+                tx.batch_execute(m.sql).await.map_err(|source| DbError::MigrationFailed { migration: label.clone(), source })?;
                 tx.execute(
-                    "INSERT INTO schema_migrations (module, name, checksum) VALUES ($1, $2, $3)",
+                    "INSERT INTO schema_migrations (module, name, checksum) VALUES ($1, $2, $3)
+                     ON CONFLICT (module, name) DO UPDATE SET checksum = EXCLUDED.checksum, applied_at = now()", // check-sql-now: allow (bookkeeping)
                     &[&m.module, &m.name, &checksum],
                 )
                 .await?;
-                report.applied.push(format!("{}/{}", m.module, m.name));
+                report.applied.push(label);
             }
         }
-        tx.commit().await?;
     }
+    tx.commit().await?;
     Ok(report)
 }

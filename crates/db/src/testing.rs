@@ -208,9 +208,9 @@ pub struct TestDb {
 }
 
 impl TestDb {
-    /// A database with the core migrations.
+    /// A database with the foundation's migrations (the clock and core).
     pub async fn core() -> TestDb {
-        Self::with_migrations(&[crate::CORE_MIGRATIONS]).await
+        Self::with_migrations(crate::FOUNDATION_MIGRATIONS).await
     }
 
     /// A database with these migration sets applied (core first).

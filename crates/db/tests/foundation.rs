@@ -9,7 +9,7 @@ use better_compute_db::idempotency::{self, Claim, IdempotencyScope};
 use better_compute_db::launcher::{FileLock, LaunchError, PgBinaries};
 use better_compute_db::lease::WORKER_LEASE_TTL;
 use better_compute_db::testing::TestDb;
-use better_compute_db::{clock, migrate, workers, Aggregate, Clock, DbError, Lease, Migration, CORE_MIGRATIONS};
+use better_compute_db::{clock, migrate, workers, Aggregate, Clock, DbError, Lease, Migration, FOUNDATION_MIGRATIONS};
 
 /// Fails loudly instead of hanging when a lock is never released.
 async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
@@ -21,20 +21,20 @@ fn code(e: DbError) -> ErrorCode {
 }
 
 #[tokio::test]
-async fn migrations_apply_once_and_are_recorded_in_order() {
+async fn migrations_apply_once_and_are_recorded() {
     let db = TestDb::core().await;
     let mut c = db.connect().await;
-    let again = migrate(&mut c, &[CORE_MIGRATIONS]).await.unwrap();
+    let again = migrate(&mut c, FOUNDATION_MIGRATIONS).await.unwrap();
     assert!(again.applied.is_empty(), "{again:?}");
-    assert_eq!(again.already_applied, CORE_MIGRATIONS.len());
+    assert_eq!(again.already_applied, 3);
     let names: Vec<String> = c
-        .query("SELECT module || '/' || name FROM schema_migrations ORDER BY applied_at, name", &[])
+        .query("SELECT module || '/' || name FROM schema_migrations ORDER BY module, name", &[])
         .await
         .unwrap()
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(names, ["core/0001_clock", "core/0002_leases_and_workers", "core/0003_idempotency", "core/0004_worker_checks"]);
+    assert_eq!(names, ["clock/0001_clock", "clock/clock", "core/0001_core"]);
 }
 
 #[tokio::test]
@@ -42,40 +42,78 @@ async fn a_new_module_migration_is_applied_after_core_and_an_edited_one_is_refus
     let db = TestDb::core().await;
     let mut c = db.connect().await;
     const EXTRA: &[Migration] = &[
-        Migration { module: "extra", name: "0002_b", sql: "ALTER TABLE extra_t ADD COLUMN b int;" },
-        Migration { module: "extra", name: "0001_a", sql: "CREATE TABLE extra_t (a int);" },
+        Migration::numbered("extra", "0002_b", "ALTER TABLE extra_t ADD COLUMN b int;"),
+        Migration::numbered("extra", "0001_a", "CREATE TABLE extra_t (a int);"),
     ];
-    let report = migrate(&mut c, &[CORE_MIGRATIONS, EXTRA]).await.unwrap();
+    let report = migrate(&mut c, &[FOUNDATION_MIGRATIONS, &[EXTRA]].concat()).await.unwrap();
     assert_eq!(report.applied, ["extra/0001_a", "extra/0002_b"]);
-    const EDITED: &[Migration] = &[Migration { module: "extra", name: "0001_a", sql: "CREATE TABLE extra_t (z int);" }];
-    let err = migrate(&mut c, &[CORE_MIGRATIONS, EDITED]).await.unwrap_err();
+    const EDITED: &[Migration] = &[Migration::numbered("extra", "0001_a", "CREATE TABLE extra_t (z int);")];
+    let err = migrate(&mut c, &[FOUNDATION_MIGRATIONS, &[EDITED]].concat()).await.unwrap_err();
     assert!(matches!(err, DbError::MigrationChanged { ref migration } if migration == "extra/0001_a"), "{err}");
 }
 
 #[tokio::test]
-async fn a_failing_migration_leaves_nothing_behind() {
+async fn a_failing_migration_leaves_nothing_of_its_run_behind() {
     let db = TestDb::core().await;
     let mut c = db.connect().await;
-    const BROKEN: &[Migration] =
-        &[Migration { module: "broken", name: "0001", sql: "CREATE TABLE half (a int); SELECT no_such_function();" }];
-    let err = migrate(&mut c, &[CORE_MIGRATIONS, BROKEN]).await.unwrap_err();
-    assert!(matches!(err, DbError::MigrationFailed { .. }), "{err}");
-    let half = c.query_opt("SELECT 1 FROM pg_class WHERE relname = 'half'", &[]).await.unwrap();
-    assert!(half.is_none());
-    let recorded = c.query_opt("SELECT 1 FROM schema_migrations WHERE module = 'broken'", &[]).await.unwrap();
-    assert!(recorded.is_none());
+    // A good migration and a repeatable file before the broken one: one run, one transaction.
+    const BROKEN: &[Migration] = &[
+        Migration::numbered("broken", "0001", "CREATE TABLE whole (a int);"),
+        Migration::numbered("broken", "0002", "CREATE TABLE half (a int); SELECT no_such_function();"),
+        Migration::repeatable("broken", "f", "CREATE OR REPLACE FUNCTION broken_f() RETURNS int LANGUAGE sql AS $$ SELECT 1 $$;"),
+    ];
+    let err = migrate(&mut c, &[FOUNDATION_MIGRATIONS, &[BROKEN]].concat()).await.unwrap_err();
+    assert!(matches!(err, DbError::MigrationFailed { ref migration, .. } if migration == "broken/0002"), "{err}");
+    let made: i64 = c
+        .query_one("SELECT count(*) FROM pg_class WHERE relname IN ('whole', 'half')", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(made, 0);
+    let recorded: i64 =
+        c.query_one("SELECT count(*) FROM schema_migrations WHERE module = 'broken'", &[]).await.unwrap().get(0);
+    assert_eq!(recorded, 0);
+}
+
+#[tokio::test]
+async fn a_repeatable_file_is_applied_after_its_modules_numbered_ones_and_again_only_when_it_changes() {
+    let db = TestDb::core().await;
+    let mut c = db.connect().await;
+    // Listed before the table it reads: it still runs after every numbered migration of its module.
+    const V1: &[Migration] = &[
+        Migration::repeatable("extra", "answer", "CREATE OR REPLACE FUNCTION extra_answer() RETURNS bigint LANGUAGE sql AS $$ SELECT count(*) FROM extra_t $$;"),
+        Migration::numbered("extra", "0001_t", "CREATE TABLE extra_t (a int); INSERT INTO extra_t VALUES (1), (2);"),
+    ];
+    async fn answer(c: &tokio_postgres::Client) -> i64 {
+        c.query_one("SELECT extra_answer()", &[]).await.unwrap().get(0)
+    }
+    let report = migrate(&mut c, &[FOUNDATION_MIGRATIONS, &[V1]].concat()).await.unwrap();
+    assert_eq!(report.applied, ["extra/0001_t", "extra/answer"]);
+    assert_eq!(answer(&c).await, 2);
+    let again = migrate(&mut c, &[FOUNDATION_MIGRATIONS, &[V1]].concat()).await.unwrap();
+    assert!(again.applied.is_empty(), "{again:?}");
+    const V2: &[Migration] = &[
+        Migration::numbered("extra", "0001_t", "CREATE TABLE extra_t (a int); INSERT INTO extra_t VALUES (1), (2);"),
+        Migration::repeatable("extra", "answer", "CREATE OR REPLACE FUNCTION extra_answer() RETURNS bigint LANGUAGE sql AS $$ SELECT sum(a) FROM extra_t $$;"),
+    ];
+    let changed = migrate(&mut c, &[FOUNDATION_MIGRATIONS, &[V2]].concat()).await.unwrap();
+    assert_eq!(changed.applied, ["extra/answer"]);
+    assert_eq!(answer(&c).await, 3);
+    let recorded: i64 =
+        c.query_one("SELECT count(*) FROM schema_migrations WHERE module = 'extra'", &[]).await.unwrap().get(0);
+    assert_eq!(recorded, 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_migrators_apply_each_migration_exactly_once() {
     let db = TestDb::core().await;
-    const MORE: &[Migration] = &[Migration { module: "more", name: "0001", sql: "CREATE TABLE once_only (a int);" }];
+    const MORE: &[Migration] = &[Migration::numbered("more", "0001", "CREATE TABLE once_only (a int);")];
     let mut tasks = Vec::new();
     for _ in 0..8 {
         let conn = db.connection_string().to_owned();
         tasks.push(tokio::spawn(async move {
             let mut c = better_compute_db::pool::connect(&conn).await.unwrap();
-            migrate(&mut c, &[CORE_MIGRATIONS, MORE]).await.unwrap()
+            migrate(&mut c, &[FOUNDATION_MIGRATIONS, &[MORE]].concat()).await.unwrap()
         }));
     }
     let mut applied = 0;
@@ -523,4 +561,26 @@ async fn a_fenced_transactions_statements_are_bounded_by_the_statement_timeout()
     // Transaction-local: the connection's own setting is back after it.
     let after: String = c.query_one("SHOW statement_timeout", &[]).await.unwrap().get(0);
     assert_eq!(after, "0");
+}
+
+#[tokio::test]
+async fn the_schema_snapshot_shows_every_kind_of_schema_change() {
+    let db = TestDb::core().await;
+    let c = db.connect().await;
+    let before = better_compute_db::schema::snapshot(&c).await.unwrap();
+    assert!(before.contains("CREATE TABLE workers (") && before.contains("FUNCTION compute_now() RETURNS"), "{before}");
+    for (change, shows) in [
+        ("ALTER TABLE workers ADD COLUMN zone text", "  zone text"),
+        ("ALTER TABLE leases ADD CONSTRAINT leases_owner_short CHECK (length(owner) < 100)", "CONSTRAINT leases_owner_short CHECK"),
+        ("CREATE INDEX workers_zone ON workers (zone)", "CREATE INDEX workers_zone ON"),
+        ("ALTER TABLE leases SET (fillfactor = 70)", ") WITH (fillfactor=70);"),
+        ("ALTER FUNCTION compute_now() SET work_mem = '1MB'", "STABLE SET work_mem=1MB;"),
+        ("CREATE FUNCTION extra_f(a int) RETURNS int LANGUAGE sql AS $$ SELECT a $$", "FUNCTION extra_f(a integer) RETURNS integer"),
+    ] {
+        let was = better_compute_db::schema::snapshot(&c).await.unwrap();
+        c.batch_execute(change).await.unwrap();
+        let now = better_compute_db::schema::snapshot(&c).await.unwrap();
+        assert_ne!(was, now, "the snapshot missed: {change}");
+        assert!(now.contains(shows) && !was.contains(shows), "{change}: {now}");
+    }
 }

@@ -22,10 +22,7 @@ pub use ssrf::EgressPolicy;
 
 /// The events module's migrations.
 pub const EVENTS_MIGRATIONS: &[Migration] =
-    &[
-        Migration { module: "events", name: "0001_webhooks", sql: include_str!("migrations/events/0001_webhooks.sql") },
-        Migration { module: "events", name: "0002_endpoint_due", sql: include_str!("migrations/events/0002_endpoint_due.sql") },
-    ];
+    &[Migration::numbered("events", "0001_events", include_str!("migrations/events/0001_events.sql"))];
 
 /// The deliverer's kind: a key per endpoint (its webhook id), and the sweep key `all`.
 pub const DELIVER: Kind = Kind { name: "events.deliver", shard_by: ShardBy::Key };

@@ -20,7 +20,7 @@ pub use resolver::{Iam, IdentityChange, Principal};
 
 /// The IAM module's migrations.
 pub const IAM_MIGRATIONS: &[Migration] =
-    &[Migration { module: "iam", name: "0001_iam", sql: include_str!("migrations/iam/0001_iam.sql") }];
+    &[Migration::numbered("iam", "0001_iam", include_str!("migrations/iam/0001_iam.sql"))];
 
 /// `iam:tenants:read` (fleet): read every tenant.
 pub const TENANTS_READ: &str = "iam:tenants:read";

@@ -19,11 +19,8 @@ use better_compute_db::Migration;
 
 /// The nodes module's migrations.
 pub const NODES_MIGRATIONS: &[Migration] = &[
-    Migration { module: "nodes", name: "0001_inventory", sql: include_str!("migrations/nodes/0001_inventory.sql") },
-    Migration { module: "nodes", name: "0002_commands", sql: include_str!("migrations/nodes/0002_commands.sql") },
-    Migration { module: "nodes", name: "0003_scope_path", sql: include_str!("migrations/nodes/0003_scope_path.sql") },
-    Migration { module: "nodes", name: "0004_join_tokens", sql: include_str!("migrations/nodes/0004_join_tokens.sql") },
-    Migration { module: "nodes", name: "0005_sessions", sql: include_str!("migrations/nodes/0005_sessions.sql") },
+    Migration::numbered("nodes", "0001_nodes", include_str!("migrations/nodes/0001_nodes.sql")),
+    Migration::repeatable("nodes", "scope", include_str!("sql/scope.sql")),
 ];
 
 /// The nodes module, for the registry.

@@ -21,27 +21,10 @@ pub use outbox::{Event, NewEvent, Sink};
 pub use reconciler::{Kind, Outcome, Periodic, ReconcileContext, Reconciler, RunError, ShardBy};
 pub use worker::{Worker, WorkerConfig};
 
-/// The runtime's own migrations: the work queue, job status, the outbox and its cursors, and the
-/// SQL functions that enqueue and emit, and the work queue's autovacuum settings.
+/// The runtime's own migrations: the work queue, job status, the outbox and its cursors; and the
+/// SQL functions that enqueue and emit.
 pub const RUNTIME_MIGRATIONS: &[better_compute_db::Migration] = &[
-    better_compute_db::Migration {
-        module: "runtime",
-        name: "0001_work_queue",
-        sql: include_str!("migrations/runtime/0001_work_queue.sql"),
-    },
-    better_compute_db::Migration {
-        module: "runtime",
-        name: "0002_outbox",
-        sql: include_str!("migrations/runtime/0002_outbox.sql"),
-    },
-    better_compute_db::Migration {
-        module: "runtime",
-        name: "0003_sql_functions",
-        sql: include_str!("migrations/runtime/0003_sql_functions.sql"),
-    },
-    better_compute_db::Migration {
-        module: "runtime",
-        name: "0004_autovacuum",
-        sql: include_str!("migrations/runtime/0004_autovacuum.sql"),
-    },
+    better_compute_db::Migration::numbered("runtime", "0001_runtime", include_str!("migrations/runtime/0001_runtime.sql")),
+    better_compute_db::Migration::repeatable("runtime", "work_queue", include_str!("sql/work_queue.sql")),
+    better_compute_db::Migration::repeatable("runtime", "outbox", include_str!("sql/outbox.sql")),
 ];

@@ -155,9 +155,10 @@ impl Registry {
         Ok(Registry { modules, reconcilers, subscribers, outbox_sinks, command_kinds })
     }
 
-    /// Every migration set: core, the runtime, then each module's in registration order.
+    /// Every migration set: the clock, core, the runtime, then each module's in registration order.
     pub fn migrations(&self) -> Vec<&'static [Migration]> {
-        let mut sets = vec![better_compute_db::CORE_MIGRATIONS, crate::RUNTIME_MIGRATIONS];
+        let mut sets = better_compute_db::FOUNDATION_MIGRATIONS.to_vec();
+        sets.push(crate::RUNTIME_MIGRATIONS);
         sets.extend(self.modules.iter().map(|m| m.migrations()).filter(|s| !s.is_empty()));
         sets
     }

@@ -94,7 +94,7 @@ impl std::str::FromStr for Cursor {
 /// Writes an event in the caller's transaction; returns its id.
 pub async fn emit(tx: &impl GenericClient, event: NewEvent<'_>) -> Result<String, DbError> {
     let id = EventId::generate().to_string();
-    // outbox_emit (migrations/runtime/0003_sql_functions.sql) is also called by SQL functions.
+    // outbox_emit (src/sql/outbox.sql) is also called by SQL functions.
     tx.execute(
         "SELECT outbox_emit($1, $2, $3, $4, $5)",
         &[&id, &event.event_type, &event.tenant_id, &event.subject, &event.data],

@@ -200,7 +200,7 @@ pub async fn enqueue_stored(
     if keys.is_empty() {
         return Ok(());
     }
-    // The statement lives in work_queue_enqueue (migrations/runtime/0003_sql_functions.sql), which
+    // The statement lives in work_queue_enqueue (src/sql/work_queue.sql), which
     // the modules whose writes run in the database call as well.
     let kinds = vec![kind; keys.len()];
     tx.execute("SELECT work_queue_enqueue($1, $2, $3, $4)", &[&kinds, &keys, &shards, &after.as_secs_f64()]).await?;

@@ -1,10 +1,9 @@
+-- The capacity module's tables: bookings of atoms (live, under the exclusion constraint, and
+-- ended), quota, reservations, and the placer's hints (node_atom_counts, pool_capacity_rollup).
+-- Its functions are in crates/capacity/src/sql/; the lock order across modules is in docs/architecture.md.
+
 -- Placement by node selector starts from the nodes that carry the labels.
 CREATE INDEX nodes_labels ON nodes USING gin (labels jsonb_path_ops);
-
--- Lock order for every transaction that takes several of these tables (reserve, release, extend,
--- retry, mode change): reservations (the one being changed), quota_usage, pools, nodes, devices,
--- node_resources, node_atom_counts, pool_capacity_rollup. Reserving charges quota first; releasing
--- refunds it first.
 
 -- Every claim on an atom is a row here, and the database refuses overlapping rows whatever the
 -- placer, the API or a buggy module does. device_id names an atom: a row of devices.
@@ -15,6 +14,18 @@ CREATE TABLE device_bookings (
   EXCLUDE USING gist (device_id WITH =, during WITH &&)
 );
 CREATE INDEX device_bookings_allocation ON device_bookings (allocation_id);
+
+-- One atom's bookings by end, for "is this atom booked in this range" (the placer) and "has it
+-- anything booked from now on" (release, expiry, the idle counts). Its device_id is in the "C"
+-- collation, and so are the lookups that should use it: the exclusion constraint's GiST indexes
+-- device_id in the default collation, so it cannot serve them. btree_gist keeps a range of text
+-- keys per page, the ranges overlap, and an equality reads most of that index (a millisecond per
+-- lookup once bookings pile up), which the planner's estimates do not show; and plans made from
+-- statistics of a nearly empty table read every live booking of the table for each atom. With one
+-- index to choose, and the lookups written as scalar subqueries (run per atom, the atom's id in the
+-- index condition), neither can happen. Equality on text is byte equality in every deterministic
+-- collation, so the answers are the same.
+CREATE INDEX device_bookings_atom_end ON device_bookings (device_id COLLATE "C", upper(during));
 
 -- Quota: changed only by the guarded UPDATE (used + n <= max); the CHECK is the backstop.
 CREATE TABLE quota_usage (
@@ -67,9 +78,13 @@ CREATE TABLE node_atom_counts (
   profile text NOT NULL DEFAULT '',
   total integer NOT NULL CHECK (total >= 0),
   idle integer NOT NULL CHECK (idle >= 0 AND idle <= total),
+  -- whether the node takes a request that tolerates nothing (capacity_node_open, counts.sql)
+  open boolean NOT NULL DEFAULT false,
   PRIMARY KEY (node_id, kind, model, profile)
 );
-CREATE INDEX node_atom_counts_fit ON node_atom_counts (pool_id, kind, model, profile, idle, node_id);
+
+-- The class, then open or not, then the fit order: a request without tolerations walks one range.
+CREATE INDEX node_atom_counts_fit ON node_atom_counts (pool_id, kind, model, profile, open, idle, node_id);
 CREATE INDEX node_atom_counts_total ON node_atom_counts (pool_id, kind, model, profile, total);
 
 -- What a pool has, kept true by capacity.rollup: atoms per class, schedulable nodes, free scalars.
@@ -84,24 +99,47 @@ CREATE TABLE pool_capacity_rollup (
   updated_at timestamptz NOT NULL
 );
 
--- Recomputes a node's atom counts from its devices and bookings. Upserts (never delete-and-insert),
--- so two transactions refreshing the same node at once cannot collide on the primary key.
-CREATE FUNCTION capacity_refresh_node_counts(p_node text) RETURNS void LANGUAGE sql AS $$
-  WITH fresh AS (
-    SELECT a.node_id, n.pool_id, a.kind, a.model, coalesce(a.profile, '') AS profile, count(*)::int AS total,
-           (count(*) FILTER (WHERE NOT EXISTS (
-              SELECT 1 FROM device_bookings b WHERE b.device_id = a.id AND upper(b.during) > compute_now())))::int AS idle
-      FROM devices a
-      JOIN devices g ON g.id = coalesce(a.parent_id, a.id)
-      JOIN nodes n ON n.id = a.node_id
-     WHERE a.node_id = p_node AND a.bookable AND g.healthy AND NOT g.quarantined
-     GROUP BY a.node_id, n.pool_id, a.kind, a.model, coalesce(a.profile, '')),
-  up AS (
-    INSERT INTO node_atom_counts (node_id, pool_id, kind, model, profile, total, idle)
-    SELECT * FROM fresh
-    ON CONFLICT (node_id, kind, model, profile)
-      DO UPDATE SET pool_id = EXCLUDED.pool_id, total = EXCLUDED.total, idle = EXCLUDED.idle)
-  UPDATE node_atom_counts c SET total = 0, idle = 0
-   WHERE c.node_id = p_node AND c.total > 0
-     AND NOT EXISTS (SELECT 1 FROM fresh f WHERE f.kind = c.kind AND f.model = c.model AND f.profile = c.profile);
-$$;
+-- Ended bookings leave device_bookings for device_booking_history.
+--
+-- The exclusion constraint guards live bookings: every booking is inserted starting at or after
+-- compute_now(), so one that has ended can never conflict again. Kept in device_bookings, every
+-- reservation ever made would stay in the constraint's GiST and the bookings' btrees, which every
+-- placement's insert and lookups walk: with 500,000 past bookings a create and its release run 12%
+-- slower, and a server that places all day would grow the table without bound.
+--
+-- So ending a reservation (release, expiry: capacity_end) moves its bookings in one statement: what it held up to now goes to the history, cut there; what it had
+-- booked from now on is deleted. The history is what a tenant held, for usage; nothing reads it
+-- to decide a placement, and it has no exclusion constraint. A mode change moves its GPU's ended
+-- change windows the same way (mode.rs), so each GPU keeps at most its last one.
+--
+-- An atom is free for a placement from the moment its release commits. A placement whose clock
+-- read an earlier time (a transaction that began before the release, or the simulated clock before
+-- a jump) may book the atom from that earlier instant, so its booking can overlap the released
+-- one's history record by that much.
+
+CREATE TABLE device_booking_history (
+  device_id text NOT NULL,
+  allocation_id text NOT NULL,
+  during tstzrange NOT NULL CHECK (NOT isempty(during))
+);
+
+-- A reservation's atoms once it has ended (capacity_view).
+CREATE INDEX device_booking_history_allocation ON device_booking_history (allocation_id);
+
+-- Autovacuum for the tables every placement and release churns: at 2% of a table dead instead of
+-- the default 20%, unthrottled. A release deletes or moves its bookings, and each placement and
+-- release updates a node's scalars and atom counts and the tenant's quota; with the default
+-- thresholds the dead versions pile up at the top of each atom's range in device_bookings_atom_end,
+-- which the placer's atom lookup walks backwards, and a create-and-release pair slows by a quarter
+-- (with autovacuum_naptime = 5s, docs/capacity.md). node_resources is the nodes module's table, but
+-- its churn is the placer's.
+ALTER TABLE device_bookings SET (autovacuum_vacuum_scale_factor = 0.02, autovacuum_vacuum_threshold = 200,
+                                 autovacuum_vacuum_cost_delay = 0, autovacuum_analyze_scale_factor = 0.05);
+ALTER TABLE reservations SET (autovacuum_vacuum_scale_factor = 0.02, autovacuum_vacuum_threshold = 200,
+                              autovacuum_vacuum_cost_delay = 0);
+ALTER TABLE quota_usage SET (autovacuum_vacuum_scale_factor = 0.02, autovacuum_vacuum_threshold = 200,
+                             autovacuum_vacuum_cost_delay = 0);
+ALTER TABLE node_atom_counts SET (autovacuum_vacuum_scale_factor = 0.02, autovacuum_vacuum_threshold = 200,
+                                  autovacuum_vacuum_cost_delay = 0);
+ALTER TABLE node_resources SET (autovacuum_vacuum_scale_factor = 0.02, autovacuum_vacuum_threshold = 200,
+                                autovacuum_vacuum_cost_delay = 0);

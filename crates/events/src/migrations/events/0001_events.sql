@@ -39,3 +39,7 @@ CREATE TABLE webhook_deliveries (
 CREATE INDEX webhook_deliveries_due ON webhook_deliveries (next_attempt_at) WHERE state = 'pending';
 CREATE INDEX webhook_deliveries_dead ON webhook_deliveries (tenant_id, id) WHERE state = 'dead';
 CREATE INDEX webhook_deliveries_finished ON webhook_deliveries (finished_at) WHERE state <> 'pending';
+
+-- Each endpoint's deliveries are claimed on their own (events.deliver runs a key per webhook):
+-- its due ones, oldest first.
+CREATE INDEX webhook_deliveries_endpoint_due ON webhook_deliveries (webhook_id, next_attempt_at, id) WHERE state = 'pending';

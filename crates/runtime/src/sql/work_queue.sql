@@ -1,14 +1,13 @@
--- The work queue's enqueue and the outbox's emit as SQL functions, so that a module whose writes
--- run in the database (one round trip per request, such as capacity's reservations) runs the very
--- statements the Rust API runs: work_queue::enqueue_stored and outbox::emit call these too.
---
--- Both return a value, though no caller needs it: PL/pgSQL runs `x := f(…)` as a plain expression,
--- but `PERFORM f(…)` (the only way to call a void function) as a query through the executor.
+-- The work queue's enqueue as a SQL function, so that a module whose writes run in the database (one
+-- round trip per request, such as capacity's reservations) runs the very statement the Rust API runs:
+-- work_queue::enqueue_stored calls it too. It returns a value, though no caller needs it: PL/pgSQL
+-- runs `x := f(…)` as a plain expression, but `PERFORM f(…)` (the only way to call a void function)
+-- as a query through the executor.
 
 -- Enqueues (kind, key) pairs with their shards, due p_after_s from now; returns how many. A key
 -- already queued gets its gen bumped and keeps the earlier time; while it is claimed, the time is
 -- remembered for after the run (dirty_not_before).
-CREATE FUNCTION work_queue_enqueue(p_kinds text[], p_keys text[], p_shards int2[], p_after_s float8) RETURNS int
+CREATE OR REPLACE FUNCTION work_queue_enqueue(p_kinds text[], p_keys text[], p_shards int2[], p_after_s float8) RETURNS int
 LANGUAGE plpgsql AS $$
 BEGIN
   INSERT INTO work_queue AS w (kind, key, shard, not_before)
@@ -25,12 +24,4 @@ BEGIN
                                    THEN LEAST(w.dirty_not_before, EXCLUDED.not_before)
                                    ELSE w.dirty_not_before END;
   RETURN cardinality(p_keys);
-END $$;
-
--- Writes an event in the caller's transaction; returns its id.
-CREATE FUNCTION outbox_emit(p_id text, p_type text, p_tenant_id text, p_subject text, p_data jsonb) RETURNS text
-LANGUAGE plpgsql AS $$
-BEGIN
-  INSERT INTO outbox (id, type, tenant_id, subject, data) VALUES (p_id, p_type, p_tenant_id, p_subject, p_data);
-  RETURN p_id;
 END $$;

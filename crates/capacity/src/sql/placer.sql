@@ -1,19 +1,27 @@
--- The placer, faster under concurrency: more candidates to spread over, fewer searches per replan,
--- one statement fewer per placement.
+-- The placer runs in the database: one round trip per placement instead of four or five statements
+-- per attempt, and the backend keeps the plans of its statements. The rules are placer.rs's; each
+-- attempt is a PL/pgSQL block, which is a savepoint: a conflict raises, rolls back to it, and the
+-- loop replans without that node. It takes nodes (FOR SHARE), devices (the GPUs FOR SHARE, then the
+-- atoms), node_resources, device_bookings and node_atom_counts, in the lock order
+-- (docs/architecture.md).
+
+-- The candidate nodes of a class, in fit order (best fit: fewest idle atoms that still fit; worst
+-- fit: most). Without a selector the search is split by the open flag: the open counts of the
+-- window, as they come; and, only for a request with tolerations, the closed counts of the window
+-- joined to their nodes, for the taints it tolerates. With a selector it starts from the nodes that
+-- carry the labels (GIN), then their counts by key.
 --
--- capacity_candidates as in 0002_placer, returning up to 32 candidate nodes instead of 8.
---
--- The placer picks at random among the candidates nearly as good as the best. With 8 of them, the
--- capacity bench's 64 concurrent clients kept picking the same few best-fit nodes, whose one or two
--- idle atoms only one of them could take: the others found the atoms locked or booked and replanned,
--- 2.1 attempts per create on average (pg_stat_statements: 19,100 atom lookups for 9,024 creates).
--- A packed fleet has many nodes equally good, and 32 spread the concurrent placers over them. The
--- window read is the same (64 counts, then wider), so a plan costs about what it did.
+-- Its statements run on generic plans (plan_cache_mode): planning one costs more than running it
+-- (0.6 ms against 0.36 ms), and the custom plans the plan cache chose under load, set by a short
+-- excluded list or a wide window, were no better. The generic plans are the plans the queries are
+-- written for, whatever the parameters: each part walked in index order within the window, the
+-- second skipped by a one-time filter when the request tolerates nothing. Index-only scans stay on
+-- here: the counts' indexes serve the searches whole.
 CREATE OR REPLACE FUNCTION capacity_candidates(
   p_pool text, p_kind text, p_model text, p_profile text, p_count int, p_selector jsonb,
   p_tolerations jsonb, p_excluded text[], p_best_fit boolean,
   OUT nodes text[], OUT idles int[])
-LANGUAGE plpgsql STABLE AS $$
+LANGUAGE plpgsql STABLE SET plan_cache_mode = force_generic_plan SET enable_indexonlyscan = on AS $$
 DECLARE
   v_window bigint;
   v_more bigint;
@@ -31,59 +39,78 @@ BEGIN
      WHERE s.o <= 32;
     RETURN;
   END IF;
-  -- No selector, so no labels to match (and none in the plan: its generic plan would guess the
-  -- empty containment selective and walk the labels index).
   FOREACH v_window IN ARRAY ARRAY[64, 1024, 9223372036854775806]::bigint[] LOOP
     IF p_best_fit THEN
       SELECT array_agg(s.node_id ORDER BY s.idle, s.r), array_agg(s.idle ORDER BY s.idle, s.r) INTO nodes, idles
         FROM (SELECT c.node_id, c.idle, random() AS r
-                FROM (SELECT a.node_id, a.idle FROM node_atom_counts a
-                       WHERE a.pool_id = p_pool AND a.kind = p_kind AND a.model = p_model AND a.profile = p_profile
-                         AND a.idle >= p_count
-                       ORDER BY a.idle, a.node_id LIMIT v_window) c
-                JOIN nodes n ON n.id = c.node_id
+                FROM ((SELECT a.node_id, a.idle FROM node_atom_counts a
+                        WHERE a.pool_id = p_pool AND a.kind = p_kind AND a.model = p_model AND a.profile = p_profile
+                          AND a.open AND a.idle >= p_count
+                        ORDER BY a.idle, a.node_id LIMIT v_window)
+                      UNION ALL
+                      (SELECT t.node_id, t.idle
+                         FROM (SELECT a.node_id, a.idle FROM node_atom_counts a
+                                WHERE p_tolerations <> '[]'::jsonb
+                                  AND a.pool_id = p_pool AND a.kind = p_kind AND a.model = p_model AND a.profile = p_profile
+                                  AND NOT a.open AND a.idle >= p_count
+                                ORDER BY a.idle, a.node_id LIMIT v_window) t
+                         JOIN nodes n ON n.id = t.node_id
+                        WHERE capacity_node_takes(n.observed_generation, n.no_schedule_reasons, n.taints, p_tolerations))) c
                WHERE NOT (c.node_id = ANY(p_excluded))
-                 AND capacity_node_takes(n.observed_generation, n.no_schedule_reasons, n.taints, p_tolerations)
                ORDER BY c.idle, r LIMIT 32) s;
     ELSE
       SELECT array_agg(s.node_id ORDER BY s.idle DESC, s.r), array_agg(s.idle ORDER BY s.idle DESC, s.r) INTO nodes, idles
         FROM (SELECT c.node_id, c.idle, random() AS r
-                FROM (SELECT a.node_id, a.idle FROM node_atom_counts a
-                       WHERE a.pool_id = p_pool AND a.kind = p_kind AND a.model = p_model AND a.profile = p_profile
-                         AND a.total >= p_count
-                       ORDER BY a.idle DESC, a.node_id DESC LIMIT v_window) c
-                JOIN nodes n ON n.id = c.node_id
+                FROM ((SELECT a.node_id, a.idle FROM node_atom_counts a
+                        WHERE a.pool_id = p_pool AND a.kind = p_kind AND a.model = p_model AND a.profile = p_profile
+                          AND a.open AND a.total >= p_count
+                        ORDER BY a.idle DESC, a.node_id DESC LIMIT v_window)
+                      UNION ALL
+                      (SELECT t.node_id, t.idle
+                         FROM (SELECT a.node_id, a.idle FROM node_atom_counts a
+                                WHERE p_tolerations <> '[]'::jsonb
+                                  AND a.pool_id = p_pool AND a.kind = p_kind AND a.model = p_model AND a.profile = p_profile
+                                  AND NOT a.open AND a.total >= p_count
+                                ORDER BY a.idle DESC, a.node_id DESC LIMIT v_window) t
+                         JOIN nodes n ON n.id = t.node_id
+                        WHERE capacity_node_takes(n.observed_generation, n.no_schedule_reasons, n.taints, p_tolerations))) c
                WHERE NOT (c.node_id = ANY(p_excluded))
-                 AND capacity_node_takes(n.observed_generation, n.no_schedule_reasons, n.taints, p_tolerations)
                ORDER BY c.idle DESC, r LIMIT 32) s;
     END IF;
     EXIT WHEN coalesce(cardinality(nodes), 0) = 32;
-    -- Too few eligible in the window: are there more rows to look at?
-    SELECT count(*) INTO v_more
-      FROM (SELECT 1 FROM node_atom_counts a
-             WHERE a.pool_id = p_pool AND a.kind = p_kind AND a.model = p_model AND a.profile = p_profile
-               AND CASE WHEN p_best_fit THEN a.idle ELSE a.total END >= p_count
-             LIMIT v_window + 1) x;
+    -- Too few in the windows: has either part more rows to look at?
+    SELECT greatest(
+             (SELECT count(*) FROM (SELECT 1 FROM node_atom_counts a
+                                     WHERE a.pool_id = p_pool AND a.kind = p_kind AND a.model = p_model AND a.profile = p_profile
+                                       AND a.open AND CASE WHEN p_best_fit THEN a.idle ELSE a.total END >= p_count
+                                     LIMIT v_window + 1) x),
+             (SELECT count(*) FROM (SELECT 1 FROM node_atom_counts a
+                                     WHERE p_tolerations <> '[]'::jsonb
+                                       AND a.pool_id = p_pool AND a.kind = p_kind AND a.model = p_model AND a.profile = p_profile
+                                       AND NOT a.open AND CASE WHEN p_best_fit THEN a.idle ELSE a.total END >= p_count
+                                     LIMIT v_window + 1) y))
+      INTO v_more;
     EXIT WHEN v_more <= v_window;
   END LOOP;
 END $$;
 
--- capacity_place as in 0003_reservations, with two changes:
+-- Places one demand: picks a candidate, locks it, rechecks every rule under the lock, books its
+-- atoms and charges its scalars, or replans. A replan picks again from the candidates of the plan
+-- before, without the node that failed, and asks for candidates again only when none are left or
+-- when it turns to the emptiest nodes (the third attempt); it never tries a node twice. The atoms
+-- that had nothing booked from now on are counted by the statement that picks them, and
+-- node_atom_counts changes by that count (a separate count over the unnested atoms would be
+-- re-planned at every call: a generic plan cannot size the array).
 --
--- 1. A replan picks again from the candidates of the plan before, without the node that failed,
---    and asks for candidates again only when none are left or when it turns to the emptiest nodes
---    (the third attempt). A replan still never tries a node twice, and every node is rechecked under
---    its lock; a failed attempt now costs its node's lock and atoms, not a new search as well.
--- 2. The atoms that had nothing booked from now on are counted by the same statement that picks
---    them, and node_atom_counts is updated by that count. The separate count after the insert
---    unnested the atoms array, whose size a generic plan guesses (ten), so the plan cache planned it
---    again at every call (pg_stat_statements: 8,109 plans for 8,018 calls).
+-- enable_seqscan is off: every statement has an index to follow, and a plan kept from a nearly empty
+-- table must not stay a sequential scan. Index-only scans are off for the atoms' latest-end lookups
+-- (see capacity_upsert_node_counts).
 CREATE OR REPLACE FUNCTION capacity_place(
   p_pool text, p_kind text, p_model text, p_profile text, p_count int,
   p_vcpu int, p_memory_mib bigint, p_disk_gib bigint, p_selector jsonb, p_tolerations jsonb,
   p_allocation text, p_during tstzrange, p_max_replans int,
   OUT placed_node text, OUT placed_atoms text[], OUT tried text[], OUT raced boolean)
-LANGUAGE plpgsql SET enable_seqscan = off AS $$
+LANGUAGE plpgsql SET enable_seqscan = off SET enable_indexonlyscan = off AS $$
 DECLARE
   v_excluded text[] := '{}';
   v_nodes text[];
@@ -172,9 +199,9 @@ BEGIN
                  -- Free over the range: of its bookings that start before the range ends, the
                  -- latest ends by the range's start (bookings are '[)' ranges). A scalar subquery,
                  -- so it runs per atom with the atom's id in the index condition; device_id in the
-                 -- "C" collation, so only the btree device_bookings_atom_end serves it
-                 -- (0004_release). As NOT EXISTS it became an anti-join, which a plan made from a
-                 -- nearly empty table's statistics ran as a scan of every live booking per atom.
+                 -- "C" collation, so only the btree device_bookings_atom_end serves it. As NOT
+                 -- EXISTS it would be an anti-join, which a plan made from a nearly empty table's
+                 -- statistics runs as a scan of every live booking per atom.
                  -- Only a hint: the constraint decides at the insert below.
                  AND coalesce((SELECT max(upper(b.during)) FROM device_bookings b
                                 WHERE b.device_id COLLATE "C" = a.id AND lower(b.during) < upper(p_during)),

@@ -1,7 +1,9 @@
+-- The inventory's scopes, for IAM.
+
 -- The scopes a site, pool or node lies in, for role bindings: fleet, then its site, pool and node.
 -- IAM joins its projection with this, so it never reads the inventory's tables itself. Unknown ids
 -- yield only the fleet scope (a fleet operator then gets NOT_FOUND from the method itself).
-CREATE FUNCTION inventory_scope_path(kind text, id text) RETURNS TABLE (scope_kind text, scope_id text)
+CREATE OR REPLACE FUNCTION inventory_scope_path(kind text, id text) RETURNS TABLE (scope_kind text, scope_id text)
 LANGUAGE sql STABLE AS $$
   SELECT 'fleet', ''
   UNION ALL

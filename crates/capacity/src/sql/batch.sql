@@ -1,20 +1,38 @@
--- The batch functions of 0012_batches, with three fixes found by auto_explain on the capacity bench's
--- database (docs/capacity.md, "Stop 24"):
+-- The batch placer: many reservations.create (and release) requests done by one statement per step
+-- instead of one placer run each (batch.rs). Statements shared by a batch cost a fraction of a
+-- placement each; what limits concurrent batches is whether they collide, so each batcher plans only
+-- on its own share of the nodes (abs(hashtext(node_id)) % p_shares = p_share), and a node takes
+-- requests while it has room: its atoms are shared out among them, and its scalars and idle count
+-- change by their sums.
 --
--- * capacity_release_batch's transition joined the batch to reservations by (id, tenant). Its generic
---   plan, made when the table had few live reservations, took `state NOT IN (ended states)` as
---   selective and scanned the whole primary key (enable_seqscan is off) with the batch on the inner
---   side: every release batch read every reservation ever made (3.5 ms a batch at 7,000, growing
---   without bound). The ids are now the index condition (`r.id = ANY(p_ids)`), the tenant a check.
--- * capacity_release_batch gave a request the view (and the event) of a reservation released by the
---   batch for another request of the same id but another tenant. A view is now the requester's
---   tenant's only; a request for another tenant's reservation runs alone, and is told it is not found.
--- * capacity_reserve_batch's node lock (step 5) scanned nodes' primary key whole the same way; the
---   planned node ids are now its index condition.
--- * capacity_reserve_batch placed one request per node, and handed the rest back to run alone: with
---   a fifth of the requests aimed at 8 nodes (the capacity bench), about 140 in 4,000 ran alone,
---   each a placer run of its own. A node now takes requests while it has room (step 4); its atoms
---   are shared out among them (6), and its scalars and idle count change by their sums (7 to 9).
+-- It places only what it can on the first try, and only the common case: whole GPUs starting now,
+-- with or without a node selector, no tolerations. Every request it does not place (an invalid
+-- range, a key already used, a tenant over quota, a pool gone, no room in the share, an atom or
+-- counter taken by a concurrent placement) gets NULL back and nothing of it stays: the caller then
+-- runs it alone through capacity_reserve, which replans, leaves it pending or gives the error. So
+-- the batch is an attempt under the spec's rules, and what it cannot do is done by the one-request
+-- path. A release batch gives a request the view (and the event) of its own tenant's reservation
+-- only; a request for another tenant's reservation runs alone and is told it is not found.
+--
+-- Both functions run their statements on generic plans, with hash and merge joins off: with the
+-- arrays as parameters the plan cache would plan each statement again at every call (a quarter of
+-- a batch), and a generic plan guesses a thousand rows for generate_subscripts, so it would join the
+-- batch to nodes and node_resources by scanning them whole. Every statement joins a batch (at most a
+-- few dozen rows) to tables by key, the ids as the index condition and the tenant as a check, so
+-- they run as nested loops over the indexes whatever the fleet's size.
+--
+-- Locks follow the lock order (docs/architecture.md): idempotency keys, quota_usage, pools, nodes,
+-- devices, then the batch's own new rows, then node_resources, node_atom_counts and the wake-ups
+-- last. Within each table the batch takes its rows in key order, so a batch is ordered with single
+-- placements, releases and other batches as they are with each other. Its atoms are taken
+-- FOR NO KEY UPDATE SKIP LOCKED, like the placer's, so it never waits on an atom. node_resources is
+-- taken as late as the order allows, because with best-fit packing both batchers hit the same few
+-- nodes' rows and would otherwise hold them through most of their work: a create batch inserts its
+-- bookings, reservations and events (rows of its own) first, and turns away a request its node's
+-- scalars do not fit by deleting them again; a release batch reads its bookings and writes its views
+-- and events first, and deletes the bookings after it takes the rows, as capacity_end does. A
+-- request that loses anything after its quota was charged is undone in the same transaction, on rows
+-- the batch already holds, so the undo takes no new lock.
 
 CREATE OR REPLACE FUNCTION capacity_reserve_batch(
   p_ids text[], p_tenants text[], p_identities text[], p_pools text[], p_models text[], p_selectors jsonb[], p_counts int[],
@@ -39,7 +57,7 @@ DECLARE
   v_before text[];
   v_j int;
   v_i int;
-  v_got boolean[];
+  v_tried boolean[];
   v_atoms text[];
   v_atom_of int[];
   v_were_idle int[];
@@ -179,8 +197,43 @@ BEGIN
   SELECT array_agg(v_ok[i] AND p_counts[i] = (SELECT count(*) FROM unnest(v_atom_of) o WHERE o = i) ORDER BY i) INTO v_ok
     FROM generate_subscripts(p_ids, 1) i;
 
-  -- 7. The scalars: the rows in node order, then the guarded update of each node by the sum of its
-  --    requests (an update takes one row per node); a node they do not fit turns all of them away.
+  -- 7. The bookings, in atom order; the constraint decides (a request short of any has what it got
+  --    deleted in 9). The bookings, reservations and events go in before the scalars (9): the
+  --    node_resources rows, which the release batches take too, are then held only from 9 to the
+  --    commit.
+  v_tried := v_ok;
+  WITH booked AS (
+    INSERT INTO device_bookings (device_id, allocation_id, during)
+    SELECT v_atoms[k], p_ids[v_atom_of[k]], tstzrange(v_now, v_stops[v_atom_of[k]], '[)')
+      FROM generate_subscripts(v_atoms, 1) k WHERE v_ok[v_atom_of[k]] ORDER BY v_atoms[k]
+    ON CONFLICT DO NOTHING
+    RETURNING allocation_id)
+  SELECT array_agg(v_ok[i] AND p_counts[i] = (SELECT count(*) FROM booked b WHERE b.allocation_id = p_ids[i]) ORDER BY i)
+    INTO v_ok FROM generate_subscripts(p_ids, 1) i;
+
+  -- 8. The reservations of the requests booked, their views and events (deleted again in 9 for a
+  --    node their scalars do not fit).
+  IF true = ANY(v_ok) THEN
+    INSERT INTO reservations (id, tenant_id, pool_id, state, gpu_kind, gpu_model, mig_profile, gpu_count, vcpu, memory_mib,
+                              disk_gib, during, node_selector, tolerations, node_id, created_by)
+    SELECT p_ids[i], p_tenants[i], p_pools[i], 'placed', 'gpu', p_models[i], NULL, p_counts[i], p_vcpus[i], p_memory_mibs[i],
+           p_disk_gibs[i], tstzrange(v_now, v_stops[i], '[)'), p_selectors[i], '[]', v_nodes[i], p_identities[i]
+      FROM generate_subscripts(p_ids, 1) i WHERE v_ok[i] ORDER BY p_ids[i];
+    SELECT array_agg(CASE WHEN v_ok[g.j] THEN capacity_view_of(r, (SELECT jsonb_agg(v_atoms[k] ORDER BY v_atoms[k])
+                                                                     FROM generate_subscripts(v_atoms, 1) k WHERE v_atom_of[k] = g.j)) END
+                     ORDER BY g.j)
+      INTO v_views FROM generate_subscripts(p_ids, 1) g(j) LEFT JOIN reservations r ON v_ok[g.j] AND r.id = p_ids[g.j];
+    INSERT INTO outbox (id, type, tenant_id, subject, data)
+    SELECT p_event_ids[i], 'reservation.placed', p_tenants[i], p_ids[i],
+           jsonb_build_object('state', v_views[i]->'state', 'nodeId', v_views[i]->'nodeId', 'atoms', v_views[i]->'atoms',
+                              'version', v_views[i]->'version')
+      FROM generate_subscripts(p_ids, 1) i WHERE v_ok[i];
+  END IF;
+
+  -- 9. The scalars: the rows in node order, then the guarded update of each node by the sum of its
+  --    requests (an update takes one row per node). A node they do not fit is left unchanged and
+  --    turns all of them away. Then every request that got atoms in 6 but is not placed has its
+  --    bookings, reservation and event deleted.
   PERFORM 1 FROM node_resources
     WHERE node_id IN (SELECT v_nodes[i] FROM generate_subscripts(p_ids, 1) i WHERE v_ok[i]) ORDER BY node_id FOR UPDATE;
   WITH fit AS (
@@ -196,30 +249,15 @@ BEGIN
     RETURNING nr.node_id)
   SELECT array_agg(v_ok[g.j] AND v_nodes[g.j] IN (SELECT fit.node_id FROM fit) ORDER BY g.j) INTO v_ok
     FROM generate_subscripts(p_ids, 1) g(j);
-
-  -- 8. The bookings, in atom order; the constraint decides. A request short of any is undone: its
-  --    bookings deleted, its scalars given back (rows held since 7).
-  WITH booked AS (
-    INSERT INTO device_bookings (device_id, allocation_id, during)
-    SELECT v_atoms[k], p_ids[v_atom_of[k]], tstzrange(v_now, v_stops[v_atom_of[k]], '[)')
-      FROM generate_subscripts(v_atoms, 1) k WHERE v_ok[v_atom_of[k]] ORDER BY v_atoms[k]
-    ON CONFLICT DO NOTHING
-    RETURNING allocation_id)
-  SELECT array_agg(v_ok[i] AND p_counts[i] = (SELECT count(*) FROM booked b WHERE b.allocation_id = p_ids[i]) ORDER BY i)
-    INTO v_got FROM generate_subscripts(p_ids, 1) i;
-  IF v_got IS DISTINCT FROM v_ok THEN
+  IF v_tried IS DISTINCT FROM v_ok THEN
     DELETE FROM device_bookings
-     WHERE allocation_id IN (SELECT p_ids[i] FROM generate_subscripts(p_ids, 1) i WHERE v_ok[i] AND NOT v_got[i]);
-    UPDATE node_resources nr
-       SET vcpu_allocated = vcpu_allocated - d.vcpu, memory_mib_allocated = memory_mib_allocated - d.memory_mib,
-           disk_gib_allocated = disk_gib_allocated - d.disk_gib
-      FROM (SELECT v_nodes[i] AS node, sum(p_vcpus[i]) AS vcpu, sum(p_memory_mibs[i]) AS memory_mib, sum(p_disk_gibs[i]) AS disk_gib
-              FROM generate_subscripts(p_ids, 1) i WHERE v_ok[i] AND NOT v_got[i] GROUP BY v_nodes[i]) d
-     WHERE nr.node_id = d.node;
-    v_ok := v_got;
+     WHERE allocation_id IN (SELECT p_ids[i] FROM generate_subscripts(p_ids, 1) i WHERE v_tried[i] AND NOT v_ok[i]);
+    DELETE FROM reservations WHERE id IN (SELECT p_ids[i] FROM generate_subscripts(p_ids, 1) i WHERE v_tried[i] AND NOT v_ok[i]);
+    DELETE FROM outbox WHERE id IN (SELECT p_event_ids[i] FROM generate_subscripts(p_ids, 1) i WHERE v_tried[i] AND NOT v_ok[i]);
+    SELECT array_agg(CASE WHEN v_ok[i] THEN v_views[i] END ORDER BY i) INTO v_views FROM generate_subscripts(p_ids, 1) i;
   END IF;
 
-  -- 9. The idle counts of the placed nodes, rows in key order (a hint, floored at 0 as the placer's).
+  -- 10. The idle counts of the placed nodes, rows in key order (a hint, floored at 0 as the placer's).
   PERFORM 1 FROM node_atom_counts c
     WHERE c.node_id IN (SELECT v_nodes[i] FROM generate_subscripts(p_ids, 1) i WHERE v_ok[i])
     ORDER BY c.node_id, c.kind, c.model, c.profile FOR UPDATE;
@@ -228,7 +266,7 @@ BEGIN
             FROM generate_subscripts(v_atoms, 1) k WHERE v_ok[v_atom_of[k]] GROUP BY 1, 2) w
    WHERE c.node_id = w.node AND c.kind = 'gpu' AND c.model = w.model AND c.profile = '' AND w.n > 0;
 
-  -- 10. Undo what stays charged or claimed for requests not placed: their quota (rows held since
+  -- 11. Undo what stays charged or claimed for requests not placed: their quota (rows held since
   --     2) and their keys (claimed here, so capacity_reserve claims them again).
   IF EXISTS (SELECT 1 FROM generate_subscripts(p_ids, 1) i WHERE v_charged[i] AND NOT v_ok[i]) THEN
     UPDATE quota_usage q SET used = q.used - c.amount
@@ -246,22 +284,7 @@ BEGIN
   IF NOT (true = ANY(v_ok)) THEN
     RETURN v_views;
   END IF;
-  -- 11. The placed reservations, their views, events, wake-ups (capacity_after_change's, for all
-  --     at once) and the keys' stored responses.
-  INSERT INTO reservations (id, tenant_id, pool_id, state, gpu_kind, gpu_model, mig_profile, gpu_count, vcpu, memory_mib,
-                            disk_gib, during, node_selector, tolerations, node_id, created_by)
-  SELECT p_ids[i], p_tenants[i], p_pools[i], 'placed', 'gpu', p_models[i], NULL, p_counts[i], p_vcpus[i], p_memory_mibs[i],
-         p_disk_gibs[i], tstzrange(v_now, v_stops[i], '[)'), p_selectors[i], '[]', v_nodes[i], p_identities[i]
-    FROM generate_subscripts(p_ids, 1) i WHERE v_ok[i] ORDER BY p_ids[i];
-  SELECT array_agg(CASE WHEN v_ok[g.j] THEN capacity_view_of(r, (SELECT jsonb_agg(v_atoms[k] ORDER BY v_atoms[k])
-                                                                   FROM generate_subscripts(v_atoms, 1) k WHERE v_atom_of[k] = g.j)) END
-                   ORDER BY g.j)
-    INTO v_views FROM generate_subscripts(p_ids, 1) g(j) LEFT JOIN reservations r ON v_ok[g.j] AND r.id = p_ids[g.j];
-  INSERT INTO outbox (id, type, tenant_id, subject, data)
-  SELECT p_event_ids[i], 'reservation.placed', p_tenants[i], p_ids[i],
-         jsonb_build_object('state', v_views[i]->'state', 'nodeId', v_views[i]->'nodeId', 'atoms', v_views[i]->'atoms',
-                            'version', v_views[i]->'version')
-    FROM generate_subscripts(p_ids, 1) i WHERE v_ok[i];
+  -- 12. The wake-ups (capacity_after_change's, for all at once) and the keys' stored responses.
   PERFORM work_queue_enqueue(array_agg(w.kind), array_agg(w.key), array_agg(w.shard), 0)
      FROM (SELECT 'capacity.reservations' AS kind, p_ids[i] AS key, p_shards[i] AS shard
              FROM generate_subscripts(p_ids, 1) i WHERE v_ok[i]
@@ -315,7 +338,26 @@ BEGIN
            WHERE r.id = ANY(v_ended) GROUP BY 1, 2) c
    WHERE q.tenant_id = c.t AND q.resource = c.resource;
 
-  -- 3. The scalars of the nodes they were placed on, rows in node order.
+  -- 3. Their atoms (read here, deleted in 5: the reservations' rows, held since 1, keep them as
+  --    they are), the views and the events, before the scalars (4): the node_resources rows, which
+  --    the create batches take too, are then held only from 4 to the commit. A view lists the atoms
+  --    held before now, as capacity_view reads them from the history.
+  SELECT array_agg(a.device_id), array_agg(a.allocation_id), array_agg(a.held) INTO v_atoms, v_of, v_held
+    FROM (SELECT b.device_id, b.allocation_id, bool_or(lower(b.during) < v_now) AS held
+            FROM device_bookings b WHERE b.allocation_id = ANY(v_ended) GROUP BY 1, 2) a;
+  SELECT array_agg(CASE WHEN r.id IS NOT NULL
+                        THEN capacity_view_of(r, coalesce((SELECT jsonb_agg(v_atoms[k] ORDER BY v_atoms[k]) FROM generate_subscripts(v_atoms, 1) k
+                                                            WHERE v_of[k] = r.id AND v_held[k]), '[]')) END
+                   ORDER BY g.j)
+    INTO v_views FROM generate_subscripts(p_ids, 1) g(j) LEFT JOIN reservations r
+                      ON p_ids[g.j] = ANY(v_ended) AND r.id = p_ids[g.j] AND r.tenant_id = p_tenants[g.j];
+  INSERT INTO outbox (id, type, tenant_id, subject, data)
+  SELECT DISTINCT ON (p_ids[i]) p_event_ids[i], 'reservation.released', p_tenants[i], p_ids[i],
+         jsonb_build_object('state', v_views[i]->'state', 'nodeId', v_views[i]->'nodeId', 'atoms', v_views[i]->'atoms',
+                            'version', v_views[i]->'version')
+    FROM generate_subscripts(p_ids, 1) i WHERE v_views[i] IS NOT NULL ORDER BY p_ids[i], i;
+
+  -- 4. The scalars of the nodes they were placed on, rows in node order.
   PERFORM 1 FROM node_resources
     WHERE node_id IN (SELECT r.node_id FROM reservations r WHERE r.id = ANY(v_ended)) ORDER BY node_id FOR UPDATE;
   UPDATE node_resources nr
@@ -325,15 +367,16 @@ BEGIN
             FROM reservations r WHERE r.id = ANY(v_ended) AND r.node_id IS NOT NULL GROUP BY r.node_id) s
    WHERE nr.node_id = s.node_id;
 
-  -- 4. Every booking leaves the live table; what was held before now goes to the history.
-  WITH gone AS (DELETE FROM device_bookings WHERE allocation_id = ANY(v_ended) RETURNING device_id, allocation_id, during),
-       held AS (INSERT INTO device_booking_history (device_id, allocation_id, during)
-                SELECT g.device_id, g.allocation_id, tstzrange(lower(g.during), least(upper(g.during), v_now), '[)')
-                  FROM gone g WHERE lower(g.during) < v_now)
-  SELECT array_agg(a.device_id), array_agg(a.allocation_id), array_agg(a.held) INTO v_atoms, v_of, v_held
-    FROM (SELECT g.device_id, g.allocation_id, bool_or(lower(g.during) < v_now) AS held FROM gone g GROUP BY 1, 2) a;
+  -- 5. Every booking leaves the live table; what was held before now goes to the history. After the
+  --    scalars, as capacity_end: deleted before them, a booking could hold up a placement that holds
+  --    the node's row (its snapshot missed the booking, so it chose the atom) while we wait for
+  --    that row.
+  WITH gone AS (DELETE FROM device_bookings WHERE allocation_id = ANY(v_ended) RETURNING device_id, allocation_id, during)
+  INSERT INTO device_booking_history (device_id, allocation_id, during)
+  SELECT g.device_id, g.allocation_id, tstzrange(lower(g.during), least(upper(g.during), v_now), '[)')
+    FROM gone g WHERE lower(g.during) < v_now;
 
-  -- 5. The atoms with nothing booked from now on are idle again, per node and class, rows in key
+  -- 6. The atoms with nothing booked from now on are idle again, per node and class, rows in key
   --    order.
   PERFORM 1 FROM node_atom_counts c
     WHERE c.node_id IN (SELECT r.node_id FROM reservations r WHERE r.id = ANY(v_ended))
@@ -347,19 +390,7 @@ BEGIN
            GROUP BY 1, 2, 3, 4) w
    WHERE c.node_id = w.node_id AND c.kind = w.gpu_kind AND c.model = w.gpu_model AND c.profile = w.profile;
 
-  -- 6. Views, events and wake-ups (capacity_after_change's, for all at once).
-  --    A view lists the atoms held before now, as capacity_view reads them from the history.
-  SELECT array_agg(CASE WHEN r.id IS NOT NULL
-                        THEN capacity_view_of(r, coalesce((SELECT jsonb_agg(v_atoms[k] ORDER BY v_atoms[k]) FROM generate_subscripts(v_atoms, 1) k
-                                                            WHERE v_of[k] = r.id AND v_held[k]), '[]')) END
-                   ORDER BY g.j)
-    INTO v_views FROM generate_subscripts(p_ids, 1) g(j) LEFT JOIN reservations r
-                      ON p_ids[g.j] = ANY(v_ended) AND r.id = p_ids[g.j] AND r.tenant_id = p_tenants[g.j];
-  INSERT INTO outbox (id, type, tenant_id, subject, data)
-  SELECT DISTINCT ON (p_ids[i]) p_event_ids[i], 'reservation.released', p_tenants[i], p_ids[i],
-         jsonb_build_object('state', v_views[i]->'state', 'nodeId', v_views[i]->'nodeId', 'atoms', v_views[i]->'atoms',
-                            'version', v_views[i]->'version')
-    FROM generate_subscripts(p_ids, 1) i WHERE v_views[i] IS NOT NULL ORDER BY p_ids[i], i;
+  -- 7. The wake-ups (capacity_after_change's, for all at once).
   PERFORM work_queue_enqueue(array_agg(w.kind), array_agg(w.key), array_agg(w.shard), 0)
      FROM (SELECT DISTINCT ON (p_ids[i]) 'capacity.reservations' AS kind, p_ids[i] AS key, p_shards[i] AS shard
              FROM generate_subscripts(p_ids, 1) i WHERE v_views[i] IS NOT NULL

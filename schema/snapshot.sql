@@ -1,0 +1,596 @@
+-- The schema of a freshly migrated database, written by `better-compute schema`; do not edit.
+-- The test the_migrated_schema_matches_the_checked_in_snapshot compares it with a migrated database.
+
+CREATE EXTENSION btree_gist;
+
+CREATE TABLE authz_changes (
+  seq bigint DEFAULT nextval('authz_changes_seq_seq'::regclass) NOT NULL,
+  txid xid8 DEFAULT pg_current_xact_id() NOT NULL,
+  identity_id text NOT NULL,
+  token_id text,
+  at timestamp with time zone DEFAULT compute_now() NOT NULL,
+  CONSTRAINT authz_changes_pkey PRIMARY KEY (seq)
+);
+
+CREATE TABLE authz_projection (
+  identity_id text NOT NULL,
+  permission text NOT NULL,
+  scope_kind text NOT NULL,
+  scope_id text NOT NULL,
+  CONSTRAINT authz_projection_pkey PRIMARY KEY (identity_id, permission, scope_kind, scope_id)
+);
+
+CREATE TABLE commands (
+  id text NOT NULL,
+  node_id text NOT NULL,
+  seq bigint NOT NULL,
+  kind text NOT NULL,
+  lane text NOT NULL,
+  body bytea NOT NULL,
+  payload jsonb NOT NULL,
+  idempotency_key text NOT NULL,
+  min_generation bigint DEFAULT 0 NOT NULL,
+  not_after timestamp with time zone NOT NULL,
+  timeout_s integer NOT NULL,
+  retry_safe boolean NOT NULL,
+  self_terminating boolean NOT NULL,
+  state text NOT NULL,
+  reason text,
+  result jsonb,
+  busy_count integer DEFAULT 0 NOT NULL,
+  not_before timestamp with time zone DEFAULT compute_now() NOT NULL,
+  cancel_requested boolean DEFAULT false NOT NULL,
+  owner_kind text,
+  owner_key text,
+  owner_shard smallint,
+  requested_by text,
+  created_at timestamp with time zone DEFAULT compute_now() NOT NULL,
+  sent_at timestamp with time zone,
+  finished_at timestamp with time zone,
+  version bigint DEFAULT 1 NOT NULL,
+  CONSTRAINT commands_check CHECK ((((owner_kind IS NULL) = (owner_key IS NULL)) AND ((owner_key IS NULL) = (owner_shard IS NULL)))),
+  CONSTRAINT commands_check1 CHECK (((state <> ALL (ARRAY['failed'::text, 'expired'::text])) OR (reason IS NOT NULL))),
+  CONSTRAINT commands_idempotency_key_check CHECK ((idempotency_key <> ''::text)),
+  CONSTRAINT commands_min_generation_check CHECK ((min_generation >= 0)),
+  CONSTRAINT commands_node_id_fkey FOREIGN KEY (node_id) REFERENCES nodes(id),
+  CONSTRAINT commands_node_id_idempotency_key_key UNIQUE (node_id, idempotency_key),
+  CONSTRAINT commands_node_id_seq_key UNIQUE (node_id, seq),
+  CONSTRAINT commands_pkey PRIMARY KEY (id),
+  CONSTRAINT commands_seq_check CHECK ((seq >= 1)),
+  CONSTRAINT commands_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'sent'::text, 'running'::text, 'succeeded'::text, 'failed'::text, 'expired'::text, 'cancelled'::text]))),
+  CONSTRAINT commands_timeout_s_check CHECK ((timeout_s > 0))
+);
+
+CREATE TABLE compute_sim_clock (
+  id integer NOT NULL,
+  ts timestamp with time zone NOT NULL,
+  CONSTRAINT compute_sim_clock_id_check CHECK ((id = 1)),
+  CONSTRAINT compute_sim_clock_pkey PRIMARY KEY (id)
+);
+
+CREATE TABLE device_booking_history (
+  device_id text NOT NULL,
+  allocation_id text NOT NULL,
+  during tstzrange NOT NULL,
+  CONSTRAINT device_booking_history_during_check CHECK ((NOT isempty(during)))
+);
+
+CREATE TABLE device_bookings (
+  device_id text NOT NULL,
+  allocation_id text NOT NULL,
+  during tstzrange NOT NULL,
+  CONSTRAINT device_bookings_device_id_during_excl EXCLUDE USING gist (device_id WITH =, during WITH &&),
+  CONSTRAINT device_bookings_device_id_fkey FOREIGN KEY (device_id) REFERENCES devices(id),
+  CONSTRAINT device_bookings_during_check CHECK ((NOT isempty(during)))
+) WITH (autovacuum_vacuum_scale_factor=0.02, autovacuum_vacuum_threshold=200, autovacuum_vacuum_cost_delay=0, autovacuum_analyze_scale_factor=0.05);
+
+CREATE TABLE devices (
+  id text NOT NULL,
+  node_id text NOT NULL,
+  parent_id text,
+  kind text NOT NULL,
+  index smallint NOT NULL,
+  model text NOT NULL,
+  profile text,
+  memory_mib integer NOT NULL,
+  healthy boolean DEFAULT true NOT NULL,
+  quarantined boolean DEFAULT false NOT NULL,
+  quarantine_reason text,
+  mode text,
+  mig_layout text[] DEFAULT '{}'::text[] NOT NULL,
+  slots smallint DEFAULT 0 NOT NULL,
+  active boolean DEFAULT true NOT NULL,
+  bookable boolean GENERATED ALWAYS AS ((active AND ((parent_id IS NOT NULL) OR (mode = 'exclusive'::text)))) STORED,
+  version bigint DEFAULT 1 NOT NULL,
+  CONSTRAINT devices_check CHECK (((kind = 'gpu'::text) = (parent_id IS NULL))),
+  CONSTRAINT devices_check1 CHECK (((kind = 'gpu'::text) = (mode IS NOT NULL))),
+  CONSTRAINT devices_check2 CHECK (((kind = 'mig'::text) = (profile IS NOT NULL))),
+  CONSTRAINT devices_check3 CHECK (((kind <> 'gpu'::text) OR ((mode = 'mig'::text) = (cardinality(mig_layout) > 0)))),
+  CONSTRAINT devices_check4 CHECK (((kind <> 'gpu'::text) OR ((mode = ANY (ARRAY['time-slice'::text, 'mps'::text])) = (slots > 0)))),
+  CONSTRAINT devices_index_check CHECK ((index >= 0)),
+  CONSTRAINT devices_kind_check CHECK ((kind = ANY (ARRAY['gpu'::text, 'mig'::text, 'slot'::text]))),
+  CONSTRAINT devices_memory_mib_check CHECK ((memory_mib > 0)),
+  CONSTRAINT devices_mode_check CHECK ((mode = ANY (ARRAY['exclusive'::text, 'mig'::text, 'time-slice'::text, 'mps'::text]))),
+  CONSTRAINT devices_node_id_fkey FOREIGN KEY (node_id) REFERENCES nodes(id),
+  CONSTRAINT devices_parent_id_fkey FOREIGN KEY (parent_id) REFERENCES devices(id),
+  CONSTRAINT devices_pkey PRIMARY KEY (id),
+  CONSTRAINT devices_slots_check CHECK ((slots >= 0))
+);
+
+CREATE TABLE idempotency_keys (
+  tenant_id text NOT NULL,
+  identity_id text NOT NULL,
+  key text NOT NULL,
+  method text NOT NULL,
+  request_sha256 bytea NOT NULL,
+  response jsonb,
+  created_at timestamp with time zone DEFAULT compute_now() NOT NULL,
+  expires_at timestamp with time zone NOT NULL,
+  CONSTRAINT idempotency_keys_key_check CHECK (((length(key) >= 1) AND (length(key) <= 255))),
+  CONSTRAINT idempotency_keys_pkey PRIMARY KEY (tenant_id, identity_id, key),
+  CONSTRAINT idempotency_keys_request_sha256_check CHECK ((length(request_sha256) = 32))
+);
+
+CREATE TABLE identities (
+  id text NOT NULL,
+  tenant_id text NOT NULL,
+  name text NOT NULL,
+  kind text NOT NULL,
+  created_at timestamp with time zone DEFAULT compute_now() NOT NULL,
+  CONSTRAINT identities_kind_check CHECK ((kind = ANY (ARRAY['person'::text, 'service'::text]))),
+  CONSTRAINT identities_name_check CHECK ((name ~ '^[a-z0-9][a-z0-9._@-]{0,127}$'::text)),
+  CONSTRAINT identities_pkey PRIMARY KEY (id),
+  CONSTRAINT identities_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES tenants(id),
+  CONSTRAINT identities_tenant_id_name_key UNIQUE (tenant_id, name)
+);
+
+CREATE TABLE job_runs (
+  job text NOT NULL,
+  worker_id text NOT NULL,
+  ticks bigint NOT NULL,
+  last_tick_at timestamp with time zone NOT NULL,
+  last_report jsonb NOT NULL,
+  last_error text,
+  last_error_at timestamp with time zone,
+  CONSTRAINT job_runs_pkey PRIMARY KEY (job, worker_id)
+);
+
+CREATE TABLE join_tokens (
+  id text NOT NULL,
+  pool_id text NOT NULL,
+  secret_sha256 bytea NOT NULL,
+  expires_at timestamp with time zone NOT NULL,
+  used_at timestamp with time zone,
+  used_by_node text,
+  created_by text NOT NULL,
+  created_at timestamp with time zone DEFAULT compute_now() NOT NULL,
+  CONSTRAINT join_tokens_pkey PRIMARY KEY (id),
+  CONSTRAINT join_tokens_pool_id_fkey FOREIGN KEY (pool_id) REFERENCES pools(id),
+  CONSTRAINT join_tokens_secret_sha256_check CHECK ((length(secret_sha256) = 32)),
+  CONSTRAINT join_tokens_secret_sha256_key UNIQUE (secret_sha256)
+);
+
+CREATE TABLE leases (
+  name text NOT NULL,
+  owner text NOT NULL,
+  epoch bigint NOT NULL,
+  expires_at timestamp with time zone NOT NULL,
+  CONSTRAINT leases_epoch_check CHECK ((epoch >= 1)),
+  CONSTRAINT leases_name_check CHECK ((name <> ''::text)),
+  CONSTRAINT leases_owner_check CHECK ((owner <> ''::text)),
+  CONSTRAINT leases_pkey PRIMARY KEY (name)
+);
+
+CREATE TABLE liveness_runs (
+  singleton boolean DEFAULT true NOT NULL,
+  last_run_at timestamp with time zone NOT NULL,
+  outage_grace_until timestamp with time zone NOT NULL,
+  CONSTRAINT liveness_runs_pkey PRIMARY KEY (singleton),
+  CONSTRAINT liveness_runs_singleton_check CHECK (singleton)
+);
+
+CREATE TABLE node_atom_counts (
+  node_id text NOT NULL,
+  pool_id text NOT NULL,
+  kind text NOT NULL,
+  model text NOT NULL,
+  profile text DEFAULT ''::text NOT NULL,
+  total integer NOT NULL,
+  idle integer NOT NULL,
+  open boolean DEFAULT false NOT NULL,
+  CONSTRAINT node_atom_counts_check CHECK (((idle >= 0) AND (idle <= total))),
+  CONSTRAINT node_atom_counts_node_id_fkey FOREIGN KEY (node_id) REFERENCES nodes(id),
+  CONSTRAINT node_atom_counts_pkey PRIMARY KEY (node_id, kind, model, profile),
+  CONSTRAINT node_atom_counts_total_check CHECK ((total >= 0))
+) WITH (autovacuum_vacuum_scale_factor=0.02, autovacuum_vacuum_threshold=200, autovacuum_vacuum_cost_delay=0);
+
+CREATE TABLE node_certificates (
+  fingerprint_sha256 bytea NOT NULL,
+  node_id text NOT NULL,
+  serial text NOT NULL,
+  not_before timestamp with time zone NOT NULL,
+  not_after timestamp with time zone NOT NULL,
+  revoked_at timestamp with time zone,
+  created_at timestamp with time zone DEFAULT compute_now() NOT NULL,
+  CONSTRAINT node_certificates_fingerprint_sha256_check CHECK ((length(fingerprint_sha256) = 32)),
+  CONSTRAINT node_certificates_node_id_fkey FOREIGN KEY (node_id) REFERENCES nodes(id),
+  CONSTRAINT node_certificates_pkey PRIMARY KEY (fingerprint_sha256)
+);
+
+CREATE TABLE node_resources (
+  node_id text NOT NULL,
+  vcpu_allocatable integer NOT NULL,
+  vcpu_ratio double precision NOT NULL,
+  vcpu_allocated integer DEFAULT 0 NOT NULL,
+  memory_mib_allocatable bigint NOT NULL,
+  memory_ratio double precision NOT NULL,
+  memory_mib_allocated bigint DEFAULT 0 NOT NULL,
+  disk_gib_allocatable bigint NOT NULL,
+  disk_ratio double precision NOT NULL,
+  disk_gib_allocated bigint DEFAULT 0 NOT NULL,
+  CONSTRAINT node_resources_check CHECK (((vcpu_allocated >= 0) AND ((vcpu_allocated)::double precision <= floor(((vcpu_allocatable)::double precision * vcpu_ratio))))),
+  CONSTRAINT node_resources_check1 CHECK (((memory_mib_allocated >= 0) AND ((memory_mib_allocated)::double precision <= floor(((memory_mib_allocatable)::double precision * memory_ratio))))),
+  CONSTRAINT node_resources_check2 CHECK (((disk_gib_allocated >= 0) AND ((disk_gib_allocated)::double precision <= floor(((disk_gib_allocatable)::double precision * disk_ratio))))),
+  CONSTRAINT node_resources_disk_gib_allocatable_check CHECK ((disk_gib_allocatable >= 0)),
+  CONSTRAINT node_resources_disk_ratio_check CHECK ((disk_ratio >= (1)::double precision)),
+  CONSTRAINT node_resources_memory_mib_allocatable_check CHECK ((memory_mib_allocatable >= 0)),
+  CONSTRAINT node_resources_memory_ratio_check CHECK ((memory_ratio >= (1)::double precision)),
+  CONSTRAINT node_resources_node_id_fkey FOREIGN KEY (node_id) REFERENCES nodes(id),
+  CONSTRAINT node_resources_pkey PRIMARY KEY (node_id),
+  CONSTRAINT node_resources_vcpu_allocatable_check CHECK ((vcpu_allocatable >= 0)),
+  CONSTRAINT node_resources_vcpu_ratio_check CHECK ((vcpu_ratio >= (1)::double precision))
+) WITH (autovacuum_vacuum_scale_factor=0.02, autovacuum_vacuum_threshold=200, autovacuum_vacuum_cost_delay=0);
+
+CREATE TABLE node_sessions (
+  node_id text NOT NULL,
+  session_epoch bigint NOT NULL,
+  gateway_id text NOT NULL,
+  boot_id text NOT NULL,
+  journal_id text NOT NULL,
+  daemon_version text NOT NULL,
+  opened_at timestamp with time zone NOT NULL,
+  last_seen_at timestamp with time zone NOT NULL,
+  closed_at timestamp with time zone,
+  close_reason text,
+  CONSTRAINT node_sessions_check CHECK (((closed_at IS NULL) = (close_reason IS NULL))),
+  CONSTRAINT node_sessions_node_id_fkey FOREIGN KEY (node_id) REFERENCES nodes(id),
+  CONSTRAINT node_sessions_pkey PRIMARY KEY (node_id),
+  CONSTRAINT node_sessions_session_epoch_check CHECK ((session_epoch >= 1))
+);
+
+CREATE TABLE nodes (
+  id text NOT NULL,
+  pool_id text NOT NULL,
+  name text NOT NULL,
+  shard smallint NOT NULL,
+  labels jsonb DEFAULT '{}'::jsonb NOT NULL,
+  taints jsonb DEFAULT '[]'::jsonb NOT NULL,
+  no_schedule_reasons text[] DEFAULT '{}'::text[] NOT NULL,
+  liveness text DEFAULT 'disconnected'::text NOT NULL,
+  generation bigint DEFAULT 0 NOT NULL,
+  observed_generation bigint DEFAULT 0 NOT NULL,
+  spec jsonb,
+  version bigint DEFAULT 1 NOT NULL,
+  created_at timestamp with time zone DEFAULT compute_now() NOT NULL,
+  next_cmd_seq bigint DEFAULT 1 NOT NULL,
+  joined_at timestamp with time zone,
+  liveness_since timestamp with time zone DEFAULT compute_now() NOT NULL,
+  disconnect_grace_s integer DEFAULT 0 NOT NULL,
+  spec_status jsonb,
+  reported_inventory jsonb,
+  CONSTRAINT nodes_disconnect_grace_s_check CHECK ((disconnect_grace_s >= 0)),
+  CONSTRAINT nodes_generation_check CHECK ((generation >= 0)),
+  CONSTRAINT nodes_labels_check CHECK ((jsonb_typeof(labels) = 'object'::text)),
+  CONSTRAINT nodes_liveness_check CHECK ((liveness = ANY (ARRAY['connected'::text, 'disconnected'::text, 'unreachable'::text, 'lost'::text]))),
+  CONSTRAINT nodes_next_cmd_seq_check CHECK ((next_cmd_seq >= 1)),
+  CONSTRAINT nodes_observed_generation_check CHECK ((observed_generation >= 0)),
+  CONSTRAINT nodes_pkey PRIMARY KEY (id),
+  CONSTRAINT nodes_pool_id_fkey FOREIGN KEY (pool_id) REFERENCES pools(id),
+  CONSTRAINT nodes_pool_id_name_key UNIQUE (pool_id, name),
+  CONSTRAINT nodes_shard_check CHECK (((shard >= 0) AND (shard <= 255))),
+  CONSTRAINT nodes_taints_check CHECK ((jsonb_typeof(taints) = 'array'::text))
+);
+
+CREATE TABLE outbox (
+  txid xid8 DEFAULT pg_current_xact_id() NOT NULL,
+  seq bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
+  id text NOT NULL,
+  type text NOT NULL,
+  tenant_id text,
+  subject text NOT NULL,
+  data jsonb NOT NULL,
+  time timestamp with time zone DEFAULT compute_now() NOT NULL,
+  CONSTRAINT outbox_id_key UNIQUE (id),
+  CONSTRAINT outbox_pkey PRIMARY KEY (txid, seq)
+);
+
+CREATE TABLE outbox_cursors (
+  sink text NOT NULL,
+  txid xid8 NOT NULL,
+  seq bigint NOT NULL,
+  delivered bigint DEFAULT 0 NOT NULL,
+  updated_at timestamp with time zone DEFAULT compute_now() NOT NULL,
+  CONSTRAINT outbox_cursors_pkey PRIMARY KEY (sink)
+);
+
+CREATE TABLE pool_capacity_rollup (
+  pool_id text NOT NULL,
+  atoms jsonb NOT NULL,
+  nodes integer NOT NULL,
+  schedulable_nodes integer NOT NULL,
+  vcpu_free bigint NOT NULL,
+  memory_mib_free bigint NOT NULL,
+  disk_gib_free bigint NOT NULL,
+  updated_at timestamp with time zone NOT NULL,
+  CONSTRAINT pool_capacity_rollup_pkey PRIMARY KEY (pool_id),
+  CONSTRAINT pool_capacity_rollup_pool_id_fkey FOREIGN KEY (pool_id) REFERENCES pools(id)
+);
+
+CREATE TABLE pools (
+  id text NOT NULL,
+  site_id text NOT NULL,
+  name text NOT NULL,
+  kind text NOT NULL,
+  vcpu_ratio double precision DEFAULT 1 NOT NULL,
+  memory_ratio double precision DEFAULT 1 NOT NULL,
+  disk_ratio double precision DEFAULT 1 NOT NULL,
+  lost_after_s integer,
+  version bigint DEFAULT 1 NOT NULL,
+  created_at timestamp with time zone DEFAULT compute_now() NOT NULL,
+  CONSTRAINT pools_check CHECK (((lost_after_s IS NULL) OR ((lost_after_s > 0) AND (kind = ANY (ARRAY['provider'::text, 'vps-host'::text]))))),
+  CONSTRAINT pools_disk_ratio_check CHECK (((disk_ratio >= (1)::double precision) AND (disk_ratio <= (4)::double precision))),
+  CONSTRAINT pools_kind_check CHECK ((kind = ANY (ARRAY['bare-metal'::text, 'provider'::text, 'vps-host'::text]))),
+  CONSTRAINT pools_memory_ratio_check CHECK (((memory_ratio >= (1)::double precision) AND (memory_ratio <= (4)::double precision))),
+  CONSTRAINT pools_name_check CHECK ((name ~ '^[a-z0-9][a-z0-9-]{0,62}$'::text)),
+  CONSTRAINT pools_pkey PRIMARY KEY (id),
+  CONSTRAINT pools_site_id_fkey FOREIGN KEY (site_id) REFERENCES sites(id),
+  CONSTRAINT pools_site_id_name_key UNIQUE (site_id, name),
+  CONSTRAINT pools_vcpu_ratio_check CHECK (((vcpu_ratio >= (1)::double precision) AND (vcpu_ratio <= (16)::double precision)))
+);
+
+CREATE TABLE quota_usage (
+  tenant_id text NOT NULL,
+  resource text NOT NULL,
+  used bigint DEFAULT 0 NOT NULL,
+  max bigint NOT NULL,
+  CONSTRAINT quota_usage_check CHECK (((used >= 0) AND (used <= max))),
+  CONSTRAINT quota_usage_max_check CHECK ((max >= 0)),
+  CONSTRAINT quota_usage_pkey PRIMARY KEY (tenant_id, resource),
+  CONSTRAINT quota_usage_resource_check CHECK ((resource = ANY (ARRAY['gpus'::text, 'mig_instances'::text, 'gpu_slots'::text, 'vcpu'::text, 'memory_mib'::text, 'disk_gib'::text])))
+) WITH (autovacuum_vacuum_scale_factor=0.02, autovacuum_vacuum_threshold=200, autovacuum_vacuum_cost_delay=0);
+
+CREATE TABLE reservations (
+  id text NOT NULL,
+  tenant_id text NOT NULL,
+  pool_id text NOT NULL,
+  state text NOT NULL,
+  version bigint DEFAULT 1 NOT NULL,
+  gpu_kind text NOT NULL,
+  gpu_model text NOT NULL,
+  mig_profile text,
+  gpu_count integer NOT NULL,
+  vcpu integer NOT NULL,
+  memory_mib bigint NOT NULL,
+  disk_gib bigint NOT NULL,
+  during tstzrange NOT NULL,
+  node_selector jsonb DEFAULT '{}'::jsonb NOT NULL,
+  tolerations jsonb DEFAULT '[]'::jsonb NOT NULL,
+  node_id text,
+  unschedulable jsonb,
+  next_attempt_at timestamp with time zone,
+  created_by text NOT NULL,
+  created_at timestamp with time zone DEFAULT compute_now() NOT NULL,
+  updated_at timestamp with time zone DEFAULT compute_now() NOT NULL,
+  CONSTRAINT reservations_check CHECK (((gpu_kind = 'mig'::text) = (mig_profile IS NOT NULL))),
+  CONSTRAINT reservations_check1 CHECK (((state <> ALL (ARRAY['placed'::text, 'active'::text])) OR (node_id IS NOT NULL))),
+  CONSTRAINT reservations_check2 CHECK (((state <> 'pending'::text) OR ((unschedulable IS NOT NULL) AND (next_attempt_at IS NOT NULL)))),
+  CONSTRAINT reservations_disk_gib_check CHECK ((disk_gib >= 0)),
+  CONSTRAINT reservations_during_check CHECK (((NOT isempty(during)) AND (NOT lower_inf(during)) AND (NOT upper_inf(during)))),
+  CONSTRAINT reservations_gpu_count_check CHECK ((gpu_count >= 0)),
+  CONSTRAINT reservations_gpu_kind_check CHECK ((gpu_kind = ANY (ARRAY['gpu'::text, 'mig'::text, 'slot'::text]))),
+  CONSTRAINT reservations_memory_mib_check CHECK ((memory_mib >= 0)),
+  CONSTRAINT reservations_node_id_fkey FOREIGN KEY (node_id) REFERENCES nodes(id),
+  CONSTRAINT reservations_pkey PRIMARY KEY (id),
+  CONSTRAINT reservations_pool_id_fkey FOREIGN KEY (pool_id) REFERENCES pools(id),
+  CONSTRAINT reservations_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'placed'::text, 'active'::text, 'released'::text, 'expired'::text, 'failed'::text]))),
+  CONSTRAINT reservations_vcpu_check CHECK ((vcpu >= 0))
+) WITH (autovacuum_vacuum_scale_factor=0.02, autovacuum_vacuum_threshold=200, autovacuum_vacuum_cost_delay=0);
+
+CREATE TABLE role_bindings (
+  id text NOT NULL,
+  tenant_id text NOT NULL,
+  identity_id text NOT NULL,
+  role text NOT NULL,
+  scope_kind text NOT NULL,
+  scope_id text NOT NULL,
+  created_at timestamp with time zone DEFAULT compute_now() NOT NULL,
+  CONSTRAINT role_bindings_check CHECK (((scope_kind = 'fleet'::text) = (scope_id = ''::text))),
+  CONSTRAINT role_bindings_check1 CHECK (((scope_kind <> 'tenant'::text) OR (scope_id = tenant_id))),
+  CONSTRAINT role_bindings_identity_id_fkey FOREIGN KEY (identity_id) REFERENCES identities(id),
+  CONSTRAINT role_bindings_identity_id_role_scope_kind_scope_id_key UNIQUE (identity_id, role, scope_kind, scope_id),
+  CONSTRAINT role_bindings_pkey PRIMARY KEY (id),
+  CONSTRAINT role_bindings_role_fkey FOREIGN KEY (role) REFERENCES roles(name),
+  CONSTRAINT role_bindings_scope_kind_check CHECK ((scope_kind = ANY (ARRAY['fleet'::text, 'tenant'::text, 'site'::text, 'pool'::text, 'node'::text]))),
+  CONSTRAINT role_bindings_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES tenants(id)
+);
+
+CREATE TABLE roles (
+  name text NOT NULL,
+  description text NOT NULL,
+  permissions text[] NOT NULL,
+  CONSTRAINT roles_name_check CHECK ((name ~ '^[a-z][a-z0-9-]{0,62}$'::text)),
+  CONSTRAINT roles_pkey PRIMARY KEY (name)
+);
+
+CREATE TABLE schema_migrations (
+  module text NOT NULL,
+  name text NOT NULL,
+  checksum text NOT NULL,
+  applied_at timestamp with time zone DEFAULT now() NOT NULL,
+  CONSTRAINT schema_migrations_pkey PRIMARY KEY (module, name)
+);
+
+CREATE TABLE sites (
+  id text NOT NULL,
+  name text NOT NULL,
+  version bigint DEFAULT 1 NOT NULL,
+  created_at timestamp with time zone DEFAULT compute_now() NOT NULL,
+  CONSTRAINT sites_name_check CHECK ((name ~ '^[a-z0-9][a-z0-9-]{0,62}$'::text)),
+  CONSTRAINT sites_name_key UNIQUE (name),
+  CONSTRAINT sites_pkey PRIMARY KEY (id)
+);
+
+CREATE TABLE tenants (
+  id text NOT NULL,
+  name text NOT NULL,
+  created_at timestamp with time zone DEFAULT compute_now() NOT NULL,
+  CONSTRAINT tenants_name_check CHECK ((name ~ '^[a-z0-9][a-z0-9-]{0,62}$'::text)),
+  CONSTRAINT tenants_name_key UNIQUE (name),
+  CONSTRAINT tenants_pkey PRIMARY KEY (id)
+);
+
+CREATE TABLE tokens (
+  id text NOT NULL,
+  tenant_id text NOT NULL,
+  identity_id text NOT NULL,
+  name text DEFAULT ''::text NOT NULL,
+  secret_sha256 bytea NOT NULL,
+  expires_at timestamp with time zone NOT NULL,
+  revoked_at timestamp with time zone,
+  created_at timestamp with time zone DEFAULT compute_now() NOT NULL,
+  CONSTRAINT tokens_identity_id_fkey FOREIGN KEY (identity_id) REFERENCES identities(id),
+  CONSTRAINT tokens_pkey PRIMARY KEY (id),
+  CONSTRAINT tokens_secret_sha256_check CHECK ((length(secret_sha256) = 32)),
+  CONSTRAINT tokens_secret_sha256_key UNIQUE (secret_sha256),
+  CONSTRAINT tokens_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES tenants(id)
+);
+
+CREATE TABLE webhook_deliveries (
+  id text NOT NULL,
+  webhook_id text NOT NULL,
+  tenant_id text NOT NULL,
+  event_id text NOT NULL,
+  event_type text NOT NULL,
+  payload jsonb NOT NULL,
+  state text DEFAULT 'pending'::text NOT NULL,
+  attempts integer DEFAULT 0 NOT NULL,
+  next_attempt_at timestamp with time zone,
+  last_status integer,
+  last_error text,
+  created_at timestamp with time zone DEFAULT compute_now() NOT NULL,
+  finished_at timestamp with time zone,
+  CONSTRAINT webhook_deliveries_attempts_check CHECK ((attempts >= 0)),
+  CONSTRAINT webhook_deliveries_check CHECK (((state = 'pending'::text) = (next_attempt_at IS NOT NULL))),
+  CONSTRAINT webhook_deliveries_pkey PRIMARY KEY (id),
+  CONSTRAINT webhook_deliveries_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'delivered'::text, 'dead'::text]))),
+  CONSTRAINT webhook_deliveries_webhook_id_event_id_key UNIQUE (webhook_id, event_id),
+  CONSTRAINT webhook_deliveries_webhook_id_fkey FOREIGN KEY (webhook_id) REFERENCES webhooks(id) ON DELETE CASCADE
+);
+
+CREATE TABLE webhooks (
+  id text NOT NULL,
+  tenant_id text NOT NULL,
+  url text NOT NULL,
+  event_types text[] DEFAULT '{}'::text[] NOT NULL,
+  description text DEFAULT ''::text NOT NULL,
+  secret text NOT NULL,
+  previous_secret text,
+  previous_valid_until timestamp with time zone,
+  disabled_at timestamp with time zone,
+  disabled_reason text,
+  version bigint DEFAULT 1 NOT NULL,
+  created_at timestamp with time zone DEFAULT compute_now() NOT NULL,
+  CONSTRAINT webhooks_pkey PRIMARY KEY (id)
+);
+
+CREATE TABLE work_queue (
+  kind text NOT NULL,
+  key text NOT NULL,
+  shard smallint NOT NULL,
+  gen bigint DEFAULT 1 NOT NULL,
+  not_before timestamp with time zone NOT NULL,
+  claimed_until timestamp with time zone,
+  claimed_by text,
+  dirty_not_before timestamp with time zone,
+  attempts integer DEFAULT 0 NOT NULL,
+  last_error text,
+  last_error_at timestamp with time zone,
+  enqueued_at timestamp with time zone DEFAULT compute_now() NOT NULL,
+  CONSTRAINT work_queue_attempts_check CHECK ((attempts >= 0)),
+  CONSTRAINT work_queue_check CHECK (((claimed_until IS NULL) = (claimed_by IS NULL))),
+  CONSTRAINT work_queue_gen_check CHECK ((gen >= 1)),
+  CONSTRAINT work_queue_pkey PRIMARY KEY (kind, key),
+  CONSTRAINT work_queue_shard_check CHECK (((shard >= '-1'::integer) AND (shard <= 255)))
+) WITH (autovacuum_vacuum_scale_factor=0.02, autovacuum_vacuum_threshold=200, autovacuum_vacuum_cost_delay=0);
+
+CREATE TABLE workers (
+  id text NOT NULL,
+  hostname text NOT NULL,
+  pid integer NOT NULL,
+  roles text[] NOT NULL,
+  version text NOT NULL,
+  started_at timestamp with time zone DEFAULT compute_now() NOT NULL,
+  heartbeat_at timestamp with time zone DEFAULT compute_now() NOT NULL,
+  checks jsonb DEFAULT '[]'::jsonb NOT NULL,
+  CONSTRAINT workers_checks_check CHECK ((jsonb_typeof(checks) = 'array'::text)),
+  CONSTRAINT workers_pkey PRIMARY KEY (id)
+);
+
+CREATE INDEX authz_changes_cursor ON public.authz_changes USING btree (txid, seq);
+CREATE INDEX commands_node_pending ON public.commands USING btree (node_id, seq) WHERE (state = 'pending'::text);
+CREATE INDEX commands_open ON public.commands USING btree (not_after) WHERE (state = ANY (ARRAY['pending'::text, 'sent'::text, 'running'::text]));
+CREATE INDEX device_booking_history_allocation ON public.device_booking_history USING btree (allocation_id);
+CREATE INDEX device_bookings_allocation ON public.device_bookings USING btree (allocation_id);
+CREATE INDEX device_bookings_atom_end ON public.device_bookings USING btree (device_id COLLATE "C", upper(during));
+CREATE INDEX devices_bookable ON public.devices USING btree (node_id, kind) WHERE bookable;
+CREATE INDEX devices_children ON public.devices USING btree (parent_id) WHERE (parent_id IS NOT NULL);
+CREATE UNIQUE INDEX devices_gpu_index ON public.devices USING btree (node_id, index) WHERE (parent_id IS NULL);
+CREATE INDEX idempotency_keys_expires_at ON public.idempotency_keys USING btree (expires_at);
+CREATE INDEX join_tokens_pool ON public.join_tokens USING btree (pool_id);
+CREATE INDEX node_atom_counts_fit ON public.node_atom_counts USING btree (pool_id, kind, model, profile, open, idle, node_id);
+CREATE INDEX node_atom_counts_total ON public.node_atom_counts USING btree (pool_id, kind, model, profile, total);
+CREATE INDEX node_certificates_node ON public.node_certificates USING btree (node_id, created_at DESC);
+CREATE INDEX node_sessions_gateway ON public.node_sessions USING btree (gateway_id) WHERE (closed_at IS NULL);
+CREATE INDEX nodes_labels ON public.nodes USING gin (labels jsonb_path_ops);
+CREATE INDEX nodes_pool ON public.nodes USING btree (pool_id);
+CREATE INDEX reservations_live ON public.reservations USING btree (pool_id) WHERE (state = ANY (ARRAY['pending'::text, 'placed'::text, 'active'::text]));
+CREATE INDEX reservations_tenant ON public.reservations USING btree (tenant_id, id);
+CREATE INDEX role_bindings_tenant ON public.role_bindings USING btree (tenant_id, id);
+CREATE INDEX tokens_identity ON public.tokens USING btree (identity_id);
+CREATE INDEX webhook_deliveries_dead ON public.webhook_deliveries USING btree (tenant_id, id) WHERE (state = 'dead'::text);
+CREATE INDEX webhook_deliveries_due ON public.webhook_deliveries USING btree (next_attempt_at) WHERE (state = 'pending'::text);
+CREATE INDEX webhook_deliveries_endpoint_due ON public.webhook_deliveries USING btree (webhook_id, next_attempt_at, id) WHERE (state = 'pending'::text);
+CREATE INDEX webhook_deliveries_finished ON public.webhook_deliveries USING btree (finished_at) WHERE (state <> 'pending'::text);
+CREATE INDEX webhooks_tenant ON public.webhooks USING btree (tenant_id, id);
+CREATE INDEX work_queue_due ON public.work_queue USING btree (kind, shard, not_before);
+CREATE INDEX workers_heartbeat_at ON public.workers USING btree (heartbeat_at);
+
+CREATE TRIGGER nodes_open_counts AFTER UPDATE OF observed_generation, no_schedule_reasons, taints ON public.nodes FOR EACH ROW WHEN ((capacity_node_open(old.observed_generation, old.no_schedule_reasons, old.taints) IS DISTINCT FROM capacity_node_open(new.observed_generation, new.no_schedule_reasons, new.taints))) EXECUTE FUNCTION capacity_node_open_changed();
+CREATE TRIGGER reservations_state_guard BEFORE UPDATE OF state ON public.reservations FOR EACH ROW WHEN ((old.state IS DISTINCT FROM new.state)) EXECUTE FUNCTION capacity_reservation_state_guard();
+
+FUNCTION capacity_after_change(r reservations, p_event_type text, p_event_id text, p_shard smallint) RETURNS jsonb LANGUAGE plpgsql VOLATILE;
+FUNCTION capacity_candidates(p_pool text, p_kind text, p_model text, p_profile text, p_count integer, p_selector jsonb, p_tolerations jsonb, p_excluded text[], p_best_fit boolean, OUT nodes text[], OUT idles integer[]) RETURNS record LANGUAGE plpgsql STABLE SET plan_cache_mode=force_generic_plan SET enable_indexonlyscan=on;
+FUNCTION capacity_charge(p_tenant text, p_kind text, p_count bigint, p_vcpu bigint, p_memory_mib bigint, p_disk_gib bigint) RETURNS integer LANGUAGE plpgsql VOLATILE;
+FUNCTION capacity_charge_of(p_kind text, p_count bigint, p_vcpu bigint, p_memory_mib bigint, p_disk_gib bigint) RETURNS TABLE(resource text, amount bigint) LANGUAGE sql IMMUTABLE;
+FUNCTION capacity_end(p_id text, p_tenant text, p_to text, p_event_id text, p_shard smallint) RETURNS jsonb LANGUAGE plpgsql VOLATILE SET enable_seqscan=off SET enable_indexonlyscan=off;
+FUNCTION capacity_node_open(p_observed_generation bigint, p_no_schedule_reasons text[], p_taints jsonb) RETURNS boolean LANGUAGE sql IMMUTABLE;
+FUNCTION capacity_node_open_changed() RETURNS trigger LANGUAGE plpgsql VOLATILE;
+FUNCTION capacity_node_takes(p_observed_generation bigint, p_no_schedule_reasons text[], p_taints jsonb, p_tolerations jsonb) RETURNS boolean LANGUAGE sql IMMUTABLE;
+FUNCTION capacity_place(p_pool text, p_kind text, p_model text, p_profile text, p_count integer, p_vcpu integer, p_memory_mib bigint, p_disk_gib bigint, p_selector jsonb, p_tolerations jsonb, p_allocation text, p_during tstzrange, p_max_replans integer, OUT placed_node text, OUT placed_atoms text[], OUT tried text[], OUT raced boolean) RETURNS record LANGUAGE plpgsql VOLATILE SET enable_seqscan=off SET enable_indexonlyscan=off;
+FUNCTION capacity_refresh_node_counts(p_node text) RETURNS void LANGUAGE plpgsql VOLATILE;
+FUNCTION capacity_refund(p_tenant text, p_kind text, p_count bigint, p_vcpu bigint, p_memory_mib bigint, p_disk_gib bigint) RETURNS integer LANGUAGE plpgsql VOLATILE;
+FUNCTION capacity_release_batch(p_ids text[], p_tenants text[], p_event_ids text[], p_shards smallint[]) RETURNS jsonb[] LANGUAGE plpgsql VOLATILE SET enable_seqscan=off SET enable_indexonlyscan=off SET plan_cache_mode=force_generic_plan SET enable_hashjoin=off SET enable_mergejoin=off;
+FUNCTION capacity_reservation_may_become(p_from text, p_to text) RETURNS boolean LANGUAGE plpgsql IMMUTABLE;
+FUNCTION capacity_reservation_state_guard() RETURNS trigger LANGUAGE plpgsql VOLATILE;
+FUNCTION capacity_reserve(p_id text, p_tenant text, p_identity text, p_pool text, p_kind text, p_model text, p_profile text, p_count integer, p_vcpu integer, p_memory_mib bigint, p_disk_gib bigint, p_starts_at timestamp with time zone, p_ends_at timestamp with time zone, p_duration_s double precision, p_selector jsonb, p_tolerations jsonb, p_max_replans integer, p_retry_s double precision, p_max_duration_s double precision, p_event_id text, p_shard smallint) RETURNS jsonb LANGUAGE plpgsql VOLATILE SET enable_seqscan=off;
+FUNCTION capacity_reserve_batch(p_ids text[], p_tenants text[], p_identities text[], p_pools text[], p_models text[], p_selectors jsonb[], p_counts integer[], p_vcpus integer[], p_memory_mibs bigint[], p_disk_gibs bigint[], p_ends_at timestamp with time zone[], p_durations_s double precision[], p_keys text[], p_key_hashes bytea[], p_key_ttl_s double precision, p_event_ids text[], p_shards smallint[], p_share integer, p_shares integer, p_max_duration_s double precision) RETURNS jsonb[] LANGUAGE plpgsql VOLATILE SET enable_seqscan=off SET enable_indexonlyscan=off SET plan_cache_mode=force_generic_plan SET enable_hashjoin=off SET enable_mergejoin=off;
+FUNCTION capacity_step(p_id text, p_max_replans integer, p_retry_s double precision, p_event_id text, p_shard smallint) RETURNS text LANGUAGE plpgsql VOLATILE SET enable_seqscan=off;
+FUNCTION capacity_tolerates(p_taints jsonb, p_tolerations jsonb) RETURNS boolean LANGUAGE sql IMMUTABLE;
+FUNCTION capacity_unschedulable(p_kind text, p_model text, p_profile text, p_count integer, p_tried text[], p_raced boolean, p_retry_s double precision) RETURNS jsonb LANGUAGE sql IMMUTABLE;
+FUNCTION capacity_upsert_node_counts(p_node text) RETURNS void LANGUAGE sql VOLATILE SET enable_indexonlyscan=off;
+FUNCTION capacity_view(r reservations) RETURNS jsonb LANGUAGE plpgsql STABLE;
+FUNCTION capacity_view_of(r reservations, p_atoms jsonb) RETURNS jsonb LANGUAGE sql STABLE;
+FUNCTION compute_now() RETURNS timestamp with time zone LANGUAGE sql STABLE;
+FUNCTION inventory_scope_path(kind text, id text) RETURNS TABLE(scope_kind text, scope_id text) LANGUAGE sql STABLE;
+FUNCTION outbox_emit(p_id text, p_type text, p_tenant_id text, p_subject text, p_data jsonb) RETURNS text LANGUAGE plpgsql VOLATILE;
+FUNCTION work_queue_enqueue(p_kinds text[], p_keys text[], p_shards smallint[], p_after_s double precision) RETURNS integer LANGUAGE plpgsql VOLATILE;

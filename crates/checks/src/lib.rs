@@ -1,11 +1,14 @@
-//! The one-clock check: every SQL time comparison must read `compute_now()`, never the database's
-//! own clock, so that simulated time governs leases, deadlines and liveness everywhere.
+//! Workspace checks: table ownership ([`ownership`]) and, here, the one-clock check: every SQL time
+//! comparison must read `compute_now()`, never the database's own clock, so that simulated time
+//! governs leases, deadlines and liveness everywhere.
 //!
 //! [`scan_workspace`] looks in every string literal of every `.rs` file and in every `.sql` file under
 //! `crates/*/src` (migrations live there too) for `now()`, `CURRENT_TIMESTAMP`, `LOCALTIMESTAMP`,
 //! `transaction_timestamp()`, `statement_timestamp()`, `clock_timestamp()` and their cousins
 //! `CURRENT_TIME`, `CURRENT_DATE` and `LOCALTIME`. Exceptions: the migration that defines
 //! `compute_now()` (`crates/db/src/sql/clock.sql`), and any line marked `check-sql-now: allow`.
+
+pub mod ownership;
 
 use std::path::{Path, PathBuf};
 
@@ -175,7 +178,7 @@ pub fn rust_string_spans(src: &str) -> Vec<(usize, usize)> {
     spans
 }
 
-fn line_of(src: &str, offset: usize) -> usize {
+pub(crate) fn line_of(src: &str, offset: usize) -> usize {
     src[..offset].bytes().filter(|&b| b == b'\n').count() + 1
 }
 
@@ -210,7 +213,7 @@ pub fn scan_sql(path: &Path, src: &str) -> Vec<Violation> {
         .collect()
 }
 
-fn walk(dir: &Path, files: &mut Vec<PathBuf>) -> std::io::Result<()> {
+pub(crate) fn walk(dir: &Path, files: &mut Vec<PathBuf>) -> std::io::Result<()> {
     for entry in std::fs::read_dir(dir)? {
         let path = entry?.path();
         if path.is_dir() {

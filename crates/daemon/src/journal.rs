@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use redb::{Database, ReadableTable, ReadableTableMetadata, TableDefinition};
+use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 use serde::{Deserialize, Serialize};
 
 const META: TableDefinition<&str, &str> = TableDefinition::new("meta");
@@ -65,9 +65,16 @@ fn new_id() -> String {
 }
 
 impl Journal {
-    /// Opens the journal at `path`, creating it (with a new id) if it is not there.
+    /// Opens the journal at `path`, creating it (with a new id) if it is not there. A journal in
+    /// redb 2's file format is upgraded in place first, keeping its id and entries.
     pub fn open(path: &Path) -> Result<Journal, JournalError> {
-        let db = Database::create(path).map_err(err)?;
+        let db = match Database::create(path) {
+            Err(redb::DatabaseError::UpgradeRequired(_)) => {
+                upgrade_v2(path)?;
+                Database::create(path).map_err(err)?
+            }
+            other => other.map_err(err)?,
+        };
         let w = db.begin_write().map_err(err)?;
         let id = {
             let mut meta = w.open_table(META).map_err(err)?;
@@ -165,6 +172,16 @@ impl Journal {
     }
 }
 
+/// Rewrites a journal written by redb 2 (file format v2) in the v3 format that redb 3 and later
+/// read. Only redb 2.6 can do it, so that version stays a dependency while a daemon may find such a
+/// journal.
+fn upgrade_v2(path: &Path) -> Result<(), JournalError> {
+    let mut old = redb2::Database::open(path).map_err(err)?;
+    let upgraded = old.upgrade().map_err(err)?;
+    tracing::info!(path = %path.display(), upgraded, "journal upgraded from redb 2's file format");
+    Ok(())
+}
+
 /// Drops the oldest finished entries (by seq) down to [`KEEP_COMMANDS`].
 fn prune(t: &mut redb::Table<'_, &str, &[u8]>) -> Result<(), JournalError> {
     let mut finished: Vec<(i64, String)> = Vec::new();
@@ -186,6 +203,36 @@ fn prune(t: &mut redb::Table<'_, &str, &[u8]>) -> Result<(), JournalError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_journal_written_in_redb_2s_file_format_opens_with_its_id_and_entries() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("journal.redb");
+        // As a daemon built on redb 2 wrote it: redb 2 makes v2-format files by default.
+        {
+            const META2: redb2::TableDefinition<&str, &str> = redb2::TableDefinition::new("meta");
+            const COMMANDS2: redb2::TableDefinition<&str, &[u8]> = redb2::TableDefinition::new("commands");
+            let db = redb2::Database::create(&path).unwrap();
+            let w = db.begin_write().unwrap();
+            w.open_table(META2).unwrap().insert("journal_id", "jnl_old").unwrap();
+            let entry = Entry { kind: "node.reboot".into(), seq: 7, retry_safe: false, run_id: "run-old".into(), outcome: None };
+            w.open_table(COMMANDS2).unwrap().insert("cmd_old", serde_json::to_vec(&entry).unwrap().as_slice()).unwrap();
+            w.commit().unwrap();
+        }
+        assert!(
+            matches!(Database::create(&path), Err(redb::DatabaseError::UpgradeRequired(_))),
+            "the file is not in the old format, so this test shows nothing"
+        );
+        let j = Journal::open(&path).unwrap();
+        assert_eq!(j.id(), "jnl_old");
+        let e = j.get("cmd_old").unwrap().unwrap();
+        assert_eq!((e.kind.as_str(), e.seq, e.retry_safe, e.outcome), ("node.reboot", 7, false, None));
+        j.accept("cmd_new", "diag.nvml", 8, true, "run-new").unwrap();
+        drop(j);
+        let j = Journal::open(&path).unwrap();
+        assert_eq!(j.id(), "jnl_old");
+        assert_eq!(j.get("cmd_new").unwrap().unwrap().seq, 8);
+    }
 
     #[test]
     fn the_journal_keeps_its_id_and_entries_across_reopening_and_a_wiped_one_gets_a_new_id() {

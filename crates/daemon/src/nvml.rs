@@ -19,7 +19,6 @@ pub const MAX_HEALTHY_TEMPERATURE_C: u32 = 90;
 /// Real GPUs through NVML.
 pub struct NvmlBackend {
     nvml: Nvml,
-    sys: nvml_wrapper_sys::bindings::NvmlLib,
     /// Critical XIDs seen per GPU uuid since start.
     xids: Mutex<std::collections::HashMap<String, Vec<u32>>>,
 }
@@ -53,37 +52,19 @@ impl NvmlBackend {
     /// Loads NVML; fails with `Unavailable` where there is no driver.
     pub fn open() -> Result<NvmlBackend, BackendError> {
         let nvml = Nvml::init().map_err(|e| BackendError::Unavailable(format!("NVML: {e}; is the NVIDIA driver installed?")))?;
-        // SAFETY: loading the same library NVML just loaded; its functions are called with handles
-        // that library gave out.
-        let sys = unsafe { nvml_wrapper_sys::bindings::NvmlLib::new("libnvidia-ml.so.1") }
-            .map_err(|e| BackendError::Unavailable(format!("libnvidia-ml.so.1: {e}")))?;
-        Ok(NvmlBackend { nvml, sys, xids: Mutex::default() })
+        Ok(NvmlBackend { nvml, xids: Mutex::default() })
     }
 
     fn mig_instances(&self, device: &nvml_wrapper::Device<'_>) -> Vec<MigInstance> {
-        let mut out = Vec::new();
-        let (Ok(count_fn), Ok(by_index)) = (&self.sys.nvmlDeviceGetMaxMigDeviceCount, &self.sys.nvmlDeviceGetMigDeviceHandleByIndex) else {
-            return out;
-        };
-        // SAFETY: raw NVML calls with a live device handle and out-pointers to locals.
-        unsafe {
-            let handle = device.handle();
-            let mut count: std::os::raw::c_uint = 0;
-            if count_fn(handle as _, &mut count) != 0 {
-                return out;
-            }
-            for i in 0..count {
-                let mut mig: nvml_wrapper_sys::bindings::nvmlDevice_t = std::ptr::null_mut();
-                if by_index(handle as _, i, &mut mig) != 0 || mig.is_null() {
-                    continue;
-                }
-                let d = nvml_wrapper::Device::new(mig as _, &self.nvml);
-                if let (Ok(uuid), Ok(name)) = (d.uuid(), d.name()) {
-                    out.push(MigInstance { uuid, profile: mig_profile_of(&name).unwrap_or(name) });
-                }
-            }
-        }
-        out
+        // The count is of MIG device slots; an empty slot answers NotFound and is skipped.
+        let Ok(slots) = device.mig_device_count() else { return Vec::new() };
+        (0..slots)
+            .filter_map(|i| device.mig_device_by_index(i).ok())
+            .filter_map(|d| {
+                let name = d.name().ok()?;
+                Some(MigInstance { uuid: d.uuid().ok()?, profile: mig_profile_of(&name).unwrap_or(name) })
+            })
+            .collect()
     }
 
     /// Reads pending critical XID events (without waiting) into the per-GPU history.

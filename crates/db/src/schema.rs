@@ -95,47 +95,31 @@ pub async fn snapshot(db: &impl GenericClient) -> Result<String, DbError> {
         }
         out.push_str(";\n");
     }
-    let indexes = db
-        .query(
-            "SELECT pg_get_indexdef(i.indexrelid)
-               FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_namespace n ON n.oid = c.relnamespace
-              WHERE n.nspname = 'public' AND NOT EXISTS (SELECT 1 FROM pg_constraint k WHERE k.conindid = i.indexrelid)
-              ORDER BY c.relname",
-            &[],
-        )
-        .await?;
-    out.push('\n');
-    for r in &indexes {
-        let _ = writeln!(out, "{};", r.get::<_, String>(0));
-    }
-    let triggers = db
-        .query(
-            "SELECT pg_get_triggerdef(t.oid)
-               FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_namespace n ON n.oid = c.relnamespace
-              WHERE n.nspname = 'public' AND NOT t.tgisinternal ORDER BY c.relname, t.tgname",
-            &[],
-        )
-        .await?;
-    out.push('\n');
-    for r in &triggers {
-        let _ = writeln!(out, "{};", r.get::<_, String>(0));
-    }
-    let functions = db
-        .query(
-            "SELECT format('FUNCTION %s(%s) RETURNS %s LANGUAGE %s %s', p.proname, pg_get_function_identity_arguments(p.oid),
-                           pg_get_function_result(p.oid), l.lanname,
-                           CASE p.provolatile WHEN 'i' THEN 'IMMUTABLE' WHEN 's' THEN 'STABLE' ELSE 'VOLATILE' END)
-                    || coalesce((SELECT string_agg(' SET ' || c, '' ORDER BY o) FROM unnest(p.proconfig) WITH ORDINALITY AS x(c, o)), '')
-               FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace JOIN pg_language l ON l.oid = p.prolang
-              WHERE n.nspname = 'public'
-                AND NOT EXISTS (SELECT 1 FROM pg_depend d WHERE d.classid = 'pg_proc'::regclass AND d.objid = p.oid AND d.deptype = 'e')
-              ORDER BY p.proname, pg_get_function_identity_arguments(p.oid)",
-            &[],
-        )
-        .await?;
-    out.push('\n');
-    for r in &functions {
-        let _ = writeln!(out, "{};", r.get::<_, String>(0));
+    // Indexes not backing a constraint, triggers, functions: one statement a line, in name order.
+    for sql in [INDEXES_SQL, TRIGGERS_SQL, FUNCTIONS_SQL] {
+        out.push('\n');
+        for r in db.query(sql, &[]).await? {
+            let _ = writeln!(out, "{};", r.get::<_, String>(0));
+        }
     }
     Ok(out)
 }
+
+const INDEXES_SQL: &str = "SELECT pg_get_indexdef(i.indexrelid)
+   FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+  WHERE n.nspname = 'public' AND NOT EXISTS (SELECT 1 FROM pg_constraint k WHERE k.conindid = i.indexrelid)
+  ORDER BY c.relname";
+
+const TRIGGERS_SQL: &str = "SELECT pg_get_triggerdef(t.oid)
+   FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+  WHERE n.nspname = 'public' AND NOT t.tgisinternal ORDER BY c.relname, t.tgname";
+
+/// Signatures and settings, not bodies; extensions' functions left out.
+const FUNCTIONS_SQL: &str = "SELECT format('FUNCTION %s(%s) RETURNS %s LANGUAGE %s %s', p.proname,
+         pg_get_function_identity_arguments(p.oid), pg_get_function_result(p.oid), l.lanname,
+         CASE p.provolatile WHEN 'i' THEN 'IMMUTABLE' WHEN 's' THEN 'STABLE' ELSE 'VOLATILE' END)
+       || coalesce((SELECT string_agg(' SET ' || c, '' ORDER BY o) FROM unnest(p.proconfig) WITH ORDINALITY AS x(c, o)), '')
+   FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace JOIN pg_language l ON l.oid = p.prolang
+  WHERE n.nspname = 'public'
+    AND NOT EXISTS (SELECT 1 FROM pg_depend d WHERE d.classid = 'pg_proc'::regclass AND d.objid = p.oid AND d.deptype = 'e')
+  ORDER BY p.proname, pg_get_function_identity_arguments(p.oid)";

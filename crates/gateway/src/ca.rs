@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rcgen::{
-    BasicConstraints, Certificate, CertificateParams, CertificateSigningRequestParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
+    BasicConstraints, CertificateParams, CertificateSigningRequestParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
     KeyUsagePurpose, SanType, SerialNumber,
 };
 use sha2::{Digest, Sha256};
@@ -55,8 +55,8 @@ pub struct Signed {
 
 /// The certificate authority.
 pub struct Ca {
-    cert: Certificate,
-    key: KeyPair,
+    /// The CA's subject and key, which sign.
+    issuer: Issuer<'static, KeyPair>,
     pem: String,
 }
 
@@ -90,7 +90,7 @@ impl Ca {
             let ca = Ca::generate()?;
             match std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&key_path) {
                 Ok(mut f) => {
-                    f.write_all(ca.key.serialize_pem().as_bytes()).map_err(io)?;
+                    f.write_all(ca.issuer.key().serialize_pem().as_bytes()).map_err(io)?;
                     f.sync_all().map_err(io)?;
                     let tmp = dir.join("ca.pem.tmp");
                     std::fs::write(&tmp, &ca.pem).map_err(io)?;
@@ -111,10 +111,10 @@ impl Ca {
         }
         let key = KeyPair::from_pem(&std::fs::read_to_string(&key_path).map_err(io)?)?;
         let pem = std::fs::read_to_string(&cert_path).map_err(io)?;
-        // rcgen signs with a Certificate: rebuild the CA's from its own parameters and key (same
-        // subject, same key, so what it signs verifies against the stored ca.pem).
-        let cert = CertificateParams::from_ca_cert_pem(&pem)?.self_signed(&key)?;
-        Ok(Ca { cert, key, pem })
+        // The issuer is the stored certificate's subject and key usages with its key, so what it
+        // signs verifies against the stored ca.pem.
+        let issuer = Issuer::from_ca_cert_pem(&pem, key)?;
+        Ok(Ca { issuer, pem })
     }
 
     /// A new CA in memory (tests use it for "a certificate from another CA").
@@ -128,9 +128,8 @@ impl Ca {
         p.not_before = offset(now - BACKDATE);
         p.not_after = offset(now + CA_LIFETIME);
         p.serial_number = Some(random_serial());
-        let cert = p.self_signed(&key)?;
-        let pem = cert.pem();
-        Ok(Ca { cert, key, pem })
+        let pem = p.self_signed(&key)?.pem();
+        Ok(Ca { issuer: Issuer::new(p, key), pem })
     }
 
     /// The CA certificate, PEM: what daemons trust and gateways check client certificates against.
@@ -154,7 +153,7 @@ impl Ca {
         p.serial_number = Some(random_serial());
         let serial = hex::encode(p.serial_number.as_ref().map(|s| s.as_ref().to_vec()).unwrap_or_default());
         csr.params = p;
-        let cert = csr.signed_by(&self.cert, &self.key)?;
+        let cert = csr.signed_by(&self.issuer)?;
         Ok(Signed { pem: cert.pem(), fingerprint: fingerprint(cert.der()), serial, not_before_unix_s: unix_s(nb), not_after_unix_s: unix_s(na) })
     }
 
@@ -169,7 +168,7 @@ impl Ca {
         p.not_before = offset(now - BACKDATE);
         p.not_after = offset(now + CA_LIFETIME.min(Duration::from_secs(365 * 24 * 3600)));
         p.serial_number = Some(random_serial());
-        let cert = p.signed_by(&key, &self.cert, &self.key)?;
+        let cert = p.signed_by(&key, &self.issuer)?;
         Ok((cert.pem(), key.serialize_pem()))
     }
 }

@@ -6,6 +6,7 @@
 //! taint or quarantine and a placement are strictly ordered.
 
 pub mod batch;
+#[cfg(feature = "testing")]
 pub mod invariants;
 pub mod mode;
 pub mod placer;

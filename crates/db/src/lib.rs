@@ -10,9 +10,11 @@ pub mod launcher;
 pub mod lease;
 pub mod migrate;
 pub mod paging;
+#[cfg(feature = "testing")]
 pub mod pgbouncer;
 pub mod pool;
 pub mod schema;
+#[cfg(feature = "testing")]
 pub mod testing;
 pub mod workers;
 

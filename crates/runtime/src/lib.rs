@@ -6,6 +6,7 @@ pub mod authz;
 pub mod commands;
 pub mod desired;
 pub mod events;
+#[cfg(feature = "testing")]
 pub mod harness;
 pub mod housekeeping;
 pub mod module;

@@ -21,7 +21,7 @@ pub const SANCTIONED: &[(&str, &str, &str)] = &[
     ("capacity", "idempotency_keys", "the batch placer records a batch's keys in one statement; core has no set-based function for it yet"),
     ("capacity", "outbox", "the batch placer emits a batch's events in one statement; the runtime has no set-based emit yet"),
     ("events", "outbox", "events.prune deletes the events every sink has passed; the runtime has no prune of its own yet"),
-    ("cli", "*", "dev, the benchmarks and the simulator seed, fault and inspect databases directly"),
+    ("bench", "*", "the benchmarks seed fleets, tenants and quotas in bulk and set up each run's state directly, faster than through the owners"),
 ];
 
 /// A write to another module's table that is not sanctioned.

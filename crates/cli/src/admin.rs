@@ -1,7 +1,5 @@
 //! `better-compute admin …`: administration through the database itself.
 
-use better_compute_iam::bootstrap::{bootstrap, Bootstrapped};
-
 /// Options of `better-compute admin`.
 #[derive(Debug, clap::Args)]
 pub struct AdminArgs {
@@ -15,7 +13,7 @@ enum AdminCmd {
     /// token, printed once. Refused once done: then admins use `api tokens.create`.
     Bootstrap {
         #[command(flatten)]
-        db: crate::DatabaseArgs,
+        db: better_compute_server::DatabaseArgs,
         /// The first tenant's name.
         #[arg(long, default_value = "operators")]
         tenant: String,
@@ -25,22 +23,12 @@ enum AdminCmd {
     },
 }
 
-/// Bootstraps through `db` (migrated first).
-pub(crate) async fn bootstrap_db(db: &mut tokio_postgres::Client, tenant: &str, admin: &str) -> anyhow::Result<Bootstrapped> {
-    let registry = crate::registry()?;
-    better_compute_db::migrate(db, &registry.migrations()).await?;
-    let tx = db.transaction().await?;
-    let done = bootstrap(&tx, &registry.permissions(), tenant, admin).await?;
-    tx.commit().await?;
-    Ok(done)
-}
-
 /// Runs `admin`.
 pub async fn run(args: AdminArgs) -> anyhow::Result<()> {
     match args.cmd {
         AdminCmd::Bootstrap { db, tenant, admin } => {
             let mut client = better_compute_db::pool::connect(&db.database_url).await?;
-            let done = bootstrap_db(&mut client, &tenant, &admin).await?;
+            let done = better_compute_server::bootstrap_db(&mut client, &tenant, &admin).await?;
             println!("tenant    {} ({})", done.tenant.name, done.tenant.id);
             println!("admin     {} ({}): fleet-admin at fleet scope, admin of the tenant", done.identity.name, done.identity.id);
             println!("token     {} (expires {}); shown once, store it now", done.token.token.id, done.token.token.expires_at);

@@ -4,7 +4,7 @@
 #[derive(Debug, clap::Args)]
 pub struct CapacityArgs {
     #[command(flatten)]
-    db: crate::DatabaseArgs,
+    db: better_compute_server::DatabaseArgs,
 }
 
 /// Prints, per pool, the atoms per class (total and idle), nodes, free scalars and reservations.

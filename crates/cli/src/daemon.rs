@@ -83,7 +83,7 @@ pub async fn run(args: DaemonArgs) -> anyhow::Result<()> {
     println!("node {} (journal {}) connecting…", daemon.node_id(), daemon.journal_id());
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let task = tokio::spawn(daemon.run(stopped));
-    let signal = crate::shutdown_signal().await?;
+    let signal = better_compute_server::shutdown_signal().await?;
     println!("received {signal}; stopping");
     stop.send(true)?;
     let _ = tokio::time::timeout(Duration::from_secs(10), task).await;

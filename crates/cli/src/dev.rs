@@ -84,7 +84,7 @@ async fn serve(cluster: &Cluster, root: &Path, args: &DevArgs) -> anyhow::Result
         admin.batch_execute(&format!("CREATE DATABASE {DEV_DATABASE}")).await?;
     }
     drop(admin);
-    let registry = crate::registry()?;
+    let registry = better_compute_server::registry()?;
     let conn = cluster.connection_string(DEV_DATABASE);
     let mut db = better_compute_db::pool::connect(&conn).await?;
     let report = better_compute_db::migrate(&mut db, &registry.migrations()).await.with_context(|| {
@@ -103,19 +103,19 @@ async fn serve(cluster: &Cluster, root: &Path, args: &DevArgs) -> anyhow::Result
     better_compute_runtime::work_queue::Poker::install(pool.clone());
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let stopped_status = stopped.clone();
-    let (api_addr, api) = crate::server::start_api(pool.clone(), registry.clone(), &args.api_listen, Default::default(), stopped.clone()).await?;
-    let (worker, handle) = crate::server::start_worker(pool.clone(), registry.clone(), Some(conn.clone()), stopped.clone()).await?;
+    let (api_addr, api) = better_compute_server::start_api(pool.clone(), registry.clone(), &args.api_listen, Default::default(), stopped.clone()).await?;
+    let (worker, handle) = better_compute_server::start_worker(pool.clone(), registry.clone(), Some(conn.clone()), stopped.clone()).await?;
     let ca_dir = better_compute_gateway::default_ca_dir(root);
     let hostnames = vec!["localhost".to_owned(), "127.0.0.1".to_owned()];
-    let gateway = crate::server::start_gateway(pool.clone(), &ca_dir, &args.gateway_listen, hostnames, Some(conn.clone()), stopped.clone()).await?;
+    let gateway = better_compute_server::start_gateway(pool.clone(), &ca_dir, &args.gateway_listen, hostnames, Some(conn.clone()), stopped.clone()).await?;
     let gateway_url = format!("https://{}", gateway.addr());
-    let fleet = crate::dev_fleet::start(&mut db, root, &gateway_url, &ca_dir.join("ca.pem"), args.nodes, &args.gpus, stopped.clone())
+    let fleet = better_compute_sim::fleet::start(&mut db, root, &gateway_url, &ca_dir.join("ca.pem"), args.nodes, &args.gpus, stopped.clone())
         .await
         .context("the simulated nodes could not join")?;
     if first_start {
-        crate::dev_fleet::demo_modes(&mut db, &fleet.node_ids).await?;
+        better_compute_sim::fleet::demo_modes(&mut db, &fleet.node_ids).await?;
     }
-    crate::dev_fleet::wait_converged(&db, &fleet.node_ids, std::time::Duration::from_secs(90)).await;
+    better_compute_sim::fleet::wait_converged(&db, &fleet.node_ids, std::time::Duration::from_secs(90)).await;
     print!("{}", crate::ops::nodes_table(&db).await?);
     drop(db);
     let url = cluster.url(DEV_DATABASE);
@@ -148,9 +148,9 @@ async fn serve(cluster: &Cluster, root: &Path, args: &DevArgs) -> anyhow::Result
     println!("Press Ctrl-C to stop.");
     println!("ready: DATABASE_URL={url} BETTER_COMPUTE_URL={api_url} BETTER_COMPUTE_TENANT={} BETTER_COMPUTE_TOKEN={}", admin.tenant_id, admin.secret);
     // SAFETY: isatty on our own stdout.
-    let status = (unsafe { libc::isatty(1) } == 1).then(|| tokio::spawn(crate::dev_fleet::live_status(conn.clone(), stopped_status)));
+    let status = (unsafe { libc::isatty(1) } == 1).then(|| tokio::spawn(better_compute_sim::fleet::live_status(conn.clone(), stopped_status)));
     let ended = tokio::select! {
-        signal = crate::shutdown_signal() => Ok(signal?),
+        signal = better_compute_server::shutdown_signal() => Ok(signal?),
         e = watch_postgres(cluster) => Err(e),
     };
     if let Some(s) = status {
@@ -228,7 +228,7 @@ async fn admin_credentials(db: &mut tokio_postgres::Client, root: &Path) -> anyh
             DevAdmin { tenant_id, identity, secret: t.secret }
         }
         None => {
-            let done = crate::admin::bootstrap_db(db, "dev", "admin").await?;
+            let done = better_compute_server::bootstrap_db(db, "dev", "admin").await?;
             println!("bootstrapped tenant dev ({}) and its admin", done.tenant.id);
             DevAdmin { tenant_id: done.tenant.id, identity: done.identity.id, secret: done.token.secret }
         }

@@ -4,7 +4,7 @@
 #[derive(Debug, clap::Args)]
 pub struct JobsArgs {
     #[command(flatten)]
-    db: crate::DatabaseArgs,
+    db: better_compute_server::DatabaseArgs,
     /// Print JSON instead of tables.
     #[arg(long)]
     json: bool,
@@ -15,7 +15,7 @@ pub struct JobsArgs {
 pub async fn run(args: JobsArgs) -> anyhow::Result<()> {
     use better_compute_runtime::status;
     let client = better_compute_db::pool::connect(&args.db.database_url).await?;
-    let registry = crate::registry()?;
+    let registry = better_compute_server::registry()?;
     let queues = status::queues(&client, &registry.job_names()).await?;
     let runs = status::job_runs(&client).await?;
     let holders = status::holders(&client).await?;

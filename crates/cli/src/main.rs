@@ -2,25 +2,13 @@
 
 mod admin;
 mod api;
-mod bench;
-mod bench_api;
-mod bench_events;
-mod bench_gateway;
-mod bench_capacity;
-mod bench_report;
-mod bench_commands;
 mod capacity;
 mod daemon;
 mod dev;
-mod dev_fleet;
 mod jobs;
 mod ops;
-mod server;
-mod sim;
-mod sim_procs;
 
-use std::sync::Arc;
-
+use better_compute_server::{registry, DatabaseArgs};
 use clap::{Parser, Subcommand};
 
 /// Better Compute: a control plane for GPU fleets.
@@ -37,7 +25,7 @@ enum Command {
     /// worker running every job. Data survives restarts; Ctrl-C stops it cleanly.
     Dev(dev::DevArgs),
     /// Run server roles against DATABASE_URL (`api`, `gateway`, `worker`). Run many for scale and failover.
-    Server(server::ServerArgs),
+    Server(better_compute_server::ServerArgs),
     /// The node agent: joins with a join token, then holds one mTLS session to a gateway, converges
     /// the node on its desired state and runs commands.
     Daemon(daemon::DaemonArgs),
@@ -59,34 +47,11 @@ enum Command {
     /// Show each pool's capacity: atoms total and idle per class, nodes, free scalars, reservations.
     Capacity(capacity::CapacityArgs),
     /// Run a benchmark and print its figures beside a pgbench baseline from the same run.
-    Bench(bench::BenchArgs),
+    Bench(better_compute_bench::BenchArgs),
     /// Run a simulated fleet against real gateway and worker processes with a seeded workload and
     /// seeded faults (SIGKILLs, partitions, database crashes, clock jumps, zombie workers), checking
     /// every invariant; stops at the first violation with the seed and a replay command.
-    Sim(sim::SimArgs),
-}
-
-/// Where the database is.
-#[derive(Debug, Clone, clap::Args)]
-pub(crate) struct DatabaseArgs {
-    /// The database, as a URL (postgresql://user@host/db) or a libpq key=value string.
-    #[arg(long, env = "DATABASE_URL")]
-    database_url: String,
-}
-
-/// Every module, in registration order (merge order).
-pub(crate) fn modules() -> Vec<Arc<dyn better_compute_runtime::Module>> {
-    vec![
-        Arc::new(better_compute_nodes::NodesModule),
-        Arc::new(better_compute_capacity::CapacityModule),
-        Arc::new(better_compute_iam::IamModule),
-        Arc::new(better_compute_events::EventsModule { config: better_compute_events::EventsConfig::from_env() }),
-    ]
-}
-
-/// The assembled registry of [`modules`].
-pub(crate) fn registry() -> anyhow::Result<Arc<better_compute_runtime::Registry>> {
-    Ok(Arc::new(better_compute_runtime::Registry::new(modules())?))
+    Sim(better_compute_sim::SimArgs),
 }
 
 async fn migrate(args: DatabaseArgs) -> anyhow::Result<()> {
@@ -97,17 +62,6 @@ async fn migrate(args: DatabaseArgs) -> anyhow::Result<()> {
     }
     println!("{} applied, {} already applied", report.applied.len(), report.already_applied);
     Ok(())
-}
-
-/// Resolves on Ctrl-C or SIGTERM, naming which.
-pub(crate) async fn shutdown_signal() -> anyhow::Result<&'static str> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut interrupt = signal(SignalKind::interrupt())?;
-    let mut terminate = signal(SignalKind::terminate())?;
-    Ok(tokio::select! {
-        _ = interrupt.recv() => "interrupt",
-        _ = terminate.recv() => "terminate",
-    })
 }
 
 fn main() -> std::process::ExitCode {
@@ -130,7 +84,7 @@ fn main() -> std::process::ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Dev(args) => dev::run(args).await,
-            Command::Server(args) => server::run(args).await,
+            Command::Server(args) => better_compute_server::run(args).await,
             Command::Daemon(args) => daemon::run(args).await,
             Command::Migrate(args) => migrate(args).await,
             Command::Schema(args) => {
@@ -144,8 +98,8 @@ fn main() -> std::process::ExitCode {
             Command::Api(args) => api::run(args).await,
             Command::Admin(args) => admin::run(args).await,
             Command::Docs(args) => ops::docs(args),
-            Command::Bench(args) => bench::run(args).await,
-            Command::Sim(args) => sim::run(args).await,
+            Command::Bench(args) => better_compute_bench::run(args).await,
+            Command::Sim(args) => better_compute_sim::run(args).await,
         }
     });
     match result {

@@ -14,14 +14,14 @@ enum NodesCmd {
     /// differ), and why the placer skips them.
     List {
         #[command(flatten)]
-        db: crate::DatabaseArgs,
+        db: better_compute_server::DatabaseArgs,
     },
     /// Print a node as JSON: labels, taints, noScheduleReasons, liveness, generation and observedGeneration.
     Get {
         /// The node id (node_…).
         node_id: String,
         #[command(flatten)]
-        db: crate::DatabaseArgs,
+        db: better_compute_server::DatabaseArgs,
     },
 }
 
@@ -100,11 +100,11 @@ pub async fn nodes_table(client: &tokio_postgres::Client) -> anyhow::Result<Stri
 pub fn docs(args: DocsArgs) -> anyhow::Result<()> {
     match args.page {
         DocsPage::CommandKinds => {
-            print!("{}", better_compute_runtime::commands::reference_page(crate::registry()?.command_kinds()));
+            print!("{}", better_compute_runtime::commands::reference_page(better_compute_server::registry()?.command_kinds()));
             Ok(())
         }
         DocsPage::Events => {
-            print!("{}", better_compute_runtime::events::reference_page(&crate::registry()?.event_types()));
+            print!("{}", better_compute_runtime::events::reference_page(&better_compute_server::registry()?.event_types()));
             Ok(())
         }
         DocsPage::Api => {

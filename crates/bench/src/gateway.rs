@@ -12,7 +12,7 @@ use anyhow::Context;
 use better_compute_daemon::sim::{SimNode, SimObserver};
 use better_compute_nodes::commands::{self, NewCommand};
 
-use crate::bench::Scratch;
+use crate::Scratch;
 
 /// Options of `better-compute bench gateway`.
 #[derive(Debug, clap::Args)]
@@ -86,7 +86,7 @@ pub async fn run(b: GatewayBench) -> anyhow::Result<()> {
     raise_fd_limit();
     let scratch = Scratch::start(250).await?;
     let conn = scratch.conn();
-    let registry = crate::registry()?;
+    let registry = better_compute_server::registry()?;
     let mut db = better_compute_db::pool::connect(&conn).await?;
     better_compute_db::migrate(&mut db, &registry.migrations()).await?;
     let tpcb = scratch.tpcb(8, 5)?;
@@ -95,7 +95,7 @@ pub async fn run(b: GatewayBench) -> anyhow::Result<()> {
     let n = b.sessions;
     println!("seeding {n} nodes and signing {n} node certificates…");
     let seeding = Instant::now();
-    crate::bench_capacity::seed(&db, n).await?;
+    crate::capacity::seed(&db, n).await?;
     db.execute("UPDATE nodes SET joined_at = compute_now(), observed_generation = 0", &[]).await?;
     let ca_dir = scratch.root().join("ca");
     let ca = Arc::new(better_compute_gateway::Ca::load_or_create(&ca_dir)?);
@@ -135,7 +135,7 @@ pub async fn run(b: GatewayBench) -> anyhow::Result<()> {
         better_compute_runtime::desired::invalidate_many(&tx, &node_ids).await?;
         tx.commit().await?;
     }
-    let (_worker, worker_task) = crate::server::start_worker(pool, registry.clone(), Some(conn.clone()), stopped.clone()).await?;
+    let (_worker, worker_task) = better_compute_server::start_worker(pool, registry.clone(), Some(conn.clone()), stopped.clone()).await?;
     wait_for_zero(&db, "SELECT count(*) FROM nodes WHERE spec IS NULL", Duration::from_secs(600)).await?;
     println!("seeded, signed and computed every node's desired state in {:.1} s", seeding.elapsed().as_secs_f64());
     let mut gateway = std::process::Command::new(std::env::current_exe()?);
@@ -219,15 +219,15 @@ pub async fn run(b: GatewayBench) -> anyhow::Result<()> {
         (own_full.saturating_sub(own_idle)) as f64 / open.max(1) as f64
     );
 
-    crate::bench_report::figure("gateway", "sessions held by one gateway process", open as f64, "sessions", None);
-    crate::bench_report::figure(
+    crate::report::figure("gateway", "sessions held by one gateway process", open as f64, "sessions", None);
+    crate::report::figure(
         "gateway",
         "gateway memory per session",
         (rss_full.saturating_sub(rss_idle)) as f64 / open.max(1) as f64,
         "KiB",
         None,
     );
-    crate::bench_report::figure("gateway", "sessions opened (mTLS handshake to Welcome, one transaction each)", open as f64 / opened.as_secs_f64(), "/s", baseline);
+    crate::report::figure("gateway", "sessions opened (mTLS handshake to Welcome, one transaction each)", open as f64 / opened.as_secs_f64(), "/s", baseline);
 
     // Latency: commands at a steady rate (a fifth of the target first, then the target), each to
     // a node chosen round-robin; from the enqueue's commit to the simulated daemon receiving it.
@@ -258,8 +258,8 @@ pub async fn run(b: GatewayBench) -> anyhow::Result<()> {
     );
     let _ = converged;
     let took_s = start.elapsed().as_secs_f64();
-    crate::bench_report::figure("gateway", format!("convergence: {n} nodes apply one change to every node"), took_s, "s", None);
-    crate::bench_report::figure("gateway", "convergence: nodes applied per second", n as f64 / took_s, "/s", baseline);
+    crate::report::figure("gateway", format!("convergence: {n} nodes apply one change to every node"), took_s, "s", None);
+    crate::report::figure("gateway", "convergence: nodes applied per second", n as f64 / took_s, "/s", baseline);
     stop.send(true)?;
     for s in sessions {
         let _ = tokio::time::timeout(Duration::from_secs(5), s).await;
@@ -345,7 +345,7 @@ async fn latency_run(
         percentile(&lat, 0.99).as_secs_f64() * 1e3,
         lat.last().copied().unwrap_or_default().as_secs_f64() * 1e3
     );
-    crate::bench_report::figure("gateway", format!("command enqueue to daemon at {rate}/s, p99"), percentile(&lat, 0.99).as_secs_f64() * 1e3, "ms", None);
-    crate::bench_report::latencies(format!("command: enqueue to daemon at {rate}/s"), &lat);
+    crate::report::figure("gateway", format!("command enqueue to daemon at {rate}/s, p99"), percentile(&lat, 0.99).as_secs_f64() * 1e3, "ms", None);
+    crate::report::latencies(format!("command: enqueue to daemon at {rate}/s"), &lat);
     Ok(())
 }

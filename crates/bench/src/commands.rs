@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use better_compute_nodes::commands::{self, NewCommand};
 use better_compute_runtime::{desired, Worker, WorkerConfig};
 
-use crate::bench::Scratch;
+use crate::Scratch;
 
 /// Options of `better-compute bench commands`.
 #[derive(Debug, clap::Args)]
@@ -50,12 +50,12 @@ async fn drain_nodespec(worker: &Worker) -> anyhow::Result<u64> {
 pub async fn run(b: CommandsBench) -> anyhow::Result<()> {
     let scratch = Scratch::start(b.clients as u32 + 40).await?;
     let conn = scratch.conn();
-    let registry = crate::registry()?;
+    let registry = better_compute_server::registry()?;
     let mut db = better_compute_db::pool::connect(&conn).await?;
     better_compute_db::migrate(&mut db, &registry.migrations()).await?;
     let tpcb = scratch.tpcb(b.clients, b.pgbench_seconds)?;
     println!("seeding {} nodes…", b.nodes);
-    crate::bench_capacity::seed(&db, b.nodes).await?;
+    crate::capacity::seed(&db, b.nodes).await?;
     let nodes: Vec<String> = db.query("SELECT id FROM nodes ORDER BY id", &[]).await?.iter().map(|r| r.get(0)).collect();
 
     // Commands: one per transaction, spread over the nodes.
@@ -101,7 +101,7 @@ pub async fn run(b: CommandsBench) -> anyhow::Result<()> {
     let rate = b.commands as f64 / start.elapsed().as_secs_f64();
     println!("commands enqueued, one per transaction, {} clients: {rate:.0}/s ({:.2}x pgbench TPC-B)", b.clients, rate / tpcb);
     let tpcb_name = format!("pgbench TPC-B, {} clients", b.clients);
-    crate::bench_report::figure("commands", format!("commands enqueued, one per transaction, {} clients", b.clients), rate, "/s", Some((&tpcb_name, tpcb)));
+    crate::report::figure("commands", format!("commands enqueued, one per transaction, {} clients", b.clients), rate, "/s", Some((&tpcb_name, tpcb)));
 
     // Desired state: compute every node's spec once, then change the site and time the recomputation.
     let pool = better_compute_db::pool::connect_pool(&conn, 40)?;
@@ -127,7 +127,7 @@ pub async fn run(b: CommandsBench) -> anyhow::Result<()> {
         b.nodes,
         rate / tpcb
     );
-    crate::bench_report::figure("commands", format!("desired-state recomputations, {} nodes, one worker", b.nodes), rate, "/s", Some((&tpcb_name, tpcb)));
+    crate::report::figure("commands", format!("desired-state recomputations, {} nodes, one worker", b.nodes), rate, "/s", Some((&tpcb_name, tpcb)));
     worker.shutdown().await?;
     drop(db);
     drop(scratch);

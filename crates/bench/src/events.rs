@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use better_compute_runtime::outbox::{self, NewEvent};
 
-use crate::bench::Scratch;
-use crate::bench_report::pct_ms;
+use crate::Scratch;
+use crate::report::pct_ms;
 
 /// Options of `better-compute bench events`.
 #[derive(Debug, clap::Args)]
@@ -29,14 +29,14 @@ pub async fn run(b: EventsBench) -> anyhow::Result<()> {
     let scratch = Scratch::start(b.subscribers as u32 + 60).await?;
     let conn = scratch.conn();
     let mut db = better_compute_db::pool::connect(&conn).await?;
-    let registry = crate::registry()?;
+    let registry = better_compute_server::registry()?;
     better_compute_db::migrate(&mut db, &registry.migrations()).await?;
     let tpcb = scratch.tpcb(b.writers, 5)?;
-    let admin = crate::admin::bootstrap_db(&mut db, "bench", "admin").await?;
+    let admin = better_compute_server::bootstrap_db(&mut db, "bench", "admin").await?;
     let tenant = admin.tenant.id.clone();
     let pool = better_compute_db::pool::connect_pool(&conn, 32)?;
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    let (addr, _server) = crate::server::start_api(pool, registry, "127.0.0.1:0", better_compute_api::rate_limit::RateLimits::NONE, stopped).await?;
+    let (addr, _server) = better_compute_server::start_api(pool, registry, "127.0.0.1:0", better_compute_api::rate_limit::RateLimits::NONE, stopped).await?;
     let url = format!("http://{addr}/v1/watch");
     let http = reqwest::Client::new();
     let received: Arc<Mutex<Vec<HashMap<String, Instant>>>> = Arc::new(Mutex::new(vec![HashMap::new(); b.subscribers]));
@@ -116,15 +116,15 @@ pub async fn run(b: EventsBench) -> anyhow::Result<()> {
         pct_ms(&lat, 0.5),
         pct_ms(&lat, 0.99)
     );
-    crate::bench_report::figure(
+    crate::report::figure(
         "events",
         format!("events committed and delivered to {} watch streams", b.subscribers),
         written as f64 / wrote_s,
         "/s",
         Some((&format!("pgbench TPC-B, {} clients", b.writers), tpcb)),
     );
-    crate::bench_report::figure("events", "commit to SSE client, p99", pct_ms(&lat, 0.99), "ms", None);
-    crate::bench_report::latencies("event: commit to SSE client", &lat);
+    crate::report::figure("events", "commit to SSE client, p99", pct_ms(&lat, 0.99), "ms", None);
+    crate::report::latencies("event: commit to SSE client", &lat);
     stop.send(true)?;
     Ok(())
 }

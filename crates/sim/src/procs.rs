@@ -11,8 +11,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context;
-pub use crate::dev_fleet::Crash;
-use crate::dev_fleet::supervise;
+pub use crate::fleet::Crash;
+use crate::fleet::supervise;
 use better_compute_daemon::{Daemon, DaemonConfig, HostResources, RebootHook};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};

@@ -5,6 +5,11 @@
 //!
 //! A seed fixes the workload's operations and the fault schedule; the interleaving is the
 //! machine's, so a replay runs the same operations and faults, not the same instants.
+//!
+//! An application crate, as the binary's other parts: its functions return `anyhow` errors.
+
+pub mod fleet;
+pub mod procs;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -25,7 +30,7 @@ use better_compute_nodes::commands::{self, NewCommand};
 use better_compute_nodes::layout::GpuMode;
 use tokio::sync::watch;
 
-use crate::sim_procs::{start_node, Crash, NodeSetup, Proxy, RebootLog, ServerProc, SimNode};
+use crate::procs::{start_node, Crash, NodeSetup, Proxy, RebootLog, ServerProc, SimNode};
 
 /// Options of `better-compute sim`.
 #[derive(Debug, Clone, clap::Args)]
@@ -248,7 +253,7 @@ async fn run_seed(args: &SimArgs, seed: u64) -> anyhow::Result<SeedReport> {
     admin.batch_execute("SELECT pg_reload_conf()").await?;
     let direct_conn = cluster.connection_string("sim");
     let mut db = better_compute_db::pool::connect(&direct_conn).await?;
-    better_compute_db::migrate(&mut db, &crate::registry()?.migrations()).await?;
+    better_compute_db::migrate(&mut db, &better_compute_server::registry()?.migrations()).await?;
     better_compute_db::clock::use_sim_clock(&db, std::time::SystemTime::now()).await?;
     db.batch_execute(STALE_EPOCH_AUDIT).await?;
     let bouncer = if args.pgbouncer { Some(PgBouncer::start_on_own_thread(&cluster, &root.join("bouncer"), 8)?) } else { None };
@@ -795,7 +800,7 @@ impl Sim {
                     4 | 5 => ("logs.collect", serde_json::json!({"sinceSeconds": 60})),
                     _ => ("node.reboot", serde_json::json!({"reason": format!("sim seed {} op {tag}", self.seed), "graceSeconds": 0})),
                 };
-                let registry = crate::registry().map_err(|e| better_compute_core::Error::internal(e.to_string()))?;
+                let registry = better_compute_server::registry().map_err(|e| better_compute_core::Error::internal(e.to_string()))?;
                 let key = format!("sim-{}-{tag}", self.seed);
                 let tx = c.transaction().await.map_err(db)?;
                 commands::enqueue(
@@ -863,7 +868,7 @@ impl Sim {
                 wrong.push(format!("work key {}/{} left unprocessed", r.get::<_, String>(0), r.get::<_, String>(1)));
             }
             // Every committed event reached every outbox sink (subscriber) at least once.
-            let registry = crate::registry()?;
+            let registry = better_compute_server::registry()?;
             for sink in registry.outbox_sinks() {
                 let behind: i64 = db
                     .query_one(

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use better_compute_capacity::reservations::{self, CreateReservation, GpuRequest};
 use better_compute_core::Caller;
 
-use crate::bench::Scratch;
-use crate::bench_report::pct_ms;
+use crate::Scratch;
+use crate::report::pct_ms;
 
 /// Options of `better-compute bench api`.
 #[derive(Debug, clap::Args)]
@@ -61,14 +61,14 @@ where
 
 fn line(what: &str, (rate, l): &(f64, Vec<Duration>)) {
     println!("{what:<40} {rate:>8.0} req/s   p50 {:>6.2} ms   p99 {:>6.2} ms", pct_ms(l, 0.5), pct_ms(l, 0.99));
-    crate::bench_report::latencies(format!("api: {what}"), l);
+    crate::report::latencies(format!("api: {what}"), l);
 }
 
 /// Records an HTTP figure beside the same operation in-process.
 fn record(what: &str, http: &(f64, Vec<Duration>), in_process: &(f64, Vec<Duration>)) {
     println!("  HTTP/in-process: {:.2}x", http.0 / in_process.0);
-    crate::bench_report::figure("api", format!("{what} over HTTP"), http.0, "req/s", Some((&format!("{what} in-process"), in_process.0)));
-    crate::bench_report::figure("api", format!("{what} over HTTP, p99"), pct_ms(&http.1, 0.99), "ms", Some((&format!("{what} in-process, p99"), pct_ms(&in_process.1, 0.99))));
+    crate::report::figure("api", format!("{what} over HTTP"), http.0, "req/s", Some((&format!("{what} in-process"), in_process.0)));
+    crate::report::figure("api", format!("{what} over HTTP, p99"), pct_ms(&http.1, 0.99), "ms", Some((&format!("{what} in-process, p99"), pct_ms(&in_process.1, 0.99))));
 }
 
 /// A reservation request; both paths carry an idempotency key, as the API requires.
@@ -94,11 +94,11 @@ pub async fn run(b: ApiBench) -> anyhow::Result<()> {
     let scratch = Scratch::start(b.clients as u32 * 2 + 40).await?;
     let conn = scratch.conn();
     let mut db = better_compute_db::pool::connect(&conn).await?;
-    let registry = crate::registry()?;
+    let registry = better_compute_server::registry()?;
     better_compute_db::migrate(&mut db, &registry.migrations()).await?;
     println!("seeding {} nodes x 8 GPUs…", b.nodes);
-    crate::bench_capacity::seed(&db, b.nodes).await?;
-    let admin = crate::admin::bootstrap_db(&mut db, "bench", "admin").await?;
+    crate::capacity::seed(&db, b.nodes).await?;
+    let admin = better_compute_server::bootstrap_db(&mut db, "bench", "admin").await?;
     let tenant = admin.tenant.id.clone();
     for r in ["gpus", "vcpu", "memory_mib", "disk_gib"] {
         db.execute("INSERT INTO quota_usage (tenant_id, resource, max) VALUES ($1, $2, 1000000000)", &[&tenant, &r]).await?;
@@ -106,7 +106,7 @@ pub async fn run(b: ApiBench) -> anyhow::Result<()> {
     let identity = admin.identity.id.clone();
     let pool = better_compute_db::pool::connect_pool(&conn, b.clients)?;
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    let (addr, _server) = crate::server::start_api(pool.clone(), registry, "127.0.0.1:0", better_compute_api::rate_limit::RateLimits::NONE, stopped).await?;
+    let (addr, _server) = better_compute_server::start_api(pool.clone(), registry, "127.0.0.1:0", better_compute_api::rate_limit::RateLimits::NONE, stopped).await?;
     let url = format!("http://{addr}");
     let http = reqwest::Client::builder().pool_max_idle_per_host(b.clients).build()?;
     let token = admin.token.secret.clone();

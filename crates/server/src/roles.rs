@@ -1,4 +1,5 @@
-//! `better-compute server`: server roles against a shared database.
+//! `better-compute server`: the server roles against a shared database, and the functions that start
+//! each (the binary's `dev`, the simulator and the benchmarks start them too).
 
 use std::sync::Arc;
 
@@ -47,7 +48,7 @@ const KNOWN_ROLES: &[&str] = &["api", "gateway", "worker"];
 
 /// Starts a gateway on `listen` (port 0 picks one) with the CA in `ca_dir`, serving until
 /// `shutdown` turns true.
-pub(crate) async fn start_gateway(
+pub async fn start_gateway(
     pool: better_compute_db::Pool,
     ca_dir: &std::path::Path,
     listen: &str,
@@ -63,7 +64,7 @@ pub(crate) async fn start_gateway(
 }
 
 /// Starts a worker over `pool`, running until `shutdown` turns true.
-pub(crate) async fn start_worker(
+pub async fn start_worker(
     pool: better_compute_db::Pool,
     registry: Arc<Registry>,
     listen: Option<String>,
@@ -78,7 +79,7 @@ pub(crate) async fn start_worker(
 
 /// Starts the HTTP API on `listen` (port 0 picks one), serving until `shutdown` turns true.
 /// Returns the address it listens on.
-pub(crate) async fn start_api(
+pub async fn start_api(
     pool: better_compute_db::Pool,
     registry: Arc<Registry>,
     listen: &str,

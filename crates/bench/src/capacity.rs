@@ -10,7 +10,7 @@ use better_compute_capacity::batch::{BatchPlacer, BatchSettings};
 use better_compute_capacity::reservations::{self, CreateReservation, GpuRequest};
 use better_compute_capacity::Caller;
 
-use crate::bench::Scratch;
+use crate::Scratch;
 
 /// Options of `better-compute bench capacity`.
 #[derive(Debug, clap::Args)]
@@ -337,7 +337,7 @@ pub async fn run(b: CapacityBench) -> anyhow::Result<()> {
     let scratch = Scratch::start((b.clients + b.batchers) as u32 + 40).await?;
     let conn = scratch.conn();
     let mut db = better_compute_db::pool::connect(&conn).await?;
-    better_compute_db::migrate(&mut db, &crate::registry()?.migrations()).await?;
+    better_compute_db::migrate(&mut db, &better_compute_server::registry()?.migrations()).await?;
     // The clients' pokes folded together, as in a server (work_queue::Poker).
     better_compute_runtime::work_queue::Poker::install(better_compute_db::pool::connect_pool(&conn, 1)?);
     let cpu_start = machine_cpu_s();
@@ -373,8 +373,8 @@ pub async fn run(b: CapacityBench) -> anyhow::Result<()> {
             }
         );
         let tpcb_name = format!("pgbench TPC-B, {} clients", b.clients);
-        crate::bench_report::figure("capacity", format!("placements, {nodes} nodes x 8 GPUs, {} clients", b.clients), rate, "/s", Some((&tpcb_name, tpcb)));
-        crate::bench_report::figure(
+        crate::report::figure("capacity", format!("placements, {nodes} nodes x 8 GPUs, {} clients", b.clients), rate, "/s", Some((&tpcb_name, tpcb)));
+        crate::report::figure(
             "capacity",
             format!("conflicts ending without a placement, {nodes} nodes"),
             100.0 * (failed + lost) as f64 / b.steady_placements as f64,
@@ -382,7 +382,7 @@ pub async fn run(b: CapacityBench) -> anyhow::Result<()> {
             None,
         );
         if let Some(f) = first {
-            crate::bench_report::figure("capacity", format!("placements at {nodes} nodes"), rate, "/s", Some((&format!("placements at {} nodes", b.nodes[0]), f)));
+            crate::report::figure("capacity", format!("placements at {nodes} nodes"), rate, "/s", Some((&format!("placements at {} nodes", b.nodes[0]), f)));
         }
         first.get_or_insert(rate);
 
@@ -405,8 +405,8 @@ pub async fn run(b: CapacityBench) -> anyhow::Result<()> {
                 n => format!(", {n} failed"),
             }
         );
-        crate::bench_report::figure("capacity", format!("placements in a burst with no release, {nodes} nodes"), placed_rate, "/s", Some((&tpcb_name, tpcb)));
-        crate::bench_report::figure("capacity", format!("releases after the burst, {nodes} nodes"), release_rate, "/s", Some((&tpcb_name, tpcb)));
+        crate::report::figure("capacity", format!("placements in a burst with no release, {nodes} nodes"), placed_rate, "/s", Some((&tpcb_name, tpcb)));
+        crate::report::figure("capacity", format!("releases after the burst, {nodes} nodes"), release_rate, "/s", Some((&tpcb_name, tpcb)));
     }
     drop(db);
     if b.keep {

@@ -1,5 +1,15 @@
 //! `better-compute bench`: benchmarks that print their figures beside a baseline measured on the
-//! same database in the same run. They never fail on time.
+//! same database in the same run. They never fail on time. Each bench is a file of its own;
+//! `report` writes what `bench all` prints and saves.
+//!
+//! An application crate, as the binary's other parts: its functions return `anyhow` errors.
+
+mod api;
+mod capacity;
+mod commands;
+mod events;
+mod gateway;
+mod report;
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
@@ -36,23 +46,23 @@ enum Which {
     /// Placements per second with 64 concurrent clients on 1,000 and 10,000 nodes of 8 GPUs, 20% of
     /// requests aimed at a few hot nodes, beside pgbench's TPC-B on the same database: in a steady
     /// state (each placement followed by a release) and in a burst (placements, then releases).
-    Capacity(crate::bench_capacity::CapacityBench),
+    Capacity(crate::capacity::CapacityBench),
     /// Commands enqueued per second (one per transaction) and desired-state recomputations per
     /// second for 10,000 nodes after a site-wide change, beside pgbench's TPC-B.
-    Commands(crate::bench_commands::CommandsBench),
+    Commands(crate::commands::CommandsBench),
     /// nodes.get and reservations.create over HTTP with 64 concurrent clients, requests/s and
     /// p50/p99, beside the same operations called in-process.
-    Api(crate::bench_api::ApiBench),
+    Api(crate::api::ApiBench),
     /// One gateway process holding many simulated daemon sessions (default 10,000) over mTLS:
     /// memory per session, command enqueue-to-daemon p50/p99 at 1,000 commands/s, and the time for
     /// every node to converge after one change to every node's desired state.
-    Gateway(crate::bench_gateway::GatewayBench),
+    Gateway(crate::gateway::GatewayBench),
     /// Events per second from commit to watch-stream (SSE) clients with 100 subscribers, and
     /// commit-to-delivery p50/p99, beside pgbench's TPC-B.
-    Events(crate::bench_events::EventsBench),
+    Events(crate::events::EventsBench),
     /// Every benchmark above, one after another, with a progress bar; writes one report (Markdown,
     /// JSON and an SVG of the latency distributions) with the machine, the versions and the ratios.
-    All(crate::bench_report::AllBench),
+    All(crate::report::AllBench),
 }
 
 #[derive(Debug, clap::Args)]
@@ -130,12 +140,12 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.which {
         Which::Runtime(b) => runtime_bench(b).await,
         Which::RuntimeWorker(w) => runtime_worker(w).await,
-        Which::Capacity(b) => crate::bench_capacity::run(b).await,
-        Which::Commands(b) => crate::bench_commands::run(b).await,
-        Which::Api(b) => crate::bench_api::run(b).await,
-        Which::Events(b) => crate::bench_events::run(b).await,
-        Which::Gateway(b) => crate::bench_gateway::run(b).await,
-        Which::All(b) => crate::bench_report::run(b).await,
+        Which::Capacity(b) => crate::capacity::run(b).await,
+        Which::Commands(b) => crate::commands::run(b).await,
+        Which::Api(b) => crate::api::run(b).await,
+        Which::Events(b) => crate::events::run(b).await,
+        Which::Gateway(b) => crate::gateway::run(b).await,
+        Which::All(b) => crate::report::run(b).await,
     }
 }
 
@@ -233,14 +243,14 @@ pub(crate) async fn runtime_bench(b: RuntimeBench) -> anyhow::Result<()> {
             if processes == 1 { "" } else { "es" },
             rate / pgbench_tps
         );
-        crate::bench_report::figure("runtime", format!("no-op reconciles, {processes} worker process(es)"), rate, "/s", baseline);
+        crate::report::figure("runtime", format!("no-op reconciles, {processes} worker process(es)"), rate, "/s", baseline);
     }
 
     for per_tx in [1usize, 100] {
         let total = if per_tx == 1 { b.events } else { b.events * 5 };
         let rate = outbox_events_per_second(&conn, registry.clone(), counter.clone(), total, per_tx).await?;
         println!("outbox events, {per_tx} per transaction, commit to in-process subscriber: {rate:.0}/s");
-        crate::bench_report::figure("runtime", format!("outbox events to a subscriber, {per_tx} per transaction"), rate, "/s", baseline);
+        crate::report::figure("runtime", format!("outbox events to a subscriber, {per_tx} per transaction"), rate, "/s", baseline);
     }
     drop(db);
     drop(scratch);

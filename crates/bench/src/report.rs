@@ -93,28 +93,28 @@ pub async fn run(b: AllBench) -> anyhow::Result<()> {
     let q = b.quick;
     let steps: Vec<Step> = vec![
         ("runtime: reconciles and outbox", {
-            let a = defaults::<crate::bench::RuntimeBench>(if q { &["--keys", "10000", "--events", "5000"] } else { &[] })?;
-            Box::new(move || Box::pin(crate::bench::runtime_bench(a)))
+            let a = defaults::<crate::RuntimeBench>(if q { &["--keys", "10000", "--events", "5000"] } else { &[] })?;
+            Box::new(move || Box::pin(crate::runtime_bench(a)))
         }),
         ("capacity: placements", {
-            let a = defaults::<crate::bench_capacity::CapacityBench>(if q { &["--nodes", "100,1000", "--steady-placements", "1000", "--placements", "1000"] } else { &[] })?;
-            Box::new(move || Box::pin(crate::bench_capacity::run(a)))
+            let a = defaults::<crate::capacity::CapacityBench>(if q { &["--nodes", "100,1000", "--steady-placements", "1000", "--placements", "1000"] } else { &[] })?;
+            Box::new(move || Box::pin(crate::capacity::run(a)))
         }),
         ("commands: enqueue and desired state", {
-            let a = defaults::<crate::bench_commands::CommandsBench>(if q { &["--nodes", "1000", "--commands", "5000"] } else { &[] })?;
-            Box::new(move || Box::pin(crate::bench_commands::run(a)))
+            let a = defaults::<crate::commands::CommandsBench>(if q { &["--nodes", "1000", "--commands", "5000"] } else { &[] })?;
+            Box::new(move || Box::pin(crate::commands::run(a)))
         }),
         ("api: HTTP beside in-process", {
-            let a = defaults::<crate::bench_api::ApiBench>(if q { &["--requests", "1000"] } else { &[] })?;
-            Box::new(move || Box::pin(crate::bench_api::run(a)))
+            let a = defaults::<crate::api::ApiBench>(if q { &["--requests", "1000"] } else { &[] })?;
+            Box::new(move || Box::pin(crate::api::run(a)))
         }),
         ("events: outbox to watch streams", {
-            let a = defaults::<crate::bench_events::EventsBench>(if q { &["--events", "500"] } else { &[] })?;
-            Box::new(move || Box::pin(crate::bench_events::run(a)))
+            let a = defaults::<crate::events::EventsBench>(if q { &["--events", "500"] } else { &[] })?;
+            Box::new(move || Box::pin(crate::events::run(a)))
         }),
         ("gateway: sessions, command latency, convergence", {
-            let a = defaults::<crate::bench_gateway::GatewayBench>(if q { &["--sessions", "1000", "--command-seconds", "5"] } else { &[] })?;
-            Box::new(move || Box::pin(crate::bench_gateway::run(a)))
+            let a = defaults::<crate::gateway::GatewayBench>(if q { &["--sessions", "1000", "--command-seconds", "5"] } else { &[] })?;
+            Box::new(move || Box::pin(crate::gateway::run(a)))
         }),
     ];
     std::fs::create_dir_all(&b.out).with_context(|| format!("create {}", b.out.display()))?;
@@ -343,8 +343,8 @@ mod tests {
 
     #[test]
     fn a_benchmarks_defaults_parse_and_overrides_apply() {
-        let a: crate::bench_capacity::CapacityBench = defaults(&["--nodes", "100"]).unwrap();
+        let a: crate::capacity::CapacityBench = defaults(&["--nodes", "100"]).unwrap();
         assert!(format!("{a:?}").contains("nodes: [100]"), "{a:?}");
-        assert!(defaults::<crate::bench_capacity::CapacityBench>(&["--no-such-flag"]).is_err());
+        assert!(defaults::<crate::capacity::CapacityBench>(&["--no-such-flag"]).is_err());
     }
 }

@@ -571,6 +571,7 @@ CREATE TRIGGER reservations_state_guard BEFORE UPDATE OF state ON public.reserva
 FUNCTION capacity_after_change(r reservations, p_event_type text, p_event_id text, p_shard smallint) RETURNS jsonb LANGUAGE plpgsql VOLATILE;
 FUNCTION capacity_candidates(p_pool text, p_kind text, p_model text, p_profile text, p_count integer, p_selector jsonb, p_tolerations jsonb, p_excluded text[], p_best_fit boolean, OUT nodes text[], OUT idles integer[]) RETURNS record LANGUAGE plpgsql STABLE SET plan_cache_mode=force_generic_plan SET enable_indexonlyscan=on;
 FUNCTION capacity_charge(p_tenant text, p_kind text, p_count bigint, p_vcpu bigint, p_memory_mib bigint, p_disk_gib bigint) RETURNS integer LANGUAGE plpgsql VOLATILE;
+FUNCTION capacity_charge_many(p_tenants text[], p_kinds text[], p_counts bigint[], p_vcpus bigint[], p_memory_mibs bigint[], p_disk_gibs bigint[]) RETURNS text[] LANGUAGE plpgsql VOLATILE;
 FUNCTION capacity_charge_of(p_kind text, p_count bigint, p_vcpu bigint, p_memory_mib bigint, p_disk_gib bigint) RETURNS TABLE(resource text, amount bigint) LANGUAGE sql IMMUTABLE;
 FUNCTION capacity_end(p_id text, p_tenant text, p_to text, p_event_id text, p_shard smallint) RETURNS jsonb LANGUAGE plpgsql VOLATILE SET enable_seqscan=off SET enable_indexonlyscan=off;
 FUNCTION capacity_node_open(p_observed_generation bigint, p_no_schedule_reasons text[], p_taints jsonb) RETURNS boolean LANGUAGE sql IMMUTABLE;
@@ -579,6 +580,7 @@ FUNCTION capacity_node_takes(p_observed_generation bigint, p_no_schedule_reasons
 FUNCTION capacity_place(p_pool text, p_kind text, p_model text, p_profile text, p_count integer, p_vcpu integer, p_memory_mib bigint, p_disk_gib bigint, p_selector jsonb, p_tolerations jsonb, p_allocation text, p_during tstzrange, p_max_replans integer, OUT placed_node text, OUT placed_atoms text[], OUT tried text[], OUT raced boolean) RETURNS record LANGUAGE plpgsql VOLATILE SET enable_seqscan=off SET enable_indexonlyscan=off;
 FUNCTION capacity_refresh_node_counts(p_node text) RETURNS void LANGUAGE plpgsql VOLATILE;
 FUNCTION capacity_refund(p_tenant text, p_kind text, p_count bigint, p_vcpu bigint, p_memory_mib bigint, p_disk_gib bigint) RETURNS integer LANGUAGE plpgsql VOLATILE;
+FUNCTION capacity_refund_many(p_tenants text[], p_kinds text[], p_counts bigint[], p_vcpus bigint[], p_memory_mibs bigint[], p_disk_gibs bigint[]) RETURNS integer LANGUAGE plpgsql VOLATILE;
 FUNCTION capacity_release_batch(p_ids text[], p_tenants text[], p_event_ids text[], p_shards smallint[]) RETURNS jsonb[] LANGUAGE plpgsql VOLATILE SET enable_seqscan=off SET enable_indexonlyscan=off SET plan_cache_mode=force_generic_plan SET enable_hashjoin=off SET enable_mergejoin=off;
 FUNCTION capacity_reservation_may_become(p_from text, p_to text) RETURNS boolean LANGUAGE plpgsql IMMUTABLE;
 FUNCTION capacity_reservation_state_guard() RETURNS trigger LANGUAGE plpgsql VOLATILE;
@@ -591,6 +593,11 @@ FUNCTION capacity_upsert_node_counts(p_node text) RETURNS void LANGUAGE sql VOLA
 FUNCTION capacity_view(r reservations) RETURNS jsonb LANGUAGE plpgsql STABLE;
 FUNCTION capacity_view_of(r reservations, p_atoms jsonb) RETURNS jsonb LANGUAGE sql STABLE;
 FUNCTION compute_now() RETURNS timestamp with time zone LANGUAGE sql STABLE;
+FUNCTION idempotency_answer(p_tenants text[], p_identities text[], p_keys text[], p_responses jsonb[]) RETURNS integer LANGUAGE plpgsql VOLATILE;
+FUNCTION idempotency_claim(p_tenants text[], p_identities text[], p_keys text[], p_method text, p_hashes bytea[], p_ttl_s double precision) RETURNS TABLE(tenant_id text, identity_id text, key text) LANGUAGE sql VOLATILE;
+FUNCTION idempotency_forget(p_tenants text[], p_identities text[], p_keys text[]) RETURNS integer LANGUAGE plpgsql VOLATILE;
 FUNCTION inventory_scope_path(kind text, id text) RETURNS TABLE(scope_kind text, scope_id text) LANGUAGE sql STABLE;
 FUNCTION outbox_emit(p_id text, p_type text, p_tenant_id text, p_subject text, p_data jsonb) RETURNS text LANGUAGE plpgsql VOLATILE;
+FUNCTION outbox_emit_many(p_ids text[], p_types text[], p_tenant_ids text[], p_subjects text[], p_data jsonb[]) RETURNS integer LANGUAGE plpgsql VOLATILE;
+FUNCTION outbox_withdraw(p_ids text[]) RETURNS integer LANGUAGE plpgsql VOLATILE;
 FUNCTION work_queue_enqueue(p_kinds text[], p_keys text[], p_shards smallint[], p_after_s double precision) RETURNS integer LANGUAGE plpgsql VOLATILE;

@@ -65,20 +65,20 @@ pub struct ApiState {
     /// Per-token and per-tenant request rates ([`rate_limit::RateLimits::default`]; set them with
     /// [`ApiState::set_rate_limiter`]).
     pub rate_limiter: rate_limit::RateLimiter,
-    /// Where `reservations.create` and `reservations.release` batch (capacity's batch.rs), over
-    /// connections from `pool`.
-    pub placer: better_compute_capacity::batch::BatchPlacer,
+    /// Capacity's reservations service (batching creates and releases), over connections from
+    /// `pool`: every `reservations.*` method goes through it.
+    pub reservations: better_compute_capacity::service::Reservations,
 }
 
 impl ApiState {
-    /// The state over a pool, a resolver and a registry, with every method, and the batch placer's
-    /// batchers started (call it inside the server's runtime).
+    /// The state over a pool, a resolver and a registry, with every method, and the reservations
+    /// service's batchers started (call it inside the server's runtime).
     pub fn new(pool: Pool, iam: Arc<Iam>, registry: Arc<Registry>) -> Arc<ApiState> {
         let methods = methods::all().into_iter().map(|m| (m.name, m)).collect();
         metrics::install();
         let (feed, _) = tokio::sync::broadcast::channel(watch::FEED_CAPACITY);
-        let placer = better_compute_capacity::batch::BatchPlacer::start(pool.clone(), Default::default());
-        Arc::new(ApiState { pool, iam, registry, methods, watch_slow_client_timeout: watch::SLOW_CLIENT_TIMEOUT, watch_revalidate_interval: watch::REVALIDATE_INTERVAL, body_read_timeout: BODY_READ_TIMEOUT, rate_limiter: rate_limit::RateLimiter::new(Default::default()), clock: tokio::sync::OnceCell::new(), feed, placer })
+        let reservations = better_compute_capacity::service::Reservations::start(pool.clone(), Default::default());
+        Arc::new(ApiState { pool, iam, registry, methods, watch_slow_client_timeout: watch::SLOW_CLIENT_TIMEOUT, watch_revalidate_interval: watch::REVALIDATE_INTERVAL, body_read_timeout: BODY_READ_TIMEOUT, rate_limiter: rate_limit::RateLimiter::new(Default::default()), clock: tokio::sync::OnceCell::new(), feed, reservations })
     }
 
     /// The state with another rate limiter: other rates, or (tests) another clock. Before the

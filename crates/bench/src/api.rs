@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use better_compute_capacity::reservations::{self, CreateReservation, GpuRequest};
+use better_compute_capacity::reservations::{CreateReservation, GpuRequest};
 use better_compute_core::Caller;
 
 use crate::Scratch;
@@ -113,7 +113,7 @@ pub async fn run(b: ApiBench) -> anyhow::Result<()> {
     let fleet = b.nodes;
     let node = move |i: usize| format!("node_b{}", 1 + i % fleet);
 
-    println!("{} clients, {} requests per figure (in-process: the module's function on a pooled connection)", b.clients, b.requests);
+    println!("{} clients, {} requests per figure (in-process: the module's function or service on the same pool)", b.clients, b.requests);
     let p = pool.clone();
     let nodes = b.nodes;
     let in_get = measure(b.clients, b.requests, move |_, i| {
@@ -137,13 +137,12 @@ pub async fn run(b: ApiBench) -> anyhow::Result<()> {
     line("nodes.get over HTTP", &http_get);
     record("nodes.get", &http_get, &in_get);
 
-    let (p, tn, idn) = (pool.clone(), tenant.clone(), identity.clone());
+    // In-process: capacity's reservations service over the same pool, as the API method calls it.
+    let service = std::sync::Arc::new(better_compute_capacity::service::Reservations::start(pool.clone(), Default::default()));
+    let (s, tn, idn) = (service.clone(), tenant.clone(), identity.clone());
     let in_create = measure(b.clients, b.requests / 4, move |_, i| {
-        let (p, tn, idn) = (p.clone(), tn.clone(), idn.clone());
-        async move {
-            let mut db = p.get().await.expect("pool");
-            reservations::create(&mut db, Caller { tenant_id: &tn, identity_id: &idn }, &request(&tn, format!("in-{i}"))).await.is_ok()
-        }
+        let (s, tn, idn) = (s.clone(), tn.clone(), idn.clone());
+        async move { s.create(Caller { tenant_id: &tn, identity_id: &idn }, &request(&tn, format!("in-{i}"))).await.is_ok() }
     })
     .await;
     line("reservations.create in-process", &in_create);

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use better_compute_capacity::batch::{BatchPlacer, BatchSettings};
-use better_compute_capacity::reservations::{self, CreateReservation, GpuRequest};
+use better_compute_capacity::service::Reservations;
+use better_compute_capacity::reservations::{CreateReservation, GpuRequest};
 use better_compute_capacity::Caller;
 
 use crate::Scratch;
@@ -130,8 +131,8 @@ const WARM_UP_PER_CLIENT: usize = 8;
 
 /// One client's reservations: it creates one, then releases all but its two newest.
 struct BenchClient {
-    db: tokio_postgres::Client,
-    placer: Option<BatchPlacer>,
+    /// Shared by every client, as a server's API process shares one.
+    reservations: Arc<Reservations>,
     tenant: String,
     held: std::collections::VecDeque<String>,
 }
@@ -164,11 +165,7 @@ impl BenchClient {
             req.node_selector.insert("hot".into(), serde_json::json!("yes"));
         }
         let me = Caller { tenant_id: &self.tenant, identity_id: "idn_bench" };
-        let created = match &self.placer {
-            Some(p) => reservations::create_batched(p, &mut self.db, me, &req).await,
-            None => reservations::create(&mut self.db, me, &req).await,
-        };
-        match created {
+        match self.reservations.create(me, &req).await {
             Ok(r) => {
                 if r.state == "pending" {
                     outcomes.pending.fetch_add(1, Ordering::Relaxed);
@@ -192,11 +189,7 @@ impl BenchClient {
         while self.held.len() > keep {
             let id = self.held.pop_front().expect("non-empty");
             let me = Caller { tenant_id: &self.tenant, identity_id: "idn_bench" };
-            let released = match &self.placer {
-                Some(p) => reservations::release_batched(p, &mut self.db, me, &id).await,
-                None => reservations::release(&mut self.db, me, &id).await,
-            };
-            if let Err(e) = released {
+            if let Err(e) = self.reservations.release(me, &id).await {
                 outcomes.release_failed.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(error = %e, "release failed");
             }
@@ -206,15 +199,15 @@ impl BenchClient {
 
 /// One connected client per tenant, warmed up (see WARM_UP_PER_CLIENT) and holding nothing.
 async fn warm_clients(conn: &str, clients: usize, hot_percent: u64, batch: BatchSettings) -> anyhow::Result<Vec<BenchClient>> {
-    // The batchers have connections of their own, as in a server (BatchPlacer over the API's pool).
-    let placer = (batch.batchers > 0)
-        .then(|| -> anyhow::Result<BatchPlacer> { Ok(BatchPlacer::start(better_compute_db::pool::connect_pool(conn, 2 * batch.batchers)?, batch)) });
-    let placer = placer.transpose()?;
+    // One service over one pool, as in a server's API process: a connection for each client's runs
+    // alone and two for each batcher.
+    let pool = better_compute_db::pool::connect_pool(conn, clients + 2 * batch.batchers)?;
+    let reservations = Arc::new(Reservations::start(pool, batch));
     // One tenant per client: a tenant's reservations serialize on its quota rows (the guarded quota
     // update holds them to commit), so one tenant measures that row, not the placer.
     let mut cold = Vec::new();
     for i in 0..clients {
-        cold.push(BenchClient { db: better_compute_db::pool::connect(conn).await?, placer: placer.clone(), tenant: format!("ten_bench{i}"), held: Default::default() });
+        cold.push(BenchClient { reservations: reservations.clone(), tenant: format!("ten_bench{i}"), held: Default::default() });
     }
     let warm_up = |clients| {
         timed(clients, |mut c: BenchClient| async move {
@@ -272,7 +265,7 @@ async fn timed_creates(
 ) -> anyhow::Result<(Vec<BenchClient>, f64, Option<f64>, Arc<Outcomes>)> {
     let next = Arc::new(AtomicUsize::new(0));
     let outcomes = Arc::new(Outcomes::default());
-    let placer = clients.first().and_then(|c| c.placer.clone());
+    let placer = clients.first().and_then(|c| c.reservations.placer().cloned());
     let before = placer.as_ref().map(batch_counts);
     let (clients, elapsed_s, cpu_s) = timed(clients, |mut c| {
         let (next, outcomes) = (next.clone(), outcomes.clone());

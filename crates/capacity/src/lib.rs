@@ -13,6 +13,7 @@ pub mod placer;
 pub mod quota;
 pub mod reconcilers;
 pub mod reservations;
+pub mod service;
 pub mod spec;
 pub mod time;
 

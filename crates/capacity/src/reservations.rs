@@ -298,6 +298,14 @@ pub struct RunAlone {
     demand: Demand,
 }
 
+impl RunAlone {
+    /// A create that goes straight to running alone (no batch placer). Errors: the request's shape
+    /// (INVALID_ARGUMENT), as [`create`].
+    pub fn new(req: &CreateReservation) -> Result<RunAlone, Error> {
+        Ok(RunAlone { id: ReservationId::generate().to_string(), demand: demand(req)? })
+    }
+}
+
 /// The first half of [`create_batched`], for callers that take a connection only when they need
 /// one (the API: a request holding a pooled connection while it waits for a batcher could starve
 /// the batchers of theirs): the view if the batch placed the request, else what to run alone.

@@ -18,9 +18,6 @@ pub const SANCTIONED: &[(&str, &str, &str)] = &[
     ("runtime", "nodes", "the nodespec controller stores the merge of every module's parts in nodes.spec and moves nodes.generation"),
     ("capacity", "node_resources", "a placement and a release change a node's allocated counters in the statement that books or frees its atoms"),
     ("capacity", "nodes", "the index nodes_labels for placement by selector, and the trigger nodes_open_counts that keeps node_atom_counts.open"),
-    ("capacity", "idempotency_keys", "the batch placer records a batch's keys in one statement; core has no set-based function for it yet"),
-    ("capacity", "outbox", "the batch placer emits a batch's events in one statement; the runtime has no set-based emit yet"),
-    ("events", "outbox", "events.prune deletes the events every sink has passed; the runtime has no prune of its own yet"),
     ("bench", "*", "the benchmarks seed fleets, tenants and quotas in bulk and set up each run's state directly, faster than through the owners"),
 ];
 

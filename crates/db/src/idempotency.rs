@@ -71,17 +71,11 @@ pub async fn claim(
 ) -> Result<Claim, DbError> {
     validate_key(scope.key)?;
     let hash = request_sha256(method, request);
-    // A live key row from another transaction makes this INSERT wait for it; an expired one is
-    // taken over as if it were absent.
+    // idempotency_claim (sql/idempotency.sql), as the batch placer claims a batch's keys: a live
+    // key row from another transaction makes it wait; an expired one is taken over as if absent.
     let inserted = tx
         .query_opt(
-            "INSERT INTO idempotency_keys AS k (tenant_id, identity_id, key, method, request_sha256, expires_at)
-             VALUES ($1, $2, $3, $4, $5, compute_now() + make_interval(secs => $6))
-             ON CONFLICT (tenant_id, identity_id, key) DO UPDATE
-                SET method = EXCLUDED.method, request_sha256 = EXCLUDED.request_sha256, response = NULL,
-                    created_at = compute_now(), expires_at = EXCLUDED.expires_at
-              WHERE k.expires_at <= compute_now()
-             RETURNING 1",
+            "SELECT 1 FROM idempotency_claim(ARRAY[$1::text], ARRAY[$2::text], ARRAY[$3::text], $4, ARRAY[$5::bytea], $6)",
             &[&scope.tenant_id, &scope.identity_id, &scope.key, &method, &hash, &IDEMPOTENCY_KEY_TTL.as_secs_f64()],
         )
         .await?;
@@ -143,12 +137,13 @@ pub async fn complete(
     scope: IdempotencyScope<'_>,
     response: &serde_json::Value,
 ) -> Result<(), DbError> {
-    let n = tx
-        .execute(
-            "UPDATE idempotency_keys SET response = $4 WHERE tenant_id = $1 AND identity_id = $2 AND key = $3",
+    let n: i32 = tx
+        .query_one(
+            "SELECT idempotency_answer(ARRAY[$1::text], ARRAY[$2::text], ARRAY[$3::text], ARRAY[$4::jsonb])",
             &[&scope.tenant_id, &scope.identity_id, &scope.key, response],
         )
-        .await?;
+        .await?
+        .get(0);
     if n != 1 {
         return Err(Error::internal("idempotency key completed without a claim").into());
     }

@@ -64,9 +64,11 @@ pub const CLOCK_MIGRATIONS: &[Migration] = &[
     Migration::repeatable("clock", "clock", include_str!("sql/clock.sql")),
 ];
 
-/// The core module's migrations: leases and workers, idempotency keys.
-pub const CORE_MIGRATIONS: &[Migration] =
-    &[Migration::numbered("core", "0001_core", include_str!("migrations/core/0001_core.sql"))];
+/// The core module's migrations: leases and workers, idempotency keys and their functions.
+pub const CORE_MIGRATIONS: &[Migration] = &[
+    Migration::numbered("core", "0001_core", include_str!("migrations/core/0001_core.sql")),
+    Migration::repeatable("core", "idempotency", include_str!("sql/idempotency.sql")),
+];
 
 /// The foundation every database has, in order: the clock, then core.
 pub const FOUNDATION_MIGRATIONS: &[&[Migration]] = &[CLOCK_MIGRATIONS, CORE_MIGRATIONS];

@@ -26,7 +26,7 @@ async fn migrations_apply_once_and_are_recorded() {
     let mut c = db.connect().await;
     let again = migrate(&mut c, FOUNDATION_MIGRATIONS).await.unwrap();
     assert!(again.applied.is_empty(), "{again:?}");
-    assert_eq!(again.already_applied, 3);
+    assert_eq!(again.already_applied, 4);
     let names: Vec<String> = c
         .query("SELECT module || '/' || name FROM schema_migrations ORDER BY module, name", &[])
         .await
@@ -34,7 +34,7 @@ async fn migrations_apply_once_and_are_recorded() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(names, ["clock/0001_clock", "clock/clock", "core/0001_core"]);
+    assert_eq!(names, ["clock/0001_clock", "clock/clock", "core/0001_core", "core/idempotency"]);
 }
 
 #[tokio::test]

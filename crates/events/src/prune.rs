@@ -19,25 +19,10 @@ pub struct Pruner {
 
 const PERIODIC: &[Periodic] = &[Periodic { key: "all", every: Duration::from_secs(600) }];
 
-/// The slowest sink's cursor, as `(txid as text, seq)`: no outbox row past it may go.
-pub const SLOWEST_CURSOR_SQL: &str = "SELECT txid::text, seq FROM outbox_cursors ORDER BY txid, seq LIMIT 1";
-
-/// Deletes up to `$2` outbox rows older than `$1` seconds at or behind the cursor `($3, $4)`. The
-/// cursor is a constant, so the rows are found by one walk of the primary key from its start,
-/// stopping after `$2` (a correlated cursor made this a rescan of the outbox per row).
-pub const PRUNE_EVENTS_SQL: &str = "DELETE FROM outbox o WHERE (o.txid, o.seq) IN (
-       SELECT x.txid, x.seq FROM outbox x
-        WHERE (x.txid, x.seq) <= ($3::text::xid8, $4::int8) AND x.time < compute_now() - make_interval(secs => $1)
-        ORDER BY x.txid, x.seq LIMIT $2)";
-
 /// Removes up to [`BATCH`] prunable outbox rows and finished deliveries; returns how many of each.
 pub async fn prune(tx: &impl tokio_postgres::GenericClient, retention: Duration) -> Result<(u64, u64), tokio_postgres::Error> {
     let secs = retention.as_secs_f64();
-    // Only rows at or behind the slowest cursor: every sink has taken them.
-    let events = match tx.query_opt(SLOWEST_CURSOR_SQL, &[]).await? {
-        Some(c) => tx.execute(PRUNE_EVENTS_SQL, &[&secs, &BATCH, &c.get::<_, String>(0), &c.get::<_, i64>(1)]).await?,
-        None => 0,
-    };
+    let events = better_compute_runtime::outbox::prune(tx, retention, BATCH).await?;
     let deliveries = tx
         .execute(
             "DELETE FROM webhook_deliveries WHERE id IN (

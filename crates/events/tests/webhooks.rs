@@ -412,9 +412,9 @@ async fn pruning_a_million_row_outbox_walks_it_once_instead_of_once_per_row() {
     )
     .await
     .unwrap();
-    let cursor = c.query_one(better_compute_events::prune::SLOWEST_CURSOR_SQL, &[]).await.unwrap();
+    let cursor = c.query_one(better_compute_runtime::outbox::SLOWEST_CURSOR_SQL, &[]).await.unwrap();
     let (txid, seq): (String, i64) = (cursor.get(0), cursor.get(1));
-    let explain = format!("EXPLAIN (FORMAT JSON) {}", better_compute_events::prune::PRUNE_EVENTS_SQL);
+    let explain = format!("EXPLAIN (FORMAT JSON) {}", better_compute_runtime::outbox::PRUNE_SQL);
     let plan: serde_json::Value = c.query_one(&explain, &[&(7.0 * 86400.0), &10_000i64, &txid, &seq]).await.unwrap().get(0);
     let mut nodes = Vec::new();
     plan_nodes(&plan[0]["Plan"], &mut nodes);

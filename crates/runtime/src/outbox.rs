@@ -11,7 +11,7 @@
 //! database effects and the cursor commit together, and anything else it does is at least once,
 //! repeated only for a batch whose transaction did not commit. Consumers deduplicate by event id.
 
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use better_compute_core::id::EventId;
 use better_compute_db::{DbError, Lease, Pool};
@@ -245,6 +245,26 @@ pub async fn dispatch_batch(pool: &Pool, sink: &dyn Sink, lease: &Lease, limit: 
     save_cursor(&*tx, sink.name(), last, events.len() as i64).await?;
     tx.commit().await?;
     Ok(events.len())
+}
+
+/// The slowest sink's cursor, as `(txid as text, seq)`: no outbox row past it may go.
+pub const SLOWEST_CURSOR_SQL: &str = "SELECT txid::text, seq FROM outbox_cursors ORDER BY txid, seq LIMIT 1";
+
+/// Deletes up to `$2` outbox rows older than `$1` seconds at or behind the cursor `($3, $4)`. The
+/// cursor is a constant, so the rows are found by one walk of the primary key from its start,
+/// stopping after `$2` (a correlated cursor would rescan the outbox per row).
+pub const PRUNE_SQL: &str = "DELETE FROM outbox o WHERE (o.txid, o.seq) IN (
+       SELECT x.txid, x.seq FROM outbox x
+        WHERE (x.txid, x.seq) <= ($3::text::xid8, $4::int8) AND x.time < compute_now() - make_interval(secs => $1)
+        ORDER BY x.txid, x.seq LIMIT $2)";
+
+/// Removes up to `limit` events older than `retention` that every sink's cursor has passed (a row
+/// a cursor still needs is never removed); returns how many. With no sink, nothing goes.
+pub async fn prune(db: &impl GenericClient, retention: Duration, limit: i64) -> Result<u64, tokio_postgres::Error> {
+    match db.query_opt(SLOWEST_CURSOR_SQL, &[]).await? {
+        Some(c) => db.execute(PRUNE_SQL, &[&retention.as_secs_f64(), &limit, &c.get::<_, String>(0), &c.get::<_, i64>(1)]).await,
+        None => Ok(0),
+    }
 }
 
 #[cfg(test)]

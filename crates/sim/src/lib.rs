@@ -18,7 +18,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use better_compute_capacity::batch::{BatchPlacer, BatchSettings};
+use better_compute_capacity::batch::BatchSettings;
+use better_compute_capacity::service::Reservations;
 use better_compute_capacity::reservations::{self, CreateReservation, GpuRequest};
 use better_compute_capacity::{invariants, mode, quota, Caller};
 use better_compute_core::ErrorCode;
@@ -58,8 +59,8 @@ pub struct SimArgs {
     #[arg(long, default_value_t = 40)]
     ops_per_s: u64,
     /// Concurrent workload clients, each with its own connection and its own seeded operations.
-    /// Their creates and releases go through one batch placer, as the API's do, so concurrent ones
-    /// are placed in batches.
+    /// Their reservations go through one reservations service, as the API's do, so concurrent
+    /// creates and releases are done in batches.
     #[arg(long, default_value_t = 8)]
     clients: u64,
     /// Send every server connection (and the workload's) through PgBouncer in transaction pooling
@@ -192,10 +193,10 @@ struct SeedReport {
     summary: String,
 }
 
-/// One workload operation's context: the batch placer, a tag unique to the operation (its client
-/// and number, for idempotency keys and reboot reasons), and the fleet.
+/// One workload operation's context: the reservations service, a tag unique to the operation (its
+/// client and number, for idempotency keys and reboot reasons), and the fleet.
 struct Op<'a> {
-    placer: &'a BatchPlacer,
+    reservations: &'a Reservations,
     tag: String,
     nodes: &'a [String],
     gpus: &'a [Vec<String>],
@@ -657,22 +658,25 @@ impl Sim {
 
     /// The seeded workload: tenants reserve, extend and release; operators cordon, taint,
     /// quarantine and change modes; commands of every kind the API runs. `--clients` clients run
-    /// it concurrently, their creates and releases through one batch placer, as the API's are.
+    /// it concurrently, their reservations through one reservations service (batching creates and
+    /// releases), as the API's are.
     async fn workload(self: Arc<Self>, nodes: Vec<String>, gpus: Vec<Vec<String>>, stop: Arc<AtomicBool>) {
-        let placer = match better_compute_db::pool::connect_pool(&self.db_conn, 4) {
-            Ok(pool) => BatchPlacer::start(pool, BatchSettings::default()),
+        let clients = self.args.clients.max(1);
+        let reservations = match better_compute_db::pool::connect_pool(&self.db_conn, 4 + clients as usize) {
+            Ok(pool) => Arc::new(Reservations::start(pool, BatchSettings::default())),
             Err(e) => {
-                eprintln!("  the workload could not start its batch placer: {e}");
+                eprintln!("  the workload could not start its reservations service: {e}");
                 return;
             }
         };
-        let clients: Vec<_> = (0..self.args.clients.max(1))
-            .map(|k| tokio::spawn(self.clone().client(k, placer.clone(), nodes.clone(), gpus.clone(), stop.clone())))
+        let tasks: Vec<_> = (0..clients)
+            .map(|k| tokio::spawn(self.clone().client(k, reservations.clone(), nodes.clone(), gpus.clone(), stop.clone())))
             .collect();
-        for c in clients {
+        for c in tasks {
             let _ = c.await;
         }
-        self.tally.batched.store(placer.counters().done.load(Ordering::SeqCst), Ordering::SeqCst);
+        let batched = reservations.placer().map(|p| p.counters().done.load(Ordering::SeqCst)).unwrap_or(0);
+        self.tally.batched.store(batched, Ordering::SeqCst);
     }
 
     /// One workload client: its own connection, its own seeded operations, at its share of
@@ -680,7 +684,7 @@ impl Sim {
     async fn client(
         self: Arc<Self>,
         k: u64,
-        placer: BatchPlacer,
+        reservations: Arc<Reservations>,
         nodes: Vec<String>,
         gpus: Vec<Vec<String>>,
         stop: Arc<AtomicBool>,
@@ -701,7 +705,7 @@ impl Sim {
                 continue;
             };
             self.tally.ops.fetch_add(1, Ordering::Relaxed);
-            let op = Op { placer: &placer, tag: format!("{k}-{i}"), nodes: &nodes, gpus: &gpus };
+            let op = Op { reservations: &reservations, tag: format!("{k}-{i}"), nodes: &nodes, gpus: &gpus };
             match self.one_op(c, &mut rng, op, &mut live).await {
                 Ok(()) => {}
                 Err(e) if matches!(e.code, ErrorCode::Internal | ErrorCode::Unavailable) => {
@@ -723,7 +727,7 @@ impl Sim {
         op: Op<'_>,
         live: &mut Vec<(usize, String)>,
     ) -> Result<(), better_compute_core::Error> {
-        let Op { placer, tag, nodes, gpus } = op;
+        let Op { reservations: service, tag, nodes, gpus } = op;
         let db = |e: tokio_postgres::Error| better_compute_core::Error::from(better_compute_db::DbError::from(e));
         let n = rng.below(nodes.len() as u64) as usize;
         let gpu = gpus[n][rng.below(gpus[n].len() as u64) as usize].clone();
@@ -749,7 +753,7 @@ impl Sim {
                     tolerations: vec![],
                     idempotency_key: Some(format!("sim-{}-{tag}", self.seed)),
                 };
-                let r = reservations::create_batched(placer, c, Caller { tenant_id: TENANTS[t], identity_id: "idn_sim" }, &req).await?;
+                let r = service.create(Caller { tenant_id: TENANTS[t], identity_id: "idn_sim" }, &req).await?;
                 if r.state == "placed" || r.state == "active" {
                     self.tally.placed.fetch_add(1, Ordering::Relaxed);
                     self.tally.interval_placed.fetch_add(1, Ordering::Relaxed);
@@ -764,11 +768,11 @@ impl Sim {
                 tx.commit().await.map_err(db)?;
                 let end = better_compute_core::time::parse_rfc3339(&cur.ends_at).unwrap_or_else(std::time::SystemTime::now)
                     + Duration::from_secs(60 + rng.below(600));
-                reservations::extend(c, caller, &id, &better_compute_core::time::rfc3339(end), None).await?;
+                service.extend(caller, &id, &better_compute_core::time::rfc3339(end), None).await?;
             }
             48..=62 if !live.is_empty() => {
                 let (t, id) = live.swap_remove(rng.below(live.len() as u64) as usize);
-                reservations::release_batched(placer, c, Caller { tenant_id: TENANTS[t], identity_id: "idn_sim" }, &id).await?;
+                service.release(Caller { tenant_id: TENANTS[t], identity_id: "idn_sim" }, &id).await?;
             }
             63..=68 => {
                 let tx = c.transaction().await.map_err(db)?;

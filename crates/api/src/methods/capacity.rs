@@ -1,7 +1,7 @@
 //! quotas.*, reservations.*.
 
 use better_compute_capacity::quota::{self, Quota};
-use better_compute_capacity::reservations::{self, CreateReservation, ReservationView};
+use better_compute_capacity::reservations::{CreateReservation, ReservationView};
 use better_compute_core::page::Page;
 use better_compute_core::Error;
 use better_compute_runtime::authz::Resource;
@@ -118,41 +118,26 @@ pub(super) fn methods() -> Vec<Method> {
             ctx.own_tenant(r.tenant_id.take().as_deref())?;
             ctx.check("compute:reservations:create", Resource::Tenant).await?;
             super::required_key(r.idempotency_key.as_deref(), "reservations.create")?;
-            // The connection only if the batch hands the request back: waiting for a batcher while
-            // holding one could starve the batchers of theirs.
-            match reservations::create_in_batch(&ctx.state.placer, ctx.caller(), &r).await? {
-                Ok(v) => Ok(v),
-                Err(alone) => {
-                    let mut db = ctx.db().await?;
-                    reservations::create_run_alone(&mut db, ctx.caller(), &r, alone).await
-                }
-            }
+            ctx.state.reservations.create(ctx.caller(), &r).await
         }),
         method("reservations.get", "Read a reservation of your tenant.", "compute:reservations:read at tenant scope", |ctx: Ctx, r: ReservationRef| async move {
             ctx.in_tenant(r.tenant_id.as_deref(), "compute:reservations:read").await?;
-            reservations::get(&**ctx.db().await?, ctx.caller(), &r.reservation_id).await
+            ctx.state.reservations.get(ctx.caller(), &r.reservation_id).await
         }),
         method("reservations.list", "List your tenant's reservations.", "compute:reservations:read at tenant scope", |ctx: Ctx, r: ListReservations| async move {
             ctx.in_tenant(r.tenant_id.as_deref(), "compute:reservations:read").await?;
             let (size, _) = super::page(r.page_size, None).bounds()?;
-            let p = reservations::list(&**ctx.db().await?, ctx.caller(), r.state.as_deref(), r.page_token.as_deref(), size).await?;
+            let p = ctx.state.reservations.list(ctx.caller(), r.state.as_deref(), r.page_token.as_deref(), size).await?;
             Ok(Page::<ReservationView> { items: p.items, next_page_token: p.next_cursor })
         }),
         method("reservations.extend", "Move a reservation's end later, on the same atoms. One whose end has come cannot be extended (FAILED_PRECONDITION): reserve again.", "compute:reservations:write at tenant scope", |ctx: Ctx, r: ExtendReservation| async move {
             ctx.in_tenant(r.tenant_id.as_deref(), "compute:reservations:write").await?;
             let key = super::required_key(Some(&r.idempotency_key), "reservations.extend")?;
-            let mut db = ctx.db().await?;
-            reservations::extend(&mut db, ctx.caller(), &r.reservation_id, &r.ends_at, Some(key)).await
+            ctx.state.reservations.extend(ctx.caller(), &r.reservation_id, &r.ends_at, Some(key)).await
         }),
         method("reservations.release", "End a reservation now; its quota, GPUs and scalars return.", "compute:reservations:write at tenant scope", |ctx: Ctx, r: ReservationRef| async move {
             ctx.in_tenant(r.tenant_id.as_deref(), "compute:reservations:write").await?;
-            match reservations::release_in_batch(&ctx.state.placer, ctx.caller(), &r.reservation_id).await? {
-                Some(v) => Ok(v),
-                None => {
-                    let mut db = ctx.db().await?;
-                    reservations::release(&mut db, ctx.caller(), &r.reservation_id).await
-                }
-            }
+            ctx.state.reservations.release(ctx.caller(), &r.reservation_id).await
         }),
     ]
 }

@@ -11,7 +11,9 @@
 -- counter taken by a concurrent placement) gets NULL back and nothing of it stays: the caller then
 -- runs it alone through capacity_reserve, which replans, leaves it pending or gives the error. So
 -- the batch is an attempt under the spec's rules, and what it cannot do is done by the one-request
--- path. A release batch gives a request the view (and the event) of its own tenant's reservation
+-- path. The rules both paths share are the same functions, called with a batch's arrays or with one
+-- request's: idempotency keys (idempotency_claim, idempotency_answer), quota (capacity_charge_many,
+-- capacity_refund_many), events (outbox_emit_many) and views (capacity_view_of). A release batch gives a request the view (and the event) of its own tenant's reservation
 -- only; a request for another tenant's reservation runs alone and is told it is not found.
 --
 -- Both functions run their statements on generic plans, with hash and merge joins off: with the
@@ -62,6 +64,9 @@ DECLARE
   v_atom_of int[];
   v_were_idle int[];
   v_views jsonb[] := array_fill(NULL::jsonb, ARRAY[v_n]);
+  v_first int[];
+  v_tenants text[];
+  v_done int;
 BEGIN
   IF v_n = 0 THEN
     RETURN '{}';
@@ -72,48 +77,36 @@ BEGIN
     FROM (SELECT i, coalesce(p_ends_at[i], v_now + make_interval(secs => p_durations_s[i])) AS s
             FROM generate_subscripts(p_ids, 1) i) x;
 
-  -- 1. Idempotency keys, in key order; one in use (a replay, a reuse, a duplicate in the batch) is
-  --    left to capacity_reserve. The claim is idempotency::claim's statement.
-  WITH k AS (SELECT DISTINCT ON (p_tenants[i], p_identities[i], p_keys[i]) i
-               FROM generate_subscripts(p_ids, 1) i
-              WHERE v_ok[i] AND p_keys[i] IS NOT NULL
-              ORDER BY p_tenants[i], p_identities[i], p_keys[i], i),
-       claimed AS (
-         INSERT INTO idempotency_keys AS q (tenant_id, identity_id, key, method, request_sha256, expires_at)
-         SELECT p_tenants[i], p_identities[i], p_keys[i], 'reservations.create', p_key_hashes[i],
-                v_now + make_interval(secs => p_key_ttl_s)
-           FROM k ORDER BY p_tenants[i], p_identities[i], p_keys[i]
-         ON CONFLICT (tenant_id, identity_id, key) DO UPDATE
-            SET method = EXCLUDED.method, request_sha256 = EXCLUDED.request_sha256, response = NULL,
-                created_at = compute_now(), expires_at = EXCLUDED.expires_at
-          WHERE q.expires_at <= compute_now()
-         RETURNING q.tenant_id, q.identity_id, q.key)
-  SELECT array_agg(g.j IN (SELECT k.i FROM k) AND EXISTS (
+  -- 1. Idempotency keys (idempotency_claim, as a lone request claims its key), the first request
+  --    of each key in the batch; one in use (a replay, a reuse, a later duplicate in the batch) is
+  --    left to capacity_reserve.
+  SELECT coalesce(array_agg(k.i), '{}') INTO v_first
+    FROM (SELECT DISTINCT ON (p_tenants[i], p_identities[i], p_keys[i]) i
+            FROM generate_subscripts(p_ids, 1) i
+           WHERE v_ok[i] AND p_keys[i] IS NOT NULL
+           ORDER BY p_tenants[i], p_identities[i], p_keys[i], i) k;
+  WITH claimed AS (
+         SELECT c.tenant_id, c.identity_id, c.key
+           FROM idempotency_claim(ARRAY(SELECT p_tenants[f] FROM unnest(v_first) f), ARRAY(SELECT p_identities[f] FROM unnest(v_first) f),
+                                  ARRAY(SELECT p_keys[f] FROM unnest(v_first) f), 'reservations.create',
+                                  ARRAY(SELECT p_key_hashes[f] FROM unnest(v_first) f), p_key_ttl_s) c)
+  SELECT array_agg(g.j = ANY(v_first) AND EXISTS (
                      SELECT 1 FROM claimed c
                       WHERE c.tenant_id = p_tenants[g.j] AND c.identity_id = p_identities[g.j] AND c.key = p_keys[g.j])
                    ORDER BY g.j)
     INTO v_claimed FROM generate_subscripts(p_ids, 1) g(j);
   SELECT array_agg(v_ok[i] AND (p_keys[i] IS NULL OR v_claimed[i]) ORDER BY i) INTO v_ok FROM generate_subscripts(p_ids, 1) i;
 
-  -- 2. Quota: every charge of the batch, its rows locked in (tenant, resource) order, then each
-  --    tenant's sum charged only if all of it fits. A tenant that does not fit is left whole to
-  --    capacity_reserve, which charges request by request and says which one is over.
-  PERFORM 1 FROM quota_usage q
-    WHERE (q.tenant_id, q.resource) IN (SELECT p_tenants[i], x.resource FROM generate_subscripts(p_ids, 1) i,
-                                          LATERAL capacity_charge_of('gpu', p_counts[i], p_vcpus[i], p_memory_mibs[i], p_disk_gibs[i]) x
-                                         WHERE v_ok[i])
-    ORDER BY q.tenant_id, q.resource FOR UPDATE;
-  WITH c AS (SELECT p_tenants[i] AS t, x.resource, sum(x.amount) AS amount
-               FROM generate_subscripts(p_ids, 1) i,
-                    LATERAL capacity_charge_of('gpu', p_counts[i], p_vcpus[i], p_memory_mibs[i], p_disk_gibs[i]) x
-              WHERE v_ok[i] GROUP BY 1, 2),
-       short AS (SELECT DISTINCT c.t FROM c LEFT JOIN quota_usage q ON q.tenant_id = c.t AND q.resource = c.resource
-                  WHERE q.tenant_id IS NULL OR q.used + c.amount > q.max),
-       charged AS (UPDATE quota_usage q SET used = q.used + c.amount FROM c
-                    WHERE q.tenant_id = c.t AND q.resource = c.resource AND c.t NOT IN (SELECT t FROM short)
-                   RETURNING q.tenant_id)
-  SELECT array_agg(v_ok[i] AND p_tenants[i] IN (SELECT tenant_id FROM charged) ORDER BY i) INTO v_charged
-    FROM generate_subscripts(p_ids, 1) i;
+  -- 2. Quota (capacity_charge_many, as a lone request is charged): each tenant's sum, all of it or
+  --    none. A tenant that does not fit is left whole to capacity_reserve, which charges request by
+  --    request and says which one is over.
+  v_tenants := capacity_charge_many(ARRAY(SELECT p_tenants[i] FROM generate_subscripts(p_ids, 1) i WHERE v_ok[i]),
+                                    ARRAY(SELECT 'gpu'::text FROM generate_subscripts(p_ids, 1) i WHERE v_ok[i]),
+                                    ARRAY(SELECT p_counts[i]::bigint FROM generate_subscripts(p_ids, 1) i WHERE v_ok[i]),
+                                    ARRAY(SELECT p_vcpus[i]::bigint FROM generate_subscripts(p_ids, 1) i WHERE v_ok[i]),
+                                    ARRAY(SELECT p_memory_mibs[i] FROM generate_subscripts(p_ids, 1) i WHERE v_ok[i]),
+                                    ARRAY(SELECT p_disk_gibs[i] FROM generate_subscripts(p_ids, 1) i WHERE v_ok[i]));
+  SELECT array_agg(v_ok[i] AND p_tenants[i] = ANY(v_tenants) ORDER BY i) INTO v_charged FROM generate_subscripts(p_ids, 1) i;
   v_ok := v_charged;
 
   -- 3. The pools FOR SHARE, in id order: they cannot go away under us.
@@ -223,11 +216,11 @@ BEGIN
                                                                      FROM generate_subscripts(v_atoms, 1) k WHERE v_atom_of[k] = g.j)) END
                      ORDER BY g.j)
       INTO v_views FROM generate_subscripts(p_ids, 1) g(j) LEFT JOIN reservations r ON v_ok[g.j] AND r.id = p_ids[g.j];
-    INSERT INTO outbox (id, type, tenant_id, subject, data)
-    SELECT p_event_ids[i], 'reservation.placed', p_tenants[i], p_ids[i],
-           jsonb_build_object('state', v_views[i]->'state', 'nodeId', v_views[i]->'nodeId', 'atoms', v_views[i]->'atoms',
-                              'version', v_views[i]->'version')
-      FROM generate_subscripts(p_ids, 1) i WHERE v_ok[i];
+    SELECT outbox_emit_many(array_agg(p_event_ids[i] ORDER BY i), array_agg('reservation.placed'::text ORDER BY i),
+                            array_agg(p_tenants[i] ORDER BY i), array_agg(p_ids[i] ORDER BY i),
+                            array_agg(jsonb_build_object('state', v_views[i]->'state', 'nodeId', v_views[i]->'nodeId',
+                                                         'atoms', v_views[i]->'atoms', 'version', v_views[i]->'version') ORDER BY i))
+      INTO v_done FROM generate_subscripts(p_ids, 1) i WHERE v_ok[i];
   END IF;
 
   -- 9. The scalars: the rows in node order, then the guarded update of each node by the sum of its
@@ -253,7 +246,7 @@ BEGIN
     DELETE FROM device_bookings
      WHERE allocation_id IN (SELECT p_ids[i] FROM generate_subscripts(p_ids, 1) i WHERE v_tried[i] AND NOT v_ok[i]);
     DELETE FROM reservations WHERE id IN (SELECT p_ids[i] FROM generate_subscripts(p_ids, 1) i WHERE v_tried[i] AND NOT v_ok[i]);
-    DELETE FROM outbox WHERE id IN (SELECT p_event_ids[i] FROM generate_subscripts(p_ids, 1) i WHERE v_tried[i] AND NOT v_ok[i]);
+    v_done := outbox_withdraw(ARRAY(SELECT p_event_ids[i] FROM generate_subscripts(p_ids, 1) i WHERE v_tried[i] AND NOT v_ok[i]));
     SELECT array_agg(CASE WHEN v_ok[i] THEN v_views[i] END ORDER BY i) INTO v_views FROM generate_subscripts(p_ids, 1) i;
   END IF;
 
@@ -269,17 +262,18 @@ BEGIN
   -- 11. Undo what stays charged or claimed for requests not placed: their quota (rows held since
   --     2) and their keys (claimed here, so capacity_reserve claims them again).
   IF EXISTS (SELECT 1 FROM generate_subscripts(p_ids, 1) i WHERE v_charged[i] AND NOT v_ok[i]) THEN
-    UPDATE quota_usage q SET used = q.used - c.amount
-      FROM (SELECT p_tenants[i] AS t, x.resource, sum(x.amount) AS amount
-              FROM generate_subscripts(p_ids, 1) i,
-                   LATERAL capacity_charge_of('gpu', p_counts[i], p_vcpus[i], p_memory_mibs[i], p_disk_gibs[i]) x
-             WHERE v_charged[i] AND NOT v_ok[i] GROUP BY 1, 2) c
-     WHERE q.tenant_id = c.t AND q.resource = c.resource;
+    v_done := capacity_refund_many(ARRAY(SELECT p_tenants[i] FROM generate_subscripts(p_ids, 1) i WHERE v_charged[i] AND NOT v_ok[i]),
+                                   ARRAY(SELECT 'gpu'::text FROM generate_subscripts(p_ids, 1) i WHERE v_charged[i] AND NOT v_ok[i]),
+                                   ARRAY(SELECT p_counts[i]::bigint FROM generate_subscripts(p_ids, 1) i WHERE v_charged[i] AND NOT v_ok[i]),
+                                   ARRAY(SELECT p_vcpus[i]::bigint FROM generate_subscripts(p_ids, 1) i WHERE v_charged[i] AND NOT v_ok[i]),
+                                   ARRAY(SELECT p_memory_mibs[i] FROM generate_subscripts(p_ids, 1) i WHERE v_charged[i] AND NOT v_ok[i]),
+                                   ARRAY(SELECT p_disk_gibs[i] FROM generate_subscripts(p_ids, 1) i WHERE v_charged[i] AND NOT v_ok[i]));
   END IF;
-  DELETE FROM idempotency_keys k
-   USING generate_subscripts(p_ids, 1) i
-   WHERE v_claimed[i] AND NOT v_ok[i]
-     AND k.tenant_id = p_tenants[i] AND k.identity_id = p_identities[i] AND k.key = p_keys[i];
+  IF EXISTS (SELECT 1 FROM generate_subscripts(p_ids, 1) i WHERE v_claimed[i] AND NOT v_ok[i]) THEN
+    v_done := idempotency_forget(ARRAY(SELECT p_tenants[i] FROM generate_subscripts(p_ids, 1) i WHERE v_claimed[i] AND NOT v_ok[i]),
+                                 ARRAY(SELECT p_identities[i] FROM generate_subscripts(p_ids, 1) i WHERE v_claimed[i] AND NOT v_ok[i]),
+                                 ARRAY(SELECT p_keys[i] FROM generate_subscripts(p_ids, 1) i WHERE v_claimed[i] AND NOT v_ok[i]));
+  END IF;
 
   IF NOT (true = ANY(v_ok)) THEN
     RETURN v_views;
@@ -291,10 +285,12 @@ BEGIN
            UNION ALL
            SELECT 'nodespec', n.id, n.shard FROM nodes n
             WHERE n.id IN (SELECT v_nodes[i] FROM generate_subscripts(p_ids, 1) i WHERE v_ok[i])) w;
-  UPDATE idempotency_keys k SET response = v_views[i]
-    FROM generate_subscripts(p_ids, 1) i
-   WHERE v_claimed[i] AND v_ok[i]
-     AND k.tenant_id = p_tenants[i] AND k.identity_id = p_identities[i] AND k.key = p_keys[i];
+  IF true = ANY(v_claimed) THEN
+    v_done := idempotency_answer(ARRAY(SELECT p_tenants[i] FROM generate_subscripts(p_ids, 1) i WHERE v_claimed[i] AND v_ok[i]),
+                                 ARRAY(SELECT p_identities[i] FROM generate_subscripts(p_ids, 1) i WHERE v_claimed[i] AND v_ok[i]),
+                                 ARRAY(SELECT p_keys[i] FROM generate_subscripts(p_ids, 1) i WHERE v_claimed[i] AND v_ok[i]),
+                                 ARRAY(SELECT v_views[i] FROM generate_subscripts(p_ids, 1) i WHERE v_claimed[i] AND v_ok[i]));
+  END IF;
   RETURN v_views;
 END $$;
 
@@ -308,6 +304,7 @@ DECLARE
   v_of text[];
   v_held boolean[];
   v_views jsonb[];
+  v_done int;
 BEGIN
   IF cardinality(p_ids) = 0 THEN
     RETURN '{}';
@@ -326,17 +323,10 @@ BEGIN
     RETURN array_fill(NULL::jsonb, ARRAY[cardinality(p_ids)]);
   END IF;
 
-  -- 2. Quota first (capacity_refund's, summed per row), rows in (tenant, resource) order.
-  PERFORM 1 FROM quota_usage q
-    WHERE (q.tenant_id, q.resource) IN (SELECT r.tenant_id, x.resource FROM reservations r,
-                                          LATERAL capacity_charge_of(r.gpu_kind, r.gpu_count, r.vcpu, r.memory_mib, r.disk_gib) x
-                                         WHERE r.id = ANY(v_ended))
-    ORDER BY q.tenant_id, q.resource FOR UPDATE;
-  UPDATE quota_usage q SET used = q.used - c.amount
-    FROM (SELECT r.tenant_id AS t, x.resource, sum(x.amount) AS amount
-            FROM reservations r, LATERAL capacity_charge_of(r.gpu_kind, r.gpu_count, r.vcpu, r.memory_mib, r.disk_gib) x
-           WHERE r.id = ANY(v_ended) GROUP BY 1, 2) c
-   WHERE q.tenant_id = c.t AND q.resource = c.resource;
+  -- 2. Quota first (capacity_refund_many, as a lone release refunds), rows in (tenant, resource) order.
+  SELECT capacity_refund_many(array_agg(r.tenant_id), array_agg(r.gpu_kind), array_agg(r.gpu_count::bigint),
+                              array_agg(r.vcpu::bigint), array_agg(r.memory_mib), array_agg(r.disk_gib))
+    INTO v_done FROM reservations r WHERE r.id = ANY(v_ended);
 
   -- 3. Their atoms (read here, deleted in 5: the reservations' rows, held since 1, keep them as
   --    they are), the views and the events, before the scalars (4): the node_resources rows, which
@@ -351,11 +341,13 @@ BEGIN
                    ORDER BY g.j)
     INTO v_views FROM generate_subscripts(p_ids, 1) g(j) LEFT JOIN reservations r
                       ON p_ids[g.j] = ANY(v_ended) AND r.id = p_ids[g.j] AND r.tenant_id = p_tenants[g.j];
-  INSERT INTO outbox (id, type, tenant_id, subject, data)
-  SELECT DISTINCT ON (p_ids[i]) p_event_ids[i], 'reservation.released', p_tenants[i], p_ids[i],
-         jsonb_build_object('state', v_views[i]->'state', 'nodeId', v_views[i]->'nodeId', 'atoms', v_views[i]->'atoms',
-                            'version', v_views[i]->'version')
-    FROM generate_subscripts(p_ids, 1) i WHERE v_views[i] IS NOT NULL ORDER BY p_ids[i], i;
+  SELECT outbox_emit_many(array_agg(e.event_id ORDER BY e.id), array_agg('reservation.released'::text ORDER BY e.id),
+                          array_agg(e.tenant_id ORDER BY e.id), array_agg(e.id ORDER BY e.id), array_agg(e.data ORDER BY e.id))
+    INTO v_done
+    FROM (SELECT DISTINCT ON (p_ids[i]) p_event_ids[i] AS event_id, p_tenants[i] AS tenant_id, p_ids[i] AS id,
+                 jsonb_build_object('state', v_views[i]->'state', 'nodeId', v_views[i]->'nodeId', 'atoms', v_views[i]->'atoms',
+                                    'version', v_views[i]->'version') AS data
+            FROM generate_subscripts(p_ids, 1) i WHERE v_views[i] IS NOT NULL ORDER BY p_ids[i], i) e;
 
   -- 4. The scalars of the nodes they were placed on, rows in node order.
   PERFORM 1 FROM node_resources

@@ -1,6 +1,7 @@
 -- Quota: quota_usage rows change only by these guarded statements (used + n <= max); the table's
--- CHECK is the backstop. Rows are locked in resource order, so two charges never wait on each other
--- in opposite orders. Reserving charges quota first, releasing refunds it first (the lock order).
+-- CHECK is the backstop. Rows are locked in (tenant, resource) order, so two charges never wait on
+-- each other in opposite orders. Reserving charges quota first, releasing refunds it first (the lock
+-- order). One request and a batch of them go through the same statements (the _many functions).
 
 -- What a reservation charges its tenant's quota: (resource, amount) in charge order, amounts above
 -- zero only.
@@ -14,58 +15,91 @@ LANGUAGE sql IMMUTABLE AS $$
    ORDER BY c.o
 $$;
 
--- Charges the tenant in one guarded statement: each row is updated only if its charge fits under
--- max. A resource that does not fit (or has no quota line) raises QUOTA_EXCEEDED, final for the
--- request. Returns how many resources were charged (a value, so callers assign instead of PERFORM,
--- which runs a query).
+-- Charges many requests at once (the batch placer's, and capacity_charge's one): the rows of every
+-- (tenant, resource) they charge, locked in that order, then each tenant's sum per resource, all of a
+-- tenant's or none of it (a guarded update: used + sum <= max). Returns the tenants charged; one
+-- with a resource that does not fit, or no quota line for one it asks, is charged nothing.
+CREATE OR REPLACE FUNCTION capacity_charge_many(p_tenants text[], p_kinds text[], p_counts bigint[], p_vcpus bigint[],
+                                                p_memory_mibs bigint[], p_disk_gibs bigint[]) RETURNS text[]
+LANGUAGE plpgsql AS $$
+DECLARE
+  v_charged text[];
+BEGIN
+  PERFORM 1 FROM quota_usage q
+    WHERE (q.tenant_id, q.resource) IN (SELECT p_tenants[i], x.resource FROM generate_subscripts(p_tenants, 1) i,
+             LATERAL capacity_charge_of(p_kinds[i], p_counts[i], p_vcpus[i], p_memory_mibs[i], p_disk_gibs[i]) x)
+    ORDER BY q.tenant_id, q.resource FOR UPDATE;
+  WITH c AS (SELECT p_tenants[i] AS t, x.resource, sum(x.amount) AS amount
+               FROM generate_subscripts(p_tenants, 1) i,
+                    LATERAL capacity_charge_of(p_kinds[i], p_counts[i], p_vcpus[i], p_memory_mibs[i], p_disk_gibs[i]) x
+              GROUP BY 1, 2),
+       short AS (SELECT DISTINCT c.t FROM c LEFT JOIN quota_usage q ON q.tenant_id = c.t AND q.resource = c.resource
+                  WHERE q.tenant_id IS NULL OR q.used + c.amount > q.max),
+       charged AS (UPDATE quota_usage q SET used = q.used + c.amount FROM c
+                    WHERE q.tenant_id = c.t AND q.resource = c.resource AND c.t NOT IN (SELECT t FROM short)
+                   RETURNING q.tenant_id)
+  SELECT coalesce(array_agg(DISTINCT tenant_id), '{}') INTO v_charged FROM charged;
+  RETURN v_charged;
+END $$;
+
+-- Charges one request (capacity_charge_many's rule). A resource that does not fit (or has no quota
+-- line) raises QUOTA_EXCEEDED, final for the request, naming the first such in charge order.
+-- Returns how many resources were charged.
 CREATE OR REPLACE FUNCTION capacity_charge(p_tenant text, p_kind text, p_count bigint, p_vcpu bigint, p_memory_mib bigint,
                                 p_disk_gib bigint) RETURNS int
 LANGUAGE plpgsql AS $$
 DECLARE
-  v_charged text[];
+  -- capacity_charge_of's rule (amounts above zero), without a query.
+  v_resources int := (p_count > 0)::int + (p_vcpu > 0)::int + (p_memory_mib > 0)::int + (p_disk_gib > 0)::int;
   v_short record;
-  v_quota record;
 BEGIN
-  WITH c AS (SELECT * FROM capacity_charge_of(p_kind, p_count, p_vcpu, p_memory_mib, p_disk_gib)),
-       locked AS (SELECT q.resource FROM quota_usage q
-                   WHERE q.tenant_id = p_tenant AND q.resource IN (SELECT resource FROM c)
-                   ORDER BY q.resource FOR UPDATE),
-       charged AS (UPDATE quota_usage q SET used = q.used + c.amount
-                     FROM c JOIN locked l ON l.resource = c.resource
-                    WHERE q.tenant_id = p_tenant AND q.resource = c.resource AND q.used + c.amount <= q.max
-                   RETURNING q.resource)
-  SELECT coalesce(array_agg(resource), '{}') INTO v_charged FROM charged;
-  -- Every amount above zero charged: done (capacity_charge_of's rule, without a query).
-  IF cardinality(v_charged) = (p_count > 0)::int + (p_vcpu > 0)::int + (p_memory_mib > 0)::int + (p_disk_gib > 0)::int THEN
-    RETURN cardinality(v_charged);
+  IF v_resources = 0
+     OR p_tenant = ANY(capacity_charge_many(ARRAY[p_tenant], ARRAY[p_kind], ARRAY[p_count], ARRAY[p_vcpu], ARRAY[p_memory_mib],
+                                            ARRAY[p_disk_gib])) THEN
+    RETURN v_resources;
   END IF;
-  SELECT c.resource, c.amount INTO v_short
-    FROM capacity_charge_of(p_kind, p_count, p_vcpu, p_memory_mib, p_disk_gib) c
-   WHERE NOT (c.resource = ANY(v_charged))
+  -- Nothing was charged; the rows are locked, so this reads what the charge saw.
+  SELECT c.resource, c.amount, q.used, q.max INTO v_short
+    FROM capacity_charge_of(p_kind, p_count, p_vcpu, p_memory_mib, p_disk_gib) WITH ORDINALITY AS c(resource, amount, o)
+    LEFT JOIN quota_usage q ON q.tenant_id = p_tenant AND q.resource = c.resource
+   WHERE q.tenant_id IS NULL OR q.used + c.amount > q.max
+   ORDER BY c.o
    LIMIT 1;
-  SELECT used, max INTO v_quota FROM quota_usage WHERE tenant_id = p_tenant AND resource = v_short.resource;
   RAISE EXCEPTION USING ERRCODE = 'BCQUO',
-    MESSAGE = CASE WHEN v_quota.max IS NULL
+    MESSAGE = CASE WHEN v_short.max IS NULL
                    THEN format('the tenant has no quota for %s; ask an operator to set one', v_short.resource)
                    ELSE format('quota for %s exceeded: %s of %s used, %s more asked; release reservations or ask an operator for more',
-                               v_short.resource, v_quota.used, v_quota.max, v_short.amount) END,
+                               v_short.resource, v_short.used, v_short.max, v_short.amount) END,
     DETAIL = jsonb_build_object('resource', v_short.resource, 'asked', v_short.amount)::text;
 END $$;
 
--- Refunds a charge, in the same resource order; returns how many resources were refunded.
-CREATE OR REPLACE FUNCTION capacity_refund(p_tenant text, p_kind text, p_count bigint, p_vcpu bigint, p_memory_mib bigint,
-                                p_disk_gib bigint) RETURNS int
+-- Refunds many charges at once (the batch placer's, releases' and capacity_refund's one), rows in
+-- (tenant, resource) order; returns how many rows it changed.
+CREATE OR REPLACE FUNCTION capacity_refund_many(p_tenants text[], p_kinds text[], p_counts bigint[], p_vcpus bigint[],
+                                                p_memory_mibs bigint[], p_disk_gibs bigint[]) RETURNS int
 LANGUAGE plpgsql AS $$
 DECLARE
   v_refunded int;
 BEGIN
-  WITH c AS (SELECT * FROM capacity_charge_of(p_kind, p_count, p_vcpu, p_memory_mib, p_disk_gib)),
-       locked AS (SELECT q.resource FROM quota_usage q
-                   WHERE q.tenant_id = p_tenant AND q.resource IN (SELECT resource FROM c)
-                   ORDER BY q.resource FOR UPDATE)
+  PERFORM 1 FROM quota_usage q
+    WHERE (q.tenant_id, q.resource) IN (SELECT p_tenants[i], x.resource FROM generate_subscripts(p_tenants, 1) i,
+             LATERAL capacity_charge_of(p_kinds[i], p_counts[i], p_vcpus[i], p_memory_mibs[i], p_disk_gibs[i]) x)
+    ORDER BY q.tenant_id, q.resource FOR UPDATE;
   UPDATE quota_usage q SET used = q.used - c.amount
-    FROM c JOIN locked l ON l.resource = c.resource
-   WHERE q.tenant_id = p_tenant AND q.resource = c.resource;
+    FROM (SELECT p_tenants[i] AS t, x.resource, sum(x.amount) AS amount
+            FROM generate_subscripts(p_tenants, 1) i,
+                 LATERAL capacity_charge_of(p_kinds[i], p_counts[i], p_vcpus[i], p_memory_mibs[i], p_disk_gibs[i]) x
+           GROUP BY 1, 2) c
+   WHERE q.tenant_id = c.t AND q.resource = c.resource;
   GET DIAGNOSTICS v_refunded = ROW_COUNT;
   RETURN v_refunded;
+END $$;
+
+-- Refunds one charge; returns how many resources were refunded.
+CREATE OR REPLACE FUNCTION capacity_refund(p_tenant text, p_kind text, p_count bigint, p_vcpu bigint, p_memory_mib bigint,
+                                p_disk_gib bigint) RETURNS int
+LANGUAGE plpgsql AS $$
+BEGIN
+  RETURN capacity_refund_many(ARRAY[p_tenant], ARRAY[p_kind], ARRAY[p_count], ARRAY[p_vcpu], ARRAY[p_memory_mib],
+                              ARRAY[p_disk_gib]);
 END $$;

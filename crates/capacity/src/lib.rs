@@ -56,7 +56,7 @@ impl better_compute_runtime::Module for CapacityModule {
     }
 
     fn reconcilers(&self) -> Vec<Arc<dyn Reconciler>> {
-        vec![Arc::new(reconcilers::Reservations), Arc::new(reconcilers::Rollup)]
+        vec![Arc::new(reconcilers::ReservationsJob), Arc::new(reconcilers::Rollup)]
     }
 
     fn subscribers(&self) -> Vec<Arc<dyn Sink>> {

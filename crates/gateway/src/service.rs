@@ -178,10 +178,10 @@ impl Gateway for GatewayService {
         let welcome = Welcome { session_epoch: opened.session_epoch, generation: opened.generation };
         let _ = out.try_send(Ok(GatewayMessage { msg: Some(gateway_message::Msg::Welcome(welcome)) }));
         if let Some((generation, json)) = spec && s.claim_generation(generation) {
-            crate::send_spec(&node, &s, generation, json);
+            crate::dispatch::send_spec(&node, &s, generation, json);
         }
         for d in &again {
-            let _ = out.try_send(Ok(crate::command_message(&node, d)));
+            let _ = out.try_send(Ok(crate::dispatch::command_message(&node, d)));
         }
         drop(out);
         if let Some(d) = dispatched {

@@ -1,0 +1,54 @@
+//! The inventory subscriber: a node's or device's change refreshes the node's atom counts and wakes
+//! its pool's rollup.
+
+use better_compute_db::DbError;
+use better_compute_runtime::outbox::Event;
+use better_compute_runtime::{work_queue, RunError, Sink};
+use tokio_postgres::Transaction;
+
+use crate::ROLLUP_KIND;
+
+/// Watches inventory events: refreshes the node's atom counts and wakes its pool's rollup.
+pub struct InventoryWatcher;
+
+#[async_trait::async_trait]
+impl Sink for InventoryWatcher {
+    fn name(&self) -> &str {
+        "capacity.inventory"
+    }
+
+    async fn deliver(&self, tx: &Transaction<'_>, events: &[Event]) -> Result<(), RunError> {
+        let mut nodes: Vec<String> = Vec::new();
+        for e in events {
+            let node = match e.event_type.as_str() {
+                t if t.starts_with("node.") => Some(e.subject.clone()),
+                t if t.starts_with("device.") => e.data.get("nodeId").and_then(|v| v.as_str()).map(String::from),
+                _ => None,
+            };
+            if let Some(n) = node && !nodes.contains(&n) {
+                nodes.push(n);
+            }
+        }
+        refresh_nodes(tx, &nodes).await?;
+        Ok(())
+    }
+}
+
+/// Refreshes the atom counts of `nodes` and wakes their pools' rollups.
+pub async fn refresh_nodes(tx: &impl tokio_postgres::GenericClient, nodes: &[String]) -> Result<(), DbError> {
+    // In id order (bytes, as the rollup's repair of open flags orders them, in the "C" collation):
+    // each refresh locks its node's count rows.
+    let mut nodes = nodes.to_vec();
+    nodes.sort();
+    for n in &nodes {
+        tx.execute("SELECT capacity_refresh_node_counts($1)", &[n]).await?;
+    }
+    let pools: Vec<String> = tx
+        .query("SELECT DISTINCT pool_id FROM nodes WHERE id = ANY($1)", &[&nodes])
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    work_queue::enqueue_many(tx, &ROLLUP_KIND, &pools).await?;
+    Ok(())
+}

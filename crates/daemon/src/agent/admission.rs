@@ -1,0 +1,216 @@
+//! Command admission: the checks in the spec's order, the journal before the acknowledgement, the
+//! lanes and their credits, cancellation, and the outcome journaled before it is reported.
+
+use super::*;
+
+impl Daemon {
+    pub(super) async fn reject(&self, id: &str, why: RejectReason, message: &str) {
+        self.send(daemon_message::Msg::CommandReject(CommandReject { command_id: id.to_owned(), reason: why as i32, message: message.to_owned() })).await;
+    }
+
+    pub(super) async fn report(&self, id: &str, o: &Outcome) {
+        self.send(daemon_message::Msg::CommandResult(CommandResult {
+            command_id: id.to_owned(),
+            succeeded: o.succeeded,
+            reason: o.reason.clone(),
+            result_json: o.result_json.clone(),
+        }))
+        .await;
+    }
+
+    /// A command from the gateway: the journal first (a repeat is answered from it), then the
+    /// checks in order, then accept, acknowledge and run.
+    pub(super) async fn command(self: Arc<Self>, c: Command) {
+        match self.journal.get(&c.command_id) {
+            Err(e) => {
+                self.logs.line(format!("journal read failed for {}: {e}", c.command_id));
+                return;
+            }
+            Ok(Some(entry)) => match entry.outcome {
+                Some(o) => return self.report(&c.command_id, &o).await,
+                None if entry.run_id == self.run_id => {
+                    if self.state.lock().expect("state").running.contains_key(&c.command_id) {
+                        self.send(daemon_message::Msg::CommandAck(CommandAck { command_id: c.command_id.clone() })).await;
+                    }
+                    return;
+                }
+                None if !entry.retry_safe && !self.reruns_journaled_commands() => {
+                    let o = Outcome {
+                        succeeded: false,
+                        reason: "interrupted: the daemon restarted while it ran; it is not retry-safe, so it is not run again".into(),
+                        result_json: "null".into(),
+                    };
+                    if self.journal.finish(&c.command_id, o.clone()).is_ok() {
+                        self.logs.line(format!("command {} ({}) was interrupted by a restart; not running it again", c.command_id, c.kind));
+                        self.report(&c.command_id, &o).await;
+                    }
+                    return;
+                }
+                None => {} // retry-safe: run it again
+            },
+            Ok(None) => {}
+        }
+        let payload = c.body.as_ref().and_then(|b| b.payload.clone());
+        let node_id = self.node_id();
+        let decision = {
+            let mut st = self.state.lock().expect("state");
+            let credits = st.applied.as_ref().map(|a| a.lanes.clone()).unwrap_or_else(|| Applied::initial().lanes).get(&c.lane).copied().unwrap_or(1);
+            let applied_generation = st.applied_generation;
+            let used = st.in_lane.entry(c.lane.clone()).or_default();
+            let d = check(&c, &node_id, payload.as_ref(), applied_generation, *used < credits);
+            if d == Check::Admit {
+                // The credit is taken in the same lock as the check, so two commands cannot both
+                // see the last one free.
+                *used += 1;
+            }
+            d
+        };
+        match decision {
+            Check::Unsupported => {
+                return self.reject(&c.command_id, RejectReason::Unsupported, "another node's command, or a kind this daemon does not run").await;
+            }
+            Check::WaitForSpec => {
+                let deadline = Instant::now() + Duration::from_millis(c.expires_in_ms as u64);
+                self.state.lock().expect("state").waiting.push(Waiting { cmd: c, deadline });
+                return;
+            }
+            Check::StaleGeneration => return self.reject(&c.command_id, RejectReason::StaleGeneration, "its minGeneration is not applied").await,
+            Check::Expired => return self.reject(&c.command_id, RejectReason::Expired, "past notAfter").await,
+            Check::Busy => return self.reject(&c.command_id, RejectReason::Busy, "no credits left in the lane").await,
+            Check::Admit => {}
+        }
+        if let Err(e) = self.journal.accept(&c.command_id, &c.kind, c.seq, c.retry_safe, &self.run_id) {
+            self.logs.line(format!("cannot journal {}: {e}; not running it", c.command_id));
+            self.release_lane(&c.lane);
+            return;
+        }
+        self.logs.line(format!("running command {} ({})", c.command_id, c.kind));
+        let me = self.clone();
+        let id = c.command_id.clone();
+        let lane = c.lane.clone();
+        // A retry-safe command can be stopped at any point; a reboot until its grace is over (the
+        // one point of no return a command kind has).
+        let cancellable = Arc::new(AtomicBool::new(c.retry_safe || matches!(payload, Some(Payload::NodeReboot(_)))));
+        let payload = payload.expect("checked above");
+        {
+            // Registered before the task can finish and remove itself.
+            let mut st = self.state.lock().expect("state");
+            let can_cancel = cancellable.clone();
+            let task = tokio::spawn(async move {
+                let outcome = me.execute(payload, &can_cancel).await;
+                me.finish(&id, &lane, outcome).await;
+            });
+            st.running.insert(c.command_id.clone(), (c.lane.clone(), task.abort_handle(), cancellable));
+        }
+        self.send(daemon_message::Msg::CommandAck(CommandAck { command_id: c.command_id })).await;
+    }
+
+    pub(super) fn release_lane(&self, lane: &str) {
+        let mut st = self.state.lock().expect("state");
+        if let Some(n) = st.in_lane.get_mut(lane) {
+            *n = n.saturating_sub(1);
+        }
+    }
+
+    pub(super) async fn finish(&self, id: &str, lane: &str, outcome: Option<Outcome>) {
+        // Once: a cancel and the command's own end may both get here.
+        if self.state.lock().expect("state").running.remove(id).is_none() {
+            return;
+        }
+        self.release_lane(lane);
+        // None: the node is going down (a reboot); the reconnect with a new boot id settles it.
+        let Some(o) = outcome else { return };
+        if let Err(e) = self.journal.finish(id, o.clone()) {
+            self.logs.line(format!("cannot journal the outcome of {id}: {e}"));
+        }
+        self.logs.line(format!("command {id} {}", if o.succeeded { "succeeded".to_owned() } else { format!("failed: {}", o.reason) }));
+        self.report(id, &o).await;
+    }
+
+    pub(super) async fn cancel(&self, id: &str) {
+        let task = self.state.lock().expect("state").running.get(id).cloned();
+        let Some((lane, handle, cancellable)) = task else { return };
+        if cancellable.compare_exchange(true, false, Ordering::SeqCst, Ordering::SeqCst).is_err() {
+            return; // a reboot under way cannot be taken back
+        }
+        handle.abort();
+        self.finish(id, &lane, Some(Outcome { succeeded: false, reason: "cancelled".into(), result_json: "null".into() })).await;
+    }
+}
+
+/// What the checks decide of a command, in the spec's order: UNSUPPORTED, then STALE_GENERATION
+/// (waiting for the spec while `notAfter` allows), then EXPIRED, then BUSY.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Check {
+    /// Another node's command, an unknown kind, or a body that is not the kind's.
+    Unsupported,
+    /// Its `minGeneration` is not applied yet, and it has time left: wait for the spec.
+    WaitForSpec,
+    /// Its `minGeneration` is not applied, and its time is up.
+    StaleGeneration,
+    /// Past `notAfter`.
+    Expired,
+    /// No credit left in its lane.
+    Busy,
+    /// Run it.
+    Admit,
+}
+
+/// The checks every command meets before it runs, as a pure function of what the daemon knows.
+pub(crate) fn check(c: &Command, node_id: &str, payload: Option<&Payload>, applied_generation: i64, lane_has_credit: bool) -> Check {
+    let supported = c.node_id == node_id && KINDS.contains(&c.kind.as_str()) && payload.is_some_and(|p| kind_of(p) == c.kind);
+    if !supported {
+        Check::Unsupported
+    } else if c.min_generation > applied_generation {
+        if c.expires_in_ms <= 0 { Check::StaleGeneration } else { Check::WaitForSpec }
+    } else if c.expires_in_ms <= 0 {
+        Check::Expired
+    } else if !lane_has_credit {
+        Check::Busy
+    } else {
+        Check::Admit
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_checks_run_in_the_specs_order_alone_and_combined() {
+        let diag = Payload::DiagNvml(Default::default());
+        let cmd = |node: &str, kind: &str, min_generation: i64, expires_in_ms: i64| Command {
+            node_id: node.into(),
+            kind: kind.into(),
+            min_generation,
+            expires_in_ms,
+            ..Default::default()
+        };
+        // (command, its payload, applied generation, a credit free) → decision.
+        let cases: Vec<(Command, Option<&Payload>, bool, Check)> = vec![
+            (cmd("n1", "diag.nvml", 0, 1000), Some(&diag), true, Check::Admit),
+            // Each alone.
+            (cmd("n2", "diag.nvml", 0, 1000), Some(&diag), true, Check::Unsupported),
+            (cmd("n1", "gpu.burn", 0, 1000), Some(&diag), true, Check::Unsupported),
+            (cmd("n1", "node.reboot", 0, 1000), Some(&diag), true, Check::Unsupported),
+            (cmd("n1", "diag.nvml", 0, 1000), None, true, Check::Unsupported),
+            (cmd("n1", "diag.nvml", 9, 1000), Some(&diag), true, Check::WaitForSpec),
+            (cmd("n1", "diag.nvml", 9, 0), Some(&diag), true, Check::StaleGeneration),
+            (cmd("n1", "diag.nvml", 0, 0), Some(&diag), true, Check::Expired),
+            (cmd("n1", "diag.nvml", 0, -5), Some(&diag), true, Check::Expired),
+            (cmd("n1", "diag.nvml", 0, 1000), Some(&diag), false, Check::Busy),
+            // Combined: the earlier check wins.
+            (cmd("n2", "diag.nvml", 9, 0), Some(&diag), false, Check::Unsupported),
+            (cmd("n1", "diag.nvml", 9, 0), Some(&diag), false, Check::StaleGeneration),
+            (cmd("n1", "diag.nvml", 9, 1000), Some(&diag), false, Check::WaitForSpec),
+            (cmd("n1", "diag.nvml", 0, 0), Some(&diag), false, Check::Expired),
+            (cmd("n1", "diag.nvml", 5, 1000), Some(&diag), false, Check::Busy),
+        ];
+        let mut decided = 0;
+        for (c, payload, free, want) in &cases {
+            assert_eq!(check(c, "n1", *payload, 5, *free), *want, "{c:?} free={free}");
+            decided += 1;
+        }
+        assert_eq!(decided, 15);
+    }
+}

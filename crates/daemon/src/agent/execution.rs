@@ -1,0 +1,79 @@
+//! Command execution: what each kind does on the node.
+
+use super::*;
+
+impl Daemon {
+    /// Runs a command. `cancellable` is taken back (true to false) at a point of no return; when
+    /// that fails, a cancel came first and the command must not go on.
+    pub(super) async fn execute(&self, p: Payload, cancellable: &AtomicBool) -> Option<Outcome> {
+        let ok = |v: serde_json::Value| Some(Outcome { succeeded: true, reason: String::new(), result_json: v.to_string() });
+        let fail = |r: String| Some(Outcome { succeeded: false, reason: r, result_json: "null".into() });
+        match p {
+            Payload::DiagNvml(req) => {
+                let backend = self.backend.clone();
+                match tokio::task::spawn_blocking(move || backend.diag(&req)).await {
+                    Ok(Ok(report)) => ok(report),
+                    Ok(Err(e)) => fail(e.to_string()),
+                    Err(e) => fail(format!("diagnostics crashed: {e}")),
+                }
+            }
+            Payload::InventoryRefresh(req) => {
+                let backend = self.backend.clone();
+                let inv = match tokio::task::spawn_blocking(move || backend.inventory()).await {
+                    Ok(Ok(mut inv)) => {
+                        self.cfg.host.fill(&mut inv);
+                        inv
+                    }
+                    Ok(Err(e)) => return fail(e.to_string()),
+                    Err(e) => return fail(format!("inventory crashed: {e}")),
+                };
+                self.send(daemon_message::Msg::Inventory(inv.clone())).await;
+                let all = req.sections.is_empty();
+                let want = |s: &str| all || req.sections.iter().any(|x| x == s);
+                let mut report = serde_json::Map::new();
+                if want("gpus") {
+                    report.insert("gpus".into(), serde_json::to_value(&inv.gpus).unwrap_or_default());
+                }
+                if want("cpus") {
+                    report.insert("cpus".into(), serde_json::json!({"vcpu": inv.vcpu}));
+                }
+                if want("memory") {
+                    report.insert("memory".into(), serde_json::json!({"memoryMib": inv.memory_mib}));
+                }
+                if want("disks") {
+                    report.insert("disks".into(), serde_json::json!({"diskGib": inv.disk_gib}));
+                }
+                if want("network") {
+                    report.insert("network".into(), serde_json::json!({}));
+                }
+                ok(serde_json::json!({"rescanned": req.rescan, "backend": inv.backend, "sections": report}))
+            }
+            Payload::LogsCollect(req) => ok(crate::logs::collect(&self.logs, &req).await),
+            Payload::NodeReboot(req) => {
+                self.logs.line(format!("rebooting in {} s: {}", req.grace_seconds, req.reason));
+                tokio::time::sleep(Duration::from_secs(req.grace_seconds as u64)).await;
+                if cancellable.compare_exchange(true, false, Ordering::SeqCst, Ordering::SeqCst).is_err() {
+                    // Cancelled during the grace: the cancel reports it.
+                    return None;
+                }
+                match &self.cfg.reboot {
+                    RebootHook::Disabled => {
+                        fail("reboot is not enabled on this daemon: start it with --reboot-command or --allow-systemctl-reboot".into())
+                    }
+                    RebootHook::Callback(f) => {
+                        f(&req.reason);
+                        None
+                    }
+                    RebootHook::Command(argv) => {
+                        let Some((prog, args)) = argv.split_first() else { return fail("empty reboot command".into()) };
+                        match tokio::process::Command::new(prog).args(args).status().await {
+                            Ok(s) if s.success() => None,
+                            Ok(s) => fail(format!("reboot command exited with {s}")),
+                            Err(e) => fail(format!("reboot command: {e}")),
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

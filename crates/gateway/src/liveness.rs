@@ -1,0 +1,55 @@
+//! Liveness as ages: every session heard from since the last flush has its `last seen` written in
+//! batches, and sessions the database no longer gives this gateway are ended.
+
+use super::*;
+
+impl Inner {
+    /// Writes `last seen` as ages for every session heard from since the last flush: one
+    /// statement per batch of 5,000.
+    pub(crate) async fn flush_loop(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+        loop {
+            tokio::select! {
+                _ = shutdown.wait_for(|s| *s) => return,
+                _ = tokio::time::sleep(self.cfg.flush_interval) => {}
+            }
+            loop {
+                let (nodes, epochs, ages) = self.hub.take_unflushed(5_000);
+                if nodes.is_empty() {
+                    break;
+                }
+                let Ok(mut c) = self.pool.get().await else { break };
+                let flushed = async {
+                    let tx = c.transaction().await?;
+                    let held = session::flush_last_seen(&*tx, &self.cfg.id, &nodes, &epochs, &ages).await?;
+                    tx.commit().await?;
+                    Ok::<_, DbError>(held)
+                };
+                match flushed.await {
+                    Ok(held) => {
+                        tracing::debug!(flushed = nodes.len(), held = held.len(), "liveness flushed");
+                        self.end_lost_sessions(&nodes, &epochs, &held)
+                    }
+                    Err(e) => tracing::warn!(error = %e, "liveness flush failed"),
+                }
+                if nodes.len() < 5_000 {
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Ends the streams of sessions the database no longer gives this gateway (the liveness job
+    /// closed them as silent, say after the clock jumped, or another gateway took them over), so
+    /// their daemons reconnect instead of heartbeating into a closed session forever.
+    pub(crate) fn end_lost_sessions(&self, nodes: &[String], epochs: &[i64], held: &[String]) {
+        let held: std::collections::HashSet<&str> = held.iter().map(String::as_str).collect();
+        for (node, epoch) in nodes.iter().zip(epochs) {
+            if held.contains(node.as_str()) {
+                continue;
+            }
+            if self.hub.remove(node, *epoch, "the control plane closed this session (silent too long, or its gateway's lease lapsed)") {
+                tracing::info!(node = %node, epoch, "session closed by the control plane; its daemon will reconnect");
+            }
+        }
+    }
+}

@@ -16,7 +16,7 @@ pub fn document<'a>(methods: impl IntoIterator<Item = &'a Method>) -> Value {
         let response = (m.response)(&mut generator);
         let mut responses = serde_json::Map::new();
         responses.insert("200".into(), json!({"description": "OK", "content": {"application/json": {"schema": response}}}));
-        for status in ["400", "401", "403", "404", "409", "412", "422", "429", "503"] {
+        for status in ["400", "401", "403", "404", "409", "412", "422", "429", "500", "503"] {
             let codes: Vec<&str> = ErrorCode::ALL.iter().filter(|c| c.http_status().to_string() == status).map(|c| c.as_str()).collect();
             responses.insert(
                 status.into(),
@@ -35,6 +35,7 @@ pub fn document<'a>(methods: impl IntoIterator<Item = &'a Method>) -> Value {
             }}),
         );
     }
+    paths.insert("/v1/watch".into(), watch_path(&error));
     let schemas = generator.take_definitions(true);
     json!({
         "openapi": "3.0.3",
@@ -50,6 +51,32 @@ pub fn document<'a>(methods: impl IntoIterator<Item = &'a Method>) -> Value {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
         },
     })
+}
+
+/// `GET /v1/watch`: the event stream (Server-Sent Events), described for clients; its body is a
+/// stream, so the fuzz leaves it out.
+fn watch_path(error: &schemars::Schema) -> Value {
+    let query = |name: &str, description: &str| {
+        json!({"name": name, "in": "query", "required": false, "description": description, "schema": {"type": "string"}})
+    };
+    json!({"get": {
+        "operationId": "watch",
+        "summary": "Stream events as Server-Sent Events.",
+        "description": "Server-Sent Events (`text/event-stream`) of the events the token may see: each event's `id` is its cursor, `event` its type and `data` the event as JSON. Reconnect with `Last-Event-ID` (or `lastEventId`) to resume right after that event; without one the stream starts now. A stream ends with an `end` event carrying the error when its token is revoked or expires, or its identity loses its last binding.",
+        "security": [{"bearer": []}],
+        "parameters": [
+            query("types", "Event types to receive, comma-separated (default: all)."),
+            query("subject", "Only events about this subject."),
+            query("lastEventId", "Resume after this event (the Last-Event-ID header wins)."),
+            {"name": "Last-Event-ID", "in": "header", "required": false, "description": "Resume after this event.", "schema": {"type": "string"}},
+        ],
+        "responses": {
+            "200": {"description": "The event stream.", "content": {"text/event-stream": {"schema": {"type": "string"}}}},
+            "400": {"description": "INVALID_ARGUMENT: an unknown query field, or a cursor this stream did not send", "content": {"application/json": {"schema": error}}},
+            "401": {"description": "UNAUTHENTICATED", "content": {"application/json": {"schema": error}}},
+            "403": {"description": "PERMISSION_DENIED: no binding that lets the token read events", "content": {"application/json": {"schema": error}}},
+        },
+    }})
 }
 
 /// A schema with its `$ref` (if any) followed within `doc`.
@@ -84,6 +111,16 @@ pub fn reference_page<'a>(methods: impl IntoIterator<Item = &'a Method>) -> Stri
          `pageToken` and answer `items` and `nextPageToken`. The machine-readable document is `GET /v1/openapi.json`.\n\n",
     );
     for (path, item) in doc["paths"].as_object().into_iter().flatten() {
+        if let Some(get) = item.get("get") {
+            // The event stream: GET, its parameters in the query and a header.
+            out.push_str(&format!("## `{}` (`GET {path}`)\n\n{}\n\n", path.trim_start_matches("/v1/"), get["description"].as_str().unwrap_or("")));
+            out.push_str("| parameter | in | description |\n|---|---|---|\n");
+            for p in get["parameters"].as_array().into_iter().flatten() {
+                out.push_str(&format!("| `{}` | {} | {} |\n", p["name"].as_str().unwrap_or(""), p["in"].as_str().unwrap_or(""), p["description"].as_str().unwrap_or("")));
+            }
+            out.push_str("\nAnswers `text/event-stream`.\n\n");
+            continue;
+        }
         let op = &item["post"];
         out.push_str(&format!("## `{}`\n\n{}\n\n", path.trim_start_matches("/v1/"), op["description"].as_str().unwrap_or("")));
         let req = resolve(&doc, &op["requestBody"]["content"]["application/json"]["schema"]);

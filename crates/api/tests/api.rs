@@ -255,7 +255,15 @@ async fn another_tenant_can_neither_read_nor_change_nor_learn_of_anything_of_a_t
         .collect();
     let before = (api.count("reservations").await, api.count("identities").await, api.count("tokens").await, api.count("role_bindings").await, api.count("webhooks").await, api.count("webhook_deliveries").await);
     let before_nodes = api.ok(&api.op, "nodes.get", json!({"nodeId": api.node})).await;
-    let methods: Vec<String> = api.openapi().await["paths"].as_object().unwrap().keys().map(|p| p.trim_start_matches("/v1/").to_owned()).collect();
+    // The POST methods; GET /v1/watch has tests of its own (watch streams end with their grant).
+    let methods: Vec<String> = api.openapi().await["paths"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(_, item)| item.get("post").is_some())
+        .map(|(p, _)| p.trim_start_matches("/v1/").to_owned())
+        .collect();
+    assert!(methods.len() >= 40, "{methods:?}");
     let bodies = bodies();
     for m in &methods {
         assert!(m == "roles.list" || bodies.iter().any(|(n, _)| n == m), "the isolation sweep misses {m}");
@@ -392,7 +400,7 @@ async fn bad_input_on_every_method_is_a_clear_4xx_with_a_stable_code_and_writes_
     for t in tables {
         before.push(api.count(t).await);
     }
-    for (path, item) in doc["paths"].as_object().unwrap() {
+    for (path, item) in doc["paths"].as_object().unwrap().iter().filter(|(_, item)| item.get("post").is_some()) {
         let m = path.trim_start_matches("/v1/");
         let schema_ref = item["post"]["requestBody"]["content"]["application/json"]["schema"]["$ref"].as_str().unwrap();
         let schema = doc.pointer(schema_ref.trim_start_matches('#')).unwrap();

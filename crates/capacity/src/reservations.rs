@@ -37,6 +37,7 @@ pub const MAX_GPUS: i32 = 64;
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct GpuRequest {
     /// `gpu` (whole GPUs), `mig` (MIG instances of `profile`) or `slot` (shared slots).
+    #[schemars(extend("enum" = ["gpu", "mig", "slot"]))]
     pub kind: String,
     /// The GPU model, e.g. `H100-80GB`.
     pub model: String,
@@ -106,6 +107,7 @@ pub struct ReservationView {
     /// `res_…`.
     pub id: String,
     /// pending, placed, active, released, expired or failed.
+    #[schemars(extend("enum" = ["pending", "placed", "active", "released", "expired", "failed"]))]
     pub state: String,
     /// For version-guarded changes.
     pub version: i64,

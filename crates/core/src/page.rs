@@ -41,6 +41,7 @@ impl PageRequest {
 /// One page of a list.
 #[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(rename = "{T}Page")]
 pub struct Page<T> {
     /// The items, in id order.
     pub items: Vec<T>,

@@ -52,10 +52,12 @@ pub struct CommandView {
     /// Its place in the node's order.
     pub seq: i64,
     /// Its kind.
+    #[schemars(extend("enum" = ["diag.nvml", "inventory.refresh", "logs.collect", "node.reboot"]))]
     pub kind: String,
     /// Its payload, proto3 JSON.
     pub payload: serde_json::Value,
     /// Its state.
+    #[schemars(extend("enum" = ["pending", "sent", "running", "succeeded", "failed", "expired", "cancelled"]))]
     pub state: String,
     /// Why it failed or expired.
     pub reason: Option<String>,
@@ -419,6 +421,7 @@ pub struct RunCommand {
     /// The node.
     pub node_id: String,
     /// The kind.
+    #[schemars(extend("enum" = ["diag.nvml", "inventory.refresh", "logs.collect", "node.reboot"]))]
     pub kind: String,
     /// Its payload.
     #[serde(default)]

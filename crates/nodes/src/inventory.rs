@@ -294,6 +294,7 @@ pub struct NodeView {
     /// Why the placer skips it.
     pub no_schedule_reasons: Vec<String>,
     /// connected, disconnected, unreachable or lost.
+    #[schemars(extend("enum" = ["connected", "disconnected", "unreachable", "lost"]))]
     pub liveness: String,
     /// The desired-state generation.
     pub generation: i64,

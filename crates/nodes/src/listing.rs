@@ -40,6 +40,7 @@ pub struct PoolView {
     /// Its name, unique in the site.
     pub name: String,
     /// `bare-metal`, `provider` or `vps-host`.
+    #[schemars(extend("enum" = ["bare-metal", "provider", "vps-host"]))]
     pub kind: String,
     /// vCPU overcommit.
     pub vcpu_ratio: f64,

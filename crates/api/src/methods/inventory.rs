@@ -46,6 +46,7 @@ struct CreatePool {
     /// Its name, unique in the site.
     name: String,
     /// `bare-metal`, `provider` or `vps-host`.
+    #[schemars(extend("enum" = ["bare-metal", "provider", "vps-host"]))]
     kind: String,
     /// vCPU overcommit, 1 to 16 (default 1).
     #[serde(default)]

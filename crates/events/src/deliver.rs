@@ -247,10 +247,19 @@ impl Reconciler for Deliverer {
         let mut sends = futures_util::StreamExt::buffer_unordered(futures_util::stream::iter(sends), PER_ENDPOINT);
         let mut failed_records = 0;
         while let Some((d, sent)) = futures_util::StreamExt::next(&mut sends).await {
-            if let Err(e) = self.record(ctx, d, sent).await {
-                // The claim lapses and the delivery is sent again: at least once.
-                tracing::warn!(delivery = %d.id, error = %e, "a delivery's outcome could not be recorded");
-                failed_records += 1;
+            let what = match &sent {
+                Sent::Unsent => "deferred",
+                Sent::Delivered(_) => "delivered",
+                Sent::Gone => "gone",
+                Sent::Failed { .. } => "failed",
+            };
+            match self.record(ctx, d, sent).await {
+                Ok(()) => ctx.count(what, 1),
+                Err(e) => {
+                    // The claim lapses and the delivery is sent again: at least once.
+                    tracing::warn!(delivery = %d.id, error = %e, "a delivery's outcome could not be recorded");
+                    failed_records += 1;
+                }
             }
         }
         drop(sends);

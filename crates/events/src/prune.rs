@@ -49,6 +49,8 @@ impl Reconciler for Pruner {
         let tx = ctx.begin_fenced(&mut c).await?;
         let (events, deliveries) = prune(&*tx, self.retention).await?;
         tx.commit().await?;
+        ctx.count("events pruned", events);
+        ctx.count("deliveries pruned", deliveries);
         if events + deliveries > 0 {
             tracing::info!(events, deliveries, "pruned");
         }

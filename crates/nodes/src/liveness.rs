@@ -184,6 +184,10 @@ impl Reconciler for LivenessJob {
         let tx = ctx.begin_fenced(&mut c).await?;
         let r = evaluate(&*tx).await?;
         tx.commit().await?;
+        ctx.count("sessions of lost gateways closed", r.gateway_lost);
+        ctx.count("silent sessions closed", r.silent);
+        ctx.count("nodes now unreachable", r.unreachable);
+        ctx.count("nodes now lost", r.lost);
         let full = [r.gateway_lost, r.silent, r.unreachable, r.lost].iter().any(|n| *n as i64 == BATCH);
         Ok(if full { Outcome::SyncAgain } else { Outcome::Done })
     }

@@ -30,6 +30,8 @@ impl Reconciler for CommandSweeper {
         let tx = ctx.begin_fenced(&mut c).await?;
         let swept = crate::commands::sweep(&*tx, SWEEP_BATCH).await?;
         tx.commit().await?;
+        ctx.count("expired", swept.expired);
+        ctx.count("timed out", swept.timed_out);
         Ok(if swept.expired as i64 == SWEEP_BATCH || swept.timed_out as i64 == SWEEP_BATCH { Outcome::SyncAgain } else { Outcome::Done })
     }
 }

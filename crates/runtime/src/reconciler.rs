@@ -94,9 +94,21 @@ pub struct ReconcileContext {
     pub(crate) clock: Arc<Clock>,
     pub(crate) lease: Lease,
     pub(crate) worker_id: String,
+    pub(crate) counts: Arc<JobCounts>,
 }
 
+/// What a job's runs did on this worker since it started, by name: its status for `jobs`.
+pub type JobCounts = std::sync::Mutex<std::collections::BTreeMap<&'static str, u64>>;
+
 impl ReconcileContext {
+    /// Counts `n` of `what` this run did (`expired`, `delivered`, …) into its job's status, which
+    /// `better-compute jobs` shows. A run counts what it committed.
+    pub fn count(&self, what: &'static str, n: u64) {
+        if n > 0 {
+            *self.counts.lock().expect("job counts").entry(what).or_default() += n;
+        }
+    }
+
     /// A pooled connection.
     pub async fn client(&self) -> Result<deadpool_postgres::Client, DbError> {
         Ok(self.pool.get().await?)

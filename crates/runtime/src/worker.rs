@@ -85,6 +85,10 @@ pub struct JobReport {
     /// The last error of this tick.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
+    /// What the job's runs did on this worker since it started, as they count it
+    /// ([`ReconcileContext::count`]).
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub counts: BTreeMap<String, u64>,
 }
 
 /// What one maintenance pass found.
@@ -107,6 +111,8 @@ struct State {
     periodic_last: HashMap<(&'static str, &'static str), SystemTime>,
     resync_next: HashMap<&'static str, SystemTime>,
     reports: BTreeMap<String, (u64, JobReport)>,
+    /// Each job's counts ([`ReconcileContext::count`]).
+    counts: HashMap<&'static str, Arc<crate::reconciler::JobCounts>>,
 }
 
 /// One process's worker.
@@ -246,13 +252,9 @@ impl Worker {
         }
     }
 
-    fn context(&self, lease: Lease) -> ReconcileContext {
-        ReconcileContext {
-            pool: self.pool.clone(),
-            clock: self.clock.clone(),
-            lease,
-            worker_id: self.cfg.id.clone(),
-        }
+    fn context(&self, job: &'static str, lease: Lease) -> ReconcileContext {
+        let counts = self.state.lock().expect("worker state").counts.entry(job).or_default().clone();
+        ReconcileContext { pool: self.pool.clone(), clock: self.clock.clone(), lease, worker_id: self.cfg.id.clone(), counts }
     }
 
     async fn enqueue_periodic_and_resync(&self, client: &mut deadpool_postgres::Client) -> Result<usize, DbError> {
@@ -288,7 +290,7 @@ impl Worker {
                 .entry(kind.name)
                 .or_insert(now + RESYNC_EVERY + jitter);
             if now >= next {
-                let keys = r.keys(&self.context(any_lease), &owned).await;
+                let keys = r.keys(&self.context(kind.name, any_lease), &owned).await;
                 match keys {
                     Ok(keys) => {
                         for chunk in keys.chunks(1_000) {
@@ -348,8 +350,7 @@ impl Worker {
                 .ok_or_else(|| better_compute_core::Error::not_found("job", name))?;
             self.tick_reconciler(r).await?
         };
-        self.save_report(name, &report);
-        Ok(report)
+        Ok(self.save_report(name, &report))
     }
 
     async fn tick_reconciler(&self, r: Arc<dyn Reconciler>) -> Result<JobReport, DbError> {
@@ -381,7 +382,7 @@ impl Worker {
 
     /// Runs one claimed key under `lease`.
     async fn run_one(&self, r: Arc<dyn Reconciler>, c: Claimed, lease: Lease) -> (Claimed, RunResult) {
-        let ctx = self.context(lease);
+        let ctx = self.context(r.kind().name, lease);
         // A panicking reconciler fails its key, not the worker.
         let res = match AssertUnwindSafe(r.run(&ctx, &c.key)).catch_unwind().await {
             Ok(Ok(o)) => RunResult::Ok(o),
@@ -418,11 +419,18 @@ impl Worker {
     }
 
     /// Saves a job's report for `jobs`.
-    fn save_report(&self, name: &str, report: &JobReport) {
+    fn save_report(&self, name: &str, report: &JobReport) -> JobReport {
         let mut st = self.state.lock().expect("worker state");
+        let counts = st
+            .counts
+            .get(name)
+            .map(|c| c.lock().expect("job counts").iter().map(|(k, v)| (k.to_string(), *v)).collect())
+            .unwrap_or_default();
+        let report = JobReport { counts, ..report.clone() };
         let entry = st.reports.entry(name.to_owned()).or_default();
         entry.0 += 1;
         entry.1 = report.clone();
+        report
     }
 
     /// Keeps up to `run_concurrency` runs of reconciler `r` going until `shutdown`: claims keys for
@@ -468,7 +476,9 @@ impl Worker {
                         ended.extend(more);
                     }
                     match self.apply(&kind, &ended).await {
-                        Ok(report) => self.save_report(kind.name, &report),
+                        Ok(report) => {
+                            self.save_report(kind.name, &report);
+                        }
                         // The claims lapse and the keys are claimed again.
                         Err(e) => tracing::warn!(job = kind.name, error = %e, "applying outcomes failed"),
                     }

@@ -133,7 +133,10 @@ impl Reconciler for Probe {
         }
         self.running.lock().unwrap().remove(key);
         match *self.behave.lock().unwrap() {
-            Behave::Done => Ok(Outcome::Done),
+            Behave::Done => {
+                ctx.count("finished", 1);
+                Ok(Outcome::Done)
+            }
             Behave::SyncAgain => Ok(Outcome::SyncAgain),
             Behave::Fail => Err("planned failure".into()),
         }
@@ -1015,4 +1018,30 @@ async fn runs_holding_every_pooled_connection_never_deadlock_the_loop_applying_a
     assert_eq!(probe.total_runs(), 3);
     let _ = stop.send(true);
     within("the worker to stop", running).await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn what_a_jobs_runs_count_is_its_status_in_every_report_and_in_job_runs() {
+    let probe = Arc::new(Probe::new(NODE_KIND, ShardBy::Node));
+    let h = harness_with(probe.clone(), vec![]).await;
+    for key in ["node_a", "node_b", "node_c"] {
+        enqueue(&h, &probe.kind, key).await;
+    }
+    let report = h.job(NODE_KIND).tick().await;
+    assert_eq!((report.done, report.counts.get("finished").copied()), (3, Some(3)));
+    // Counts add up over the worker's life; a run that counts nothing adds no name.
+    enqueue(&h, &probe.kind, "node_d").await;
+    *probe.behave.lock().unwrap() = Behave::SyncAgain;
+    let report = h.job(NODE_KIND).tick().await;
+    assert_eq!((report.sync_again, report.counts.len(), report.counts["finished"]), (1, 1, 3));
+    h.worker().maintain().await.unwrap();
+    let stored: serde_json::Value = h
+        .db()
+        .client()
+        .await
+        .query_one("SELECT last_report->'counts' FROM job_runs WHERE job = $1", &[&NODE_KIND])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(stored, serde_json::json!({"finished": 3}));
 }

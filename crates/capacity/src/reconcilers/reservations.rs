@@ -26,10 +26,20 @@ impl Reconciler for ReservationsJob {
         // holding quota and queueing the same node's wake-up deadlocked with the run.
         let mut tx = ctx.begin_fenced(&mut c).await?;
         for _ in 0..MAX_STEPS_PER_RUN {
-            if reservations::step(&mut tx, id).await? == reservations::Step::Nothing {
+            let step = reservations::step(&mut tx, id).await?;
+            if step == reservations::Step::Nothing {
                 break;
             }
             tx.commit().await?;
+            ctx.count(
+                match step {
+                    reservations::Step::Activated => "activated",
+                    reservations::Step::Expired => "expired",
+                    reservations::Step::Placed => "placed",
+                    _ => "retried",
+                },
+                1,
+            );
             tx = ctx.begin_fenced(&mut c).await?;
         }
         // Arm the timer for what is due next: its start, its end, or its next retry.

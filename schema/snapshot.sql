@@ -263,6 +263,9 @@ CREATE TABLE nodes (
   pool_id text NOT NULL,
   name text NOT NULL,
   shard smallint NOT NULL,
+  vcpu integer NOT NULL,
+  memory_mib bigint NOT NULL,
+  disk_gib bigint NOT NULL,
   labels jsonb DEFAULT '{}'::jsonb NOT NULL,
   taints jsonb DEFAULT '[]'::jsonb NOT NULL,
   no_schedule_reasons text[] DEFAULT '{}'::text[] NOT NULL,
@@ -279,16 +282,19 @@ CREATE TABLE nodes (
   spec_status jsonb,
   reported_inventory jsonb,
   CONSTRAINT nodes_disconnect_grace_s_check CHECK ((disconnect_grace_s >= 0)),
+  CONSTRAINT nodes_disk_gib_check CHECK ((disk_gib >= 0)),
   CONSTRAINT nodes_generation_check CHECK ((generation >= 0)),
   CONSTRAINT nodes_labels_check CHECK ((jsonb_typeof(labels) = 'object'::text)),
   CONSTRAINT nodes_liveness_check CHECK ((liveness = ANY (ARRAY['connected'::text, 'disconnected'::text, 'unreachable'::text, 'lost'::text]))),
+  CONSTRAINT nodes_memory_mib_check CHECK ((memory_mib >= 0)),
   CONSTRAINT nodes_next_cmd_seq_check CHECK ((next_cmd_seq >= 1)),
   CONSTRAINT nodes_observed_generation_check CHECK ((observed_generation >= 0)),
   CONSTRAINT nodes_pkey PRIMARY KEY (id),
   CONSTRAINT nodes_pool_id_fkey FOREIGN KEY (pool_id) REFERENCES pools(id),
   CONSTRAINT nodes_pool_id_name_key UNIQUE (pool_id, name),
   CONSTRAINT nodes_shard_check CHECK (((shard >= 0) AND (shard <= 255))),
-  CONSTRAINT nodes_taints_check CHECK ((jsonb_typeof(taints) = 'array'::text))
+  CONSTRAINT nodes_taints_check CHECK ((jsonb_typeof(taints) = 'array'::text)),
+  CONSTRAINT nodes_vcpu_check CHECK ((vcpu >= 0))
 );
 
 CREATE TABLE outbox (
@@ -566,6 +572,7 @@ CREATE INDEX work_queue_due ON public.work_queue USING btree (kind, shard, not_b
 CREATE INDEX workers_heartbeat_at ON public.workers USING btree (heartbeat_at);
 
 CREATE TRIGGER nodes_open_counts AFTER UPDATE OF observed_generation, no_schedule_reasons, taints ON public.nodes FOR EACH ROW WHEN ((capacity_node_open(old.observed_generation, old.no_schedule_reasons, old.taints) IS DISTINCT FROM capacity_node_open(new.observed_generation, new.no_schedule_reasons, new.taints))) EXECUTE FUNCTION capacity_node_open_changed();
+CREATE TRIGGER nodes_resources AFTER INSERT ON public.nodes FOR EACH ROW EXECUTE FUNCTION capacity_node_registered();
 CREATE TRIGGER reservations_state_guard BEFORE UPDATE OF state ON public.reservations FOR EACH ROW WHEN ((old.state IS DISTINCT FROM new.state)) EXECUTE FUNCTION capacity_reservation_state_guard();
 
 FUNCTION capacity_after_change(r reservations, p_event_type text, p_event_id text, p_shard smallint) RETURNS jsonb LANGUAGE plpgsql VOLATILE;
@@ -576,6 +583,7 @@ FUNCTION capacity_charge_of(p_kind text, p_count bigint, p_vcpu bigint, p_memory
 FUNCTION capacity_end(p_id text, p_tenant text, p_to text, p_event_id text, p_shard smallint) RETURNS jsonb LANGUAGE plpgsql VOLATILE SET enable_seqscan=off SET enable_indexonlyscan=off;
 FUNCTION capacity_node_open(p_observed_generation bigint, p_no_schedule_reasons text[], p_taints jsonb) RETURNS boolean LANGUAGE sql IMMUTABLE;
 FUNCTION capacity_node_open_changed() RETURNS trigger LANGUAGE plpgsql VOLATILE;
+FUNCTION capacity_node_registered() RETURNS trigger LANGUAGE plpgsql VOLATILE;
 FUNCTION capacity_node_takes(p_observed_generation bigint, p_no_schedule_reasons text[], p_taints jsonb, p_tolerations jsonb) RETURNS boolean LANGUAGE sql IMMUTABLE;
 FUNCTION capacity_place(p_pool text, p_kind text, p_model text, p_profile text, p_count integer, p_vcpu integer, p_memory_mib bigint, p_disk_gib bigint, p_selector jsonb, p_tolerations jsonb, p_allocation text, p_during tstzrange, p_max_replans integer, OUT placed_node text, OUT placed_atoms text[], OUT tried text[], OUT raced boolean) RETURNS record LANGUAGE plpgsql VOLATILE SET enable_seqscan=off SET enable_indexonlyscan=off;
 FUNCTION capacity_refresh_node_counts(p_node text) RETURNS void LANGUAGE plpgsql VOLATILE;

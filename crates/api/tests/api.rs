@@ -79,7 +79,7 @@ impl Api {
         tokio::spawn(better_compute_api::serve_with(listener, state, http, async move {
             let _ = stopped.wait_for(|s| *s).await;
         }));
-        Api { h, url, http: reqwest::Client::new(), op: op.token.secret, pool, node, _stop: stop }
+        Api { h, url, http: better_compute_client::http().build().unwrap(), op: op.token.secret, pool, node, _stop: stop }
     }
 
     async fn raw(&self, token: &str, method: &str, body: impl Into<reqwest::Body>) -> (u16, Value) {
@@ -216,6 +216,55 @@ fn bodies() -> Vec<(&'static str, Value)> {
         ("webhooks.deadLetters.list", json!({"tenantId": "{ten}"})),
         ("webhooks.deadLetters.replay", json!({"tenantId": "{ten}", "deliveryId": "{dlv}"})),
     ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_typed_client_reserves_reads_lists_and_releases_and_a_refusal_carries_the_apis_stable_code() {
+    use better_compute_client::{types, Client, Error};
+    let api = Api::start().await;
+    let b = api.tenant("tenant-b").await;
+    let client = Client::with_token(&api.url, &b.token).unwrap();
+    let request = types::CreateReservation {
+        tenant_id: None,
+        pool_id: api.pool.clone(),
+        gpu: types::GpuRequest { kind: types::GpuRequestKind::Gpu, model: "H100".into(), profile: None, count: 2 },
+        vcpu: 4,
+        memory_mib: 4096,
+        disk_gib: 10,
+        starts_at: None,
+        ends_at: None,
+        duration_s: Some(3600),
+        node_selector: Default::default(),
+        tolerations: vec![],
+        idempotency_key: Some("typed-1".into()),
+    };
+    let placed = client.reservations_create(&request).await.unwrap().into_inner();
+    assert_eq!(placed.state, types::ReservationViewState::Placed);
+    assert_eq!((placed.atoms.len(), placed.node_id.as_deref()), (2, Some(api.node.as_str())));
+    let again = client.reservations_create(&request).await.unwrap().into_inner();
+    assert_eq!(again.id, placed.id, "the same key answers the first reservation");
+    let got = client.reservations_get(&types::ReservationRef { tenant_id: None, reservation_id: placed.id.clone() }).await.unwrap().into_inner();
+    assert_eq!((got.id.as_str(), got.vcpu, got.gpu.count), (placed.id.as_str(), 4, 2));
+    let page = client
+        .reservations_list(&types::ListReservations { tenant_id: None, state: None, page_size: Some(10), page_token: None })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(page.items.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(), [placed.id.as_str()]);
+    let released = client.reservations_release(&types::ReservationRef { tenant_id: None, reservation_id: placed.id.clone() }).await.unwrap().into_inner();
+    assert_eq!(released.state, types::ReservationViewState::Released);
+    // A refusal is the API's error body, with its stable code.
+    match client.reservations_get(&types::ReservationRef { tenant_id: None, reservation_id: "res_nope".into() }).await {
+        Err(Error::ErrorResponse(e)) => {
+            assert_eq!((e.status().as_u16(), e.code), (404, types::ErrorCode::NotFound), "{}", e.message);
+        }
+        other => panic!("expected NOT_FOUND, got {other:?}"),
+    }
+    let bad = Client::with_token(&api.url, "bct_not_a_token").unwrap();
+    match bad.nodes_get(&types::NodeRef { node_id: api.node.clone() }).await {
+        Err(Error::ErrorResponse(e)) => assert_eq!(e.code, types::ErrorCode::Unauthenticated),
+        other => panic!("expected UNAUTHENTICATED, got {other:?}"),
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

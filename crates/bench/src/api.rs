@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use better_compute_capacity::reservations::{CreateReservation, GpuRequest};
+use better_compute_client::types;
 use better_compute_core::Caller;
 
 use crate::Scratch;
@@ -89,6 +90,24 @@ fn request(tenant: &str, key: String) -> CreateReservation {
     }
 }
 
+/// The same request as the typed client sends it.
+fn http_request(tenant: &str, key: String) -> types::CreateReservation {
+    types::CreateReservation {
+        tenant_id: Some(tenant.to_owned()),
+        pool_id: "pool_bench".into(),
+        gpu: types::GpuRequest { kind: types::GpuRequestKind::Gpu, model: "H100-80GB".into(), profile: None, count: 1 },
+        vcpu: 1,
+        memory_mib: 1024,
+        disk_gib: 1,
+        starts_at: None,
+        ends_at: None,
+        duration_s: Some(3600),
+        node_selector: Default::default(),
+        tolerations: vec![],
+        idempotency_key: Some(key),
+    }
+}
+
 /// Runs the benchmark.
 pub async fn run(b: ApiBench) -> anyhow::Result<()> {
     let scratch = Scratch::start(b.clients as u32 * 2 + 40).await?;
@@ -108,8 +127,7 @@ pub async fn run(b: ApiBench) -> anyhow::Result<()> {
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let (addr, _server) = better_compute_server::start_api(pool.clone(), registry, "127.0.0.1:0", better_compute_api::rate_limit::RateLimits::NONE, stopped).await?;
     let url = format!("http://{addr}");
-    let http = reqwest::Client::builder().pool_max_idle_per_host(b.clients).build()?;
-    let token = admin.token.secret.clone();
+    let http = better_compute_client::Client::with_token_on(&url, &admin.token.secret, better_compute_client::http().pool_max_idle_per_host(b.clients))?;
     let fleet = b.nodes;
     let node = move |i: usize| format!("node_b{}", 1 + i % fleet);
 
@@ -125,13 +143,10 @@ pub async fn run(b: ApiBench) -> anyhow::Result<()> {
     })
     .await;
     line("nodes.get in-process", &in_get);
-    let (h, u, t) = (http.clone(), url.clone(), token.clone());
+    let h = http.clone();
     let http_get = measure(b.clients, b.requests, move |_, i| {
-        let (h, u, t, n) = (h.clone(), u.clone(), t.clone(), node(i));
-        async move {
-            let r = h.post(format!("{u}/v1/nodes.get")).bearer_auth(t).json(&serde_json::json!({"nodeId": n})).send().await;
-            r.is_ok_and(|r| r.status().is_success())
-        }
+        let (h, n) = (h.clone(), node(i));
+        async move { h.nodes_get(&types::NodeRef { node_id: n }).await.is_ok() }
     })
     .await;
     line("nodes.get over HTTP", &http_get);
@@ -146,13 +161,10 @@ pub async fn run(b: ApiBench) -> anyhow::Result<()> {
     })
     .await;
     line("reservations.create in-process", &in_create);
-    let (h, u, t, tn) = (http.clone(), url.clone(), token.clone(), tenant.clone());
+    let (h, tn) = (http.clone(), tenant.clone());
     let http_create = measure(b.clients, b.requests / 4, move |_, i| {
-        let (h, u, t, body) = (h.clone(), u.clone(), t.clone(), request(&tn, format!("http-{i}")));
-        async move {
-            let r = h.post(format!("{u}/v1/reservations.create")).bearer_auth(t).json(&body).send().await;
-            r.is_ok_and(|r| r.status().is_success())
-        }
+        let (h, body) = (h.clone(), http_request(&tn, format!("http-{i}")));
+        async move { h.reservations_create(&body).await.is_ok() }
     })
     .await;
     line("reservations.create over HTTP", &http_create);

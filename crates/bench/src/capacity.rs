@@ -72,9 +72,9 @@ pub(crate) async fn seed(db: &tokio_postgres::Client, nodes: usize) -> anyhow::R
                       INSERT INTO pools (id, site_id, name, kind) VALUES ('pool_bench', 'site_bench', 'bench', 'bare-metal');")
         .await?;
     db.execute(
-        "INSERT INTO nodes (id, pool_id, name, shard, labels, generation, observed_generation)
+        "INSERT INTO nodes (id, pool_id, name, shard, labels, generation, observed_generation, vcpu, memory_mib, disk_gib)
          SELECT 'node_b' || g, 'pool_bench', 'n' || g, (g % 256)::int2,
-                CASE WHEN g <= $2 THEN '{\"hot\": \"yes\"}' ELSE '{}' END::jsonb, 1, 1
+                CASE WHEN g <= $2 THEN '{\"hot\": \"yes\"}' ELSE '{}' END::jsonb, 1, 1, 128, 1048576, 8000
            FROM generate_series(1, $1) g",
         &[&n, &(HOT_NODES as i32)],
     )
@@ -83,13 +83,6 @@ pub(crate) async fn seed(db: &tokio_postgres::Client, nodes: usize) -> anyhow::R
         "INSERT INTO devices (id, node_id, kind, index, model, memory_mib, mode)
          SELECT 'GPU-b' || g || '-' || i, 'node_b' || g, 'gpu', i, 'H100-80GB', 81920, 'exclusive'
            FROM generate_series(1, $1) g, generate_series(0, 7) i",
-        &[&n],
-    )
-    .await?;
-    db.execute(
-        "INSERT INTO node_resources (node_id, vcpu_allocatable, vcpu_ratio, memory_mib_allocatable, memory_ratio,
-                                     disk_gib_allocatable, disk_ratio)
-         SELECT 'node_b' || g, 128, 1, 1048576, 1, 8000, 1 FROM generate_series(1, $1) g",
         &[&n],
     )
     .await?;

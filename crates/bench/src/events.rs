@@ -38,7 +38,7 @@ pub async fn run(b: EventsBench) -> anyhow::Result<()> {
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let (addr, _server) = better_compute_server::start_api(pool, registry, "127.0.0.1:0", better_compute_api::rate_limit::RateLimits::NONE, stopped).await?;
     let url = format!("http://{addr}/v1/watch");
-    let http = reqwest::Client::new();
+    let http = better_compute_client::http().build()?;
     let received: Arc<Mutex<Vec<HashMap<String, Instant>>>> = Arc::new(Mutex::new(vec![HashMap::new(); b.subscribers]));
     let mut subs = Vec::new();
     for i in 0..b.subscribers {

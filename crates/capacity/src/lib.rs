@@ -27,6 +27,7 @@ use better_compute_runtime::{Kind, Reconciler, ShardBy, Sink};
 pub const CAPACITY_MIGRATIONS: &[Migration] = &[
     Migration::numbered("capacity", "0001_capacity", include_str!("migrations/capacity/0001_capacity.sql")),
     Migration::repeatable("capacity", "eligibility", include_str!("sql/eligibility.sql")),
+    Migration::repeatable("capacity", "resources", include_str!("sql/resources.sql")),
     Migration::repeatable("capacity", "counts", include_str!("sql/counts.sql")),
     Migration::repeatable("capacity", "placer", include_str!("sql/placer.sql")),
     Migration::repeatable("capacity", "quota", include_str!("sql/quota.sql")),

@@ -447,8 +447,8 @@ async fn a_create_batch_locks_only_its_own_nodes_however_many_the_fleet_has() {
     let first: Vec<Option<serde_json::Value>> = c.query_one(&create, &[&"res_first", &"evt_first"]).await.unwrap().get(0);
     assert_eq!(first[0].as_ref().map(|v| v["state"].clone()), Some(serde_json::json!("placed")));
     c.execute(
-        "INSERT INTO nodes (id, pool_id, name, shard, labels, generation, observed_generation)
-         SELECT 'node_more' || g, $1, 'more' || g, 0, '{}', 1, 1 FROM generate_series(1, 20000) g",
+        "INSERT INTO nodes (id, pool_id, name, shard, labels, generation, observed_generation, vcpu, memory_mib, disk_gib)
+         SELECT 'node_more' || g, $1, 'more' || g, 0, '{}', 1, 1, 64, 65536, 100 FROM generate_series(1, 20000) g",
         &[&f.pool_id],
     )
     .await

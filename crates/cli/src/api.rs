@@ -197,7 +197,7 @@ pub async fn run(mut args: ApiArgs) -> anyhow::Result<()> {
         bail!("--output takes table or json");
     }
     args.fields = fields;
-    let client = Client { http: reqwest::Client::builder().timeout(Duration::from_secs(60)).build()?, url: args.url.trim_end_matches('/').to_owned(), token: args.token.clone() };
+    let client = Client { http: better_compute_client::http().timeout(Duration::from_secs(60)).build()?, url: args.url.trim_end_matches('/').to_owned(), token: args.token.clone() };
     if args.list {
         let doc = client.openapi().await?;
         let mut out = String::new();
@@ -231,26 +231,7 @@ pub async fn run(mut args: ApiArgs) -> anyhow::Result<()> {
     }
     let mut v = client.call(&method, &Value::Object(body.clone())).await?;
     if args.wait && finished(&method, &v) == Some(false) {
-        let started = Instant::now();
-        let (get, key) = if method.starts_with("reservations.") {
-            ("reservations.get", serde_json::json!({"reservationId": v["id"]}))
-        } else {
-            ("commands.get", serde_json::json!({"nodeId": v["nodeId"], "commandId": v["id"]}))
-        };
-        let mut key = key.as_object().cloned().unwrap_or_default();
-        if let Some(t) = &args.tenant {
-            key.insert("tenantId".into(), Value::String(t.clone()));
-        }
-        while finished(&method, &v) == Some(false) {
-            if started.elapsed() > Duration::from_secs(args.wait_timeout_s) {
-                eprintln!();
-                bail!("{} is still {} after {} s; read it later with `better-compute api {get}`", v["id"], v["state"], args.wait_timeout_s);
-            }
-            eprint!("\rwaiting for {}: {} ({} s)   ", v["id"].as_str().unwrap_or(""), v["state"].as_str().unwrap_or(""), started.elapsed().as_secs());
-            tokio::time::sleep(Duration::from_millis(500)).await;
-            v = client.call(get, &Value::Object(key.clone())).await?;
-        }
-        eprintln!("\r{}: {} after {} s        ", v["id"].as_str().unwrap_or(""), v["state"].as_str().unwrap_or(""), started.elapsed().as_secs());
+        v = wait(&client, &args, &method, v).await?;
     }
     if args.output == "json" {
         println!("{}", serde_json::to_string_pretty(&v)?);
@@ -258,6 +239,42 @@ pub async fn run(mut args: ApiArgs) -> anyhow::Result<()> {
         print!("{}", table(&v));
     }
     Ok(())
+}
+
+/// `--wait`: polls the reservation or command through the typed client until it is placed or
+/// finished, showing its state.
+async fn wait(client: &Client, args: &ApiArgs, method: &str, mut v: Value) -> anyhow::Result<Value> {
+    use better_compute_client::types;
+    let token = client.token.as_deref().context("no token: set BETTER_COMPUTE_TOKEN")?;
+    let typed = better_compute_client::Client::with_token_on(&client.url, token, better_compute_client::http().timeout(Duration::from_secs(60)))?;
+    let id = v["id"].as_str().context("the answer has no id to wait on")?.to_owned();
+    let node = v["nodeId"].as_str().unwrap_or_default().to_owned();
+    let get = if method.starts_with("reservations.") { "reservations.get" } else { "commands.get" };
+    let started = Instant::now();
+    while finished(method, &v) == Some(false) {
+        if started.elapsed() > Duration::from_secs(args.wait_timeout_s) {
+            eprintln!();
+            bail!("{id} is still {} after {} s; read it later with `better-compute api {get}`", v["state"], args.wait_timeout_s);
+        }
+        eprint!("\rwaiting for {id}: {} ({} s)   ", v["state"].as_str().unwrap_or(""), started.elapsed().as_secs());
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let tenant_id = args.tenant.clone();
+        v = if get == "reservations.get" {
+            serde_json::to_value(typed.reservations_get(&types::ReservationRef { tenant_id, reservation_id: id.clone() }).await.map_err(refusal)?.into_inner())?
+        } else {
+            serde_json::to_value(typed.commands_get(&types::CommandRef { tenant_id, node_id: node.clone(), command_id: id.clone() }).await.map_err(refusal)?.into_inner())?
+        };
+    }
+    eprintln!("\r{id}: {} after {} s        ", v["state"].as_str().unwrap_or(""), started.elapsed().as_secs());
+    Ok(v)
+}
+
+/// The typed client's error as the CLI prints the API's: `CODE: message`.
+fn refusal(e: better_compute_client::Error<better_compute_client::types::Error>) -> anyhow::Error {
+    match e {
+        better_compute_client::Error::ErrorResponse(r) => anyhow::anyhow!("{}: {}", r.code, r.message),
+        other => anyhow::anyhow!("{other}"),
+    }
 }
 
 /// `api watch`: streams events, reconnecting with `Last-Event-ID` after a cut.
@@ -273,7 +290,7 @@ async fn watch(client: &Client, fields: &[String], output: &str) -> anyhow::Resu
             other => bail!("watch takes types=, subject= and lastEventId=, not {other}"),
         }
     }
-    let http = reqwest::Client::new();
+    let http = better_compute_client::http().build()?;
     let mut failures = 0u32;
     loop {
         let mut req = http.get(format!("{}/v1/watch", client.url)).bearer_auth(token).query(&query);

@@ -40,6 +40,8 @@ enum DocsPage {
     Api,
     /// Print the event catalogue (docs/events.md) from the registry.
     Events,
+    /// Print the OpenAPI document (crates/client/openapi.json, which the typed client is generated from).
+    Openapi,
 }
 
 fn print_json(v: &impl serde::Serialize) -> anyhow::Result<()> {
@@ -111,5 +113,6 @@ pub fn docs(args: DocsArgs) -> anyhow::Result<()> {
             print!("{}", better_compute_api::openapi::reference_page(&better_compute_api::all_methods()));
             Ok(())
         }
+        DocsPage::Openapi => print_json(&better_compute_api::openapi::document(&better_compute_api::all_methods())),
     }
 }

@@ -33,3 +33,17 @@ fn the_event_catalogue_page_matches_the_registry() {
     assert_eq!(on_disk, String::from_utf8(out.stdout).unwrap(), "docs/events.md drifted from the registry; regenerate it: cargo run -- docs events > docs/events.md");
     assert!(on_disk.contains("| `reservation.placed` | 1 | tenant |"));
 }
+
+#[test]
+fn the_clients_openapi_document_matches_the_api() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_better-compute")).args(["docs", "openapi"]).output().unwrap();
+    assert!(out.status.success());
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../client/openapi.json");
+    let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
+    assert_eq!(
+        on_disk,
+        String::from_utf8(out.stdout).unwrap(),
+        "crates/client/openapi.json drifted from the API, so the typed client is stale; regenerate it: cargo run -- docs openapi > crates/client/openapi.json"
+    );
+    assert!(on_disk.contains("\"operationId\": \"reservations.create\""));
+}

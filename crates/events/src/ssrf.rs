@@ -170,9 +170,10 @@ impl Resolve for PublicOnly {
 }
 
 /// The HTTP client webhooks are sent with: the policy's resolver, no redirects, no proxy from the
-/// environment, and `timeout` per request.
+/// environment, `timeout` per request, and TLS as every
+/// Better Compute client has it ([`better_compute_client::http`]).
 pub fn client(policy: EgressPolicy, timeout: std::time::Duration) -> reqwest::Client {
-    reqwest::Client::builder()
+    better_compute_client::http()
         .dns_resolver(Arc::new(PublicOnly(policy)))
         .redirect(reqwest::redirect::Policy::none())
         .no_proxy()

@@ -163,17 +163,15 @@ pub async fn register_node(tx: &impl GenericClient, n: &NewNode) -> Result<Strin
         }
         g.mode.validate(g.memory_mib)?;
     }
-    // Lock order: pools before nodes. The pool must exist and its ratios are copied to the node.
-    let pool = tx
-        .query_opt("SELECT vcpu_ratio, memory_ratio, disk_ratio FROM pools WHERE id = $1 FOR SHARE", &[&n.pool_id])
-        .await?
-        .ok_or_else(|| Error::not_found("pool", &n.pool_id))?;
+    // Lock order: pools before nodes. The pool must exist; capacity copies its ratios to the node's
+    // ledger as the node's row is inserted (capacity's resources.sql).
+    tx.query_opt("SELECT 1 FROM pools WHERE id = $1 FOR SHARE", &[&n.pool_id]).await?.ok_or_else(|| Error::not_found("pool", &n.pool_id))?;
     let id = NodeId::generate().to_string();
     let labels = serde_json::Value::Object(n.labels.clone());
     let r = tx
         .execute(
-            "INSERT INTO nodes (id, pool_id, name, shard, labels) VALUES ($1, $2, $3, $4, $5)",
-            &[&id, &n.pool_id, &n.name, &shard_of(&id), &labels],
+            "INSERT INTO nodes (id, pool_id, name, shard, labels, vcpu, memory_mib, disk_gib) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+            &[&id, &n.pool_id, &n.name, &shard_of(&id), &labels, &n.vcpu, &n.memory_mib, &n.disk_gib],
         )
         .await
         .map_err(DbError::from);
@@ -194,13 +192,6 @@ pub async fn register_node(tx: &impl GenericClient, n: &NewNode) -> Result<Strin
         }
         insert_children(tx, &id, &g.uuid, &g.model, g.memory_mib, &g.mode).await?;
     }
-    tx.execute(
-        "INSERT INTO node_resources (node_id, vcpu_allocatable, vcpu_ratio, memory_mib_allocatable, memory_ratio,
-                                     disk_gib_allocatable, disk_ratio)
-         VALUES ($1, $2, $3, $4, $5, $6, $7)",
-        &[&id, &n.vcpu, &pool.get::<_, f64>(0), &n.memory_mib, &pool.get::<_, f64>(1), &n.disk_gib, &pool.get::<_, f64>(2)],
-    )
-    .await?;
     outbox::emit(tx, NewEvent { event_type: "node.registered", tenant_id: None, subject: &id, data: serde_json::json!({"poolId": n.pool_id, "name": n.name}) }).await?;
     Ok(id)
 }

@@ -126,13 +126,32 @@ CREATE TABLE device_booking_history (
 -- A reservation's atoms once it has ended (capacity_view).
 CREATE INDEX device_booking_history_allocation ON device_booking_history (allocation_id);
 
+-- A node's vCPU, memory and disk ledger: its hardware times its pool's ratios, and what is booked.
+-- The row is made when the node is registered (capacity_node_registered, resources.sql); the
+-- allocated counters change only by the placer's and the release's guarded updates, and the CHECKs
+-- are the backstop.
+CREATE TABLE node_resources (
+  node_id text PRIMARY KEY REFERENCES nodes,
+  vcpu_allocatable integer NOT NULL CHECK (vcpu_allocatable >= 0),
+  vcpu_ratio float8 NOT NULL CHECK (vcpu_ratio >= 1),
+  vcpu_allocated integer NOT NULL DEFAULT 0,
+  memory_mib_allocatable bigint NOT NULL CHECK (memory_mib_allocatable >= 0),
+  memory_ratio float8 NOT NULL CHECK (memory_ratio >= 1),
+  memory_mib_allocated bigint NOT NULL DEFAULT 0,
+  disk_gib_allocatable bigint NOT NULL CHECK (disk_gib_allocatable >= 0),
+  disk_ratio float8 NOT NULL CHECK (disk_ratio >= 1),
+  disk_gib_allocated bigint NOT NULL DEFAULT 0,
+  CHECK (vcpu_allocated >= 0 AND vcpu_allocated <= floor(vcpu_allocatable * vcpu_ratio)),
+  CHECK (memory_mib_allocated >= 0 AND memory_mib_allocated <= floor(memory_mib_allocatable * memory_ratio)),
+  CHECK (disk_gib_allocated >= 0 AND disk_gib_allocated <= floor(disk_gib_allocatable * disk_ratio))
+);
+
 -- Autovacuum for the tables every placement and release churns: at 2% of a table dead instead of
 -- the default 20%, unthrottled. A release deletes or moves its bookings, and each placement and
 -- release updates a node's scalars and atom counts and the tenant's quota; with the default
 -- thresholds the dead versions pile up at the top of each atom's range in device_bookings_atom_end,
 -- which the placer's atom lookup walks backwards, and a create-and-release pair slows by a quarter
--- (with autovacuum_naptime = 5s, docs/capacity.md). node_resources is the nodes module's table, but
--- its churn is the placer's.
+-- (with autovacuum_naptime = 5s, docs/capacity.md).
 ALTER TABLE device_bookings SET (autovacuum_vacuum_scale_factor = 0.02, autovacuum_vacuum_threshold = 200,
                                  autovacuum_vacuum_cost_delay = 0, autovacuum_analyze_scale_factor = 0.05);
 ALTER TABLE reservations SET (autovacuum_vacuum_scale_factor = 0.02, autovacuum_vacuum_threshold = 200,

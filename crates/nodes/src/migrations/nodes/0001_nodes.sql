@@ -1,5 +1,5 @@
--- The nodes module's tables: the inventory capacity books from (sites, pools, nodes, devices,
--- node_resources), one-shot commands, join tokens, node certificates and sessions, liveness.
+-- The nodes module's tables: the inventory capacity books from (sites, pools, nodes, devices),
+-- one-shot commands, join tokens, node certificates and sessions, liveness.
 -- The lock order across modules is in docs/architecture.md.
 
 CREATE TABLE sites (
@@ -30,6 +30,10 @@ CREATE TABLE nodes (
   pool_id text NOT NULL REFERENCES pools,
   name text NOT NULL,
   shard smallint NOT NULL CHECK (shard BETWEEN 0 AND 255),
+  -- the node's hardware as registered; capacity books against it (its node_resources row)
+  vcpu integer NOT NULL CHECK (vcpu >= 0),
+  memory_mib bigint NOT NULL CHECK (memory_mib >= 0),
+  disk_gib bigint NOT NULL CHECK (disk_gib >= 0),
   labels jsonb NOT NULL DEFAULT '{}' CHECK (jsonb_typeof(labels) = 'object'),
   -- [{"key": "...", "value": "..."}]: a node with a taint takes only reservations that tolerate it
   taints jsonb NOT NULL DEFAULT '[]' CHECK (jsonb_typeof(taints) = 'array'),
@@ -87,23 +91,6 @@ CREATE TABLE devices (
 CREATE UNIQUE INDEX devices_gpu_index ON devices (node_id, index) WHERE parent_id IS NULL;
 CREATE INDEX devices_children ON devices (parent_id) WHERE parent_id IS NOT NULL;
 CREATE INDEX devices_bookable ON devices (node_id, kind) WHERE bookable;
-
--- vCPU, memory and disk are counters changed only by guarded updates; the CHECKs are the backstop.
-CREATE TABLE node_resources (
-  node_id text PRIMARY KEY REFERENCES nodes,
-  vcpu_allocatable integer NOT NULL CHECK (vcpu_allocatable >= 0),
-  vcpu_ratio float8 NOT NULL CHECK (vcpu_ratio >= 1),
-  vcpu_allocated integer NOT NULL DEFAULT 0,
-  memory_mib_allocatable bigint NOT NULL CHECK (memory_mib_allocatable >= 0),
-  memory_ratio float8 NOT NULL CHECK (memory_ratio >= 1),
-  memory_mib_allocated bigint NOT NULL DEFAULT 0,
-  disk_gib_allocatable bigint NOT NULL CHECK (disk_gib_allocatable >= 0),
-  disk_ratio float8 NOT NULL CHECK (disk_ratio >= 1),
-  disk_gib_allocated bigint NOT NULL DEFAULT 0,
-  CHECK (vcpu_allocated >= 0 AND vcpu_allocated <= floor(vcpu_allocatable * vcpu_ratio)),
-  CHECK (memory_mib_allocated >= 0 AND memory_mib_allocated <= floor(memory_mib_allocatable * memory_ratio)),
-  CHECK (disk_gib_allocated >= 0 AND disk_gib_allocated <= floor(disk_gib_allocatable * disk_ratio))
-);
 
 -- One-shot commands to nodes: durable rows written in the caller's transaction.
 CREATE TABLE commands (

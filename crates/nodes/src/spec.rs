@@ -1,6 +1,8 @@
 //! The nodes module's parts of a node's desired state: `site` (where it is, its labels), `gpus`
 //! (the mode and layout of every GPU) and `agent` (daemon settings and command lanes).
 
+use std::collections::HashMap;
+
 use better_compute_proto::v1::{AgentSection, CommandLane, Gpu, GpuMode, GpusSection, NodeSpec, SiteSection};
 use better_compute_runtime::nodespec::NodeSpecPart;
 use better_compute_runtime::RunError;
@@ -18,30 +20,25 @@ impl NodeSpecPart for SitePart {
         "nodes.site"
     }
 
-    async fn node_spec(&self, tx: &Transaction<'_>, node_id: &str) -> Result<NodeSpec, RunError> {
-        let r = tx
-            .query_one(
-                "SELECT s.id, s.name, p.id, p.name, n.name, n.labels FROM nodes n
-                   JOIN pools p ON p.id = n.pool_id JOIN sites s ON s.id = p.site_id WHERE n.id = $1",
-                &[&node_id],
+    async fn node_specs(&self, tx: &Transaction<'_>, node_ids: &[String]) -> Result<Vec<NodeSpec>, RunError> {
+        let rows = tx
+            .query(
+                "SELECT n.id, s.id, s.name, p.id, p.name, n.name, n.labels FROM nodes n
+                   JOIN pools p ON p.id = n.pool_id JOIN sites s ON s.id = p.site_id WHERE n.id = ANY($1)",
+                &[&node_ids],
             )
             .await?;
-        let labels: serde_json::Value = r.get(5);
-        let labels = labels
-            .as_object()
-            .map(|m| m.iter().filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned()))).collect())
-            .unwrap_or_default();
-        Ok(NodeSpec {
-            site: Some(SiteSection {
-                site_id: r.get(0),
-                site_name: r.get(1),
-                pool_id: r.get(2),
-                pool_name: r.get(3),
-                node_name: r.get(4),
-                labels,
-            }),
-            ..Default::default()
-        })
+        let mut by_node: HashMap<String, NodeSpec> = HashMap::with_capacity(rows.len());
+        for r in &rows {
+            let labels: serde_json::Value = r.get(6);
+            let labels = labels
+                .as_object()
+                .map(|m| m.iter().filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned()))).collect())
+                .unwrap_or_default();
+            let site = SiteSection { site_id: r.get(1), site_name: r.get(2), pool_id: r.get(3), pool_name: r.get(4), node_name: r.get(5), labels };
+            by_node.insert(r.get(0), NodeSpec { site: Some(site), ..Default::default() });
+        }
+        node_ids.iter().map(|id| by_node.remove(id).ok_or_else(|| format!("node {id} has no row").into())).collect()
     }
 }
 
@@ -54,33 +51,35 @@ impl NodeSpecPart for GpusPart {
         "nodes.gpus"
     }
 
-    async fn node_spec(&self, tx: &Transaction<'_>, node_id: &str) -> Result<NodeSpec, RunError> {
+    async fn node_specs(&self, tx: &Transaction<'_>, node_ids: &[String]) -> Result<Vec<NodeSpec>, RunError> {
         let rows = tx
             .query(
-                "SELECT id, index, mode, mig_layout, slots FROM devices WHERE node_id = $1 AND parent_id IS NULL ORDER BY index",
-                &[&node_id],
+                "SELECT node_id, id, index, mode, mig_layout, slots FROM devices
+                  WHERE node_id = ANY($1) AND parent_id IS NULL ORDER BY node_id, index",
+                &[&node_ids],
             )
             .await?;
-        let gpus = rows
+        let mut by_node: HashMap<String, Vec<Gpu>> = HashMap::new();
+        for r in &rows {
+            let mode = match r.get::<_, String>(3).as_str() {
+                "exclusive" => GpuMode::Exclusive,
+                "mig" => GpuMode::Mig,
+                "time-slice" => GpuMode::TimeSlice,
+                "mps" => GpuMode::Mps,
+                _ => GpuMode::Unspecified,
+            };
+            by_node.entry(r.get(0)).or_default().push(Gpu {
+                uuid: r.get(1),
+                index: r.get::<_, i16>(2) as u32,
+                mode: mode as i32,
+                mig_layout: r.get(4),
+                slots: r.get::<_, i16>(5) as u32,
+            });
+        }
+        Ok(node_ids
             .iter()
-            .map(|r| {
-                let mode = match r.get::<_, String>(2).as_str() {
-                    "exclusive" => GpuMode::Exclusive,
-                    "mig" => GpuMode::Mig,
-                    "time-slice" => GpuMode::TimeSlice,
-                    "mps" => GpuMode::Mps,
-                    _ => GpuMode::Unspecified,
-                };
-                Gpu {
-                    uuid: r.get(0),
-                    index: r.get::<_, i16>(1) as u32,
-                    mode: mode as i32,
-                    mig_layout: r.get(3),
-                    slots: r.get::<_, i16>(4) as u32,
-                }
-            })
-            .collect();
-        Ok(NodeSpec { gpus: Some(GpusSection { gpus }), ..Default::default() })
+            .map(|id| NodeSpec { gpus: Some(GpusSection { gpus: by_node.remove(id).unwrap_or_default() }), ..Default::default() })
+            .collect())
     }
 }
 
@@ -97,13 +96,14 @@ impl NodeSpecPart for AgentPart {
         "nodes.agent"
     }
 
-    async fn node_spec(&self, _tx: &Transaction<'_>, _node_id: &str) -> Result<NodeSpec, RunError> {
-        Ok(NodeSpec {
+    async fn node_specs(&self, _tx: &Transaction<'_>, node_ids: &[String]) -> Result<Vec<NodeSpec>, RunError> {
+        let spec = NodeSpec {
             agent: Some(AgentSection {
                 heartbeat_interval_ms: HEARTBEAT_INTERVAL_MS,
                 lanes: LANES.iter().map(|(name, credits)| CommandLane { name: (*name).to_owned(), credits: *credits }).collect(),
             }),
             ..Default::default()
-        })
+        };
+        Ok(vec![spec; node_ids.len()])
     }
 }

@@ -80,6 +80,22 @@ pub trait Reconciler: Send + Sync + 'static {
     /// opened with [`ReconcileContext::begin_fenced`].
     async fn run(&self, ctx: &ReconcileContext, key: &str) -> Result<Outcome, RunError>;
 
+    /// How many keys of one shard a run may take at once (1: each key its own run). A reconciler
+    /// that answers more implements [`Reconciler::run_many`] set-based.
+    fn batch_size(&self) -> usize {
+        1
+    }
+
+    /// Brings `keys`, all of one shard and so under one lease, to their desired state: one
+    /// outcome per key, in `keys`' order. By default, [`Reconciler::run`] for each in turn.
+    async fn run_many(&self, ctx: &ReconcileContext, keys: &[String]) -> Vec<Result<Outcome, RunError>> {
+        let mut out = Vec::with_capacity(keys.len());
+        for k in keys {
+            out.push(self.run(ctx, k).await);
+        }
+        out
+    }
+
     /// Every key this reconciler owns in `shards` (all of them for a singleton kind), for the
     /// periodic resync that catches anything a lost wake-up let slip.
     async fn keys(&self, _ctx: &ReconcileContext, _shards: &[i16]) -> Result<Vec<String>, RunError> {

@@ -281,7 +281,7 @@ pub async fn claim(
 }
 
 /// The result of one run, to be applied to its row.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub enum RunResult {
     /// The reconciler answered.
     Ok(Outcome),

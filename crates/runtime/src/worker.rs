@@ -124,6 +124,40 @@ pub struct Worker {
     state: Mutex<State>,
 }
 
+/// The keys a claim takes for a reconciler that runs batches: enough that a shard's batch fills
+/// on a fleet of thousands of nodes spread over 256 shards, few enough that every claim is run
+/// well inside its claim's time to live.
+pub const MAX_BATCH_CLAIM: i64 = 4096;
+
+/// How many keys to claim for `free_runs` runs: one each, up to `claim_batch`; for a reconciler
+/// that runs batches, [`MAX_BATCH_CLAIM`], so that each shard's batch fills (the runs stay
+/// bounded by the free slots: batches beyond them queue inside a run's task).
+fn claim_limit(claim_batch: i64, batch_size: usize, free_runs: usize) -> i64 {
+    if batch_size <= 1 {
+        i64::try_from(free_runs).unwrap_or(i64::MAX).min(claim_batch.max(1))
+    } else {
+        MAX_BATCH_CLAIM
+    }
+}
+
+/// Claimed keys grouped by shard (so each group runs under one lease), in groups of at most
+/// `size`, in claim order.
+fn batches<L>(claimed: Vec<(Claimed, L)>, size: usize) -> Vec<(Vec<Claimed>, L)> {
+    let size = size.max(1);
+    let mut out: Vec<(Vec<Claimed>, L)> = Vec::new();
+    let mut open: HashMap<i16, usize> = HashMap::new();
+    for (c, lease) in claimed {
+        match open.get(&c.shard) {
+            Some(&i) if out[i].0.len() < size => out[i].0.push(c),
+            _ => {
+                open.insert(c.shard, out.len());
+                out.push((vec![c], lease));
+            }
+        }
+    }
+    out
+}
+
 /// The lease name of a shard.
 pub fn shard_lease(shard: i16) -> String {
     format!("shard:{shard}")
@@ -354,14 +388,14 @@ impl Worker {
     }
 
     async fn tick_reconciler(&self, r: Arc<dyn Reconciler>) -> Result<JobReport, DbError> {
-        let claimed = self.claim(&r.kind(), self.cfg.claim_batch).await?;
+        let claimed = self.claim(&r.kind(), claim_limit(self.cfg.claim_batch, r.batch_size(), usize::MAX)).await?;
         // No connection is held while the runs go: every job runs at once, each run takes its own.
-        let results: Vec<(Claimed, RunResult)> = futures_util::stream::iter(claimed)
-            .map(|(c, lease)| self.run_one(r.clone(), c, lease))
+        let results: Vec<Vec<(Claimed, RunResult)>> = futures_util::stream::iter(batches(claimed, r.batch_size()))
+            .map(|(keys, lease)| self.run_batch(r.clone(), keys, lease))
             .buffer_unordered(self.cfg.run_concurrency.max(1))
             .collect()
             .await;
-        self.apply(&r.kind(), &results).await
+        self.apply(&r.kind(), &results.into_iter().flatten().collect::<Vec<_>>()).await
     }
 
     /// Claims up to `limit` due keys of `kind` in this worker's shards, each with the lease it
@@ -380,16 +414,30 @@ impl Worker {
         Ok(claimed.into_iter().map(|c| { let l = leases[&c.shard].clone(); (c, l) }).collect())
     }
 
-    /// Runs one claimed key under `lease`.
-    async fn run_one(&self, r: Arc<dyn Reconciler>, c: Claimed, lease: Lease) -> (Claimed, RunResult) {
+    /// Runs claimed keys of one shard under its `lease`: one run, or one `run_many` for several.
+    async fn run_batch(&self, r: Arc<dyn Reconciler>, keys: Vec<Claimed>, lease: Lease) -> Vec<(Claimed, RunResult)> {
         let ctx = self.context(r.kind().name, lease);
-        // A panicking reconciler fails its key, not the worker.
-        let res = match AssertUnwindSafe(r.run(&ctx, &c.key)).catch_unwind().await {
-            Ok(Ok(o)) => RunResult::Ok(o),
-            Ok(Err(e)) => RunResult::Err(e.to_string()),
-            Err(_) => RunResult::Err("the reconciler panicked".to_owned()),
+        let result = |o: Result<crate::Outcome, crate::RunError>| match o {
+            Ok(o) => RunResult::Ok(o),
+            Err(e) => RunResult::Err(e.to_string()),
         };
-        (c, res)
+        // A panicking reconciler fails its keys, not the worker.
+        if let [one] = keys.as_slice() {
+            let res = match AssertUnwindSafe(r.run(&ctx, &one.key)).catch_unwind().await {
+                Ok(o) => result(o),
+                Err(_) => RunResult::Err("the reconciler panicked".to_owned()),
+            };
+            return keys.into_iter().map(|c| (c, res.clone())).collect();
+        }
+        let names: Vec<String> = keys.iter().map(|c| c.key.clone()).collect();
+        match AssertUnwindSafe(r.run_many(&ctx, &names)).catch_unwind().await {
+            Ok(outcomes) if outcomes.len() == keys.len() => keys.into_iter().zip(outcomes).map(|(c, o)| (c, result(o))).collect(),
+            Ok(outcomes) => {
+                let e = format!("run_many answered {} outcomes for {} keys", outcomes.len(), keys.len());
+                keys.into_iter().map(|c| (c, RunResult::Err(e.clone()))).collect()
+            }
+            Err(_) => keys.into_iter().map(|c| (c, RunResult::Err("the reconciler panicked".to_owned()))).collect(),
+        }
     }
 
     /// Applies ended runs' outcomes to the queue and returns what they did.
@@ -452,13 +500,26 @@ impl Worker {
         while !*shutdown.borrow() {
             if claim_now && runs.len() <= slots / 2 {
                 poked.mark_unchanged();
-                let free = (slots - runs.len()).min(self.cfg.claim_batch.max(1) as usize);
+                let free_runs = slots - runs.len();
+                let free = claim_limit(self.cfg.claim_batch, r.batch_size(), free_runs) as usize;
                 match self.claim(&kind, free as i64).await {
                     Ok(claimed) => {
                         let full = claimed.len() == free;
-                        for (c, lease) in claimed {
+                        // At most `free_runs` tasks: batches beyond that queue behind others in a
+                        // task, one after another, so runs in flight stay bounded by the slots.
+                        let mut tasks: Vec<Vec<(Vec<Claimed>, Lease)>> = (0..free_runs).map(|_| Vec::new()).collect();
+                        for (i, b) in batches(claimed, r.batch_size()).into_iter().enumerate() {
+                            tasks[i % free_runs].push(b);
+                        }
+                        for task in tasks.into_iter().filter(|t| !t.is_empty()) {
                             let (me, r) = (self.clone(), r.clone());
-                            runs.spawn(async move { me.run_one(r, c, lease).await });
+                            runs.spawn(async move {
+                                let mut ended = Vec::new();
+                                for (keys, lease) in task {
+                                    ended.extend(me.run_batch(r.clone(), keys, lease).await);
+                                }
+                                ended
+                            });
                         }
                         // A full claim may have left more due: claim again once slots free.
                         claim_now = full;
@@ -471,9 +532,9 @@ impl Worker {
             }
             tokio::select! {
                 Some(first) = runs.join_next(), if !runs.is_empty() => {
-                    let mut ended: Vec<(Claimed, RunResult)> = first.into_iter().collect();
+                    let mut ended: Vec<(Claimed, RunResult)> = first.into_iter().flatten().collect();
                     while let Some(more) = runs.try_join_next() {
-                        ended.extend(more);
+                        ended.extend(more.into_iter().flatten());
                     }
                     match self.apply(&kind, &ended).await {
                         Ok(report) => {
@@ -492,7 +553,7 @@ impl Worker {
         // The runs in flight end and their outcomes are applied before the leases go.
         let mut ended = Vec::new();
         while let Some(x) = runs.join_next().await {
-            ended.extend(x);
+            ended.extend(x.into_iter().flatten());
         }
         if let Err(e) = self.apply(&kind, &ended).await {
             tracing::warn!(job = kind.name, error = %e, "applying outcomes failed");
@@ -611,3 +672,30 @@ impl Worker {
     }
 }
 
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn claimed(key: &str, shard: i16) -> (Claimed, i16) {
+        (Claimed { key: key.into(), generation: 1, shard, attempts: 0 }, shard)
+    }
+
+    #[test]
+    fn claimed_keys_run_in_batches_of_one_shard_each_at_most_the_batch_size_in_claim_order() {
+        let keys = vec![claimed("a", 1), claimed("b", 2), claimed("c", 1), claimed("d", 1), claimed("e", 2), claimed("f", 1)];
+        let got: Vec<(Vec<String>, i16)> =
+            batches(keys.clone(), 2).into_iter().map(|(b, shard)| (b.into_iter().map(|c| c.key).collect(), shard)).collect();
+        let want: Vec<(Vec<String>, i16)> = vec![
+            (vec!["a".into(), "c".into()], 1),
+            (vec!["b".into(), "e".into()], 2),
+            (vec!["d".into(), "f".into()], 1),
+        ];
+        assert_eq!(got, want);
+        assert!(batches(keys.clone(), 2).iter().all(|(b, shard)| b.iter().all(|c| c.shard == *shard)));
+        assert_eq!(batches(keys, 1).len(), 6, "batch size 1: each key its own run");
+        assert_eq!(claim_limit(256, 1, 7), 7);
+        assert_eq!(claim_limit(256, 1, usize::MAX), 256);
+        assert_eq!(claim_limit(256, 64, 3), MAX_BATCH_CLAIM);
+    }
+}

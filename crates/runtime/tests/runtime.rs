@@ -719,14 +719,14 @@ impl better_compute_runtime::nodespec::NodeSpecPart for SiteFields {
     fn name(&self) -> &'static str {
         self.name
     }
-    async fn node_spec(
+    async fn node_specs(
         &self,
         _tx: &tokio_postgres::Transaction<'_>,
-        _node_id: &str,
-    ) -> Result<better_compute_proto::v1::NodeSpec, RunError> {
+        node_ids: &[String],
+    ) -> Result<Vec<better_compute_proto::v1::NodeSpec>, RunError> {
         let mut s = better_compute_proto::v1::SiteSection::default();
         (self.fields)(&mut s, self.changed.load(Ordering::SeqCst));
-        Ok(better_compute_proto::v1::NodeSpec { site: Some(s), ..Default::default() })
+        Ok(vec![better_compute_proto::v1::NodeSpec { site: Some(s), ..Default::default() }; node_ids.len()])
     }
 }
 
@@ -771,13 +771,8 @@ async fn two_modules_site_fields_merge_in_registration_order_and_generation_move
     .await;
     let c = h.db().client().await;
     // The runtime writes nodes.spec and nodes.generation; the nodes module owns the table.
-    c.batch_execute(
-        "CREATE TABLE nodes (id text PRIMARY KEY, shard smallint NOT NULL, generation bigint NOT NULL DEFAULT 0,
-                             spec jsonb, version bigint NOT NULL DEFAULT 1);
-         INSERT INTO nodes (id, shard, generation) VALUES ('node_adopted', 0, 1), ('node_new', 0, 0);",
-    )
-    .await
-    .unwrap();
+    c.batch_execute(FAKE_NODES).await.unwrap();
+    c.batch_execute("INSERT INTO nodes (id, shard, generation) VALUES ('node_adopted', 0, 1), ('node_new', 0, 0);").await.unwrap();
     let nodespec = better_compute_runtime::desired::NODESPEC;
     let spec_of = |id: &'static str| {
         let c = &c;
@@ -813,6 +808,75 @@ async fn two_modules_site_fields_merge_in_registration_order_and_generation_move
     enqueue(&h, &nodespec, "node_adopted").await;
     h.job("nodespec").drain(5).await;
     assert_eq!(spec_of("node_adopted").await.0, 2);
+}
+
+/// The runtime's own `nodes` table for the NodeSpec tests (the nodes module owns the real one).
+const FAKE_NODES: &str = "CREATE TABLE nodes (id text PRIMARY KEY, shard smallint NOT NULL, generation bigint NOT NULL DEFAULT 0,
+                                              spec jsonb, version bigint NOT NULL DEFAULT 1);";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nodespec_batch_recomputes_a_shards_nodes_in_one_run_and_writes_none_once_its_lease_is_taken_over() {
+    let part = Arc::new(SiteFields { name: "site", fields: |s, changed| s.site_id = if changed { "site_2".into() } else { "site_1".into() }, changed: false.into() });
+    let h = Harness::new(vec![Arc::new(PartModule { name: "site", part: part.clone() })]).await;
+    let nodespec = better_compute_runtime::desired::NODESPEC;
+    // Twenty adopted nodes of one shard, one batch.
+    let shard = nodespec.shard_of("node_0");
+    let ids: Vec<String> = (0..).map(|i| format!("node_{i}")).filter(|k| nodespec.shard_of(k) == shard).take(20).collect();
+    let c = h.db().client().await;
+    c.batch_execute(FAKE_NODES).await.unwrap();
+    c.execute("INSERT INTO nodes (id, shard, generation) SELECT id, $2, 1 FROM unnest($1::text[]) id", &[&ids, &shard]).await.unwrap();
+    let specs = || async {
+        let rows = h.db().client().await.query("SELECT generation, spec->'site'->>'siteId' FROM nodes ORDER BY id", &[]).await.unwrap();
+        rows.iter().map(|r| (r.get::<_, i64>(0), r.get::<_, Option<String>>(1))).collect::<Vec<_>>()
+    };
+    {
+        let mut c = h.db().client().await;
+        let tx = c.transaction().await.unwrap();
+        work_queue::enqueue_many(&*tx, &nodespec, &ids).await.unwrap();
+        tx.commit().await.unwrap();
+    }
+    let r = h.job("nodespec").tick().await;
+    assert_eq!((r.claimed, r.done, r.errors), (20, 20, 0), "{r:?}");
+    assert_eq!(r.counts.get("changed"), Some(&20), "{r:?}");
+    let first = specs().await;
+    assert_eq!(first.len(), 20);
+    assert!(first.iter().all(|s| *s == (1, Some("site_1".to_owned()))), "{first:?}");
+
+    // The spec changes; the batch is claimed under the shard's lease, and a takeover commits
+    // between the claim and the batch's fenced transaction (the test holds the lease row so that
+    // the batch's fence waits on it, then moves the lease on).
+    part.changed.store(true, Ordering::SeqCst);
+    {
+        let mut c = h.db().client().await;
+        let tx = c.transaction().await.unwrap();
+        work_queue::enqueue_many(&*tx, &nodespec, &ids).await.unwrap();
+        tx.commit().await.unwrap();
+    }
+    let lease = better_compute_runtime::worker::shard_lease(shard);
+    let mut taker = h.db().client().await;
+    let takeover = taker.transaction().await.unwrap();
+    takeover.query_one("SELECT 1 FROM leases WHERE name = $1 FOR UPDATE", &[&lease]).await.unwrap();
+    let zombie = h.job("nodespec");
+    let world = async {
+        // Until the batch's fence waits on the lease row.
+        loop {
+            let waiting: i64 = c
+                .query_one("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%better_compute.fence%'", &[])
+                .await
+                .unwrap()
+                .get(0);
+            if waiting > 0 {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        takeover.execute("UPDATE leases SET owner = 'wrk_other', epoch = epoch + 1 WHERE name = $1", &[&lease]).await.unwrap();
+        takeover.commit().await.unwrap();
+    };
+    let (r, ()) = within("the batch meets the takeover", async { tokio::join!(zombie.tick(), world) }).await;
+    assert_eq!((r.claimed, r.done, r.errors), (20, 0, 20), "{r:?}");
+    assert!(r.last_error.as_deref().is_some_and(|e| e.contains("no longer held")), "{r:?}");
+    assert_eq!(specs().await, first, "no node of the batch changed");
 }
 
 #[tokio::test]

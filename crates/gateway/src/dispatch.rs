@@ -2,6 +2,9 @@
 
 use super::*;
 
+/// Nodes whose desired state one read fetches at most.
+pub(crate) const SPEC_PUSH_BATCH: usize = 256;
+
 /// A wake-up for one node.
 #[derive(Debug, Clone)]
 pub(crate) enum Poke {
@@ -10,15 +13,44 @@ pub(crate) enum Poke {
 }
 
 impl Inner {
-    /// Runs pokes with bounded concurrency.
+    /// Runs pokes with bounded concurrency. Desired-state pokes that have arrived together (a
+    /// change to a whole site wakes thousands) go as one read of up to [`SPEC_PUSH_BATCH`] nodes.
     pub(crate) async fn poke_loop(self: Arc<Self>, mut pokes: tokio::sync::mpsc::Receiver<Poke>, mut shutdown: watch::Receiver<bool>) {
         loop {
             let poke = tokio::select! {
                 _ = shutdown.wait_for(|s| *s) => return,
                 p = pokes.recv() => match p { Some(p) => p, None => return },
             };
-            self.clone().spawn_poke(poke).await;
+            let mut specs = Vec::new();
+            let mut next = Some(poke);
+            while let Some(p) = next.take() {
+                match p {
+                    Poke::Spec(n) => specs.push(n),
+                    commands => self.clone().spawn_poke(commands).await,
+                }
+                if specs.len() < SPEC_PUSH_BATCH {
+                    next = pokes.try_recv().ok();
+                }
+            }
+            if !specs.is_empty() {
+                self.clone().spawn_spec_push(specs).await;
+            }
         }
+    }
+
+    /// Pushes desired state to the sessions of `nodes` in one task under one dispatch permit.
+    pub(crate) async fn spawn_spec_push(self: Arc<Self>, mut nodes: Vec<String>) {
+        nodes.retain(|n| self.hub.get(n).is_some());
+        if nodes.is_empty() {
+            return;
+        }
+        let Ok(permit) = self.dispatching.clone().acquire_owned().await else { return };
+        tokio::spawn(async move {
+            if let Err(e) = self.push_specs(&nodes).await {
+                tracing::warn!(nodes = nodes.len(), error = %e, "pushing desired state failed; the poll retries");
+            }
+            drop(permit);
+        });
     }
 
     pub(crate) async fn spawn_poke(self: Arc<Self>, poke: Poke) {
@@ -32,7 +64,7 @@ impl Inner {
         tokio::spawn(async move {
             let r = match poke {
                 Poke::Commands(n) => self.dispatch(&n).await,
-                Poke::Spec(n) => self.push_spec(&n).await,
+                Poke::Spec(n) => self.push_specs(&[n]).await,
             };
             if let Err(e) = r {
                 tracing::warn!(node = %node, error = %e, "dispatch failed; the poll retries");
@@ -69,10 +101,10 @@ impl Inner {
         for n in work {
             self.clone().spawn_poke(Poke::Commands(n)).await;
         }
-        for (n, generation) in behind {
-            if self.hub.get(&n).is_some_and(|s| s.sent_generation() < generation) {
-                self.clone().spawn_poke(Poke::Spec(n)).await;
-            }
+        let behind: Vec<String> =
+            behind.into_iter().filter(|(n, generation)| self.hub.get(n).is_some_and(|s| s.sent_generation() < *generation)).map(|(n, _)| n).collect();
+        for nodes in behind.chunks(SPEC_PUSH_BATCH) {
+            self.clone().spawn_spec_push(nodes.to_vec()).await;
         }
         Ok(())
     }
@@ -130,22 +162,27 @@ impl Inner {
         }
     }
 
-    /// Sends the node its desired state if it is newer than what this session has seen.
-    pub(crate) async fn push_spec(&self, node_id: &str) -> Result<(), DbError> {
-        let Some(s) = self.hub.get(node_id) else { return Ok(()) };
-        let Some((generation, json)) = ({
-            let mut c = self.pool.get().await?;
-            let tx = c.transaction().await?;
-            let d = session::desired_state(&*tx, node_id).await?;
-            tx.commit().await?;
-            d
-        }) else {
-            return Ok(());
-        };
-        if !s.claim_generation(generation) {
+    /// Sends each node its desired state if it is newer than what its session has seen: one read
+    /// for all of them.
+    pub(crate) async fn push_specs(&self, nodes: &[String]) -> Result<(), DbError> {
+        let sessions: Vec<(&String, Arc<hub::Session>)> = nodes.iter().filter_map(|n| Some((n, self.hub.get(n)?))).collect();
+        if sessions.is_empty() {
             return Ok(());
         }
-        send_spec(node_id, &s, generation, json);
+        let ids: Vec<&str> = sessions.iter().map(|(n, _)| n.as_str()).collect();
+        let mut specs = {
+            let mut c = self.pool.get().await?;
+            let tx = c.transaction().await?;
+            let d = session::desired_states(&*tx, &ids).await?;
+            tx.commit().await?;
+            d
+        };
+        for (node, s) in sessions {
+            let Some((generation, json)) = specs.remove(node.as_str()) else { continue };
+            if s.claim_generation(generation) {
+                send_spec(node, &s, generation, json);
+            }
+        }
         Ok(())
     }
 }

@@ -294,10 +294,20 @@ pub async fn nodes_behind(db: &impl GenericClient, gateway_id: &str) -> Result<V
 
 /// The node's stored desired state: (generation, proto3 JSON), if it has any yet.
 pub async fn desired_state(db: &impl GenericClient, node_id: &str) -> Result<Option<(i64, serde_json::Value)>, DbError> {
+    Ok(desired_states(db, &[node_id]).await?.remove(node_id))
+}
+
+/// [`desired_state`] of many nodes in one statement, by node id; nodes without one are absent.
+pub async fn desired_states(
+    db: &impl GenericClient,
+    node_ids: &[&str],
+) -> Result<std::collections::HashMap<String, (i64, serde_json::Value)>, DbError> {
     Ok(db
-        .query_opt("SELECT generation, spec FROM nodes WHERE id = $1 AND spec IS NOT NULL", &[&node_id])
+        .query("SELECT id, generation, spec FROM nodes WHERE id = ANY($1) AND spec IS NOT NULL", &[&node_ids])
         .await?
-        .map(|r| (r.get(0), r.get(1))))
+        .iter()
+        .map(|r| (r.get(0), (r.get(1), r.get(2))))
+        .collect())
 }
 
 /// A report a daemon made about a command.

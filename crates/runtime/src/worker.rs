@@ -127,7 +127,7 @@ pub struct Worker {
 /// The keys a claim takes for a reconciler that runs batches: enough that a shard's batch fills
 /// on a fleet of thousands of nodes spread over 256 shards, few enough that every claim is run
 /// well inside its claim's time to live.
-pub const MAX_BATCH_CLAIM: i64 = 4096;
+pub const MAX_BATCH_CLAIM: i64 = 1024;
 
 /// How many keys to claim for `free_runs` runs: one each, up to `claim_batch`; for a reconciler
 /// that runs batches, [`MAX_BATCH_CLAIM`], so that each shard's batch fills (the runs stay

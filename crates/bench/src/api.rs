@@ -90,24 +90,6 @@ fn request(tenant: &str, key: String) -> CreateReservation {
     }
 }
 
-/// The same request as the typed client sends it.
-fn http_request(tenant: &str, key: String) -> types::CreateReservation {
-    types::CreateReservation {
-        tenant_id: Some(tenant.to_owned()),
-        pool_id: "pool_bench".into(),
-        gpu: types::GpuRequest { kind: types::GpuRequestKind::Gpu, model: "H100-80GB".into(), profile: None, count: 1 },
-        vcpu: 1,
-        memory_mib: 1024,
-        disk_gib: 1,
-        starts_at: None,
-        ends_at: None,
-        duration_s: Some(3600),
-        node_selector: Default::default(),
-        tolerations: vec![],
-        idempotency_key: Some(key),
-    }
-}
-
 /// Runs the benchmark.
 pub async fn run(b: ApiBench) -> anyhow::Result<()> {
     let scratch = Scratch::start(b.clients as u32 * 2 + 40).await?;
@@ -161,9 +143,11 @@ pub async fn run(b: ApiBench) -> anyhow::Result<()> {
     })
     .await;
     line("reservations.create in-process", &in_create);
-    let (h, tn) = (http.clone(), tenant.clone());
+    // The same request as the typed client's type: one conversion, then a new key per call.
+    let template: types::CreateReservation = serde_json::from_value(serde_json::to_value(request(&tenant, String::new()))?)?;
+    let h = http.clone();
     let http_create = measure(b.clients, b.requests / 4, move |_, i| {
-        let (h, body) = (h.clone(), http_request(&tn, format!("http-{i}")));
+        let (h, body) = (h.clone(), types::CreateReservation { idempotency_key: Some(format!("http-{i}")), ..template.clone() });
         async move { h.reservations_create(&body).await.is_ok() }
     })
     .await;

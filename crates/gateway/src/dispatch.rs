@@ -26,7 +26,7 @@ impl Inner {
             while let Some(p) = next.take() {
                 match p {
                     Poke::Spec(n) => specs.push(n),
-                    commands => self.clone().spawn_poke(commands).await,
+                    Poke::Commands(n) => self.clone().spawn_dispatch(n).await,
                 }
                 if specs.len() < SPEC_PUSH_BATCH {
                     next = pokes.try_recv().ok();
@@ -53,20 +53,14 @@ impl Inner {
         });
     }
 
-    pub(crate) async fn spawn_poke(self: Arc<Self>, poke: Poke) {
-        let node = match &poke {
-            Poke::Commands(n) | Poke::Spec(n) => n.clone(),
-        };
+    /// Dispatches `node`'s due commands in a task of its own under a dispatch permit.
+    pub(crate) async fn spawn_dispatch(self: Arc<Self>, node: String) {
         if self.hub.get(&node).is_none() {
             return;
         }
         let Ok(permit) = self.dispatching.clone().acquire_owned().await else { return };
         tokio::spawn(async move {
-            let r = match poke {
-                Poke::Commands(n) => self.dispatch(&n).await,
-                Poke::Spec(n) => self.push_specs(&[n]).await,
-            };
-            if let Err(e) = r {
+            if let Err(e) = self.dispatch(&node).await {
                 tracing::warn!(node = %node, error = %e, "dispatch failed; the poll retries");
             }
             drop(permit);
@@ -99,7 +93,7 @@ impl Inner {
             found
         };
         for n in work {
-            self.clone().spawn_poke(Poke::Commands(n)).await;
+            self.clone().spawn_dispatch(n).await;
         }
         let behind: Vec<String> =
             behind.into_iter().filter(|(n, generation)| self.hub.get(n).is_some_and(|s| s.sent_generation() < *generation)).map(|(n, _)| n).collect();

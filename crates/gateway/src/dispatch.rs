@@ -1,9 +1,21 @@
 //! Dispatch: desired state and commands sent down sessions, on pokes (LISTEN/NOTIFY) and by polling.
 
+use std::collections::BTreeSet;
+
 use super::*;
 
 /// Nodes whose desired state one read fetches at most.
 pub(crate) const SPEC_PUSH_BATCH: usize = 256;
+/// Nodes one dispatch transaction sends commands to at most.
+pub(crate) const DISPATCH_BATCH: usize = 256;
+
+/// What a dispatch moved to `sent` for one session, with the slots reserved for it in its queue.
+pub(crate) struct Sent<'s> {
+    node: &'s str,
+    session: &'s hub::Session,
+    dispatched: session::Dispatched,
+    slots: Reserved<'s>,
+}
 
 /// A wake-up for one node.
 #[derive(Debug, Clone)]
@@ -13,27 +25,31 @@ pub(crate) enum Poke {
 }
 
 impl Inner {
-    /// Runs pokes with bounded concurrency. Desired-state pokes that have arrived together (a
-    /// change to a whole site wakes thousands) go as one read of up to [`SPEC_PUSH_BATCH`] nodes.
+    /// Runs pokes with bounded concurrency. Pokes that have arrived together (a change to a whole
+    /// site wakes thousands of nodes; commands enqueued at a steady rate wake hundreds a second) go
+    /// as one read or one dispatch of up to [`SPEC_PUSH_BATCH`] and [`DISPATCH_BATCH`] nodes.
     pub(crate) async fn poke_loop(self: Arc<Self>, mut pokes: tokio::sync::mpsc::Receiver<Poke>, mut shutdown: watch::Receiver<bool>) {
         loop {
             let poke = tokio::select! {
                 _ = shutdown.wait_for(|s| *s) => return,
                 p = pokes.recv() => match p { Some(p) => p, None => return },
             };
-            let mut specs = Vec::new();
+            let (mut specs, mut commands) = (BTreeSet::new(), BTreeSet::new());
             let mut next = Some(poke);
             while let Some(p) = next.take() {
                 match p {
-                    Poke::Spec(n) => specs.push(n),
-                    Poke::Commands(n) => self.clone().spawn_dispatch(n).await,
-                }
-                if specs.len() < SPEC_PUSH_BATCH {
+                    Poke::Spec(n) => specs.insert(n),
+                    Poke::Commands(n) => commands.insert(n),
+                };
+                if specs.len() < SPEC_PUSH_BATCH && commands.len() < DISPATCH_BATCH {
                     next = pokes.try_recv().ok();
                 }
             }
+            if !commands.is_empty() {
+                self.clone().spawn_dispatch(commands.into_iter().collect()).await;
+            }
             if !specs.is_empty() {
-                self.clone().spawn_spec_push(specs).await;
+                self.clone().spawn_spec_push(specs.into_iter().collect()).await;
             }
         }
     }
@@ -53,15 +69,16 @@ impl Inner {
         });
     }
 
-    /// Dispatches `node`'s due commands in a task of its own under a dispatch permit.
-    pub(crate) async fn spawn_dispatch(self: Arc<Self>, node: String) {
-        if self.hub.get(&node).is_none() {
+    /// Dispatches the due commands of `nodes` in a task of its own under a dispatch permit.
+    pub(crate) async fn spawn_dispatch(self: Arc<Self>, mut nodes: Vec<String>) {
+        nodes.retain(|n| self.hub.get(n).is_some());
+        if nodes.is_empty() {
             return;
         }
         let Ok(permit) = self.dispatching.clone().acquire_owned().await else { return };
         tokio::spawn(async move {
-            if let Err(e) = self.dispatch(&node).await {
-                tracing::warn!(node = %node, error = %e, "dispatch failed; the poll retries");
+            if let Err(e) = self.dispatch(&nodes).await {
+                tracing::warn!(nodes = nodes.len(), error = %e, "dispatch failed; the poll retries");
             }
             drop(permit);
         });
@@ -92,8 +109,8 @@ impl Inner {
             tx.commit().await?;
             found
         };
-        for n in work {
-            self.clone().spawn_dispatch(n).await;
+        for nodes in work.chunks(DISPATCH_BATCH) {
+            self.clone().spawn_dispatch(nodes.to_vec()).await;
         }
         let behind: Vec<String> =
             behind.into_iter().filter(|(n, generation)| self.hub.get(n).is_some_and(|s| s.sent_generation() < *generation)).map(|(n, _)| n).collect();
@@ -103,50 +120,65 @@ impl Inner {
         Ok(())
     }
 
-    /// Sends the node its due pending commands (as many as its queue has room for) and Cancel for
-    /// in-flight ones someone cancelled. A superseded session is dropped.
-    pub(crate) async fn dispatch(&self, node_id: &str) -> Result<(), DbError> {
-        let Some(s) = self.hub.get(node_id) else { return Ok(()) };
+    /// Sends each node its due pending commands (as many as its queue has room for) and Cancel
+    /// for in-flight ones someone cancelled: one transaction for all of them. A superseded session
+    /// is dropped.
+    pub(crate) async fn dispatch(&self, nodes: &[String]) -> Result<(), DbError> {
+        let sessions: Vec<(&str, Arc<hub::Session>)> = nodes.iter().filter_map(|n| Some((n.as_str(), self.hub.get(n)?))).collect();
+        let held: Vec<(&str, &hub::Session)> = sessions.iter().map(|(n, s)| (*n, &**s)).collect();
         let mut c = self.pool.get().await?;
         let tx = c.transaction().await?;
-        let d = self.dispatch_in(&*tx, node_id, &s).await?;
+        let sent = self.dispatch_in(&*tx, &held).await?;
         tx.commit().await?;
-        if let Some(d) = d {
-            self.send_dispatched(node_id, &s, d);
+        for d in sent {
+            self.send_dispatched(d);
         }
         Ok(())
     }
 
-    /// The database side of a dispatch, in the caller's transaction: `None` when there is no room
-    /// in the session's queue, or the session was superseded (then it is dropped here). Room is
+    /// The database side of a dispatch to many sessions, in the caller's transaction. A session
+    /// with no room in its queue is left for the poll; a superseded one is dropped here. Room is
     /// reserved before any command is claimed, so a command moved to `sent` always has its slot,
     /// however many dispatches for the node run at once.
     pub(crate) async fn dispatch_in<'s>(
         &self,
         tx: &impl tokio_postgres::GenericClient,
-        node_id: &str,
-        s: &'s hub::Session,
-    ) -> Result<Option<(session::Dispatched, Reserved<'s>)>, DbError> {
-        let room = s.out.capacity().min(64);
-        // Nothing reserved: a slow daemon's queue is full, and the poll comes back to it.
-        let Ok(slots) = s.out.try_reserve_many(room.max(1)) else { return Ok(None) };
-        let d = session::dispatch(tx, node_id, &self.cfg.id, s.epoch, room.max(1) as i64).await?;
-        match d {
-            Some(d) => Ok(Some((d, slots))),
-            None => {
-                self.hub.remove(node_id, s.epoch, "this session was closed or superseded");
-                Ok(None)
+        sessions: &[(&'s str, &'s hub::Session)],
+    ) -> Result<Vec<Sent<'s>>, DbError> {
+        let mut reserved = Vec::with_capacity(sessions.len());
+        for &(node, s) in sessions {
+            let room = s.out.capacity().min(64).max(1);
+            // Nothing reserved: a slow daemon's queue is full, and the poll comes back to it.
+            if let Ok(slots) = s.out.try_reserve_many(room) {
+                reserved.push((node, s, room, slots));
             }
         }
+        if reserved.is_empty() {
+            return Ok(Vec::new());
+        }
+        let want: Vec<session::DispatchFor<'_>> =
+            reserved.iter().map(|(node, s, room, _)| session::DispatchFor { node_id: node, epoch: s.epoch, limit: *room as i64 }).collect();
+        let mut found = session::dispatch_many(tx, &self.cfg.id, &want).await?;
+        let mut sent = Vec::with_capacity(reserved.len());
+        for (node, s, _, slots) in reserved {
+            match found.remove(node) {
+                Some(d) => sent.push(Sent { node, session: s, dispatched: d, slots }),
+                None => {
+                    self.hub.remove(node, s.epoch, "this session was closed or superseded");
+                }
+            }
+        }
+        Ok(sent)
     }
 
     /// Sends what a committed dispatch moved to `sent`, into the slots reserved for it.
-    pub(crate) fn send_dispatched(&self, node_id: &str, s: &hub::Session, (d, mut slots): (session::Dispatched, Reserved<'_>)) {
+    pub(crate) fn send_dispatched(&self, sent: Sent<'_>) {
+        let Sent { node, session: s, dispatched: d, mut slots } = sent;
         for cmd in d.commands {
             match slots.next() {
-                Some(slot) => slot.send(Ok(command_message(node_id, &cmd))),
+                Some(slot) => slot.send(Ok(command_message(node, &cmd))),
                 // Cannot happen: at most as many commands were claimed as slots were reserved.
-                None => tracing::error!(node = %node_id, command = %cmd.id, "no reserved slot; the command goes again on reconnect"),
+                None => tracing::error!(node = %node, command = %cmd.id, "no reserved slot; the command goes again on reconnect"),
             }
             metrics::counter!("gateway_commands_sent_total").increment(1);
         }

@@ -9,6 +9,7 @@ mod dispatch;
 pub mod hub;
 mod lease;
 mod liveness;
+mod reports;
 mod service;
 
 use dispatch::{listen_for_pokes, Poke};
@@ -93,6 +94,8 @@ pub(crate) struct Inner {
     pub(crate) ca: Arc<Ca>,
     pub(crate) hub: hub::Hub,
     dispatching: Arc<Semaphore>,
+    /// Where session readers hand their daemons' reports to the group appliers.
+    reports: reports::Queue,
     /// Business time, sampled at start and at every lease renewal (`clock.skew`).
     clock: better_compute_db::Clock,
     /// Set once a clean stop began: new sessions are refused.
@@ -128,7 +131,17 @@ impl Gateway {
             .client_auth_optional(true);
         let listener = tokio::net::TcpListener::bind(&cfg.listen).await.map_err(|e| GatewayError::Transport(format!("listen on {}: {e}", cfg.listen)))?;
         let addr = listener.local_addr().map_err(|e| GatewayError::Transport(e.to_string()))?;
-        let inner = Arc::new(Inner { dispatching: Arc::new(Semaphore::new(cfg.dispatch_concurrency.max(1))), cfg, pool, ca, hub: hub::Hub::new(), clock, stopping: Default::default() });
+        let (report_tx, report_rx) = tokio::sync::mpsc::channel(reports::REPORT_QUEUE);
+        let inner = Arc::new(Inner {
+            dispatching: Arc::new(Semaphore::new(cfg.dispatch_concurrency.max(1))),
+            reports: report_tx,
+            cfg,
+            pool,
+            ca,
+            hub: hub::Hub::new(),
+            clock,
+            stopping: Default::default(),
+        });
         let server = tonic::transport::Server::builder()
             .tls_config(tls)
             .map_err(|e| GatewayError::Transport(e.to_string()))?
@@ -159,6 +172,10 @@ impl Gateway {
         })];
         tasks.push(tokio::spawn(inner.clone().keep_lease(lease, shutdown.clone())));
         tasks.push(tokio::spawn(inner.clone().flush_loop(shutdown.clone())));
+        let report_rx = Arc::new(tokio::sync::Mutex::new(report_rx));
+        for _ in 0..reports::REPORT_APPLIERS {
+            tasks.push(tokio::spawn(inner.clone().report_loop(report_rx.clone(), shutdown.clone())));
+        }
         let (poke_tx, poke_rx) = tokio::sync::mpsc::channel::<Poke>(4096);
         tasks.push(tokio::spawn(inner.clone().poke_loop(poke_rx, shutdown.clone())));
         if let Some(url) = inner.cfg.listen_url.clone() {

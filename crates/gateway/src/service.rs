@@ -6,7 +6,8 @@ use better_compute_core::{Error, ErrorCode};
 use better_compute_db::DbError;
 use better_compute_nodes::commands::Rejection;
 use better_compute_nodes::join::{self, IssuedCertificate};
-use better_compute_nodes::session::{self, CommandReport};
+use better_compute_nodes::reports::{Report, SessionReports};
+use better_compute_nodes::session;
 use better_compute_proto::v1::gateway_server::Gateway;
 use better_compute_proto::v1::{
     daemon_message, gateway_message, CertificateGrant, DaemonMessage, GatewayMessage, JoinRequest, JoinResponse, RejectReason,
@@ -160,7 +161,7 @@ impl Gateway for GatewayService {
         // At least once: what was in flight goes again; the daemon's journal makes that safe.
         let again = session::in_flight(&*tx, &node).await.map_err(db)?;
         let held = s.clone(); // the dispatch's reserved slots borrow the session until they are used
-        let dispatched = inner.dispatch_in(&*tx, &node, &held).await.map_err(db)?;
+        let dispatched = inner.dispatch_in(&*tx, &[(node.as_str(), &*held)]).await.map_err(db)?;
         tx.commit().await.map_err(db)?;
         drop(c);
         inner.hub.insert(&node, s.clone());
@@ -184,8 +185,8 @@ impl Gateway for GatewayService {
             let _ = out.try_send(Ok(crate::dispatch::command_message(&node, d)));
         }
         drop(out);
-        if let Some(d) = dispatched {
-            inner.send_dispatched(&node, &held, d);
+        for d in dispatched {
+            inner.send_dispatched(d);
         }
         let r = opened.reconnect;
         if r.succeeded + r.journal_lost > 0 {
@@ -197,10 +198,8 @@ impl Gateway for GatewayService {
     }
 }
 
-/// Applies the daemon's messages in order until the stream ends or the session is superseded;
-/// then closes it (a superseded session closes nothing).
-/// Messages applied in one transaction at most: what a daemon sent back to back (an ack and a
-/// result, say) commits once.
+/// Messages of one daemon submitted together at most: what it sent back to back (an ack and a
+/// result, say) is applied in one group.
 const BATCH: usize = 64;
 
 /// Applies the daemon's messages in order until the stream ends or the session is superseded;
@@ -236,7 +235,12 @@ async fn read_session(inner: Arc<Inner>, node: String, s: Arc<Session>, mut inbo
             }
         }
         s.touch(inner.hub.now_ms());
-        match apply(&inner, &node, &s, batch).await {
+        let applied = match reports_of(batch) {
+            Ok(r) if r.is_empty() => Ok(true),
+            Ok(reports) => inner.submit_reports(s.clone(), SessionReports { node_id: node.clone(), epoch: s.epoch, reports }).await,
+            Err(e) => Err(e.into()),
+        };
+        match applied {
             Ok(true) => {}
             Ok(false) => break 'session "superseded",
             Err(e) => {
@@ -272,78 +276,38 @@ fn clip(s: &str) -> &str {
     &s[..end]
 }
 
-/// Applies a batch of messages in one transaction under the session's fence, and when a lane
-/// credit came free (a result, a BUSY) dispatches the node's next commands in the same
-/// transaction. `Ok(false)`: the session was superseded.
-async fn apply(inner: &Inner, node: &str, s: &Session, batch: Vec<DaemonMessage>) -> Result<bool, DbError> {
+/// The reports in a batch of a daemon's messages, checked and bounded; heartbeats say only that
+/// the daemon is alive, which the reader has noted.
+fn reports_of(batch: Vec<DaemonMessage>) -> Result<Vec<Report>, Error> {
     use daemon_message::Msg;
-    let msgs: Vec<Msg> = batch.into_iter().filter_map(|m| m.msg).filter(|m| !matches!(m, Msg::Heartbeat(_))).collect();
-    if msgs.is_empty() {
-        return Ok(true);
-    }
-    let writes_node = msgs.iter().any(|m| matches!(m, Msg::SpecStatus(_) | Msg::Inventory(_) | Msg::Health(_)));
-    let mut c = inner.pool.get().await?;
-    let tx = c.transaction().await?;
-    if !session::fence_reports(&*tx, node, &inner.cfg.id, s.epoch, writes_node).await? {
-        return Ok(false);
-    }
-    let mut freed = false;
-    for msg in msgs {
-        freed |= apply_one(&*tx, node, msg).await?;
-    }
-    let next = if freed { inner.dispatch_in(&*tx, node, s).await? } else { None };
-    tx.commit().await?;
-    if let Some(d) = next {
-        inner.send_dispatched(node, s, d);
-    }
-    Ok(true)
-}
-
-/// Applies one message; `true` when it freed a lane credit.
-async fn apply_one(tx: &impl tokio_postgres::GenericClient, node: &str, msg: daemon_message::Msg) -> Result<bool, DbError> {
-    use daemon_message::Msg;
-    Ok(match msg {
-        Msg::Heartbeat(_) => false,
-        Msg::Hello(_) => return Err(Error::invalid_argument("Hello twice in one session").into()),
-        Msg::CommandAck(a) => {
-            session::report_command(tx, node, &a.command_id, CommandReport::Ack).await?;
-            false
-        }
-        Msg::CommandReject(r) => {
-            let why = match RejectReason::try_from(r.reason) {
-                Ok(RejectReason::StaleGeneration) => Rejection::StaleGeneration,
-                Ok(RejectReason::Expired) => Rejection::Expired,
-                Ok(RejectReason::Busy) => Rejection::Busy,
-                Ok(RejectReason::BadSignature) => Rejection::BadSignature,
-                _ => Rejection::Unsupported,
-            };
-            session::report_command(tx, node, &r.command_id, CommandReport::Reject(why)).await?;
-            why == Rejection::Busy
-        }
-        Msg::CommandResult(r) => {
-            let result = if r.result_json.len() > MAX_RESULT {
-                serde_json::json!({"truncated": true, "bytes": r.result_json.len()})
-            } else {
-                serde_json::from_str(&r.result_json).unwrap_or(serde_json::Value::String(r.result_json.clone()))
-            };
-            let report = CommandReport::Result { succeeded: r.succeeded, reason: Some(clip(&r.reason)), result: &result };
-            session::report_command(tx, node, &r.command_id, report).await?;
-            true
-        }
-        Msg::SpecStatus(st) => {
-            if st.observed_generation < 0 || st.generation < 0 {
-                return Err(Error::invalid_argument("generations are not negative").into());
+    let mut out = Vec::with_capacity(batch.len());
+    for msg in batch.into_iter().filter_map(|m| m.msg) {
+        out.push(match msg {
+            Msg::Heartbeat(_) => continue,
+            Msg::Hello(_) => return Err(Error::invalid_argument("Hello twice in one session")),
+            Msg::CommandAck(a) => Report::Ack { command_id: a.command_id },
+            Msg::CommandReject(r) => {
+                let why = match RejectReason::try_from(r.reason) {
+                    Ok(RejectReason::StaleGeneration) => Rejection::StaleGeneration,
+                    Ok(RejectReason::Expired) => Rejection::Expired,
+                    Ok(RejectReason::Busy) => Rejection::Busy,
+                    Ok(RejectReason::BadSignature) => Rejection::BadSignature,
+                    _ => Rejection::Unsupported,
+                };
+                Report::Reject { command_id: r.command_id, why }
             }
-            session::report_spec_status(tx, node, &st).await?;
-            false
-        }
-        Msg::Inventory(inv) => {
-            session::report_inventory(tx, node, &inv).await?;
-            false
-        }
-        Msg::Health(h) => {
-            session::report_health(tx, node, &h).await?;
-            false
-        }
-    })
+            Msg::CommandResult(r) => {
+                let result = if r.result_json.len() > MAX_RESULT {
+                    serde_json::json!({"truncated": true, "bytes": r.result_json.len()})
+                } else {
+                    serde_json::from_str(&r.result_json).unwrap_or(serde_json::Value::String(r.result_json.clone()))
+                };
+                Report::Result { command_id: r.command_id, succeeded: r.succeeded, reason: Some(clip(&r.reason).to_owned()), result }
+            }
+            Msg::SpecStatus(st) => Report::SpecStatus(st),
+            Msg::Inventory(inv) => Report::Inventory(inv),
+            Msg::Health(h) => Report::Health(h),
+        });
+    }
+    Ok(out)
 }

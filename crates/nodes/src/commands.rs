@@ -134,13 +134,18 @@ pub async fn enqueue(tx: &impl GenericClient, registry: &Registry, c: NewCommand
     };
     let inserted = tx
         .query_opt(
-            "INSERT INTO commands (id, node_id, seq, kind, lane, body, payload, idempotency_key, min_generation,
-                                       not_after, timeout_s, retry_safe, self_terminating, state, owner_kind, owner_key,
-                                       owner_shard, requested_by)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, compute_now() + make_interval(secs => $10), $11, $12, $13,
-                         'pending', $14, $15, $16, $17)
-                 ON CONFLICT (node_id, idempotency_key) DO NOTHING
-                 RETURNING id",
+            &format!(
+                "WITH c AS (
+                   INSERT INTO commands (id, node_id, seq, kind, lane, body, payload, idempotency_key, min_generation,
+                                         not_after, timeout_s, retry_safe, self_terminating, state, owner_kind, owner_key,
+                                         owner_shard, requested_by)
+                   VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, compute_now() + make_interval(secs => $10), $11, $12, $13,
+                           'pending', $14, $15, $16, $17)
+                   ON CONFLICT (node_id, idempotency_key) DO NOTHING
+                   RETURNING *)
+                 {}",
+                VIEW.replace("FROM commands", "FROM c")
+            ),
             &[
                 &id, &c.node_id, &seq, &kind.name, &kind.lane, &body.encode_to_vec(), &payload, &c.idempotency_key,
                 &c.min_generation, &not_after.as_secs_f64(), &(kind.timeout.as_secs() as i32), &kind.retry_safe,
@@ -148,15 +153,13 @@ pub async fn enqueue(tx: &impl GenericClient, registry: &Registry, c: NewCommand
             ],
         )
         .await?;
-    let id = match inserted {
-        Some(r) => r.get::<_, String>(0),
+    match inserted {
+        Some(r) => Ok(to_view(&r)),
         // A concurrent enqueue with the same key won; return its command.
-        None => tx
-            .query_one("SELECT id FROM commands WHERE node_id = $1 AND idempotency_key = $2", &[&c.node_id, &c.idempotency_key])
-            .await?
-            .get(0),
-    };
-    get(tx, c.node_id, &id).await
+        None => Ok(to_view(
+            &tx.query_one(&format!("{VIEW} WHERE node_id = $1 AND idempotency_key = $2"), &[&c.node_id, &c.idempotency_key]).await?,
+        )),
+    }
 }
 
 /// The payload alone, serialised as its message's proto3 JSON.
@@ -217,30 +220,34 @@ pub(crate) async fn settled(tx: &impl GenericClient, ids: &[String]) -> Result<(
     }
     let ended = tx
         .query(
-            "SELECT id, node_id, kind, state, reason, nullif(split_part(requested_by, '/', 1), '') FROM commands WHERE id = ANY($1) ORDER BY id",
+            "SELECT id, node_id, kind, state, reason, nullif(split_part(requested_by, '/', 1), ''), owner_kind, owner_key, owner_shard
+               FROM commands WHERE id = ANY($1) ORDER BY id",
             &[&ids],
         )
         .await?;
+    let types: Vec<String> = ended.iter().map(|r| format!("command.{}", r.get::<_, &str>(3))).collect();
+    let events: Vec<better_compute_runtime::NewEvent<'_>> = ended
+        .iter()
+        .zip(&types)
+        .map(|(r, t)| better_compute_runtime::NewEvent {
+            event_type: t,
+            tenant_id: r.get(5),
+            subject: r.get(0),
+            data: serde_json::json!({"nodeId": r.get::<_, &str>(1), "kind": r.get::<_, &str>(2), "reason": r.get::<_, Option<&str>>(4)}),
+        })
+        .collect();
+    better_compute_runtime::outbox::emit_many(tx, &events).await?;
+    // Owners by kind, each key once (a key may not appear twice in one enqueue): one enqueue per
+    // kind of controller.
+    let mut owners: std::collections::BTreeMap<String, std::collections::BTreeMap<String, i16>> = Default::default();
     for r in &ended {
-        let (id, node, kind, state, reason, tenant): (String, String, String, String, Option<String>, Option<String>) =
-            (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5));
-        better_compute_runtime::outbox::emit(
-            tx,
-            better_compute_runtime::NewEvent {
-                event_type: &format!("command.{state}"),
-                tenant_id: tenant.as_deref(),
-                subject: &id,
-                data: serde_json::json!({"nodeId": node, "kind": kind, "reason": reason}),
-            },
-        )
-        .await?;
+        if let (Some(kind), Some(key), Some(shard)) = (r.get::<_, Option<String>>(6), r.get::<_, Option<String>>(7), r.get::<_, Option<i16>>(8)) {
+            owners.entry(kind).or_default().insert(key, shard);
+        }
     }
-    let rows = tx
-        .query("SELECT owner_kind, owner_key, owner_shard FROM commands WHERE id = ANY($1) AND owner_kind IS NOT NULL", &[&ids])
-        .await?;
-    for r in rows {
-        let (kind, key, shard): (String, String, i16) = (r.get(0), r.get(1), r.get(2));
-        work_queue::enqueue_stored(tx, &kind, &[key], &[shard], Duration::ZERO).await?;
+    for (kind, keys) in owners {
+        let (keys, shards): (Vec<String>, Vec<i16>) = keys.into_iter().unzip();
+        work_queue::enqueue_stored(tx, &kind, &keys, &shards, Duration::ZERO).await?;
     }
     Ok(())
 }

@@ -11,6 +11,7 @@ pub mod kinds;
 pub mod layout;
 pub mod liveness;
 pub mod listing;
+pub mod reports;
 pub mod session;
 pub mod spec;
 pub mod sweeper;

@@ -3,9 +3,11 @@
 //! gateway whose session was superseded (a zombie) can neither route commands nor mark liveness.
 //! Lock order: nodes, node_sessions, commands.
 
+use std::collections::{HashMap, HashSet};
+
 use better_compute_core::Error;
 use better_compute_db::DbError;
-use better_compute_proto::v1::{Health, Inventory, SpecStatus};
+use better_compute_proto::v1::{Health, Inventory};
 use tokio_postgres::GenericClient;
 
 use crate::actions;
@@ -77,30 +79,6 @@ pub async fn open(tx: &impl GenericClient, h: &Hello<'_>) -> Result<Opened, DbEr
         actions::set_liveness(tx, h.node_id, "connected").await?;
     }
     Ok(Opened { session_epoch: epoch, generation, reconnect })
-}
-
-/// Locks the node's session row if `epoch` still holds it through `gateway_id`: the fence of every
-/// write a gateway makes for a node. `false` means the session was superseded or closed.
-pub async fn fence(tx: &impl GenericClient, node_id: &str, gateway_id: &str, epoch: i64) -> Result<bool, DbError> {
-    // FOR SHARE: a takeover's upsert waits for this transaction, and then supersedes it.
-    Ok(tx
-        .query_opt(
-            "SELECT 1 FROM node_sessions WHERE node_id = $1 AND gateway_id = $2 AND session_epoch = $3 AND closed_at IS NULL FOR SHARE",
-            &[&node_id, &gateway_id, &epoch],
-        )
-        .await?
-        .is_some())
-}
-
-/// [`fence`] for a batch of a daemon's reports. When the batch writes the node's own row (spec
-/// status, inventory, health), the node's row is locked first, as session open and close and the
-/// liveness job lock it, so every transaction takes the node and then its session: a report racing
-/// a takeover or a liveness pass waits instead of deadlocking.
-pub async fn fence_reports(tx: &impl GenericClient, node_id: &str, gateway_id: &str, epoch: i64, writes_node: bool) -> Result<bool, DbError> {
-    if writes_node {
-        tx.query_opt("SELECT 1 FROM nodes WHERE id = $1 FOR NO KEY UPDATE", &[&node_id]).await?;
-    }
-    fence(tx, node_id, gateway_id, epoch).await
 }
 
 /// Closes the session if `epoch` still holds it; the node becomes disconnected. Returns whether it
@@ -183,16 +161,17 @@ pub struct Dispatch {
 const DISPATCH_COLUMNS: &str = "id, seq, kind, lane, body, min_generation,
     (extract(epoch FROM not_after - compute_now()) * 1000)::bigint, retry_safe";
 
-fn dispatch_of(r: &tokio_postgres::Row) -> Dispatch {
+/// A [`Dispatch`] from [`DISPATCH_COLUMNS`] starting at column `at`.
+fn dispatch_of(r: &tokio_postgres::Row, at: usize) -> Dispatch {
     Dispatch {
-        id: r.get(0),
-        seq: r.get(1),
-        kind: r.get(2),
-        lane: r.get(3),
-        body: r.get(4),
-        min_generation: r.get(5),
-        expires_in_ms: r.get(6),
-        retry_safe: r.get(7),
+        id: r.get(at),
+        seq: r.get(at + 1),
+        kind: r.get(at + 2),
+        lane: r.get(at + 3),
+        body: r.get(at + 4),
+        min_generation: r.get(at + 5),
+        expires_in_ms: r.get(at + 6),
+        retry_safe: r.get(at + 7),
     }
 }
 
@@ -206,40 +185,111 @@ pub struct Dispatched {
 }
 
 /// Moves the node's due pending commands to `sent`, at most `limit`, if `epoch` still holds the
-/// session through `gateway_id`: the session row is locked first, so routing is decided by a join
-/// at dispatch time and a zombie gateway routes nothing. A lane gets no more than its free credits
-/// ([`LANES`](crate::spec::LANES) less its commands in flight): the rest wait here, in seq order,
-/// and go the moment a result frees a credit, instead of being sent to be refused BUSY.
+/// session through `gateway_id`: [`dispatch_many`] for one node. `None`: the session was
+/// superseded or closed.
 pub async fn dispatch(tx: &impl GenericClient, node_id: &str, gateway_id: &str, epoch: i64, limit: i64) -> Result<Option<Dispatched>, DbError> {
-    if !fence(tx, node_id, gateway_id, epoch).await? {
-        return Ok(None);
+    let mut d = dispatch_many(tx, gateway_id, &[DispatchFor { node_id, epoch, limit }]).await?;
+    Ok(d.remove(node_id))
+}
+
+/// One node's part of [`dispatch_many`].
+#[derive(Debug, Clone, Copy)]
+pub struct DispatchFor<'a> {
+    /// The node.
+    pub node_id: &'a str,
+    /// The epoch of the session the gateway holds for it.
+    pub epoch: i64,
+    /// At most this many commands (the room in its session's queue).
+    pub limit: i64,
+}
+
+/// Locks the session rows of the (node, epoch) pairs that still hold through `gateway_id`, in node
+/// order, and returns their nodes: the fence of every write a gateway makes for a node. A node
+/// absent from the answer had its session superseded or closed. FOR SHARE: a takeover's upsert
+/// waits for this transaction, and then supersedes it.
+pub async fn fence(tx: &impl GenericClient, gateway_id: &str, node_ids: &[&str], epochs: &[i64]) -> Result<HashSet<String>, DbError> {
+    if node_ids.is_empty() {
+        return Ok(HashSet::new());
     }
+    Ok(tx
+        .query(
+            "SELECT s.node_id FROM node_sessions s JOIN unnest($2::text[], $3::int8[]) AS u(node_id, epoch)
+                 ON s.node_id = u.node_id AND s.session_epoch = u.epoch
+              WHERE s.gateway_id = $1 AND s.closed_at IS NULL
+              ORDER BY s.node_id FOR SHARE OF s",
+            &[&gateway_id, &node_ids, &epochs],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect())
+}
+
+/// Moves the due pending commands of many nodes to `sent` in one statement, at most each node's
+/// `limit`, for the nodes whose session `gateway_id` still holds at its `epoch`: the session rows
+/// are locked first ([`fence`]), so routing is decided by a join at dispatch time and a
+/// zombie gateway routes nothing. A lane gets no more than its free credits
+/// ([`LANES`](crate::spec::LANES) less its commands in flight): the rest wait here, in seq order,
+/// and go the moment a result frees a credit, instead of being sent to be refused BUSY. Nodes
+/// whose session no longer holds are absent from the answer.
+pub async fn dispatch_many(tx: &impl GenericClient, gateway_id: &str, want: &[DispatchFor<'_>]) -> Result<HashMap<String, Dispatched>, DbError> {
+    let nodes: Vec<&str> = want.iter().map(|w| w.node_id).collect();
+    let epochs: Vec<i64> = want.iter().map(|w| w.epoch).collect();
+    let held = fence(tx, gateway_id, &nodes, &epochs).await?;
+    let want: Vec<&DispatchFor<'_>> = want.iter().filter(|w| held.contains(w.node_id)).collect();
+    let mut out: HashMap<String, Dispatched> = want.iter().map(|w| (w.node_id.to_owned(), Dispatched::default())).collect();
+    if want.is_empty() {
+        return Ok(out);
+    }
+    let nodes: Vec<&str> = want.iter().map(|w| w.node_id).collect();
+    let limits: Vec<i64> = want.iter().map(|w| w.limit).collect();
     // pending → sent (COMMAND_STATE_TABLE allows it); not yet past notAfter (the sweeper expires those).
     let rows = tx
         .query(
             &format!(
-                "WITH credits AS (SELECT * FROM unnest($3::text[], $4::int8[]) AS l(lane, n)),
-                      busy AS (SELECT lane, count(*) AS n FROM commands WHERE node_id = $1 AND state IN ('sent', 'running') GROUP BY lane),
-                      due AS (SELECT id, seq, lane, row_number() OVER (PARTITION BY lane ORDER BY seq) AS k FROM commands
-                               WHERE node_id = $1 AND state = 'pending' AND not_before <= compute_now() AND not_after > compute_now()),
-                      room AS (SELECT d.id, d.seq FROM due d LEFT JOIN credits c ON c.lane = d.lane LEFT JOIN busy b ON b.lane = d.lane
-                                WHERE d.k <= coalesce(c.n, 1) - coalesce(b.n, 0) ORDER BY d.seq LIMIT $2)
+                "WITH want AS (SELECT * FROM unnest($1::text[], $2::int8[]) AS w(node_id, room)),
+                      credits AS (SELECT * FROM unnest($3::text[], $4::int8[]) AS l(lane, n)),
+                      busy AS (SELECT c.node_id, c.lane, count(*) AS n FROM commands c JOIN want w ON w.node_id = c.node_id
+                                WHERE c.state IN ('sent', 'running') GROUP BY c.node_id, c.lane),
+                      due AS (SELECT c.id, c.node_id, c.seq, c.lane,
+                                     row_number() OVER (PARTITION BY c.node_id, c.lane ORDER BY c.seq) AS k
+                                FROM commands c JOIN want w ON w.node_id = c.node_id
+                               WHERE c.state = 'pending' AND c.not_before <= compute_now() AND c.not_after > compute_now()),
+                      fits AS (SELECT d.id, d.node_id, row_number() OVER (PARTITION BY d.node_id ORDER BY d.seq) AS r
+                                 FROM due d LEFT JOIN credits c ON c.lane = d.lane
+                                 LEFT JOIN busy b ON b.node_id = d.node_id AND b.lane = d.lane
+                                WHERE d.k <= coalesce(c.n, 1) - coalesce(b.n, 0)),
+                      room AS (SELECT f.id FROM fits f JOIN want w ON w.node_id = f.node_id WHERE f.r <= w.room)
                  UPDATE commands SET state = 'sent', sent_at = compute_now(), version = version + 1
-                  WHERE id IN (SELECT id FROM commands WHERE id IN (SELECT id FROM room) AND state = 'pending' ORDER BY seq FOR UPDATE)
-                 RETURNING {DISPATCH_COLUMNS}"
+                  WHERE id IN (SELECT id FROM commands WHERE id IN (SELECT id FROM room) AND state = 'pending'
+                                ORDER BY node_id, seq FOR UPDATE)
+                 RETURNING node_id, {DISPATCH_COLUMNS}"
             ),
-            &[&node_id, &limit, &lane_names(), &lane_credits()],
+            &[&nodes, &limits, &lane_names(), &lane_credits()],
         )
         .await?;
-    let mut commands: Vec<Dispatch> = rows.iter().map(dispatch_of).collect();
-    commands.sort_by_key(|c| c.seq);
+    for r in &rows {
+        let node: String = r.get(0);
+        if let Some(d) = out.get_mut(&node) {
+            d.commands.push(dispatch_of(r, 1));
+        }
+    }
+    for d in out.values_mut() {
+        d.commands.sort_by_key(|c| c.seq);
+    }
     let cancels = tx
-        .query("SELECT id FROM commands WHERE node_id = $1 AND state IN ('sent', 'running') AND cancel_requested ORDER BY seq", &[&node_id])
-        .await?
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    Ok(Some(Dispatched { commands, cancels }))
+        .query(
+            "SELECT node_id, id FROM commands WHERE node_id = ANY($1) AND state IN ('sent', 'running') AND cancel_requested
+              ORDER BY node_id, seq",
+            &[&nodes],
+        )
+        .await?;
+    for r in &cancels {
+        if let Some(d) = out.get_mut(r.get::<_, &str>(0)) {
+            d.cancels.push(r.get(1));
+        }
+    }
+    Ok(out)
 }
 
 fn lane_names() -> Vec<&'static str> {
@@ -256,7 +306,7 @@ pub async fn in_flight(db: &impl GenericClient, node_id: &str) -> Result<Vec<Dis
     let rows = db
         .query(&format!("SELECT {DISPATCH_COLUMNS} FROM commands WHERE node_id = $1 AND state IN ('sent', 'running') ORDER BY seq"), &[&node_id])
         .await?;
-    Ok(rows.iter().map(dispatch_of).collect())
+    Ok(rows.iter().map(|r| dispatch_of(r, 0)).collect())
 }
 
 /// The nodes of this gateway's open sessions that have due pending commands or cancels, for the
@@ -310,86 +360,18 @@ pub async fn desired_states(
         .collect())
 }
 
-/// A report a daemon made about a command.
-#[derive(Debug, Clone)]
-pub enum CommandReport<'a> {
-    /// It accepted the command and runs it.
-    Ack,
-    /// It refused it.
-    Reject(Rejection),
-    /// It finished it.
-    Result {
-        /// Whether it succeeded.
-        succeeded: bool,
-        /// Why not.
-        reason: Option<&'a str>,
-        /// The kind's report.
-        result: &'a serde_json::Value,
-    },
-}
-
-/// Applies a daemon's report about one of its node's commands. Delivery is at least once, so a
-/// report that no longer fits (a repeat of a result already recorded, an ack of a command that
-/// already ended, another node's command) changes nothing and returns `false`.
-pub async fn report_command(tx: &impl GenericClient, node_id: &str, command_id: &str, report: CommandReport<'_>) -> Result<bool, DbError> {
-    use better_compute_core::state::{CommandState, State, COMMAND_STATE_TABLE};
-    match report {
-        // The two reports every command gets are one guarded statement each: the WHERE is the
-        // state table's edge (sent → running; sent or running → succeeded or failed), so a repeat
-        // or a report about another node's command matches no row and changes nothing.
-        CommandReport::Ack => {
-            debug_assert!(COMMAND_STATE_TABLE.check(CommandState::Sent, CommandState::Running).is_ok());
-            let n = tx
-                .execute(
-                    "UPDATE commands SET state = 'running', version = version + 1 WHERE id = $1 AND node_id = $2 AND state = 'sent'",
-                    &[&command_id, &node_id],
-                )
-                .await?;
-            Ok(n == 1)
-        }
-        CommandReport::Result { succeeded, reason, result } => {
-            let (to, reason) = if succeeded {
-                (CommandState::Succeeded, None)
-            } else {
-                (CommandState::Failed, Some(reason.filter(|r| !r.is_empty()).unwrap_or("failed")))
-            };
-            debug_assert!(COMMAND_STATE_TABLE.check(CommandState::Running, to).is_ok());
-            let ended = tx
-                .query_opt(
-                    "UPDATE commands SET state = $3, reason = coalesce($4, reason), result = $5, finished_at = compute_now(),
-                            version = version + 1
-                      WHERE id = $1 AND node_id = $2 AND state IN ('sent', 'running')
-                     RETURNING id",
-                    &[&command_id, &node_id, &to.as_str(), &reason, result],
-                )
-                .await?;
-            match ended {
-                Some(r) => {
-                    commands::settled(tx, &[r.get(0)]).await?;
-                    Ok(true)
-                }
-                None => Ok(false),
-            }
-        }
-        CommandReport::Reject(why) => {
-            let Some(row) = tx.query_opt("SELECT state FROM commands WHERE id = $1 AND node_id = $2 FOR UPDATE", &[&command_id, &node_id]).await? else {
-                return Ok(false);
-            };
-            if row.get::<_, String>(0) != "sent" {
-                return Ok(false);
-            }
-            commands::reject(tx, command_id, why).await?;
-            Ok(true)
-        }
+/// Applies a daemon's refusal of one of its node's commands; `false` when it no longer fits
+/// (delivery is at least once: a repeat, a command that moved on, another node's command) and
+/// changed nothing.
+pub async fn report_reject(tx: &impl GenericClient, node_id: &str, command_id: &str, why: Rejection) -> Result<bool, DbError> {
+    let Some(row) = tx.query_opt("SELECT state FROM commands WHERE id = $1 AND node_id = $2 FOR UPDATE", &[&command_id, &node_id]).await? else {
+        return Ok(false);
+    };
+    if row.get::<_, String>(0) != "sent" {
+        return Ok(false);
     }
-}
-
-/// Records a daemon's spec status: each section's outcome, and the generation it has applied
-/// (which only moves up).
-pub async fn report_spec_status(tx: &impl GenericClient, node_id: &str, status: &SpecStatus) -> Result<i64, DbError> {
-    let json = serde_json::to_value(status).map_err(|e| Error::internal(e.to_string()))?;
-    tx.execute("UPDATE nodes SET spec_status = $2 WHERE id = $1", &[&node_id, &json]).await?;
-    crate::inventory::report_observed_generation(tx, node_id, status.observed_generation).await
+    commands::reject(tx, command_id, why).await?;
+    Ok(true)
 }
 
 /// Records a daemon's inventory report.

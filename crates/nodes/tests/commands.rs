@@ -306,6 +306,7 @@ async fn commands_run_asks_for_compute_nodes_exec_on_the_node_before_anything_el
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_daemons_report_racing_a_takeover_and_a_session_close_waits_instead_of_deadlocking() {
+    use better_compute_nodes::reports::{Report, SessionReports};
     use better_compute_nodes::session::{self, Hello};
     let (h, node) = setup().await;
     let hello = |gw: &'static str| Hello { node_id: "", gateway_id: gw, boot_id: "b1", journal_id: "j1", daemon_version: "t" };
@@ -316,10 +317,12 @@ async fn a_daemons_report_racing_a_takeover_and_a_session_close_waits_instead_of
     let status = better_compute_proto::v1::SpecStatus { generation: 1, observed_generation: 1, ..Default::default() };
     let mut finished = 0;
     for round in 0..3 {
-        // A report of gw_a's session, its fence taken, not yet written…
+        // A report of gw_a's session, applied, not yet committed…
         let mut rc = h.db().client().await;
         let report = rc.transaction().await.unwrap();
-        assert!(session::fence_reports(&*report, &node, "gw_a", epoch, true).await.unwrap());
+        let reports = SessionReports { node_id: node.clone(), epoch, reports: vec![Report::SpecStatus(status.clone())] };
+        let applied = better_compute_nodes::reports::apply(&*report, "gw_a", &[&reports]).await.unwrap();
+        assert_eq!(applied.held.len(), 1, "round {round}");
         // …while another gateway takes the session over (round 0 and 2) or gw_a's close (round 1)
         // runs beside it: it waits for the report's node lock, and neither fails.
         let other = {
@@ -350,7 +353,6 @@ async fn a_daemons_report_racing_a_takeover_and_a_session_close_waits_instead_of
         .await
         .unwrap_or_else(|_| panic!("round {round}: the other transaction never waited for the report"));
         assert!(!other.is_finished(), "round {round}");
-        session::report_spec_status(&*report, &node, &status).await.unwrap();
         report.commit().await.unwrap();
         tokio::time::timeout(Duration::from_secs(30), other).await.expect("deadlocked").unwrap();
         finished += 1;
@@ -360,4 +362,197 @@ async fn a_daemons_report_racing_a_takeover_and_a_session_close_waits_instead_of
         tx.commit().await.unwrap();
     }
     assert_eq!(finished, 3);
+}
+
+/// `n` more nodes in the first node's pool, each with a session opened by `gateway`; returns
+/// (node, epoch) for each.
+async fn nodes_with_sessions(h: &Harness, n: usize, gateway: &str) -> Vec<(String, i64)> {
+    use better_compute_nodes::session::{self, Hello};
+    let mut c = h.db().client().await;
+    let tx = c.transaction().await.unwrap();
+    let pool: String = tx.query_one("SELECT pool_id FROM nodes LIMIT 1", &[]).await.unwrap().get(0);
+    let mut out = Vec::new();
+    for i in 0..n {
+        let node = inventory::register_node(
+            &*tx,
+            &NewNode { pool_id: pool.clone(), name: format!("g{i}"), labels: Default::default(), vcpu: 8, memory_mib: 1024, disk_gib: 10, gpus: vec![] },
+        )
+        .await
+        .unwrap();
+        let hello = Hello { node_id: &node, gateway_id: gateway, boot_id: "b1", journal_id: "j1", daemon_version: "t" };
+        let epoch = session::open(&*tx, &hello).await.unwrap().session_epoch;
+        out.push((node, epoch));
+    }
+    tx.commit().await.unwrap();
+    out
+}
+
+#[tokio::test]
+async fn a_report_group_writes_only_for_sessions_that_still_hold_and_keeps_each_guard_inside_the_batch() {
+    use better_compute_nodes::reports::{self, Report, SessionReports};
+    use better_compute_nodes::session::{self, Hello};
+    let (h, _) = setup().await;
+    let r = h.registry().clone();
+    let nodes = nodes_with_sessions(&h, 3, "gw_a").await;
+    let mut c = h.db().client().await;
+    // Each node has two commands sent and a spec at generation 5.
+    let mut sent = Vec::new();
+    for (node, _) in &nodes {
+        let mut ids = Vec::new();
+        for k in ["x", "y"] {
+            let v = commands::enqueue(&**c, &r, cmd(node, "diag.nvml", &serde_json::json!({}), k)).await.unwrap();
+            commands::mark_sent(&**c, &v.id).await.unwrap();
+            ids.push(v.id);
+        }
+        c.execute("UPDATE nodes SET generation = 5, observed_generation = 4 WHERE id = $1", &[node]).await.unwrap();
+        sent.push(ids);
+    }
+    // gw_b takes the third node's session over: gw_a's session of it is now a zombie.
+    {
+        let tx = c.transaction().await.unwrap();
+        session::open(&*tx, &Hello { node_id: &nodes[2].0, gateway_id: "gw_b", boot_id: "b1", journal_id: "j1", daemon_version: "t" }).await.unwrap();
+        tx.commit().await.unwrap();
+    }
+    let status = |observed: i64| Report::SpecStatus(better_compute_proto::v1::SpecStatus { generation: 5, observed_generation: observed, ..Default::default() });
+    let result = |id: &str| Report::Result { command_id: id.to_owned(), succeeded: true, reason: None, result: serde_json::json!({"ok": true}) };
+    let ack = |id: &str| Report::Ack { command_id: id.to_owned() };
+    let group: Vec<SessionReports> = nodes
+        .iter()
+        .zip(&sent)
+        .enumerate()
+        .map(|(i, ((node, epoch), ids))| SessionReports {
+            node_id: node.clone(),
+            epoch: *epoch,
+            reports: match i {
+                // An ack and the result of one command, the ack of the other, and a spec status.
+                0 => vec![ack(&ids[0]), result(&ids[0]), ack(&ids[1]), status(5)],
+                // The result of one command twice (at least once delivery), a result of the
+                // first node's command (not this node's), and a spec status going backwards.
+                1 => vec![result(&ids[0]), result(&ids[0]), result(&sent[0][1]), status(3)],
+                // The zombie's reports: none may land.
+                _ => vec![ack(&ids[0]), result(&ids[1]), status(5)],
+            },
+        })
+        .collect();
+    let tx = c.transaction().await.unwrap();
+    let refs: Vec<&SessionReports> = group.iter().collect();
+    let applied = reports::apply(&*tx, "gw_a", &refs).await.unwrap();
+    tx.commit().await.unwrap();
+    let held: std::collections::BTreeSet<&str> = applied.held.iter().map(String::as_str).collect();
+    assert_eq!(held, [nodes[0].0.as_str(), nodes[1].0.as_str()].into_iter().collect());
+    assert_eq!(applied.settled, 2, "one result on each holding node; the repeat and the foreign one change nothing");
+    assert_eq!(applied.freed.len(), 2);
+    let states = |ids: &[String]| {
+        let ids = ids.to_vec();
+        let c = &c;
+        async move {
+            let mut out = Vec::new();
+            for id in &ids {
+                out.push(c.query_one("SELECT state FROM commands WHERE id = $1", &[id]).await.unwrap().get::<_, String>(0));
+            }
+            out
+        }
+    };
+    assert_eq!(states(&sent[0]).await, ["succeeded", "running"]);
+    assert_eq!(states(&sent[1]).await, ["succeeded", "sent"]);
+    assert_eq!(states(&sent[2]).await, ["sent", "sent"], "the zombie's ack and result changed nothing");
+    let observed = |node: &str| {
+        let (c, node) = (&c, node.to_owned());
+        async move { c.query_one("SELECT observed_generation FROM nodes WHERE id = $1", &[&node]).await.unwrap().get::<_, i64>(0) }
+    };
+    assert_eq!(observed(&nodes[0].0).await, 5);
+    assert_eq!(observed(&nodes[1].0).await, 4, "observedGeneration only moves up");
+    assert_eq!(observed(&nodes[2].0).await, 4, "the zombie's spec status changed nothing");
+    assert_eq!(count(&h, "SELECT count(*) FROM outbox WHERE type = 'command.succeeded'").await, 2);
+    // The same group again (a retry after a lost answer) changes nothing.
+    let tx = c.transaction().await.unwrap();
+    let again = reports::apply(&*tx, "gw_a", &refs).await.unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!((again.held.len(), again.settled), (2, 0));
+    assert_eq!(count(&h, "SELECT count(*) FROM outbox WHERE type = 'command.succeeded'").await, 2);
+}
+
+#[tokio::test]
+async fn a_dispatch_for_many_nodes_routes_nothing_for_a_superseded_session_and_keeps_each_nodes_lane_credits() {
+    use better_compute_nodes::session::{self, DispatchFor, Hello};
+    let (h, _) = setup().await;
+    let r = h.registry().clone();
+    let nodes = nodes_with_sessions(&h, 3, "gw_a").await;
+    let mut c = h.db().client().await;
+    // Five diag commands per node: the diag lane has fewer credits than that.
+    for (node, _) in &nodes {
+        for k in 0..5 {
+            commands::enqueue(&**c, &r, cmd(node, "diag.nvml", &serde_json::json!({}), &format!("k{k}"))).await.unwrap();
+        }
+    }
+    {
+        let tx = c.transaction().await.unwrap();
+        session::open(&*tx, &Hello { node_id: &nodes[1].0, gateway_id: "gw_b", boot_id: "b1", journal_id: "j1", daemon_version: "t" }).await.unwrap();
+        tx.commit().await.unwrap();
+    }
+    let want: Vec<DispatchFor<'_>> = nodes.iter().map(|(n, e)| DispatchFor { node_id: n, epoch: *e, limit: 64 }).collect();
+    let tx = c.transaction().await.unwrap();
+    let d = session::dispatch_many(&*tx, "gw_a", &want).await.unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(d.len(), 2, "the superseded session is absent");
+    assert!(!d.contains_key(&nodes[1].0));
+    let credits = i64::from(better_compute_nodes::spec::LANES.iter().find(|(l, _)| *l == "diag").map(|(_, c)| *c).unwrap_or(1));
+    assert!(credits < 5);
+    for (node, _) in [&nodes[0], &nodes[2]] {
+        let seqs: Vec<i64> = d[node].commands.iter().map(|x| x.seq).collect();
+        assert_eq!(seqs, (1..=credits).collect::<Vec<_>>(), "in seq order, no more than the lane's credits");
+    }
+    let sent_of = |node: &str| format!("SELECT count(*) FROM commands WHERE node_id = '{node}' AND state = 'sent'");
+    assert_eq!(count(&h, &sent_of(&nodes[0].0)).await, credits);
+    assert_eq!(count(&h, &sent_of(&nodes[1].0)).await, 0, "a zombie routes nothing");
+    // A node's limit (the room in its session's queue) caps it below its credits.
+    let tx = c.transaction().await.unwrap();
+    for (node, _) in &nodes {
+        tx.execute("UPDATE commands SET state = 'succeeded', finished_at = compute_now() WHERE node_id = $1 AND state = 'sent'", &[node]).await.unwrap();
+    }
+    let one = [DispatchFor { node_id: &nodes[0].0, epoch: nodes[0].1, limit: 1 }];
+    let d = session::dispatch_many(&*tx, "gw_a", &one).await.unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(d[&nodes[0].0].commands.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn report_groups_racing_takeovers_write_exactly_for_the_sessions_they_found_holding() {
+    use better_compute_nodes::reports::{self, Report, SessionReports};
+    use better_compute_nodes::session::{self, Hello};
+    let (h, _) = setup().await;
+    let nodes = nodes_with_sessions(&h, 24, "gw_a").await;
+    let mut c = h.db().client().await;
+    c.execute("UPDATE nodes SET generation = 7", &[]).await.unwrap();
+    let group: Vec<SessionReports> = nodes
+        .iter()
+        .map(|(node, epoch)| SessionReports {
+            node_id: node.clone(),
+            epoch: *epoch,
+            reports: vec![Report::SpecStatus(better_compute_proto::v1::SpecStatus { generation: 7, observed_generation: 7, ..Default::default() })],
+        })
+        .collect();
+    // Takeovers of every other node, in reverse order, while gw_a's group applies (in node order).
+    let takeovers = {
+        let victims: Vec<String> = nodes.iter().step_by(2).rev().map(|(n, _)| n.clone()).collect();
+        let mut db = h.db().client().await;
+        tokio::spawn(async move {
+            for n in victims {
+                let tx = db.transaction().await.unwrap();
+                session::open(&*tx, &Hello { node_id: &n, gateway_id: "gw_b", boot_id: "b1", journal_id: "j1", daemon_version: "t" }).await.unwrap();
+                tx.commit().await.unwrap();
+            }
+        })
+    };
+    let tx = c.transaction().await.unwrap();
+    let refs: Vec<&SessionReports> = group.iter().collect();
+    let applied = tokio::time::timeout(Duration::from_secs(30), reports::apply(&*tx, "gw_a", &refs)).await.expect("deadlocked").unwrap();
+    tx.commit().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(30), takeovers).await.expect("deadlocked").unwrap();
+    let moved: std::collections::HashSet<String> =
+        c.query("SELECT id FROM nodes WHERE observed_generation = 7", &[]).await.unwrap().iter().map(|r| r.get(0)).collect();
+    assert_eq!(moved, applied.held, "a write landed exactly where the group's fence held");
+    assert!(applied.held.len() >= 12, "the nodes nobody took over always held: {}", applied.held.len());
+    let open_b = count(&h, "SELECT count(*) FROM node_sessions WHERE gateway_id = 'gw_b' AND closed_at IS NULL").await;
+    assert_eq!(open_b, 12);
 }

@@ -103,6 +103,21 @@ pub async fn emit(tx: &impl GenericClient, event: NewEvent<'_>) -> Result<String
     Ok(id)
 }
 
+/// Writes many events in the caller's transaction, in the order given, with one statement;
+/// returns their ids.
+pub async fn emit_many(tx: &impl GenericClient, events: &[NewEvent<'_>]) -> Result<Vec<String>, DbError> {
+    if events.is_empty() {
+        return Ok(Vec::new());
+    }
+    let ids: Vec<String> = events.iter().map(|_| EventId::generate().to_string()).collect();
+    let types: Vec<&str> = events.iter().map(|e| e.event_type).collect();
+    let tenants: Vec<Option<&str>> = events.iter().map(|e| e.tenant_id).collect();
+    let subjects: Vec<&str> = events.iter().map(|e| e.subject).collect();
+    let data: Vec<&serde_json::Value> = events.iter().map(|e| &e.data).collect();
+    tx.execute("SELECT outbox_emit_many($1, $2, $3, $4, $5)", &[&ids, &types, &tenants, &subjects, &data]).await?;
+    Ok(ids)
+}
+
 /// Which events a reader wants: everything by default.
 #[derive(Debug, Clone, Default)]
 pub struct EventFilter {

@@ -17,9 +17,10 @@ use crate::Scratch;
 /// Options of `better-compute bench gateway`.
 #[derive(Debug, clap::Args)]
 pub struct GatewayBench {
-    /// Simulated daemon sessions held by the one gateway process.
-    #[arg(long, default_value_t = 10_000)]
-    sessions: usize,
+    /// Simulated daemon sessions held by the one gateway process; a list runs the whole benchmark
+    /// once per size (each on a fresh database) and adds a scaling table.
+    #[arg(long, value_delimiter = ',', default_value = "10000")]
+    sessions: Vec<usize>,
     /// Commands enqueued per second for the latency run.
     #[arg(long, default_value_t = 1_000)]
     commands_per_s: u64,
@@ -81,9 +82,16 @@ async fn wait_for_zero(db: &tokio_postgres::Client, sql: &str, patience: Duratio
     Ok(start.elapsed())
 }
 
-/// Runs the benchmark.
+/// Runs the benchmark once per size in `--sessions`.
 pub async fn run(b: GatewayBench) -> anyhow::Result<()> {
     raise_fd_limit();
+    for &n in &b.sessions {
+        run_one(&b, n).await?;
+    }
+    Ok(())
+}
+
+async fn run_one(b: &GatewayBench, n: usize) -> anyhow::Result<()> {
     let scratch = Scratch::start(250).await?;
     let conn = scratch.conn();
     let registry = better_compute_server::registry()?;
@@ -92,7 +100,6 @@ pub async fn run(b: GatewayBench) -> anyhow::Result<()> {
     let tpcb = scratch.tpcb(8, 5)?;
     let baseline = Some(("pgbench TPC-B, 8 clients", tpcb));
 
-    let n = b.sessions;
     println!("seeding {n} nodes and signing {n} node certificates…");
     let seeding = Instant::now();
     crate::capacity::seed(&db, n).await?;
@@ -219,23 +226,21 @@ pub async fn run(b: GatewayBench) -> anyhow::Result<()> {
         (own_full.saturating_sub(own_idle)) as f64 / open.max(1) as f64
     );
 
-    crate::report::figure("gateway", "sessions held by one gateway process", open as f64, "sessions", None);
-    crate::report::figure(
-        "gateway",
-        "gateway memory per session",
-        (rss_full.saturating_sub(rss_idle)) as f64 / open.max(1) as f64,
-        "KiB",
-        None,
-    );
-    crate::report::figure("gateway", "sessions opened (mTLS handshake to Welcome, one transaction each)", open as f64 / opened.as_secs_f64(), "/s", baseline);
+    let per_session_kib = (rss_full.saturating_sub(rss_idle)) as f64 / open.max(1) as f64;
+    let opened_per_s = open as f64 / opened.as_secs_f64();
+    crate::report::figure("gateway", format!("sessions held by one gateway process, of {n}"), open as f64, "sessions", None);
+    crate::report::figure("gateway", format!("gateway memory per session, {n} sessions"), per_session_kib, "KiB", None);
+    crate::report::figure("gateway", format!("sessions opened (mTLS handshake to Welcome), {n} sessions"), opened_per_s, "/s", baseline);
+    crate::report::scaled("gateway memory per session", n, per_session_kib, "KiB");
+    crate::report::scaled("sessions opened (mTLS handshake to Welcome)", n, opened_per_s, "/s");
 
     // Latency: commands at a steady rate (a fifth of the target first, then the target), each to
     // a node chosen round-robin; from the enqueue's commit to the simulated daemon receiving it.
     let node_ids = Arc::new(node_ids);
     let low = (b.commands_per_s / 5).max(1);
-    latency_run(&conn, &registry, &node_ids, &observer, low, b.command_seconds, 0).await?;
+    latency_run(&conn, &registry, &node_ids, &observer, low, b.command_seconds, 0, n).await?;
     wait_for_zero(&db, "SELECT count(*) FROM commands WHERE state IN ('pending', 'sent', 'running')", Duration::from_secs(300)).await.ok();
-    latency_run(&conn, &registry, &node_ids, &observer, b.commands_per_s, b.command_seconds, 10_000_000).await?;
+    latency_run(&conn, &registry, &node_ids, &observer, b.commands_per_s, b.command_seconds, 10_000_000, n).await?;
     wait_for_zero(&db, "SELECT count(*) FROM commands WHERE state IN ('pending', 'sent', 'running')", Duration::from_secs(300)).await.ok();
 
     // Convergence: one change to every node's desired state.
@@ -249,17 +254,18 @@ pub async fn run(b: GatewayBench) -> anyhow::Result<()> {
         better_compute_runtime::work_queue::poke(&db).await;
     }
     let recomputed = wait_for_zero(&db, "SELECT count(*) FROM work_queue WHERE kind = 'nodespec'", Duration::from_secs(900)).await?;
-    let converged = wait_for_zero(&db, "SELECT count(*) FROM nodes WHERE observed_generation < generation", Duration::from_secs(900)).await?;
+    wait_for_zero(&db, "SELECT count(*) FROM nodes WHERE observed_generation < generation", Duration::from_secs(900)).await?;
     println!(
         "convergence: {n} nodes applied the change {:.1} s after it committed (desired state recomputed in {:.1} s: {:.0} nodes/s)",
         start.elapsed().as_secs_f64(),
         recomputed.as_secs_f64(),
         n as f64 / recomputed.as_secs_f64()
     );
-    let _ = converged;
     let took_s = start.elapsed().as_secs_f64();
     crate::report::figure("gateway", format!("convergence: {n} nodes apply one change to every node"), took_s, "s", None);
-    crate::report::figure("gateway", "convergence: nodes applied per second", n as f64 / took_s, "/s", baseline);
+    crate::report::figure("gateway", format!("convergence: nodes applied per second, {n} nodes"), n as f64 / took_s, "/s", baseline);
+    crate::report::scaled("convergence: one change to every node", n, took_s, "s");
+    crate::report::scaled("convergence: desired state recomputed per second", n, n as f64 / recomputed.as_secs_f64(), "/s");
     stop.send(true)?;
     for s in sessions {
         let _ = tokio::time::timeout(Duration::from_secs(5), s).await;
@@ -281,6 +287,7 @@ async fn latency_run(
     rate: u64,
     seconds: u64,
     offset: usize,
+    sessions: usize,
 ) -> anyhow::Result<()> {
     let total = (rate * seconds) as usize;
     println!("enqueuing {total} commands at {rate}/s…");
@@ -345,7 +352,13 @@ async fn latency_run(
         percentile(&lat, 0.99).as_secs_f64() * 1e3,
         lat.last().copied().unwrap_or_default().as_secs_f64() * 1e3
     );
-    crate::report::figure("gateway", format!("command enqueue to daemon at {rate}/s, p99"), percentile(&lat, 0.99).as_secs_f64() * 1e3, "ms", None);
-    crate::report::latencies(format!("command: enqueue to daemon at {rate}/s"), &lat);
+    let (p50_ms, p99_ms) = (percentile(&lat, 0.5).as_secs_f64() * 1e3, percentile(&lat, 0.99).as_secs_f64() * 1e3);
+    let enqueued_per_s = total as f64 / enqueue_s;
+    crate::report::figure("gateway", format!("commands enqueued at {rate}/s asked, {sessions} sessions"), enqueued_per_s, "/s", None);
+    crate::report::figure("gateway", format!("command enqueue to daemon at {rate}/s, {sessions} sessions, p50"), p50_ms, "ms", None);
+    crate::report::figure("gateway", format!("command enqueue to daemon at {rate}/s, {sessions} sessions, p99"), p99_ms, "ms", None);
+    crate::report::scaled(&format!("command enqueue to daemon at {rate}/s, p50"), sessions, p50_ms, "ms");
+    crate::report::scaled(&format!("command enqueue to daemon at {rate}/s, p99"), sessions, p99_ms, "ms");
+    crate::report::latencies(format!("command: enqueue to daemon at {rate}/s, {sessions} sessions"), &lat);
     Ok(())
 }

@@ -40,13 +40,28 @@ pub(crate) struct Latencies {
     samples_ms: Vec<f64>,
 }
 
+/// One figure of a benchmark run at several sizes (sessions, nodes), for the scaling table.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Scaled {
+    what: String,
+    size: usize,
+    value: f64,
+    unit: String,
+}
+
 static FIGURES: Mutex<Vec<Figure>> = Mutex::new(Vec::new());
+static SCALING: Mutex<Vec<Scaled>> = Mutex::new(Vec::new());
 static LATENCIES: Mutex<Vec<Latencies>> = Mutex::new(Vec::new());
 
 /// Records a figure of `bench` (printed by the benchmark itself).
 pub(crate) fn figure(bench: &str, name: impl Into<String>, value: f64, unit: &str, baseline: Option<(&str, f64)>) {
     let baseline = baseline.map(|(n, b)| Baseline { name: n.to_owned(), value: b, ratio: if b > 0.0 { value / b } else { 0.0 } });
     FIGURES.lock().expect("figures").push(Figure { bench: bench.into(), name: name.into(), value, unit: unit.into(), baseline });
+}
+
+/// Records a figure at one size of a run repeated at several sizes (the scaling table).
+pub(crate) fn scaled(what: &str, size: usize, value: f64, unit: &str) {
+    SCALING.lock().expect("scaling").push(Scaled { what: what.into(), size, value, unit: unit.into() });
 }
 
 /// The `p` quantile of sorted latencies, in milliseconds (0 when there are none).
@@ -139,6 +154,7 @@ pub async fn run(b: AllBench) -> anyhow::Result<()> {
         machine: machine(),
         versions: versions(),
         figures: FIGURES.lock().expect("figures").clone(),
+        scaling: SCALING.lock().expect("scaling").clone(),
         latencies: LATENCIES.lock().expect("latencies").clone(),
         failed,
     };
@@ -168,6 +184,7 @@ struct Report {
     machine: Vec<(String, String)>,
     versions: Vec<(String, String)>,
     figures: Vec<Figure>,
+    scaling: Vec<Scaled>,
     latencies: Vec<Latencies>,
     failed: Vec<String>,
 }
@@ -248,6 +265,9 @@ fn markdown(r: &Report) -> String {
         };
         let _ = writeln!(s, "| {} | {} | {} {} | {base} | {ratio} |", f.bench, f.name, number(f.value), f.unit);
     }
+    if !r.scaling.is_empty() {
+        scaling_table(&mut s, &r.scaling);
+    }
     if !r.latencies.is_empty() {
         let _ = writeln!(s, "\n## Latency distributions\n\n![latency distributions](bench-latency.svg)\n\n| distribution | samples | p50 | p90 | p99 | max |\n|---|---:|---:|---:|---:|---:|");
         for l in &r.latencies {
@@ -262,6 +282,38 @@ fn markdown(r: &Report) -> String {
         }
     }
     s
+}
+
+/// Each scaled figure across the sizes it was measured at, with the growth from the smallest size
+/// to the largest beside the growth of the size itself.
+fn scaling_table(s: &mut String, scaled: &[Scaled]) {
+    let mut sizes: Vec<usize> = scaled.iter().map(|x| x.size).collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    let mut whats: Vec<(&str, &str)> = Vec::new();
+    for x in scaled {
+        if !whats.iter().any(|(w, _)| *w == x.what) {
+            whats.push((&x.what, &x.unit));
+        }
+    }
+    let _ = write!(s, "\n## Scaling\n\n| figure |");
+    for n in &sizes {
+        let _ = write!(s, " {n} |");
+    }
+    let _ = writeln!(s, " largest / smallest |\n|---|{}---:|", "---:|".repeat(sizes.len()));
+    for (what, unit) in whats {
+        let at = |n: usize| scaled.iter().find(|x| x.what == what && x.size == n).map(|x| x.value);
+        let _ = write!(s, "| {what} |");
+        for &n in &sizes {
+            let _ = write!(s, " {} |", at(n).map(|v| format!("{} {unit}", number(v))).unwrap_or_default());
+        }
+        let measured: Vec<(usize, f64)> = sizes.iter().filter_map(|&n| Some((n, at(n)?))).collect();
+        let growth = match (measured.first(), measured.last()) {
+            (Some((n0, v0)), Some((n1, v1))) if n1 > n0 && *v0 > 0.0 => format!("{:.2}x for {:.0}x the size", v1 / v0, *n1 as f64 / *n0 as f64),
+            _ => String::new(),
+        };
+        let _ = writeln!(s, " {growth} |");
+    }
 }
 
 /// The distributions as cumulative curves: latency on a log scale across, fraction of requests up.
@@ -330,12 +382,18 @@ mod tests {
                 unit: "/s".into(),
                 baseline: Some(Baseline { name: "pgbench TPC-B".into(), value: 3000.0, ratio: 0.05 }),
             }],
+            scaling: vec![
+                Scaled { what: "memory per session".into(), size: 1000, value: 40.0, unit: "KiB".into() },
+                Scaled { what: "memory per session".into(), size: 10000, value: 50.0, unit: "KiB".into() },
+            ],
             latencies: vec![Latencies { name: "a <b>".into(), samples_ms: vec![1.0, 2.0, 3.0, 40.0] }],
             failed: vec![],
         };
         let md = markdown(&r);
         assert!(md.contains("| capacity | placements, 1,000 nodes | 150 /s | pgbench TPC-B (3000) | 0.05x |"), "{md}");
         assert!(md.contains("| a <b> | 4 | 3.00 ms |"), "{md}");
+        assert!(md.contains("| figure | 1000 | 10000 | largest / smallest |"), "{md}");
+        assert!(md.contains("| memory per session | 40.0 KiB | 50.0 KiB | 1.25x for 10x the size |"), "{md}");
         let svg = svg(&r.latencies);
         assert_eq!(svg.matches("<polyline").count(), 1);
         assert!(svg.contains("a &lt;b&gt;") && svg.contains("100 ms"), "{svg}");

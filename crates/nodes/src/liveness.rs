@@ -36,8 +36,11 @@ pub const OUTAGE_GRACE_S: i32 = 300;
 pub const OUTAGE_GAP_S: i32 = 30;
 /// A session its gateway has not heard from this long is treated as closed.
 pub const SILENT_SESSION_S: i32 = 40;
-/// Nodes moved per transition per run; more makes the run return SyncAgain.
-const BATCH: i64 = 1000;
+/// Nodes moved per transition per run; more makes the run return SyncAgain. Small, because each
+/// node moved stays locked until the run commits, and a daemon reconnecting to one of them waits
+/// for that: a fleet coming back while thousands of its nodes turn unreachable waits for short
+/// runs one after another, not for one long one.
+const BATCH: i64 = 64;
 
 const PERIODIC: &[Periodic] = &[Periodic { key: "all", every: Duration::from_secs(5) }];
 
@@ -95,13 +98,17 @@ pub async fn evaluate(tx: &impl GenericClient) -> Result<LivenessReport, DbError
     }
     let outage_extra = if outage_grace { OUTAGE_GRACE_S } else { 0 };
 
-    // Lock order: nodes, then node_sessions.
+    // Lock order: nodes, then node_sessions. Each pass skips the nodes another transaction holds
+    // (a session opening or closing, a daemon's report): their state is changing under them, and
+    // the next pass, a few seconds later, sees where it went. Waiting for them instead queues this
+    // job behind every report and session of the fleet, and a pass that outlives its lease and
+    // fails leaves a gap that looks like an outage of the job itself.
     let gateway_lost = ids(
         tx,
         "SELECT n.id FROM nodes n JOIN node_sessions s ON s.node_id = n.id
           WHERE n.liveness = 'connected' AND s.closed_at IS NULL
             AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.name = 'gateway:' || s.gateway_id AND l.expires_at > compute_now())
-          ORDER BY n.id LIMIT $1 FOR UPDATE OF n",
+          ORDER BY n.id LIMIT $1 FOR UPDATE OF n SKIP LOCKED",
     )
     .await?;
     for id in &gateway_lost {
@@ -116,7 +123,7 @@ pub async fn evaluate(tx: &impl GenericClient) -> Result<LivenessReport, DbError
             "SELECT n.id FROM nodes n LEFT JOIN node_sessions s ON s.node_id = n.id AND s.closed_at IS NULL
               WHERE n.liveness = 'connected' AND n.joined_at IS NOT NULL
                 AND (s.node_id IS NULL OR s.last_seen_at < compute_now() - make_interval(secs => {SILENT_SESSION_S}))
-              ORDER BY n.id LIMIT $1 FOR UPDATE OF n"
+              ORDER BY n.id LIMIT $1 FOR UPDATE OF n SKIP LOCKED"
         ),
     )
     .await?;
@@ -132,7 +139,7 @@ pub async fn evaluate(tx: &impl GenericClient) -> Result<LivenessReport, DbError
             "SELECT id FROM nodes
               WHERE liveness = 'disconnected' AND joined_at IS NOT NULL
                 AND liveness_since + make_interval(secs => {UNREACHABLE_AFTER_S} + disconnect_grace_s) <= compute_now()
-              ORDER BY id LIMIT $1 FOR UPDATE"
+              ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED"
         ),
     )
     .await?;
@@ -147,7 +154,7 @@ pub async fn evaluate(tx: &impl GenericClient) -> Result<LivenessReport, DbError
         "SELECT n.id FROM nodes n JOIN pools p ON p.id = n.pool_id
           WHERE n.liveness = 'unreachable' AND p.kind IN ('provider', 'vps-host') AND p.lost_after_s IS NOT NULL
             AND n.liveness_since + make_interval(secs => p.lost_after_s) <= compute_now()
-          ORDER BY n.id LIMIT $1 FOR UPDATE OF n",
+          ORDER BY n.id LIMIT $1 FOR UPDATE OF n SKIP LOCKED",
     )
     .await?;
     for id in &lost {

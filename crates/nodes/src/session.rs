@@ -125,9 +125,15 @@ pub async fn flush_last_seen(
     }
     Ok(db
         .query(
-            "UPDATE node_sessions s SET last_seen_at = GREATEST(s.last_seen_at, compute_now() - make_interval(secs => u.age))
-               FROM unnest($2::text[], $3::bigint[], $4::float8[]) AS u(node_id, epoch, age)
-              WHERE s.node_id = u.node_id AND s.session_epoch = u.epoch AND s.gateway_id = $1 AND s.closed_at IS NULL
+            // The rows are locked in node order, as every fence takes them: a flush beside a
+            // report group or a dispatch waits instead of deadlocking.
+            "UPDATE node_sessions s SET last_seen_at = GREATEST(s.last_seen_at, compute_now() - make_interval(secs => h.age))
+               FROM (SELECT t.node_id, u.age FROM node_sessions t
+                       JOIN unnest($2::text[], $3::bigint[], $4::float8[]) AS u(node_id, epoch, age)
+                         ON t.node_id = u.node_id AND t.session_epoch = u.epoch
+                      WHERE t.gateway_id = $1 AND t.closed_at IS NULL
+                      ORDER BY t.node_id FOR NO KEY UPDATE OF t) AS h
+              WHERE s.node_id = h.node_id
              RETURNING s.node_id",
             &[&gateway_id, &node_ids, &epochs, &ages_s],
         )

@@ -218,6 +218,12 @@ pub trait Sink: Send + Sync + 'static {
     /// Handles a batch, in order, inside the transaction that will save the cursor past it. An
     /// error rolls the batch back; it is delivered again later.
     async fn deliver(&self, tx: &Transaction<'_>, events: &[Event]) -> Result<(), RunError>;
+
+    /// The most events one batch (one transaction) hands it, when that must be fewer than the
+    /// worker's `outbox_batch`: a sink that locks rows per event keeps its transactions short.
+    fn batch_limit(&self) -> Option<i64> {
+        None
+    }
 }
 
 /// The lease under which a sink is delivered.

@@ -567,11 +567,12 @@ impl Worker {
             else {
                 continue;
             };
+            let limit = sink.batch_limit().map_or(self.cfg.outbox_batch, |l| l.clamp(1, self.cfg.outbox_batch));
             for _ in 0..self.cfg.outbox_batches_per_tick {
-                match dispatch_batch(&self.pool, sink.as_ref(), &lease, self.cfg.outbox_batch).await {
+                match dispatch_batch(&self.pool, sink.as_ref(), &lease, limit).await {
                     Ok(n) => {
                         report.delivered += n as u64;
-                        if (n as i64) < self.cfg.outbox_batch {
+                        if (n as i64) < limit {
                             break;
                         }
                     }

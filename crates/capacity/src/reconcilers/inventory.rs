@@ -8,6 +8,9 @@ use tokio_postgres::Transaction;
 
 use crate::ROLLUP_KIND;
 
+/// Inventory events one delivery handles at most.
+pub const INVENTORY_BATCH: i64 = 32;
+
 /// Watches inventory events: refreshes the node's atom counts and wakes its pool's rollup.
 pub struct InventoryWatcher;
 
@@ -15,6 +18,13 @@ pub struct InventoryWatcher;
 impl Sink for InventoryWatcher {
     fn name(&self) -> &str {
         "capacity.inventory"
+    }
+
+    /// Each event's node has its count rows locked until commit, and a session opening on one of
+    /// them waits for that: short transactions keep a fleet reconnecting at once from queueing
+    /// behind one long batch.
+    fn batch_limit(&self) -> Option<i64> {
+        Some(INVENTORY_BATCH)
     }
 
     async fn deliver(&self, tx: &Transaction<'_>, events: &[Event]) -> Result<(), RunError> {

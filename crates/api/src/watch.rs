@@ -39,8 +39,15 @@ pub const WATCH_BUFFER: usize = 256;
 pub const SLOW_CLIENT_TIMEOUT: Duration = Duration::from_secs(10);
 /// The interval of the keep-alive comment.
 pub const KEEP_ALIVE: Duration = Duration::from_secs(15);
-/// How often the process's reader polls the outbox.
+/// How long the process's reader waits before it reads the outbox again after a read that found
+/// nothing.
 pub const TAIL_POLL: Duration = Duration::from_millis(50);
+/// How long it waits after a read that found events: while events flow it reads again soon, so an
+/// event reaches the streams a few milliseconds after it becomes readable, and an idle process
+/// still reads only every [`TAIL_POLL`]. (A NOTIFY from every transaction that writes an event
+/// would wake it sooner, but NOTIFY holds a database-wide lock from the statement to the end of
+/// its transaction, which would serialise every such commit.)
+pub const TAIL_POLL_BUSY: Duration = Duration::from_millis(5);
 /// Events the broadcast holds for streams that are behind; further behind, they catch up from
 /// the outbox.
 pub const FEED_CAPACITY: usize = 4096;
@@ -81,7 +88,7 @@ pub(crate) async fn tail_outbox(state: std::sync::Weak<ApiState>) {
     let mut cursor = None;
     loop {
         let Some(s) = state.upgrade() else { return };
-        let mut more = false;
+        let (mut more, mut found) = (false, false);
         if s.feed.receiver_count() == 0 {
             // Nobody watches: read nothing, and start from the present when someone does (a new
             // stream catches up from its own position, so nothing is lost).
@@ -97,7 +104,8 @@ pub(crate) async fn tail_outbox(state: std::sync::Weak<ApiState>) {
                 cursor = Some(at);
                 if let Ok(events) = outbox::read_after(&**db, at, BATCH).await {
                     more = events.len() as i64 == BATCH;
-                    if !events.is_empty() {
+                    found = !events.is_empty();
+                    if found {
                         // Revocations committed before these events reach the streams first, so a
                         // revoked token is not shown an event that came after its revocation.
                         if let Err(e) = s.iam.apply_changes().await {
@@ -117,7 +125,7 @@ pub(crate) async fn tail_outbox(state: std::sync::Weak<ApiState>) {
         }
         drop(s);
         if !more {
-            tokio::time::sleep(TAIL_POLL).await;
+            tokio::time::sleep(if found { TAIL_POLL_BUSY } else { TAIL_POLL }).await;
         }
     }
 }

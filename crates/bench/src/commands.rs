@@ -62,6 +62,7 @@ pub async fn run(b: CommandsBench) -> anyhow::Result<()> {
     let next = Arc::new(AtomicUsize::new(0));
     let nodes = Arc::new(nodes);
     let mut tasks = Vec::new();
+    crate::reset_statements(&db).await;
     let start = Instant::now();
     for _ in 0..b.clients {
         let (next, nodes, registry, conn, total) = (next.clone(), nodes.clone(), registry.clone(), conn.clone(), b.commands);
@@ -102,6 +103,7 @@ pub async fn run(b: CommandsBench) -> anyhow::Result<()> {
     println!("commands enqueued, one per transaction, {} clients: {rate:.0}/s ({:.2}x pgbench TPC-B)", b.clients, rate / tpcb);
     let tpcb_name = format!("pgbench TPC-B, {} clients", b.clients);
     crate::report::figure("commands", format!("commands enqueued, one per transaction, {} clients", b.clients), rate, "/s", Some((&tpcb_name, tpcb)));
+    crate::top_statements(&db, &format!("commands: enqueue, {} clients", b.clients), 4).await;
 
     // Desired state: compute every node's spec once, then change the site and time the recomputation.
     let pool = better_compute_db::pool::connect_pool(&conn, 40)?;
@@ -118,6 +120,7 @@ pub async fn run(b: CommandsBench) -> anyhow::Result<()> {
         desired::invalidate_many(&tx, chunk).await?;
     }
     tx.commit().await?;
+    crate::reset_statements(&db).await;
     let start = Instant::now();
     let recomputed = drain_nodespec(&worker).await?;
     let rate = recomputed as f64 / start.elapsed().as_secs_f64();
@@ -128,6 +131,7 @@ pub async fn run(b: CommandsBench) -> anyhow::Result<()> {
         rate / tpcb
     );
     crate::report::figure("commands", format!("desired-state recomputations, {} nodes, one worker", b.nodes), rate, "/s", Some((&tpcb_name, tpcb)));
+    crate::top_statements(&db, &format!("commands: desired state of {} nodes recomputed", b.nodes), 4).await;
     worker.shutdown().await?;
     drop(db);
     drop(scratch);

@@ -82,6 +82,9 @@ async fn wait_for_zero(db: &tokio_postgres::Client, sql: &str, patience: Duratio
     Ok(start.elapsed())
 }
 
+/// Statements listed per phase in the profile.
+const PROFILE_TOP: i64 = 6;
+
 /// Runs the benchmark once per size in `--sessions`.
 pub async fn run(b: GatewayBench) -> anyhow::Result<()> {
     raise_fd_limit();
@@ -180,6 +183,7 @@ async fn run_one(b: &GatewayBench, n: usize) -> anyhow::Result<()> {
     let own_idle = rss_kib(std::process::id());
 
     println!("opening {n} sessions to {url} (mTLS, {} handshakes at a time)…", b.connect_concurrency);
+    crate::reset_statements(&db).await;
     let observer = Arc::new(Observer::default());
     let gate = Arc::new(tokio::sync::Semaphore::new(b.connect_concurrency));
     let start = Instant::now();
@@ -208,6 +212,7 @@ async fn run_one(b: &GatewayBench, n: usize) -> anyhow::Result<()> {
     }
     let opened = start.elapsed();
     let converge_initial = wait_for_zero(&db, "SELECT count(*) FROM nodes WHERE observed_generation < generation", Duration::from_secs(600)).await?;
+    crate::top_statements(&db, &format!("gateway, {n} sessions: opening every session"), PROFILE_TOP).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let rss_full = rss_kib(gw_pid);
     let own_full = rss_kib(std::process::id());
@@ -240,11 +245,14 @@ async fn run_one(b: &GatewayBench, n: usize) -> anyhow::Result<()> {
     let low = (b.commands_per_s / 5).max(1);
     latency_run(&conn, &registry, &node_ids, &observer, low, b.command_seconds, 0, n).await?;
     wait_for_zero(&db, "SELECT count(*) FROM commands WHERE state IN ('pending', 'sent', 'running')", Duration::from_secs(300)).await.ok();
+    crate::reset_statements(&db).await;
     latency_run(&conn, &registry, &node_ids, &observer, b.commands_per_s, b.command_seconds, 10_000_000, n).await?;
     wait_for_zero(&db, "SELECT count(*) FROM commands WHERE state IN ('pending', 'sent', 'running')", Duration::from_secs(300)).await.ok();
+    crate::top_statements(&db, &format!("gateway, {n} sessions: commands at {}/s", b.commands_per_s), PROFILE_TOP).await;
 
     // Convergence: one change to every node's desired state.
     println!("changing every node's desired state…");
+    crate::reset_statements(&db).await;
     let start = Instant::now();
     {
         let tx = db.transaction().await?;
@@ -262,6 +270,7 @@ async fn run_one(b: &GatewayBench, n: usize) -> anyhow::Result<()> {
         n as f64 / recomputed.as_secs_f64()
     );
     let took_s = start.elapsed().as_secs_f64();
+    crate::top_statements(&db, &format!("gateway, {n} nodes: convergence after one change to every node"), PROFILE_TOP).await;
     crate::report::figure("gateway", format!("convergence: {n} nodes apply one change to every node"), took_s, "s", None);
     crate::report::figure("gateway", format!("convergence: nodes applied per second, {n} nodes"), n as f64 / took_s, "/s", baseline);
     crate::report::scaled("convergence: one change to every node", n, took_s, "s");

@@ -149,6 +149,50 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
 }
 
+/// Loads pg_stat_statements in a throwaway cluster when this PostgreSQL has it (Debian's
+/// `postgresql` package does): what [`top_statements`] reads. Returns whether it did.
+fn enable_pg_stat_statements(data_dir: &std::path::Path) -> anyhow::Result<bool> {
+    let Ok(bins) = better_compute_db::launcher::PgBinaries::find() else { return Ok(false) };
+    let lib = bins.bindir().join("../lib/pg_stat_statements.so");
+    if !lib.exists() {
+        return Ok(false);
+    }
+    use std::io::Write as _;
+    let mut conf = std::fs::OpenOptions::new().append(true).open(data_dir.join("postgresql.conf"))?;
+    writeln!(conf, "shared_preload_libraries = 'pg_stat_statements'\npg_stat_statements.track = all")?;
+    Ok(true)
+}
+
+/// Forgets what pg_stat_statements counted so far (nothing when it is not loaded).
+pub(crate) async fn reset_statements(db: &tokio_postgres::Client) {
+    let _ = db.execute("SELECT pg_stat_statements_reset()", &[]).await;
+}
+
+/// Where the database's time went since the last [`reset_statements`]: the `n` statements with the
+/// most execution time (lock waits included), printed and recorded for the report under `phase`.
+pub(crate) async fn top_statements(db: &tokio_postgres::Client, phase: &str, n: i64) {
+    let Ok(rows) = db
+        .query(
+            "SELECT left(regexp_replace(query, '\\s+', ' ', 'g'), 160), calls, total_exec_time, mean_exec_time,
+                    100 * total_exec_time / nullif(sum(total_exec_time) OVER (), 0)
+               FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+              ORDER BY total_exec_time DESC LIMIT $1",
+            &[&n],
+        )
+        .await
+    else {
+        return;
+    };
+    println!("where the database's time went, {phase}:");
+    let mut top = Vec::new();
+    for r in &rows {
+        let s = report::Statement { query: r.get(0), calls: r.get(1), total_ms: r.get(2), mean_ms: r.get(3), share_pct: r.get::<_, Option<f64>>(4).unwrap_or(0.0) };
+        println!("  {:>5.1}%  {:>8} calls  {:>9.1} ms  {:>7.2} ms each  {}", s.share_pct, s.calls, s.total_ms, s.mean_ms, s.query);
+        top.push(s);
+    }
+    report::profile(phase, top);
+}
+
 /// Stops the throwaway cluster and removes its folder, also on errors.
 pub(crate) struct Scratch {
     pub(crate) cluster: Cluster,
@@ -171,9 +215,14 @@ impl Scratch {
         let scratch = Scratch { cluster: cluster.clone(), root };
         println!("starting a throwaway PostgreSQL (fsync and synchronous_commit on, as in production)…");
         cluster.init_if_needed()?;
+        let statements = enable_pg_stat_statements(&scratch.root.join("data"))?;
         cluster.start()?;
         let admin = better_compute_db::pool::connect(&cluster.connection_string("postgres")).await?;
         admin.batch_execute("CREATE DATABASE bench").await?;
+        if statements {
+            let bench = better_compute_db::pool::connect(&cluster.connection_string("bench")).await?;
+            bench.batch_execute("CREATE EXTENSION pg_stat_statements").await?;
+        }
         Ok(scratch)
     }
 

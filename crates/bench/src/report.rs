@@ -49,9 +49,80 @@ pub(crate) struct Scaled {
     unit: String,
 }
 
+/// One statement of a profile: where the database's time went in one phase of a benchmark.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Statement {
+    pub(crate) query: String,
+    pub(crate) calls: i64,
+    pub(crate) total_ms: f64,
+    pub(crate) mean_ms: f64,
+    pub(crate) share_pct: f64,
+}
+
+/// The statements that took the most time in one phase.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Profile {
+    phase: String,
+    statements: Vec<Statement>,
+}
+
 static FIGURES: Mutex<Vec<Figure>> = Mutex::new(Vec::new());
+static PROFILES: Mutex<Vec<Profile>> = Mutex::new(Vec::new());
 static SCALING: Mutex<Vec<Scaled>> = Mutex::new(Vec::new());
 static LATENCIES: Mutex<Vec<Latencies>> = Mutex::new(Vec::new());
+
+/// A goal a figure is held to; the report says whether the figure meets it.
+struct Target {
+    /// The figure's name, exactly as recorded.
+    figure: &'static str,
+    /// Met when the value (or the ratio, with `ratio`) is at most this, or at least it.
+    bound: Bound,
+    /// Compare the ratio to the figure's baseline instead of the value.
+    ratio: bool,
+}
+
+enum Bound {
+    AtMost(f64),
+    AtLeast(f64),
+}
+
+/// The goals of the paths a fleet operator feels. A report without a figure leaves its goal out.
+const TARGETS: &[Target] = &[
+    Target { figure: "command enqueue to daemon at 1000/s, 10000 sessions, p50", bound: Bound::AtMost(5.0), ratio: false },
+    Target { figure: "command enqueue to daemon at 1000/s, 10000 sessions, p99", bound: Bound::AtMost(50.0), ratio: false },
+    Target { figure: "commands enqueued at 1000/s asked, 10000 sessions", bound: Bound::AtLeast(990.0), ratio: false },
+    Target { figure: "convergence: 10000 nodes apply one change to every node", bound: Bound::AtMost(10.0), ratio: false },
+    Target { figure: "desired-state recomputations, 10000 nodes, one worker", bound: Bound::AtLeast(0.7), ratio: true },
+    Target { figure: "events committed and delivered to 100 watch streams", bound: Bound::AtLeast(0.7), ratio: true },
+    Target { figure: "commit to SSE client, p99", bound: Bound::AtMost(50.0), ratio: false },
+    Target { figure: "reservations.create over HTTP, p99", bound: Bound::AtMost(100.0), ratio: false },
+    Target { figure: "nodes.get over HTTP", bound: Bound::AtLeast(0.7), ratio: true },
+    Target { figure: "placements, 1000 nodes x 8 GPUs, 64 clients", bound: Bound::AtLeast(1.0), ratio: true },
+    Target { figure: "placements in a burst with no release, 1000 nodes", bound: Bound::AtLeast(0.8), ratio: true },
+    Target { figure: "sessions opened (mTLS handshake to Welcome), 10000 sessions", bound: Bound::AtLeast(1000.0), ratio: false },
+];
+
+/// Each goal with a figure in the report: (figure, goal, measured, met).
+fn targets(figures: &[Figure]) -> Vec<(String, String, String, bool)> {
+    TARGETS
+        .iter()
+        .filter_map(|t| {
+            let f = figures.iter().find(|f| f.name == t.figure)?;
+            let (measured, shown) = if t.ratio {
+                let r = f.baseline.as_ref()?.ratio;
+                (r, format!("{r:.2}x"))
+            } else {
+                (f.value, format!("{} {}", number(f.value), f.unit))
+            };
+            let unit = if t.ratio { "x".to_owned() } else { format!(" {}", f.unit) };
+            let (goal, met) = match t.bound {
+                Bound::AtMost(b) => (format!("≤ {}{unit}", number(b)), measured <= b),
+                Bound::AtLeast(b) => (format!("≥ {}{unit}", number(b)), measured >= b),
+            };
+            Some((f.name.clone(), goal, shown, met))
+        })
+        .collect()
+}
 
 /// Records a figure of `bench` (printed by the benchmark itself).
 pub(crate) fn figure(bench: &str, name: impl Into<String>, value: f64, unit: &str, baseline: Option<(&str, f64)>) {
@@ -62,6 +133,11 @@ pub(crate) fn figure(bench: &str, name: impl Into<String>, value: f64, unit: &st
 /// Records a figure at one size of a run repeated at several sizes (the scaling table).
 pub(crate) fn scaled(what: &str, size: usize, value: f64, unit: &str) {
     SCALING.lock().expect("scaling").push(Scaled { what: what.into(), size, value, unit: unit.into() });
+}
+
+/// Records where the database's time went in one phase of a benchmark.
+pub(crate) fn profile(phase: &str, statements: Vec<Statement>) {
+    PROFILES.lock().expect("profiles").push(Profile { phase: phase.into(), statements });
 }
 
 /// The `p` quantile of sorted latencies, in milliseconds (0 when there are none).
@@ -128,7 +204,10 @@ pub async fn run(b: AllBench) -> anyhow::Result<()> {
             Box::new(move || Box::pin(crate::events::run(a)))
         }),
         ("gateway: sessions, command latency, convergence", {
-            let a = defaults::<crate::gateway::GatewayBench>(if q { &["--sessions", "1000", "--command-seconds", "5"] } else { &[] })?;
+            // The largest size is what one process may hold here: each session is a descriptor in
+            // the gateway and one in the simulated fleet, under a hard limit of 20,000 on the
+            // machines this report is written on.
+            let a = defaults::<crate::gateway::GatewayBench>(if q { &["--sessions", "1000", "--command-seconds", "5"] } else { &["--sessions", "1000,10000,18000"] })?;
             Box::new(move || Box::pin(crate::gateway::run(a)))
         }),
     ];
@@ -155,6 +234,7 @@ pub async fn run(b: AllBench) -> anyhow::Result<()> {
         versions: versions(),
         figures: FIGURES.lock().expect("figures").clone(),
         scaling: SCALING.lock().expect("scaling").clone(),
+        profiles: PROFILES.lock().expect("profiles").clone(),
         latencies: LATENCIES.lock().expect("latencies").clone(),
         failed,
     };
@@ -185,6 +265,7 @@ struct Report {
     versions: Vec<(String, String)>,
     figures: Vec<Figure>,
     scaling: Vec<Scaled>,
+    profiles: Vec<Profile>,
     latencies: Vec<Latencies>,
     failed: Vec<String>,
 }
@@ -265,8 +346,30 @@ fn markdown(r: &Report) -> String {
         };
         let _ = writeln!(s, "| {} | {} | {} {} | {base} | {ratio} |", f.bench, f.name, number(f.value), f.unit);
     }
+    let goals = targets(&r.figures);
+    if !goals.is_empty() {
+        let _ = writeln!(s, "\n## Targets\n\nWhy a goal is not met, and what would meet it: [performance.md](../performance.md).\n\n| figure | goal | measured | |\n|---|---|---:|---|");
+        for (name, goal, measured, met) in goals {
+            let _ = writeln!(s, "| {name} | {goal} | {measured} | {} |", if met { "met" } else { "**not met**" });
+        }
+    }
     if !r.scaling.is_empty() {
         scaling_table(&mut s, &r.scaling);
+    }
+    if !r.profiles.is_empty() {
+        let _ = writeln!(
+            s,
+            "\n## Where the database's time goes\n\nThe statements with the most execution time (lock waits included) in each \
+             phase, from pg_stat_statements on the benchmark's cluster.\n"
+        );
+        for p in &r.profiles {
+            let _ = writeln!(s, "**{}**\n\n| share | calls | total | each | statement |\n|---:|---:|---:|---:|---|", p.phase);
+            for st in &p.statements {
+                let q = st.query.replace('|', "\\|").replace('`', "'");
+                let _ = writeln!(s, "| {:.1}% | {} | {} ms | {} ms | `{q}` |", st.share_pct, st.calls, number(st.total_ms), number(st.mean_ms));
+            }
+            let _ = writeln!(s);
+        }
     }
     if !r.latencies.is_empty() {
         let _ = writeln!(s, "\n## Latency distributions\n\n![latency distributions](bench-latency.svg)\n\n| distribution | samples | p50 | p90 | p99 | max |\n|---|---:|---:|---:|---:|---:|");
@@ -377,7 +480,7 @@ mod tests {
             versions: vec![("postgres".into(), "postgres (PostgreSQL) 15.8".into())],
             figures: vec![Figure {
                 bench: "capacity".into(),
-                name: "placements, 1,000 nodes".into(),
+                name: "placements in a burst with no release, 1000 nodes".into(),
                 value: 150.0,
                 unit: "/s".into(),
                 baseline: Some(Baseline { name: "pgbench TPC-B".into(), value: 3000.0, ratio: 0.05 }),
@@ -386,13 +489,19 @@ mod tests {
                 Scaled { what: "memory per session".into(), size: 1000, value: 40.0, unit: "KiB".into() },
                 Scaled { what: "memory per session".into(), size: 10000, value: 50.0, unit: "KiB".into() },
             ],
+            profiles: vec![Profile {
+                phase: "gateway: opening".into(),
+                statements: vec![Statement { query: "SELECT a | b".into(), calls: 3, total_ms: 12.0, mean_ms: 4.0, share_pct: 50.0 }],
+            }],
             latencies: vec![Latencies { name: "a <b>".into(), samples_ms: vec![1.0, 2.0, 3.0, 40.0] }],
             failed: vec![],
         };
         let md = markdown(&r);
-        assert!(md.contains("| capacity | placements, 1,000 nodes | 150 /s | pgbench TPC-B (3000) | 0.05x |"), "{md}");
+        assert!(md.contains("| capacity | placements in a burst with no release, 1000 nodes | 150 /s | pgbench TPC-B (3000) | 0.05x |"), "{md}");
         assert!(md.contains("| a <b> | 4 | 3.00 ms |"), "{md}");
         assert!(md.contains("| figure | 1000 | 10000 | largest / smallest |"), "{md}");
+        assert!(md.contains("| placements in a burst with no release, 1000 nodes | ≥ 0.80x | 0.05x | **not met** |"), "{md}");
+        assert!(md.contains("| 50.0% | 3 | 12.0 ms | 4.00 ms | `SELECT a \\| b` |"), "{md}");
         assert!(md.contains("| memory per session | 40.0 KiB | 50.0 KiB | 1.25x for 10x the size |"), "{md}");
         let svg = svg(&r.latencies);
         assert_eq!(svg.matches("<polyline").count(), 1);

@@ -3,9 +3,14 @@
 
 use super::*;
 
+/// Sessions whose `last seen` one statement writes. Small: the statement holds each row it writes
+/// until it commits, and every report and dispatch of those nodes waits for it (their fence shares
+/// the same rows), so a short statement is a short wait.
+pub(crate) const FLUSH_BATCH: usize = 500;
+
 impl Inner {
     /// Writes `last seen` as ages for every session heard from since the last flush: one
-    /// statement per batch of 5,000.
+    /// transaction per [`FLUSH_BATCH`] sessions.
     pub(crate) async fn flush_loop(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
         loop {
             tokio::select! {
@@ -13,7 +18,7 @@ impl Inner {
                 _ = tokio::time::sleep(self.cfg.flush_interval) => {}
             }
             loop {
-                let (nodes, epochs, ages) = self.hub.take_unflushed(5_000);
+                let (nodes, epochs, ages) = self.hub.take_unflushed(FLUSH_BATCH);
                 if nodes.is_empty() {
                     break;
                 }
@@ -31,7 +36,7 @@ impl Inner {
                     }
                     Err(e) => tracing::warn!(error = %e, "liveness flush failed"),
                 }
-                if nodes.len() < 5_000 {
+                if nodes.len() < FLUSH_BATCH {
                     break;
                 }
             }

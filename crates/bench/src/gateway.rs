@@ -243,10 +243,11 @@ async fn run_one(b: &GatewayBench, n: usize) -> anyhow::Result<()> {
     // a node chosen round-robin; from the enqueue's commit to the simulated daemon receiving it.
     let node_ids = Arc::new(node_ids);
     let low = (b.commands_per_s / 5).max(1);
-    latency_run(&conn, &registry, &node_ids, &observer, low, b.command_seconds, 0, n).await?;
+    latency_run(&conn, &registry, &node_ids, &observer, Pace { per_s: low, seconds: b.command_seconds, first_key: 0 }, n).await?;
     wait_for_zero(&db, "SELECT count(*) FROM commands WHERE state IN ('pending', 'sent', 'running')", Duration::from_secs(300)).await.ok();
     crate::reset_statements(&db).await;
-    latency_run(&conn, &registry, &node_ids, &observer, b.commands_per_s, b.command_seconds, 10_000_000, n).await?;
+    let pace = Pace { per_s: b.commands_per_s, seconds: b.command_seconds, first_key: 10_000_000 };
+    latency_run(&conn, &registry, &node_ids, &observer, pace, n).await?;
     wait_for_zero(&db, "SELECT count(*) FROM commands WHERE state IN ('pending', 'sent', 'running')", Duration::from_secs(300)).await.ok();
     crate::top_statements(&db, &format!("gateway, {n} sessions: commands at {}/s", b.commands_per_s), PROFILE_TOP).await;
 
@@ -286,18 +287,25 @@ async fn run_one(b: &GatewayBench, n: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Enqueues commands at `rate` per second for `seconds`, round-robin over the nodes, and prints
+/// How fast a latency run enqueues, for how long, and its first idempotency key's number (each
+/// run its own keys).
+struct Pace {
+    per_s: u64,
+    seconds: u64,
+    first_key: usize,
+}
+
+/// Enqueues commands at the pace's rate per second for its seconds, round-robin over the nodes, and prints
 /// the latency from each enqueue's commit to the simulated daemon receiving it.
 async fn latency_run(
     conn: &str,
     registry: &Arc<better_compute_runtime::Registry>,
     node_ids: &Arc<Vec<String>>,
     observer: &Arc<Observer>,
-    rate: u64,
-    seconds: u64,
-    offset: usize,
+    pace: Pace,
     sessions: usize,
 ) -> anyhow::Result<()> {
+    let Pace { per_s: rate, seconds, first_key: offset } = pace;
     let total = (rate * seconds) as usize;
     println!("enqueuing {total} commands at {rate}/s…");
     let committed: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();

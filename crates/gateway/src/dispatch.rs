@@ -147,7 +147,7 @@ impl Inner {
     ) -> Result<Vec<Sent<'s>>, DbError> {
         let mut reserved = Vec::with_capacity(sessions.len());
         for &(node, s) in sessions {
-            let room = s.out.capacity().min(64).max(1);
+            let room = s.out.capacity().clamp(1, 64);
             // Nothing reserved: a slow daemon's queue is full, and the poll comes back to it.
             if let Ok(slots) = s.out.try_reserve_many(room) {
                 reserved.push((node, s, room, slots));

@@ -127,7 +127,7 @@ pub async fn apply(tx: &impl GenericClient, gateway_id: &str, sessions: &[&Sessi
     acknowledge(tx, &acks).await?;
     let ended = finish(tx, &results).await?;
     applied.settled += ended.len() as u64;
-    applied.freed.extend(ended.into_iter());
+    applied.freed.extend(ended);
     for (node, id, why) in rejects {
         if session::report_reject(tx, node, id, why).await? {
             if why == Rejection::Busy {
@@ -211,7 +211,7 @@ async fn spec_statuses(tx: &impl GenericClient, specs: &BTreeMap<&str, &SpecStat
         return Ok(());
     }
     let nodes: Vec<&str> = specs.keys().copied().collect();
-    let json = specs.values().map(|s| serde_json::to_value(s)).collect::<Result<Vec<_>, _>>().map_err(|e| Error::internal(e.to_string()))?;
+    let json = specs.values().map(serde_json::to_value).collect::<Result<Vec<_>, _>>().map_err(|e| Error::internal(e.to_string()))?;
     let observed: Vec<i64> = specs.values().map(|s| s.observed_generation).collect();
     tx.execute(
         "UPDATE nodes n SET spec_status = u.status, observed_generation = GREATEST(n.observed_generation, u.observed),

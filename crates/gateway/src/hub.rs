@@ -152,6 +152,14 @@ impl Hub {
         self.len() == 0
     }
 
+    /// Marks the node's session as not flushed, so the next flush writes it again (its row was
+    /// busy this time).
+    pub fn unflush(&self, node_id: &str) {
+        if let Some(x) = self.sessions.lock().expect("hub").get(node_id) {
+            x.flushed_ms.store(0, Ordering::Relaxed);
+        }
+    }
+
     /// The sessions heard from since their last flush, as (node, epoch, age in seconds), marking
     /// them flushed: one batch for one statement.
     pub fn take_unflushed(&self, max: usize) -> (Vec<String>, Vec<i64>, Vec<f64>) {

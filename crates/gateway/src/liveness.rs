@@ -5,7 +5,8 @@ use super::*;
 
 /// Sessions whose `last seen` one statement writes. Small: the statement holds each row it writes
 /// until it commits, and every report and dispatch of those nodes waits for it (their fence shares
-/// the same rows), so a short statement is a short wait.
+/// the same rows), so a short statement is a short wait. The flush itself never waits: a row that
+/// a fence holds is skipped and flushed next time.
 pub(crate) const FLUSH_BATCH: usize = 500;
 
 impl Inner {
@@ -25,14 +26,17 @@ impl Inner {
                 let Ok(mut c) = self.pool.get().await else { break };
                 let flushed = async {
                     let tx = c.transaction().await?;
-                    let held = session::flush_last_seen(&*tx, &self.cfg.id, &nodes, &epochs, &ages).await?;
+                    let flushed = session::flush_last_seen(&*tx, &self.cfg.id, &nodes, &epochs, &ages).await?;
                     tx.commit().await?;
-                    Ok::<_, DbError>(held)
+                    Ok::<_, DbError>(flushed)
                 };
                 match flushed.await {
-                    Ok(held) => {
-                        tracing::debug!(flushed = nodes.len(), held = held.len(), "liveness flushed");
-                        self.end_lost_sessions(&nodes, &epochs, &held)
+                    Ok(flushed) => {
+                        tracing::debug!(flushed = flushed.written.len(), busy = flushed.busy.len(), "liveness flushed");
+                        for n in &flushed.busy {
+                            self.hub.unflush(n);
+                        }
+                        self.end_lost_sessions(&nodes, &epochs, &flushed)
                     }
                     Err(e) => tracing::warn!(error = %e, "liveness flush failed"),
                 }
@@ -46,8 +50,8 @@ impl Inner {
     /// Ends the streams of sessions the database no longer gives this gateway (the liveness job
     /// closed them as silent, say after the clock jumped, or another gateway took them over), so
     /// their daemons reconnect instead of heartbeating into a closed session forever.
-    pub(crate) fn end_lost_sessions(&self, nodes: &[String], epochs: &[i64], held: &[String]) {
-        let held: std::collections::HashSet<&str> = held.iter().map(String::as_str).collect();
+    pub(crate) fn end_lost_sessions(&self, nodes: &[String], epochs: &[i64], flushed: &session::Flushed) {
+        let held: std::collections::HashSet<&str> = flushed.written.iter().chain(&flushed.busy).map(String::as_str).collect();
         for (node, epoch) in nodes.iter().zip(epochs) {
             if held.contains(node.as_str()) {
                 continue;

@@ -108,31 +108,42 @@ pub(crate) async fn mark_disconnected(tx: &impl GenericClient, node_id: &str, gr
     Ok(())
 }
 
+/// What a flush of `last seen` did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Flushed {
+    /// Sessions whose `last seen` was written.
+    pub written: Vec<String>,
+    /// Sessions that still hold but whose row another transaction held at that moment (a report
+    /// or a dispatch of the node): flush them again next time.
+    pub busy: Vec<String>,
+}
+
 /// Writes when the gateway last heard from each node, as ages ("3.2 s ago"), which the database
 /// turns into `compute_now() - age`: one statement for a whole batch, and no gateway clock in it.
-/// Entries whose epoch no longer holds the session change nothing. Returns the nodes whose
-/// session still holds; for the others the gateway must end its stream (the liveness job closed
-/// the session as silent, or another gateway took it over), so the daemon reconnects.
+/// Entries whose epoch no longer holds the session change nothing. A session row another
+/// transaction holds is skipped, not waited for (a fence holds it while the daemon's reports are
+/// applied, which is news of its own that the daemon lives). Sessions neither written nor busy no
+/// longer hold: the gateway must end their streams (the liveness job closed the session as
+/// silent, or another gateway took it over), so their daemons reconnect.
 pub async fn flush_last_seen(
     db: &impl GenericClient,
     gateway_id: &str,
     node_ids: &[String],
     epochs: &[i64],
     ages_s: &[f64],
-) -> Result<Vec<String>, DbError> {
+) -> Result<Flushed, DbError> {
     if node_ids.is_empty() {
-        return Ok(Vec::new());
+        return Ok(Flushed::default());
     }
-    Ok(db
+    let written: Vec<String> = db
         .query(
-            // The rows are locked in node order, as every fence takes them: a flush beside a
-            // report group or a dispatch waits instead of deadlocking.
+            // Rows taken in node order, as every fence takes them.
             "UPDATE node_sessions s SET last_seen_at = GREATEST(s.last_seen_at, compute_now() - make_interval(secs => h.age))
                FROM (SELECT t.node_id, u.age FROM node_sessions t
                        JOIN unnest($2::text[], $3::bigint[], $4::float8[]) AS u(node_id, epoch, age)
                          ON t.node_id = u.node_id AND t.session_epoch = u.epoch
                       WHERE t.gateway_id = $1 AND t.closed_at IS NULL
-                      ORDER BY t.node_id FOR NO KEY UPDATE OF t) AS h
+                      ORDER BY t.node_id FOR NO KEY UPDATE OF t SKIP LOCKED) AS h
               WHERE s.node_id = h.node_id
              RETURNING s.node_id",
             &[&gateway_id, &node_ids, &epochs, &ages_s],
@@ -140,7 +151,22 @@ pub async fn flush_last_seen(
         .await?
         .iter()
         .map(|r| r.get(0))
-        .collect())
+        .collect();
+    let busy = if written.len() == node_ids.len() {
+        Vec::new()
+    } else {
+        db.query(
+            "SELECT t.node_id FROM node_sessions t JOIN unnest($2::text[], $3::bigint[]) AS u(node_id, epoch)
+                 ON t.node_id = u.node_id AND t.session_epoch = u.epoch
+              WHERE t.gateway_id = $1 AND t.closed_at IS NULL AND t.node_id <> ALL($4)",
+            &[&gateway_id, &node_ids, &epochs, &written],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+    };
+    Ok(Flushed { written, busy })
 }
 
 /// A command on its way to a daemon.
@@ -320,11 +346,12 @@ pub async fn in_flight(db: &impl GenericClient, node_id: &str) -> Result<Vec<Dis
 pub async fn nodes_with_work(db: &impl GenericClient, gateway_id: &str) -> Result<Vec<String>, DbError> {
     Ok(db
         .query(
-            "SELECT s.node_id FROM node_sessions s
-              WHERE s.gateway_id = $1 AND s.closed_at IS NULL
-                AND EXISTS (SELECT 1 FROM commands c WHERE c.node_id = s.node_id
-                               AND ((c.state = 'pending' AND c.not_before <= compute_now() AND c.not_after > compute_now())
-                                    OR (c.state IN ('sent', 'running') AND c.cancel_requested)))",
+            // From the open commands (the partial index `commands_open`), not from each session:
+            // the cost follows the commands in flight, not every command a node ever ran.
+            "SELECT DISTINCT c.node_id FROM commands c JOIN node_sessions s ON s.node_id = c.node_id
+              WHERE c.state IN ('pending', 'sent', 'running') AND s.gateway_id = $1 AND s.closed_at IS NULL
+                AND ((c.state = 'pending' AND c.not_before <= compute_now() AND c.not_after > compute_now())
+                     OR (c.state IN ('sent', 'running') AND c.cancel_requested))",
             &[&gateway_id],
         )
         .await?

@@ -556,3 +556,31 @@ async fn report_groups_racing_takeovers_write_exactly_for_the_sessions_they_foun
     let open_b = count(&h, "SELECT count(*) FROM node_sessions WHERE gateway_id = 'gw_b' AND closed_at IS NULL").await;
     assert_eq!(open_b, 12);
 }
+
+#[tokio::test]
+async fn a_last_seen_flush_skips_a_session_a_report_is_fencing_and_reports_it_busy_instead_of_waiting() {
+    use better_compute_nodes::session;
+    let (h, _) = setup().await;
+    let nodes = nodes_with_sessions(&h, 2, "gw_a").await;
+    let (ids, epochs): (Vec<String>, Vec<i64>) = nodes.iter().cloned().unzip();
+    // A report group of gw_a holds the first node's session row (its fence) and has not committed.
+    let mut rc = h.db().client().await;
+    let report = rc.transaction().await.unwrap();
+    let held = session::fence(&*report, "gw_a", &[ids[0].as_str()], &[epochs[0]]).await.unwrap();
+    assert_eq!(held.len(), 1);
+    let mut c = h.db().client().await;
+    let tx = c.transaction().await.unwrap();
+    let flushed = tokio::time::timeout(Duration::from_secs(10), session::flush_last_seen(&*tx, "gw_a", &ids, &epochs, &[0.5, 0.5]))
+        .await
+        .expect("the flush waited for the report")
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(flushed.written, vec![ids[1].clone()]);
+    assert_eq!(flushed.busy, vec![ids[0].clone()], "busy, not lost: the gateway keeps the session and flushes it next time");
+    report.commit().await.unwrap();
+    // A stale epoch is neither written nor busy.
+    let tx = c.transaction().await.unwrap();
+    let stale = session::flush_last_seen(&*tx, "gw_a", &ids, &[epochs[0] + 1, epochs[1]], &[0.5, 0.5]).await.unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!((stale.written.len(), stale.busy.len()), (1, 0));
+}

@@ -115,12 +115,9 @@ impl NodeSpecController {
         if !changed_ids.is_empty() {
             // The first spec stored is generation 1 (written by adoption); each change after moves it by one.
             tx.execute(
-                // Rows locked in id order, as gateways' report groups lock them: the two wait for
-                // each other instead of deadlocking.
                 "UPDATE nodes n SET spec = u.spec, version = n.version + 1,
                         generation = CASE WHEN n.spec IS NULL THEN n.generation ELSE n.generation + 1 END
-                   FROM (SELECT m.id, x.spec FROM nodes m JOIN unnest($1::text[], $2::jsonb[]) AS x(id, spec) ON m.id = x.id
-                          ORDER BY m.id FOR NO KEY UPDATE OF m) AS u
+                   FROM unnest($1::text[], $2::jsonb[]) AS u(id, spec)
                   WHERE n.id = u.id",
                 &[&changed_ids, &changed_specs],
             )

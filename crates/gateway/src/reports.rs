@@ -4,13 +4,14 @@
 //! them in one transaction, one statement per kind ([`reports::apply`]), then dispatches the
 //! commands whose lane credits came free in the same transaction. Under load the groups grow by
 //! themselves: while one commits, the next gathers. A group that fails is applied again session by
-//! session, so one daemon's bad report or a deadlock costs only a retry, never another's report.
+//! session, so one daemon's bad report or a deadlock costs only a retry, never another's report. A
+//! group never waits for a node's row that another transaction holds (a session opening, a liveness
+//! pass): that session is left out and applied alone, so one busy node holds up only itself.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 
 use better_compute_db::DbError;
-use better_compute_nodes::reports::{self, SessionReports};
+use better_compute_nodes::reports::{self, Applied, NodeLocks, SessionReports};
 use tokio::sync::{mpsc, oneshot, watch, Mutex};
 
 use crate::hub::Session;
@@ -70,17 +71,22 @@ impl Inner {
 
     async fn apply_group(&self, group: Vec<Submitted>) {
         metrics::histogram!("gateway_report_group_sessions").record(group.len() as f64);
-        match self.apply_together(&group).await {
-            Ok(held) => {
+        let locks = if group.len() > 1 { NodeLocks::SkipBusy } else { NodeLocks::Wait };
+        match self.apply_together(&group, locks).await {
+            Ok(applied) => {
                 for s in group {
-                    let _ = s.done.send(Ok(held.contains(&s.reports.node_id)));
+                    if applied.deferred.contains(&s.reports.node_id) {
+                        // Its node's row was busy: alone, waiting for the row, after the group.
+                        self.apply_alone(s).await;
+                    } else {
+                        let _ = s.done.send(Ok(applied.held.contains(&s.reports.node_id)));
+                    }
                 }
             }
             Err(e) if group.len() > 1 => {
                 tracing::debug!(sessions = group.len(), error = %e, "a report group failed; applying it session by session");
                 for s in group {
-                    let r = self.apply_together(std::slice::from_ref(&s)).await.map(|held| held.contains(&s.reports.node_id));
-                    let _ = s.done.send(r);
+                    self.apply_alone(s).await;
                 }
             }
             Err(e) => {
@@ -91,13 +97,18 @@ impl Inner {
         }
     }
 
-    /// Applies a group in one transaction, dispatching to the nodes where a credit came free;
-    /// returns the nodes whose sessions held.
-    async fn apply_together(&self, group: &[Submitted]) -> Result<HashSet<String>, DbError> {
+    /// Applies one session's reports in a transaction of their own, waiting for its node's row.
+    async fn apply_alone(&self, s: Submitted) {
+        let r = self.apply_together(std::slice::from_ref(&s), NodeLocks::Wait).await.map(|a| a.held.contains(&s.reports.node_id));
+        let _ = s.done.send(r);
+    }
+
+    /// Applies a group in one transaction, dispatching to the nodes where a credit came free.
+    async fn apply_together(&self, group: &[Submitted], locks: NodeLocks) -> Result<Applied, DbError> {
         let batch: Vec<&SessionReports> = group.iter().map(|s| &s.reports).collect();
         let mut c = self.pool.get().await?;
         let tx = c.transaction().await?;
-        let applied = reports::apply(&*tx, &self.cfg.id, &batch).await?;
+        let applied = reports::apply(&*tx, &self.cfg.id, &batch, locks).await?;
         let freed: Vec<(&str, &Session)> =
             group.iter().filter(|s| applied.freed.contains(&s.reports.node_id)).map(|s| (s.reports.node_id.as_str(), &*s.session)).collect();
         let sent = self.dispatch_in(&*tx, &freed).await?;
@@ -106,6 +117,6 @@ impl Inner {
             self.send_dispatched(d);
         }
         metrics::counter!("gateway_commands_settled_total").increment(applied.settled);
-        Ok(applied.held)
+        Ok(applied)
     }
 }

@@ -72,19 +72,33 @@ pub struct SessionReports {
 #[derive(Debug, Clone, Default)]
 pub struct Applied {
     /// The nodes whose session still held, so their reports were applied. For every other session
-    /// nothing was written: it was superseded or closed, and the gateway ends it.
+    /// that was not deferred nothing was written: it was superseded or closed, and the gateway
+    /// ends it.
     pub held: HashSet<String>,
     /// Held nodes where a result or a BUSY freed a lane credit: dispatch them again.
     pub freed: BTreeSet<String>,
     /// Commands that reached an end.
     pub settled: u64,
+    /// Sessions left out because another transaction held their node's row
+    /// ([`NodeLocks::SkipBusy`]): nothing of theirs was written; apply them again.
+    pub deferred: Vec<String>,
+}
+
+/// How a group treats a node row that another transaction holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeLocks {
+    /// Wait for it: a session applied alone.
+    Wait,
+    /// Leave that session out of the group ([`Applied::deferred`]), so one busy node (a session
+    /// opening, a liveness pass) never holds up the reports of every other session in the group.
+    SkipBusy,
 }
 
 /// Applies the reports of many sessions in the caller's transaction. Every write is fenced by its
 /// session's epoch, and each keeps the guard it has alone: the state table's edges for commands,
 /// `observedGeneration` only moving up. Delivery is at least once, so a report that no longer fits
 /// (a repeat, an ack of a command that ended, another node's command) changes nothing.
-pub async fn apply(tx: &impl GenericClient, gateway_id: &str, sessions: &[&SessionReports]) -> Result<Applied, DbError> {
+pub async fn apply(tx: &impl GenericClient, gateway_id: &str, sessions: &[&SessionReports], locks: NodeLocks) -> Result<Applied, DbError> {
     for s in sessions {
         for r in &s.reports {
             check(r)?;
@@ -93,14 +107,21 @@ pub async fn apply(tx: &impl GenericClient, gateway_id: &str, sessions: &[&Sessi
     // Lock order: the nodes whose own row is written, in id order, then the sessions.
     let writes_node: BTreeSet<&str> =
         sessions.iter().filter(|s| s.reports.iter().any(Report::writes_node)).map(|s| s.node_id.as_str()).collect();
+    let mut deferred = Vec::new();
     if !writes_node.is_empty() {
-        let ids: Vec<&str> = writes_node.into_iter().collect();
-        tx.query("SELECT 1 FROM nodes WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE", &[&ids]).await?;
+        let ids: Vec<&str> = writes_node.iter().copied().collect();
+        let sql = match locks {
+            NodeLocks::Wait => "SELECT id FROM nodes WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE",
+            NodeLocks::SkipBusy => "SELECT id FROM nodes WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE SKIP LOCKED",
+        };
+        let locked: HashSet<String> = tx.query(sql, &[&ids]).await?.iter().map(|r| r.get(0)).collect();
+        deferred = writes_node.iter().filter(|n| !locked.contains(**n)).map(|n| (*n).to_owned()).collect();
     }
+    let sessions: Vec<&SessionReports> = sessions.iter().copied().filter(|s| !deferred.contains(&s.node_id)).collect();
     let nodes: Vec<&str> = sessions.iter().map(|s| s.node_id.as_str()).collect();
     let epochs: Vec<i64> = sessions.iter().map(|s| s.epoch).collect();
     let held = session::fence(tx, gateway_id, &nodes, &epochs).await?;
-    let mut applied = Applied { held, ..Applied::default() };
+    let mut applied = Applied { held, deferred, ..Applied::default() };
     let live = sessions.iter().filter(|s| applied.held.contains(&s.node_id));
 
     let (mut acks, mut results, mut rejects) = (Vec::new(), Vec::new(), Vec::new());

@@ -306,7 +306,7 @@ async fn commands_run_asks_for_compute_nodes_exec_on_the_node_before_anything_el
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_daemons_report_racing_a_takeover_and_a_session_close_waits_instead_of_deadlocking() {
-    use better_compute_nodes::reports::{Report, SessionReports};
+    use better_compute_nodes::reports::{NodeLocks, Report, SessionReports};
     use better_compute_nodes::session::{self, Hello};
     let (h, node) = setup().await;
     let hello = |gw: &'static str| Hello { node_id: "", gateway_id: gw, boot_id: "b1", journal_id: "j1", daemon_version: "t" };
@@ -321,7 +321,7 @@ async fn a_daemons_report_racing_a_takeover_and_a_session_close_waits_instead_of
         let mut rc = h.db().client().await;
         let report = rc.transaction().await.unwrap();
         let reports = SessionReports { node_id: node.clone(), epoch, reports: vec![Report::SpecStatus(status.clone())] };
-        let applied = better_compute_nodes::reports::apply(&*report, "gw_a", &[&reports]).await.unwrap();
+        let applied = better_compute_nodes::reports::apply(&*report, "gw_a", &[&reports], NodeLocks::Wait).await.unwrap();
         assert_eq!(applied.held.len(), 1, "round {round}");
         // …while another gateway takes the session over (round 0 and 2) or gw_a's close (round 1)
         // runs beside it: it waits for the report's node lock, and neither fails.
@@ -389,7 +389,7 @@ async fn nodes_with_sessions(h: &Harness, n: usize, gateway: &str) -> Vec<(Strin
 
 #[tokio::test]
 async fn a_report_group_writes_only_for_sessions_that_still_hold_and_keeps_each_guard_inside_the_batch() {
-    use better_compute_nodes::reports::{self, Report, SessionReports};
+    use better_compute_nodes::reports::{self, NodeLocks, Report, SessionReports};
     use better_compute_nodes::session::{self, Hello};
     let (h, _) = setup().await;
     let r = h.registry().clone();
@@ -436,7 +436,7 @@ async fn a_report_group_writes_only_for_sessions_that_still_hold_and_keeps_each_
         .collect();
     let tx = c.transaction().await.unwrap();
     let refs: Vec<&SessionReports> = group.iter().collect();
-    let applied = reports::apply(&*tx, "gw_a", &refs).await.unwrap();
+    let applied = reports::apply(&*tx, "gw_a", &refs, NodeLocks::SkipBusy).await.unwrap();
     tx.commit().await.unwrap();
     let held: std::collections::BTreeSet<&str> = applied.held.iter().map(String::as_str).collect();
     assert_eq!(held, [nodes[0].0.as_str(), nodes[1].0.as_str()].into_iter().collect());
@@ -466,7 +466,7 @@ async fn a_report_group_writes_only_for_sessions_that_still_hold_and_keeps_each_
     assert_eq!(count(&h, "SELECT count(*) FROM outbox WHERE type = 'command.succeeded'").await, 2);
     // The same group again (a retry after a lost answer) changes nothing.
     let tx = c.transaction().await.unwrap();
-    let again = reports::apply(&*tx, "gw_a", &refs).await.unwrap();
+    let again = reports::apply(&*tx, "gw_a", &refs, NodeLocks::SkipBusy).await.unwrap();
     tx.commit().await.unwrap();
     assert_eq!((again.held.len(), again.settled), (2, 0));
     assert_eq!(count(&h, "SELECT count(*) FROM outbox WHERE type = 'command.succeeded'").await, 2);
@@ -518,7 +518,7 @@ async fn a_dispatch_for_many_nodes_routes_nothing_for_a_superseded_session_and_k
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn report_groups_racing_takeovers_write_exactly_for_the_sessions_they_found_holding() {
-    use better_compute_nodes::reports::{self, Report, SessionReports};
+    use better_compute_nodes::reports::{self, NodeLocks, Report, SessionReports};
     use better_compute_nodes::session::{self, Hello};
     let (h, _) = setup().await;
     let nodes = nodes_with_sessions(&h, 24, "gw_a").await;
@@ -546,7 +546,7 @@ async fn report_groups_racing_takeovers_write_exactly_for_the_sessions_they_foun
     };
     let tx = c.transaction().await.unwrap();
     let refs: Vec<&SessionReports> = group.iter().collect();
-    let applied = tokio::time::timeout(Duration::from_secs(30), reports::apply(&*tx, "gw_a", &refs)).await.expect("deadlocked").unwrap();
+    let applied = tokio::time::timeout(Duration::from_secs(30), reports::apply(&*tx, "gw_a", &refs, NodeLocks::Wait)).await.expect("deadlocked").unwrap();
     tx.commit().await.unwrap();
     tokio::time::timeout(Duration::from_secs(30), takeovers).await.expect("deadlocked").unwrap();
     let moved: std::collections::HashSet<String> =
@@ -583,4 +583,32 @@ async fn a_last_seen_flush_skips_a_session_a_report_is_fencing_and_reports_it_bu
     let stale = session::flush_last_seen(&*tx, "gw_a", &ids, &[epochs[0] + 1, epochs[1]], &[0.5, 0.5]).await.unwrap();
     tx.commit().await.unwrap();
     assert_eq!((stale.written.len(), stale.busy.len()), (1, 0));
+}
+
+#[tokio::test]
+async fn a_report_group_leaves_out_a_session_whose_node_row_is_busy_and_writes_nothing_of_it() {
+    use better_compute_nodes::reports::{self, NodeLocks, Report, SessionReports};
+    let (h, _) = setup().await;
+    let nodes = nodes_with_sessions(&h, 2, "gw_a").await;
+    let mut c = h.db().client().await;
+    c.execute("UPDATE nodes SET generation = 3", &[]).await.unwrap();
+    // A session opening on the first node holds its row.
+    let mut oc = h.db().client().await;
+    let opening = oc.transaction().await.unwrap();
+    opening.execute("SELECT 1 FROM nodes WHERE id = $1 FOR UPDATE", &[&nodes[0].0]).await.unwrap();
+    let status = Report::SpecStatus(better_compute_proto::v1::SpecStatus { generation: 3, observed_generation: 3, ..Default::default() });
+    let group: Vec<SessionReports> =
+        nodes.iter().map(|(n, e)| SessionReports { node_id: n.clone(), epoch: *e, reports: vec![status.clone()] }).collect();
+    let refs: Vec<&SessionReports> = group.iter().collect();
+    let tx = c.transaction().await.unwrap();
+    let applied = tokio::time::timeout(Duration::from_secs(10), reports::apply(&*tx, "gw_a", &refs, NodeLocks::SkipBusy))
+        .await
+        .expect("the group waited for a busy node")
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(applied.deferred, vec![nodes[0].0.clone()]);
+    assert_eq!(applied.held.len(), 1);
+    assert!(applied.held.contains(&nodes[1].0));
+    opening.commit().await.unwrap();
+    assert_eq!(count(&h, "SELECT count(*) FROM nodes WHERE observed_generation = 3").await, 1, "only the node that was not busy");
 }

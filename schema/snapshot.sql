@@ -217,6 +217,36 @@ CREATE TABLE node_certificates (
   CONSTRAINT node_certificates_pkey PRIMARY KEY (fingerprint_sha256)
 );
 
+CREATE TABLE node_drains (
+  id text NOT NULL,
+  node_id text NOT NULL,
+  pool_id text NOT NULL,
+  mode text NOT NULL,
+  reason text NOT NULL,
+  deadline timestamp with time zone,
+  state text NOT NULL,
+  requested_by text NOT NULL,
+  requested_at timestamp with time zone DEFAULT compute_now() NOT NULL,
+  admitted_at timestamp with time zone,
+  eviction_requested_at timestamp with time zone,
+  drained_at timestamp with time zone,
+  ended_at timestamp with time zone,
+  condition_reason text NOT NULL,
+  condition_message text NOT NULL,
+  condition_since timestamp with time zone DEFAULT compute_now() NOT NULL,
+  version bigint DEFAULT 1 NOT NULL,
+  CONSTRAINT node_drains_check CHECK (((mode = 'evict'::text) = (deadline IS NOT NULL))),
+  CONSTRAINT node_drains_check1 CHECK (((state <> ALL (ARRAY['draining'::text, 'drained'::text, 'retired'::text])) OR (admitted_at IS NOT NULL))),
+  CONSTRAINT node_drains_check2 CHECK (((state <> ALL (ARRAY['drained'::text, 'retired'::text])) OR (drained_at IS NOT NULL))),
+  CONSTRAINT node_drains_check3 CHECK (((state = ANY (ARRAY['cancelled'::text, 'retired'::text])) = (ended_at IS NOT NULL))),
+  CONSTRAINT node_drains_mode_check CHECK ((mode = ANY (ARRAY['wait'::text, 'evict'::text]))),
+  CONSTRAINT node_drains_node_id_fkey FOREIGN KEY (node_id) REFERENCES nodes(id),
+  CONSTRAINT node_drains_pkey PRIMARY KEY (id),
+  CONSTRAINT node_drains_pool_id_fkey FOREIGN KEY (pool_id) REFERENCES pools(id),
+  CONSTRAINT node_drains_reason_check CHECK ((reason <> ''::text)),
+  CONSTRAINT node_drains_state_check CHECK ((state = ANY (ARRAY['queued'::text, 'draining'::text, 'drained'::text, 'cancelled'::text, 'retired'::text])))
+);
+
 CREATE TABLE node_resources (
   node_id text NOT NULL,
   vcpu_allocatable integer NOT NULL,
@@ -281,6 +311,7 @@ CREATE TABLE nodes (
   disconnect_grace_s integer DEFAULT 0 NOT NULL,
   spec_status jsonb,
   reported_inventory jsonb,
+  retired_at timestamp with time zone,
   CONSTRAINT nodes_disconnect_grace_s_check CHECK ((disconnect_grace_s >= 0)),
   CONSTRAINT nodes_disk_gib_check CHECK ((disk_gib >= 0)),
   CONSTRAINT nodes_generation_check CHECK ((generation >= 0)),
@@ -343,11 +374,16 @@ CREATE TABLE pools (
   lost_after_s integer,
   version bigint DEFAULT 1 NOT NULL,
   created_at timestamp with time zone DEFAULT compute_now() NOT NULL,
+  max_unavailable integer,
+  max_unavailable_percent integer,
   CONSTRAINT pools_check CHECK (((lost_after_s IS NULL) OR ((lost_after_s > 0) AND (kind = ANY (ARRAY['provider'::text, 'vps-host'::text]))))),
   CONSTRAINT pools_disk_ratio_check CHECK (((disk_ratio >= (1)::double precision) AND (disk_ratio <= (4)::double precision))),
   CONSTRAINT pools_kind_check CHECK ((kind = ANY (ARRAY['bare-metal'::text, 'provider'::text, 'vps-host'::text]))),
+  CONSTRAINT pools_max_unavailable_check CHECK (((max_unavailable IS NULL) OR (max_unavailable >= 0))),
+  CONSTRAINT pools_max_unavailable_percent_check CHECK (((max_unavailable_percent IS NULL) OR ((max_unavailable_percent >= 0) AND (max_unavailable_percent <= 100)))),
   CONSTRAINT pools_memory_ratio_check CHECK (((memory_ratio >= (1)::double precision) AND (memory_ratio <= (4)::double precision))),
   CONSTRAINT pools_name_check CHECK ((name ~ '^[a-z0-9][a-z0-9-]{0,62}$'::text)),
+  CONSTRAINT pools_one_budget CHECK (((max_unavailable IS NULL) OR (max_unavailable_percent IS NULL))),
   CONSTRAINT pools_pkey PRIMARY KEY (id),
   CONSTRAINT pools_site_id_fkey FOREIGN KEY (site_id) REFERENCES sites(id),
   CONSTRAINT pools_site_id_name_key UNIQUE (site_id, name),
@@ -387,11 +423,13 @@ CREATE TABLE reservations (
   created_by text NOT NULL,
   created_at timestamp with time zone DEFAULT compute_now() NOT NULL,
   updated_at timestamp with time zone DEFAULT compute_now() NOT NULL,
+  end_reason text,
   CONSTRAINT reservations_check CHECK (((gpu_kind = 'mig'::text) = (mig_profile IS NOT NULL))),
   CONSTRAINT reservations_check1 CHECK (((state <> ALL (ARRAY['placed'::text, 'active'::text])) OR (node_id IS NOT NULL))),
   CONSTRAINT reservations_check2 CHECK (((state <> 'pending'::text) OR ((unschedulable IS NOT NULL) AND (next_attempt_at IS NOT NULL)))),
   CONSTRAINT reservations_disk_gib_check CHECK ((disk_gib >= 0)),
   CONSTRAINT reservations_during_check CHECK (((NOT isempty(during)) AND (NOT lower_inf(during)) AND (NOT upper_inf(during)))),
+  CONSTRAINT reservations_end_reason_check CHECK (((end_reason IS NULL) OR (end_reason = 'drained'::text))),
   CONSTRAINT reservations_gpu_count_check CHECK ((gpu_count >= 0)),
   CONSTRAINT reservations_gpu_kind_check CHECK ((gpu_kind = ANY (ARRAY['gpu'::text, 'mig'::text, 'slot'::text]))),
   CONSTRAINT reservations_memory_mib_check CHECK ((memory_mib >= 0)),
@@ -556,6 +594,8 @@ CREATE INDEX join_tokens_pool ON public.join_tokens USING btree (pool_id);
 CREATE INDEX node_atom_counts_fit ON public.node_atom_counts USING btree (pool_id, kind, model, profile, open, idle, node_id);
 CREATE INDEX node_atom_counts_total ON public.node_atom_counts USING btree (pool_id, kind, model, profile, total);
 CREATE INDEX node_certificates_node ON public.node_certificates USING btree (node_id, created_at DESC);
+CREATE UNIQUE INDEX node_drains_open ON public.node_drains USING btree (node_id) WHERE (state <> 'cancelled'::text);
+CREATE INDEX node_drains_pool ON public.node_drains USING btree (pool_id, requested_at, id) WHERE (state = ANY (ARRAY['queued'::text, 'draining'::text, 'drained'::text]));
 CREATE INDEX node_sessions_gateway ON public.node_sessions USING btree (gateway_id) WHERE (closed_at IS NULL);
 CREATE INDEX nodes_labels ON public.nodes USING gin (labels jsonb_path_ops);
 CREATE INDEX nodes_pool ON public.nodes USING btree (pool_id);
@@ -571,6 +611,7 @@ CREATE INDEX webhooks_tenant ON public.webhooks USING btree (tenant_id, id);
 CREATE INDEX work_queue_due ON public.work_queue USING btree (kind, shard, not_before);
 CREATE INDEX workers_heartbeat_at ON public.workers USING btree (heartbeat_at);
 
+CREATE TRIGGER node_drains_state_guard BEFORE UPDATE OF state ON public.node_drains FOR EACH ROW WHEN ((old.state IS DISTINCT FROM new.state)) EXECUTE FUNCTION nodes_drain_state_guard();
 CREATE TRIGGER nodes_open_counts AFTER UPDATE OF observed_generation, no_schedule_reasons, taints ON public.nodes FOR EACH ROW WHEN ((capacity_node_open(old.observed_generation, old.no_schedule_reasons, old.taints) IS DISTINCT FROM capacity_node_open(new.observed_generation, new.no_schedule_reasons, new.taints))) EXECUTE FUNCTION capacity_node_open_changed();
 CREATE TRIGGER nodes_resources AFTER INSERT ON public.nodes FOR EACH ROW EXECUTE FUNCTION capacity_node_registered();
 CREATE TRIGGER reservations_state_guard BEFORE UPDATE OF state ON public.reservations FOR EACH ROW WHEN ((old.state IS DISTINCT FROM new.state)) EXECUTE FUNCTION capacity_reservation_state_guard();
@@ -605,6 +646,11 @@ FUNCTION idempotency_answer(p_tenants text[], p_identities text[], p_keys text[]
 FUNCTION idempotency_claim(p_tenants text[], p_identities text[], p_keys text[], p_method text, p_hashes bytea[], p_ttl_s double precision) RETURNS TABLE(tenant_id text, identity_id text, key text) LANGUAGE sql VOLATILE;
 FUNCTION idempotency_forget(p_tenants text[], p_identities text[], p_keys text[]) RETURNS integer LANGUAGE plpgsql VOLATILE;
 FUNCTION inventory_scope_path(kind text, id text) RETURNS TABLE(scope_kind text, scope_id text) LANGUAGE sql STABLE;
+FUNCTION nodes_conditions(n nodes) RETURNS jsonb LANGUAGE sql STABLE;
+FUNCTION nodes_drain_may_become(p_from text, p_to text) RETURNS boolean LANGUAGE sql IMMUTABLE;
+FUNCTION nodes_drain_state_guard() RETURNS trigger LANGUAGE plpgsql VOLATILE;
+FUNCTION nodes_pool_budget(p_pool text) RETURNS integer LANGUAGE sql STABLE;
+FUNCTION nodes_ts(t timestamp with time zone) RETURNS text LANGUAGE sql STABLE;
 FUNCTION outbox_emit(p_id text, p_type text, p_tenant_id text, p_subject text, p_data jsonb) RETURNS text LANGUAGE plpgsql VOLATILE;
 FUNCTION outbox_emit_many(p_ids text[], p_types text[], p_tenant_ids text[], p_subjects text[], p_data jsonb[]) RETURNS integer LANGUAGE plpgsql VOLATILE;
 FUNCTION outbox_withdraw(p_ids text[]) RETURNS integer LANGUAGE plpgsql VOLATILE;

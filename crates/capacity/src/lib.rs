@@ -9,13 +9,13 @@ pub mod batch;
 #[cfg(feature = "testing")]
 pub mod invariants;
 pub mod mode;
+pub mod occupant;
 pub mod placer;
 pub mod quota;
 pub mod reconcilers;
 pub mod reservations;
 pub mod service;
 pub mod spec;
-pub mod time;
 
 use std::sync::Arc;
 
@@ -26,6 +26,7 @@ use better_compute_runtime::{Kind, Reconciler, ShardBy, Sink};
 /// order they call each other (a SQL-language function's callees must exist when it is made).
 pub const CAPACITY_MIGRATIONS: &[Migration] = &[
     Migration::numbered("capacity", "0001_capacity", include_str!("migrations/capacity/0001_capacity.sql")),
+    Migration::numbered("capacity", "0002_end_reason", include_str!("migrations/capacity/0002_end_reason.sql")),
     Migration::repeatable("capacity", "eligibility", include_str!("sql/eligibility.sql")),
     Migration::repeatable("capacity", "resources", include_str!("sql/resources.sql")),
     Migration::repeatable("capacity", "counts", include_str!("sql/counts.sql")),
@@ -68,6 +69,10 @@ impl better_compute_runtime::Module for CapacityModule {
         vec![Arc::new(spec::AllocationsPart)]
     }
 
+    fn node_occupants(&self) -> Vec<Arc<dyn better_compute_runtime::occupancy::NodeOccupant>> {
+        vec![Arc::new(occupant::ReservationOccupant)]
+    }
+
     fn event_types(&self) -> Vec<better_compute_runtime::events::EventType> {
         use better_compute_runtime::events::EventType;
         const RESERVATION: &[(&str, &str)] = &[
@@ -75,6 +80,7 @@ impl better_compute_runtime::Module for CapacityModule {
             ("nodeId", "its node, once placed"),
             ("atoms", "the atoms booked"),
             ("version", "the reservation's version"),
+            ("endReason", "why it ended, when neither its tenant nor its end ended it: drained"),
         ];
         let r = |name, description| EventType { name, version: 1, audience: "tenant", description, data: RESERVATION };
         vec![
@@ -84,6 +90,13 @@ impl better_compute_runtime::Module for CapacityModule {
             r("reservation.extended", "A reservation's end moved later."),
             r("reservation.released", "A reservation was released; its quota, atoms and scalars returned."),
             r("reservation.expired", "A reservation's end has come."),
+            EventType {
+                name: "reservation.evictionRequested",
+                version: 1,
+                audience: "tenant",
+                description: "The reservation's node is being drained: the reservation is released at the deadline (endReason drained) unless it ends first.",
+                data: &[("nodeId", "the node being drained"), ("deadline", "when it is released"), ("reason", "the operator's reason for the drain")],
+            },
             EventType {
                 name: "device.mode_changed",
                 version: 1,

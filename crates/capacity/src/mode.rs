@@ -55,7 +55,7 @@ pub async fn change_gpu_mode(client: &mut Client, uuid: &str, mode: &GpuMode) ->
                 "SELECT b.allocation_id, {} FROM device_bookings b
                   WHERE b.device_id COLLATE \"C\" = ANY($1) AND upper(b.during) > compute_now()
                   ORDER BY upper(b.during) DESC LIMIT 1",
-                crate::time::rfc3339_sql("upper(b.during)")
+                better_compute_db::clock::rfc3339_sql("upper(b.during)")
             ),
             &[&atoms],
         )

@@ -22,7 +22,7 @@ use tokio_postgres::{Client, GenericClient, Transaction};
 
 use crate::batch::{self, BatchPlacer, Outcome};
 use crate::placer::MAX_REPLANS;
-use crate::time::check_rfc3339;
+use better_compute_core::time::check_rfc3339;
 use crate::{Caller, RESERVATIONS_KIND};
 
 /// How often a pending reservation is retried.
@@ -131,6 +131,10 @@ pub struct ReservationView {
     pub atoms: Vec<String>,
     /// Conditions: `Unschedulable` with its reason and message while pending.
     pub conditions: Vec<serde_json::Value>,
+    /// Why it ended when neither its tenant nor its end ended it: `drained` (its node's drain
+    /// evicted it at the deadline).
+    #[serde(default)]
+    pub end_reason: Option<String>,
 }
 
 /// The view of a reservation from `capacity_view` (`src/sql/reservation.sql`).
@@ -231,7 +235,7 @@ fn demand(req: &CreateReservation) -> Result<Demand, Error> {
 
 /// The ids and shard every change in the database takes: a fresh event id, and the reservation's
 /// key's shard.
-fn change_ids(id: &str) -> (String, i16) {
+pub(crate) fn change_ids(id: &str) -> (String, i16) {
     (EventId::generate().to_string(), RESERVATIONS_KIND.shard_of(id))
 }
 
@@ -503,7 +507,7 @@ pub async fn extend(
                              THEN tstzrange(upper(during), $2::text::timestamptz, '[)')::text END,
                         upper(during) <= compute_now(), {}
                    FROM reservations WHERE id = $1",
-                crate::time::rfc3339_sql("upper(during)")
+                better_compute_db::clock::rfc3339_sql("upper(during)")
             ),
             &[&id, &ends_at, &(MAX_DURATION.as_secs() as f64)],
         )

@@ -8,7 +8,7 @@ use better_compute_runtime::nodespec::NodeSpecPart;
 use better_compute_runtime::RunError;
 use tokio_postgres::Transaction;
 
-use crate::time::rfc3339_sql;
+use better_compute_db::clock::rfc3339_sql;
 
 /// `allocations`: the node's placed and active reservations.
 pub struct AllocationsPart;

@@ -185,6 +185,8 @@ id_kinds! {
     WebhookId, WebhookKind, "wh", "webhook";
     /// One delivery of one event to one webhook.
     DeliveryId, DeliveryKind, "dlv", "delivery";
+    /// A node's drain.
+    DrainId, DrainKind, "drn", "drain";
 }
 
 #[cfg(test)]

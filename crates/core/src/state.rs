@@ -254,6 +254,41 @@ pub static PROVISION_STATE_TABLE: StateTable<ProvisionState> = {
     }
 };
 
+states! {
+    /// The lifecycle of a node's drain.
+    DrainState {
+        /// Asked for; the node is cordoned, and the drain waits for its pool's disruption budget.
+        Queued = "queued",
+        /// Admitted within the budget: waiting for the node's reservations to end, or ending them
+        /// at the deadline (mode `evict`).
+        Draining = "draining",
+        /// Nothing holds the node any more.
+        Drained = "drained",
+        /// Undrained: the node is schedulable again (unless cordoned by other reasons).
+        Cancelled = "cancelled",
+        /// The node was retired: out of placement forever.
+        Retired = "retired",
+    }
+}
+
+/// Legal drain transitions.
+pub static DRAIN_STATE_TABLE: StateTable<DrainState> = {
+    use DrainState::*;
+    StateTable {
+        aggregate: "drain",
+        initial: &[Queued],
+        terminal: &[Cancelled, Retired],
+        transitions: &[
+            t(Queued, Draining),
+            t(Queued, Cancelled),
+            t(Draining, Drained),
+            t(Draining, Cancelled),
+            t(Drained, Cancelled),
+            t(Drained, Retired),
+        ],
+    }
+};
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -263,6 +298,7 @@ mod tests {
         RESERVATION_STATE_TABLE.validate().unwrap();
         COMMAND_STATE_TABLE.validate().unwrap();
         PROVISION_STATE_TABLE.validate().unwrap();
+        DRAIN_STATE_TABLE.validate().unwrap();
     }
 
     #[test]

@@ -43,6 +43,48 @@ pub fn parse_rfc3339(s: &str) -> Option<SystemTime> {
     Some(SystemTime::UNIX_EPOCH + Duration::from_secs((days * 86_400 + secs) as u64) + Duration::from_micros(micros))
 }
 
+/// Checks the shape of an RFC 3339 timestamp from the API edge,
+/// `YYYY-MM-DDTHH:MM:SS[.fraction](Z|±HH:MM)`. PostgreSQL would parse more, words like `now` among
+/// them, which read the real clock behind `compute_now()`'s back.
+pub fn check_rfc3339(field: &str, s: &str) -> Result<(), crate::Error> {
+    let b = s.as_bytes();
+    let digits = |r: std::ops::Range<usize>| b.get(r.clone()).is_some_and(|x| x.iter().all(u8::is_ascii_digit));
+    let mut ok = b.len() >= 20
+        && digits(0..4)
+        && b[4] == b'-'
+        && digits(5..7)
+        && b[7] == b'-'
+        && digits(8..10)
+        && matches!(b[10], b'T' | b't')
+        && digits(11..13)
+        && b[13] == b':'
+        && digits(14..16)
+        && b[16] == b':'
+        && digits(17..19);
+    if ok {
+        let mut i = 19;
+        if b.get(i) == Some(&b'.') {
+            i += 1;
+            let start = i;
+            while b.get(i).is_some_and(u8::is_ascii_digit) {
+                i += 1;
+            }
+            ok = i > start && i - start <= 9;
+        }
+        ok = ok
+            && match b.get(i) {
+                Some(b'Z' | b'z') => i + 1 == b.len(),
+                Some(b'+' | b'-') => i + 6 == b.len() && digits(i + 1..i + 3) && b[i + 3] == b':' && digits(i + 4..i + 6),
+                _ => false,
+            };
+    }
+    if ok {
+        Ok(())
+    } else {
+        Err(crate::Error::invalid_argument(format!("{field} must be an RFC 3339 timestamp like 2030-01-01T12:00:00Z, got {s:?}")))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -55,5 +97,15 @@ mod tests {
         assert_eq!(parse_rfc3339("2030-01-01T00:00:00Z"), Some(SystemTime::UNIX_EPOCH + Duration::from_secs(1_893_456_000)));
         assert_eq!(rfc3339(SystemTime::UNIX_EPOCH + Duration::from_secs(951_782_400)), "2000-02-29T00:00:00.000000Z");
         assert!(parse_rfc3339("2030-01-01 00:00:00Z").is_none());
+    }
+
+    #[test]
+    fn only_rfc3339_passes() {
+        for good in ["2030-01-01T00:00:00Z", "2030-01-01T00:00:00.5+02:00", "2030-01-01t00:00:00.123456789z"] {
+            assert!(check_rfc3339("t", good).is_ok(), "{good}");
+        }
+        for bad in ["now", "today", "2030-01-01", "2030-01-01 00:00:00Z", "2030-01-01T00:00:00", "2030-01-01T00:00:00.Z", "infinity", "2030-01-01T00:00:00+0200"] {
+            assert!(check_rfc3339("t", bad).is_err(), "{bad}");
+        }
     }
 }

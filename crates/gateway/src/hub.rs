@@ -161,23 +161,65 @@ impl Hub {
     }
 
     /// The sessions heard from since their last flush, as (node, epoch, age in seconds), marking
-    /// them flushed: one batch for one statement.
+    /// them flushed: one batch for one statement. The batch is the `max` whose stored `last seen`
+    /// is oldest, so when the fleet's heartbeats come faster than one pass can flush them, the
+    /// sessions recently flushed wait and none is starved until the liveness job finds it silent.
     pub fn take_unflushed(&self, max: usize) -> (Vec<String>, Vec<i64>, Vec<f64>) {
         let now = self.now_ms();
         let s = self.sessions.lock().expect("hub");
-        let (mut nodes, mut epochs, mut ages) = (Vec::new(), Vec::new(), Vec::new());
-        for (node, x) in s.iter() {
+        let mut due: Vec<(u64, &String, &Arc<Session>)> = s
+            .iter()
+            .filter_map(|(node, x)| {
+                let flushed = x.flushed_ms.load(Ordering::Relaxed);
+                (x.last_seen_ms.load(Ordering::Relaxed) > flushed).then_some((flushed, node, x))
+            })
+            .collect();
+        if due.len() > max {
+            due.select_nth_unstable_by_key(max, |(flushed, _, _)| *flushed);
+            due.truncate(max);
+        }
+        let (mut nodes, mut epochs, mut ages) = (Vec::with_capacity(due.len()), Vec::with_capacity(due.len()), Vec::with_capacity(due.len()));
+        for (_, node, x) in due {
             let seen = x.last_seen_ms.load(Ordering::Relaxed);
-            if seen > x.flushed_ms.load(Ordering::Relaxed) {
-                x.flushed_ms.store(seen, Ordering::Relaxed);
-                nodes.push(node.clone());
-                epochs.push(x.epoch);
-                ages.push(now.saturating_sub(seen) as f64 / 1000.0);
-                if nodes.len() == max {
-                    break;
-                }
-            }
+            x.flushed_ms.store(seen, Ordering::Relaxed);
+            nodes.push(node.clone());
+            epochs.push(x.epoch);
+            ages.push(now.saturating_sub(seen) as f64 / 1000.0);
         }
         (nodes, epochs, ages)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn when_heartbeats_outpace_the_flush_the_session_flushed_longest_ago_goes_first() {
+        let hub = Hub::new();
+        let (out, _rx) = mpsc::channel(1);
+        for n in ["a", "b", "c", "d"] {
+            hub.insert(n, Arc::new(Session::new(1, out.clone(), 0, 1)));
+        }
+        // Every session keeps talking; batches of two, each followed by more heartbeats, reach
+        // every session in turn instead of the same two again and again.
+        let mut flushed = Vec::new();
+        for round in 0..4u64 {
+            let (nodes, epochs, _) = hub.take_unflushed(2);
+            assert_eq!((nodes.len(), epochs), (2, vec![1, 1]));
+            flushed.extend(nodes);
+            for n in ["a", "b", "c", "d"] {
+                hub.get(n).unwrap().touch(10 + round);
+            }
+        }
+        flushed.sort();
+        assert_eq!(flushed, ["a", "a", "b", "b", "c", "c", "d", "d"]);
+        // A session whose row was busy is first in the next batch.
+        let (first, _, _) = hub.take_unflushed(4);
+        assert_eq!(first.len(), 4);
+        hub.get("c").unwrap().touch(100);
+        hub.unflush("b");
+        let (next, _, _) = hub.take_unflushed(1);
+        assert_eq!(next, ["b"]);
     }
 }

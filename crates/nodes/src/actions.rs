@@ -12,13 +12,17 @@ pub const CORDONED: &str = "cordoned";
 pub const UNREACHABLE: &str = "unreachable";
 /// The reason liveness `lost` adds.
 pub const LOST: &str = "lost";
+/// The reason an open drain adds (see [`crate::drain`]).
+pub const DRAINING: &str = "draining";
+/// The reason a retired node has for ever.
+pub const RETIRED: &str = "retired";
 
 async fn node_event(tx: &impl GenericClient, node_id: &str, event_type: &str, data: serde_json::Value) -> Result<(), DbError> {
     outbox::emit(tx, NewEvent { event_type, tenant_id: None, subject: node_id, data }).await?;
     Ok(())
 }
 
-async fn set_reason(tx: &impl GenericClient, node_id: &str, reason: &str, on: bool) -> Result<bool, DbError> {
+pub(crate) async fn set_reason(tx: &impl GenericClient, node_id: &str, reason: &str, on: bool) -> Result<bool, DbError> {
     let row = tx
         .query_opt(
             "WITH old AS (SELECT no_schedule_reasons AS r FROM nodes WHERE id = $1 FOR UPDATE)

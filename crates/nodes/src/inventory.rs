@@ -291,13 +291,15 @@ pub struct NodeView {
     pub generation: i64,
     /// The highest generation the daemon reported applied.
     pub observed_generation: i64,
+    /// Each condition that holds, with its reason and since when.
+    pub conditions: Vec<crate::conditions::Condition>,
     /// The record's version.
     pub version: i64,
 }
 
 /// The columns of a [`NodeView`], in [`node_view`]'s order.
 pub(crate) const NODE_VIEW: &str =
-    "SELECT id, pool_id, name, labels, taints, no_schedule_reasons, liveness, generation, observed_generation, version FROM nodes";
+    "SELECT id, pool_id, name, labels, taints, no_schedule_reasons, liveness, generation, observed_generation, version, nodes_conditions(nodes) FROM nodes";
 
 /// Reads a node.
 pub async fn get_node(db: &impl GenericClient, node_id: &str) -> Result<NodeView, DbError> {
@@ -320,6 +322,7 @@ pub(crate) fn node_view(r: &tokio_postgres::Row) -> NodeView {
         liveness: r.get(6),
         generation: r.get(7),
         observed_generation: r.get(8),
+        conditions: serde_json::from_value(r.get(10)).unwrap_or_default(),
         version: r.get(9),
     }
 }

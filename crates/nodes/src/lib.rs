@@ -5,9 +5,13 @@
 
 pub mod actions;
 pub mod commands;
+pub mod conditions;
+pub mod devices;
+pub mod drain;
 pub mod inventory;
 pub mod join;
 pub mod kinds;
+pub mod labels;
 pub mod layout;
 pub mod liveness;
 pub mod listing;
@@ -21,7 +25,10 @@ use better_compute_db::Migration;
 /// The nodes module's migrations.
 pub const NODES_MIGRATIONS: &[Migration] = &[
     Migration::numbered("nodes", "0001_nodes", include_str!("migrations/nodes/0001_nodes.sql")),
+    Migration::numbered("nodes", "0002_drains", include_str!("migrations/nodes/0002_drains.sql")),
     Migration::repeatable("nodes", "scope", include_str!("sql/scope.sql")),
+    Migration::repeatable("nodes", "drain", include_str!("sql/drain.sql")),
+    Migration::repeatable("nodes", "conditions", include_str!("sql/conditions.sql")),
 ];
 
 /// The nodes module, for the registry.
@@ -41,12 +48,12 @@ impl better_compute_runtime::Module for NodesModule {
         vec![
             Permission { name: "compute:nodes:read", description: "Read nodes, their desired state and their commands." },
             Permission { name: "compute:nodes:exec", description: "Run and cancel commands on nodes (commands.run, commands.cancel)." },
-            Permission { name: "compute:nodes:write", description: "Cordon, uncordon, taint and untaint nodes; issue join tokens." },
+            Permission { name: "compute:nodes:write", description: "Cordon, uncordon, taint, untaint, drain, undrain, label and retire nodes; issue join tokens." },
             Permission { name: "compute:devices:write", description: "Quarantine GPUs and release them from quarantine." },
             Permission { name: "compute:sites:read", description: "Read sites." },
             Permission { name: "compute:sites:write", description: "Create sites." },
             Permission { name: "compute:pools:read", description: "Read pools." },
-            Permission { name: "compute:pools:write", description: "Create pools." },
+            Permission { name: "compute:pools:write", description: "Create pools and change their disruption budgets." },
         ]
     }
 
@@ -54,6 +61,7 @@ impl better_compute_runtime::Module for NodesModule {
         use better_compute_runtime::events::EventType;
         const NODE: &[(&str, &str)] = &[];
         const DEVICE: &[(&str, &str)] = &[("nodeId", "the GPU's node")];
+        const DRAIN: &[(&str, &str)] = &[("drainId", "the drain")];
         let node = |name, description| EventType { name, version: 1, audience: "fleet", description, data: NODE };
         const COMMAND: &[(&str, &str)] = &[("nodeId", "the command's node"), ("kind", "its kind"), ("reason", "why it ended so, if not a success")];
         // The tenant that ran it gets it; the system's own commands are fleet events.
@@ -68,6 +76,18 @@ impl better_compute_runtime::Module for NodesModule {
             node("node.disconnected", "A node's daemon went away (within its grace)."),
             node("node.unreachable", "A node is unreachable (the NodeUnreachable alert): nothing new is placed there; nothing is released."),
             node("node.lost", "A node of a provider or vps-host pool stayed unreachable past lostAfter."),
+            EventType {
+                name: "node.drainRequested",
+                version: 1,
+                audience: "fleet",
+                description: "A drain was asked for: the node is cordoned and its drain queued for the pool's disruption budget.",
+                data: &[("drainId", "the drain"), ("mode", "wait or evict"), ("reason", "why"), ("deadline", "when an evicting drain ends what holds the node")],
+            },
+            EventType { name: "node.drainAdmitted", version: 1, audience: "fleet", description: "The pool's disruption budget admitted a node's drain.", data: DRAIN },
+            EventType { name: "node.drained", version: 1, audience: "fleet", description: "Nothing holds a draining node any more.", data: DRAIN },
+            EventType { name: "node.undrained", version: 1, audience: "fleet", description: "A node's drain was ended; it is schedulable again unless cordoned otherwise.", data: DRAIN },
+            EventType { name: "node.labelsChanged", version: 1, audience: "fleet", description: "A node's labels changed.", data: &[("labels", "its labels now")] },
+            EventType { name: "node.retired", version: 1, audience: "fleet", description: "A drained node left placement for ever; its certificates were revoked.", data: &[("certificatesRevoked", "how many")] },
             EventType { name: "device.healthy", version: 1, audience: "fleet", description: "A GPU reported healthy again.", data: DEVICE },
             EventType { name: "device.unhealthy", version: 1, audience: "fleet", description: "A GPU reported unhealthy: it leaves placement.", data: DEVICE },
             EventType { name: "device.quarantined", version: 1, audience: "fleet", description: "A GPU was quarantined.", data: &[("nodeId", "the GPU's node"), ("reason", "why")] },
@@ -84,7 +104,7 @@ impl better_compute_runtime::Module for NodesModule {
     }
 
     fn reconcilers(&self) -> Vec<std::sync::Arc<dyn better_compute_runtime::Reconciler>> {
-        vec![std::sync::Arc::new(sweeper::CommandSweeper), std::sync::Arc::new(liveness::LivenessJob)]
+        vec![std::sync::Arc::new(sweeper::CommandSweeper), std::sync::Arc::new(liveness::LivenessJob), std::sync::Arc::new(drain::DrainJob)]
     }
 
     fn node_spec_parts(&self) -> Vec<std::sync::Arc<dyn better_compute_runtime::nodespec::NodeSpecPart>> {

@@ -50,6 +50,9 @@ pub struct PoolView {
     pub disk_ratio: f64,
     /// Unreachable nodes become lost after this long.
     pub lost_after_s: Option<i32>,
+    /// The disruption budget: `3` nodes or `10%` of them unavailable at once (drains, and nodes
+    /// unreachable or lost); none: no limit.
+    pub max_unavailable: Option<String>,
     /// The record's version.
     pub version: i64,
 }
@@ -69,10 +72,12 @@ fn pool(r: &tokio_postgres::Row) -> PoolView {
         disk_ratio: r.get(6),
         lost_after_s: r.get(7),
         version: r.get(8),
+        max_unavailable: r.get(9),
     }
 }
 
-const POOL: &str = "SELECT id, site_id, name, kind, vcpu_ratio, memory_ratio, disk_ratio, lost_after_s, version FROM pools";
+const POOL: &str = "SELECT id, site_id, name, kind, vcpu_ratio, memory_ratio, disk_ratio, lost_after_s, version,
+                           coalesce(max_unavailable::text, max_unavailable_percent::text || '%') FROM pools";
 
 /// One site.
 pub async fn get_site(db: &impl GenericClient, id: &str) -> Result<SiteView, Error> {
@@ -114,13 +119,19 @@ pub struct NodeFilter<'a> {
     pub cordoned: Option<bool>,
     /// Only nodes in this liveness.
     pub liveness: Option<&'a str>,
+    /// Only nodes whose labels match.
+    pub labels: Option<crate::labels::LabelSelector>,
 }
 
 /// Nodes, filtered, a page at a time.
 pub async fn list_nodes(db: &impl GenericClient, f: &NodeFilter<'_>, page: &PageRequest) -> Result<Page<NodeView>, Error> {
-    let filter = "($1::text IS NULL OR pool_id = $1) AND ($2::bool IS NULL OR ('cordoned' = ANY(no_schedule_reasons)) = $2)
-                  AND ($3::text IS NULL OR liveness = $3)";
-    read_page(db, NODE_VIEW, filter, &[&f.pool_id, &f.cordoned, &f.liveness], page, node_view, |n: &NodeView| n.id.clone()).await
+    let (labels, values) = f.labels.clone().unwrap_or_default().sql(4);
+    let filter = format!(
+        "($1::text IS NULL OR pool_id = $1) AND ($2::bool IS NULL OR ('cordoned' = ANY(no_schedule_reasons)) = $2)
+         AND ($3::text IS NULL OR liveness = $3) AND {labels}"
+    );
+    let [a, b, c, d] = &values;
+    read_page(db, NODE_VIEW, &filter, &[&f.pool_id, &f.cordoned, &f.liveness, a, b, c, d], page, node_view, |n: &NodeView| n.id.clone()).await
 }
 
 /// The node of a GPU (by uuid), or NOT_FOUND.

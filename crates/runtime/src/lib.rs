@@ -11,6 +11,7 @@ pub mod harness;
 pub mod housekeeping;
 pub mod module;
 pub mod nodespec;
+pub mod occupancy;
 pub mod outbox;
 pub mod reconciler;
 pub mod status;

@@ -40,6 +40,11 @@ pub trait Module: Send + Sync + 'static {
         Vec::new()
     }
 
+    /// Its things that hold nodes (for drains), in registration order.
+    fn node_occupants(&self) -> Vec<Arc<dyn crate::occupancy::NodeOccupant>> {
+        Vec::new()
+    }
+
     /// The command kinds it defines.
     fn command_kinds(&self) -> Vec<crate::commands::CommandKind> {
         Vec::new()
@@ -96,6 +101,7 @@ pub struct Registry {
     subscribers: Vec<Arc<dyn Sink>>,
     outbox_sinks: Vec<Arc<dyn Sink>>,
     command_kinds: Vec<crate::commands::CommandKind>,
+    occupants: Arc<[Arc<dyn crate::occupancy::NodeOccupant>]>,
 }
 
 impl Registry {
@@ -152,7 +158,8 @@ impl Registry {
             reconcilers.push(Arc::new(NodeSpecController { parts }));
         }
         reconcilers.push(Arc::new(crate::housekeeping::Housekeeping));
-        Ok(Registry { modules, reconcilers, subscribers, outbox_sinks, command_kinds })
+        let occupants = modules.iter().flat_map(|m| m.node_occupants()).collect();
+        Ok(Registry { modules, reconcilers, subscribers, outbox_sinks, command_kinds, occupants })
     }
 
     /// Every migration set: the clock, core, the runtime, then each module's in registration order.
@@ -181,6 +188,11 @@ impl Registry {
     /// Other outbox sinks.
     pub fn outbox_sinks(&self) -> &[Arc<dyn Sink>] {
         &self.outbox_sinks
+    }
+
+    /// Every module's things that hold nodes, in registration order.
+    pub fn node_occupants(&self) -> &Arc<[Arc<dyn crate::occupancy::NodeOccupant>]> {
+        &self.occupants
     }
 
     /// Every command kind, in registration order.

@@ -111,6 +111,7 @@ pub struct ReconcileContext {
     pub(crate) lease: Lease,
     pub(crate) worker_id: String,
     pub(crate) counts: Arc<JobCounts>,
+    pub(crate) occupants: Arc<[Arc<dyn crate::occupancy::NodeOccupant>]>,
 }
 
 /// What a job's runs did on this worker since it started, by name: its status for `jobs`.
@@ -144,6 +145,11 @@ impl ReconcileContext {
     /// The lease fencing this run.
     pub fn lease(&self) -> &Lease {
         &self.lease
+    }
+
+    /// Every module's things that hold nodes (see [`crate::occupancy`]).
+    pub fn occupants(&self) -> &[Arc<dyn crate::occupancy::NodeOccupant>] {
+        &self.occupants
     }
 
     /// The worker running this.

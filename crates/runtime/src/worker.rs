@@ -288,7 +288,14 @@ impl Worker {
 
     fn context(&self, job: &'static str, lease: Lease) -> ReconcileContext {
         let counts = self.state.lock().expect("worker state").counts.entry(job).or_default().clone();
-        ReconcileContext { pool: self.pool.clone(), clock: self.clock.clone(), lease, worker_id: self.cfg.id.clone(), counts }
+        ReconcileContext {
+            pool: self.pool.clone(),
+            clock: self.clock.clone(),
+            lease,
+            worker_id: self.cfg.id.clone(),
+            counts,
+            occupants: self.registry.node_occupants().clone(),
+        }
     }
 
     async fn enqueue_periodic_and_resync(&self, client: &mut deadpool_postgres::Client) -> Result<usize, DbError> {

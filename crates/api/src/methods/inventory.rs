@@ -115,6 +115,27 @@ async fn once<T: serde::Serialize + serde::de::DeserializeOwned>(
     .await
 }
 
+/// A number of nodes, or a share of them like `10%`.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(untagged)]
+enum CountOrShare {
+    /// Nodes.
+    Count(i64),
+    /// `3` or `10%`.
+    Share(String),
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct UpdatePool {
+    /// `pool_…`.
+    pool_id: String,
+    /// The disruption budget: at most this many of the pool's nodes (`2`) or this share of them
+    /// (`10%`, rounded up) unavailable at once through drains, counting nodes that are unreachable
+    /// or lost; `100%` is no limit. Drains beyond it wait, queued, in request order.
+    max_unavailable: CountOrShare,
+}
+
 pub(super) fn methods() -> Vec<Method> {
     vec![
         method("sites.create", "Create a site.", "compute:sites:write at fleet scope", |ctx: Ctx, r: CreateSite| async move {
@@ -155,6 +176,18 @@ pub(super) fn methods() -> Vec<Method> {
         method("pools.get", "Read a pool.", "compute:pools:read on the pool", |ctx: Ctx, r: PoolRef| async move {
             ctx.check("compute:pools:read", Resource::Pool(&r.pool_id)).await?;
             listing::get_pool(&**ctx.db().await?, &r.pool_id).await
+        }),
+        method("pools.update", "Change a pool's disruption budget (maxUnavailable).", "compute:pools:write on the pool", |ctx: Ctx, r: UpdatePool| async move {
+            ctx.check("compute:pools:write", Resource::Pool(&r.pool_id)).await?;
+            let budget = match &r.max_unavailable {
+                CountOrShare::Count(n) => better_compute_nodes::drain::Budget::parse(&n.to_string())?,
+                CountOrShare::Share(s) => better_compute_nodes::drain::Budget::parse(s)?,
+            };
+            ctx.in_tx(async |tx| -> Result<PoolView, Error> {
+                better_compute_nodes::drain::set_budget(tx, &r.pool_id, budget).await?;
+                listing::get_pool(tx, &r.pool_id).await
+            })
+            .await
         }),
         method("pools.list", "List pools, of one site or of the fleet.", "compute:pools:read on the site, or at fleet scope without siteId", |ctx: Ctx, r: ListPools| async move {
             match &r.site_id {

@@ -5,6 +5,9 @@ use better_compute_db::DbError;
 use better_compute_nodes::inventory::{self, NodeView};
 use better_compute_nodes::listing::{self, IssuedJoinToken, NodeFilter};
 use better_compute_nodes::actions;
+use better_compute_nodes::devices;
+use better_compute_nodes::drain::{self, DrainMode, DrainRequest, DrainView};
+use better_compute_nodes::labels::{self, LabelSelector};
 use better_compute_runtime::authz::Resource;
 use serde::{Deserialize, Serialize};
 
@@ -30,12 +33,73 @@ struct ListNodes {
     /// Only nodes in this liveness: connected, disconnected, unreachable or lost.
     #[serde(default)]
     liveness: Option<String>,
+    /// Only nodes whose labels match, e.g. `rack=r1,gpu!=L4,ssd,!spot` (`key`: present, `!key`:
+    /// absent, `key!=value`: absent or another value).
+    #[serde(default)]
+    label_selector: Option<String>,
     /// Items per page, 1 to 500 (default 100).
     #[serde(default)]
     page_size: Option<i64>,
     /// `nextPageToken` of the previous page.
     #[serde(default)]
     page_token: Option<String>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct Drain {
+    /// `node_…`.
+    node_id: String,
+    /// Why (required; tenants see it when their reservations are evicted).
+    reason: String,
+    /// `wait` (default): reservations end by themselves. `evict`: their tenants are told now, and
+    /// they are released at the deadline with endReason `drained`.
+    #[serde(default)]
+    mode: Option<DrainMode>,
+    /// RFC 3339, mode `evict` only (default: an hour from now).
+    #[serde(default)]
+    deadline: Option<String>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct UpdateNode {
+    /// `node_…`.
+    node_id: String,
+    /// Labels to set (a string value) or remove (`null`); the others stay.
+    labels: serde_json::Map<String, serde_json::Value>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct PoolRef {
+    /// `pool_…`.
+    pool_id: String,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct ListDevices {
+    /// The GPUs of this node (give nodeId or poolId).
+    #[serde(default)]
+    node_id: Option<String>,
+    /// The GPUs of this pool's nodes.
+    #[serde(default)]
+    pool_id: Option<String>,
+    /// Items per page, 1 to 500 (default 100).
+    #[serde(default)]
+    page_size: Option<i64>,
+    /// `nextPageToken` of the previous page.
+    #[serde(default)]
+    page_token: Option<String>,
+}
+
+/// A pool's open drains in the order its budget admits them.
+#[derive(Debug, Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+struct DrainList {
+    /// queued, draining and drained drains, oldest request first.
+    items: Vec<DrainView>,
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -107,12 +171,14 @@ async fn change_node(ctx: &Ctx, node_id: &str, f: impl AsyncFnOnce(&tokio_postgr
     .await
 }
 
+/// Someone who cannot see a GPU's node learns nothing of the GPU either, not even its node.
+fn hide_device(e: Error, device_id: &str) -> Error {
+    if e.code == better_compute_core::ErrorCode::NotFound { Error::not_found("device", device_id) } else { e }
+}
+
 async fn change_device(ctx: &Ctx, device_id: &str, quarantined: bool, reason: &str) -> Result<DeviceChanged, Error> {
     let node_id = listing::node_of_device(&**ctx.db().await?, device_id).await?;
-    // Someone who cannot see the node learns nothing of the device either, not even its node.
-    ctx.check("compute:devices:write", Resource::Node(&node_id)).await.map_err(|e| {
-        if e.code == better_compute_core::ErrorCode::NotFound { Error::not_found("device", device_id) } else { e }
-    })?;
+    ctx.check("compute:devices:write", Resource::Node(&node_id)).await.map_err(|e| hide_device(e, device_id))?;
     ctx.in_tx(async |tx| {
         if quarantined {
             actions::quarantine(tx, device_id, reason).await?;
@@ -139,7 +205,8 @@ pub(super) fn methods() -> Vec<Method> {
             if let Some(l) = &r.liveness && !["connected", "disconnected", "unreachable", "lost"].contains(&l.as_str()) {
                 return Err(Error::invalid_argument("liveness must be connected, disconnected, unreachable or lost"));
             }
-            let f = NodeFilter { pool_id: r.pool_id.as_deref(), cordoned: r.cordoned, liveness: r.liveness.as_deref() };
+            let labels = r.label_selector.as_deref().map(LabelSelector::parse).transpose()?;
+            let f = NodeFilter { pool_id: r.pool_id.as_deref(), cordoned: r.cordoned, liveness: r.liveness.as_deref(), labels };
             listing::list_nodes(&**ctx.db().await?, &f, &super::page(r.page_size, r.page_token)).await
         }),
         method("nodes.cordon", "Cordon a node: nothing new is placed there.", "compute:nodes:write on the node", |ctx: Ctx, r: NodeRef| async move {
@@ -153,6 +220,46 @@ pub(super) fn methods() -> Vec<Method> {
         }),
         method("nodes.untaint", "Remove a node's taint.", "compute:nodes:write on the node", |ctx: Ctx, r: Untaint| async move {
             change_node(&ctx, &r.node_id, async |tx| actions::untaint(tx, &r.node_id, &r.key).await).await
+        }),
+        method("nodes.update", "Set or remove a node's labels.", "compute:nodes:write on the node", |ctx: Ctx, r: UpdateNode| async move {
+            change_node(&ctx, &r.node_id, async |tx| labels::update_labels(tx, &r.node_id, &r.labels).await.map(|_| ())).await
+        }),
+        method(
+            "nodes.drain",
+            "Drain a node: cordon it now, then (within its pool's disruption budget, in request order) wait for its reservations to end, or evict them at the deadline.",
+            "compute:nodes:write on the node",
+            |ctx: Ctx, r: Drain| async move {
+                ctx.check("compute:nodes:write", Resource::Node(&r.node_id)).await?;
+                let by = format!("{}/{}", ctx.principal.tenant_id, ctx.principal.identity_id);
+                let req = DrainRequest { node_id: &r.node_id, reason: &r.reason, mode: r.mode.unwrap_or(DrainMode::Wait), deadline: r.deadline.as_deref(), requested_by: &by };
+                ctx.in_tx(async |tx| -> Result<DrainView, Error> { Ok(drain::request(tx, &req).await?) }).await
+            },
+        ),
+        method("nodes.undrain", "End a node's drain: it is schedulable again unless cordoned otherwise. Reservations already evicted stay ended.", "compute:nodes:write on the node", |ctx: Ctx, r: NodeRef| async move {
+            change_node(&ctx, &r.node_id, async |tx| drain::undrain(tx, &r.node_id).await.map(|_| ())).await
+        }),
+        method("nodes.retire", "Retire a drained node: out of placement for ever, its certificates revoked, its history kept.", "compute:nodes:write on the node", |ctx: Ctx, r: NodeRef| async move {
+            change_node(&ctx, &r.node_id, async |tx| drain::retire(tx, &r.node_id).await).await
+        }),
+        method("drains.list", "List a pool's open drains, in the order its disruption budget admits them.", "compute:nodes:read on the pool", |ctx: Ctx, r: PoolRef| async move {
+            ctx.check("compute:nodes:read", Resource::Pool(&r.pool_id)).await?;
+            let db = ctx.db().await?;
+            listing::get_pool(&**db, &r.pool_id).await?;
+            Ok(DrainList { items: drain::pool_drains(&**db, &r.pool_id).await? })
+        }),
+        method("devices.get", "Read a GPU: its mode, layout, atoms, health and quarantine.", "compute:nodes:read on its node", |ctx: Ctx, r: DeviceRef| async move {
+            let node_id = listing::node_of_device(&**ctx.db().await?, &r.device_id).await?;
+            ctx.check("compute:nodes:read", Resource::Node(&node_id)).await.map_err(|e| hide_device(e, &r.device_id))?;
+            devices::get_device(&**ctx.db().await?, &r.device_id).await
+        }),
+        method("devices.list", "List the GPUs of a node or of a pool.", "compute:nodes:read on the node or pool", |ctx: Ctx, r: ListDevices| async move {
+            match (&r.node_id, &r.pool_id) {
+                (Some(n), None) => ctx.check("compute:nodes:read", Resource::Node(n)).await?,
+                (None, Some(p)) => ctx.check("compute:nodes:read", Resource::Pool(p)).await?,
+                _ => return Err(Error::invalid_argument("give exactly one of nodeId and poolId")),
+            }
+            let page = super::page(r.page_size, r.page_token);
+            devices::list_devices(&**ctx.db().await?, r.node_id.as_deref(), r.pool_id.as_deref(), &page).await
         }),
         method("nodes.createJoinToken", "Issue a single-use join token for a pool. The secret is in this response only.", "compute:nodes:write on the pool", |ctx: Ctx, r: CreateJoinToken| async move {
             ctx.check("compute:nodes:write", Resource::Pool(&r.pool_id)).await?;

@@ -43,6 +43,7 @@ LANGUAGE sql STABLE AS $$
     'endsAt', to_char(upper(r.during) AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
     'nodeId', r.node_id,
     'atoms', p_atoms,
+    'endReason', r.end_reason,
     'conditions', CASE WHEN r.unschedulable IS NULL THEN '[]'::jsonb
                        ELSE jsonb_build_array(jsonb_build_object('type', 'Unschedulable') || r.unschedulable) END)
 $$;
@@ -90,7 +91,8 @@ DECLARE
 BEGIN
   v := capacity_view(r);
   v_event := outbox_emit(p_event_id, p_event_type, r.tenant_id, r.id,
-                         jsonb_build_object('state', v->'state', 'nodeId', v->'nodeId', 'atoms', v->'atoms', 'version', v->'version'));
+                         jsonb_build_object('state', v->'state', 'nodeId', v->'nodeId', 'atoms', v->'atoms', 'version', v->'version')
+                         || CASE WHEN r.end_reason IS NULL THEN '{}'::jsonb ELSE jsonb_build_object('endReason', r.end_reason) END);
   IF r.node_id IS NULL THEN
     v_keys := work_queue_enqueue(ARRAY['capacity.reservations'], ARRAY[r.id], ARRAY[p_shard], 0);
   ELSE

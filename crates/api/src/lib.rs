@@ -6,6 +6,7 @@
 //! `GET /v1/openapi.json` (generated from the handlers' own types), `GET /healthz`
 //! (the process is up), `GET /readyz` (the database answers) and `GET /metrics` (Prometheus).
 
+pub mod describe;
 pub mod http;
 pub mod method;
 mod methods;

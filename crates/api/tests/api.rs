@@ -194,6 +194,7 @@ fn bodies() -> Vec<(&'static str, Value)> {
         ("nodes.untaint", json!({"nodeId": "{node}", "key": "k"})),
         ("nodes.createJoinToken", json!({"poolId": "{pool}"})),
         ("nodes.update", json!({"nodeId": "{node}", "labels": {"rack": "r9"}})),
+        ("nodes.describe", json!({"nodeId": "{node}"})),
         ("nodes.drain", json!({"nodeId": "{node}", "reason": "x", "mode": "evict"})),
         ("nodes.undrain", json!({"nodeId": "{node}"})),
         ("nodes.retire", json!({"nodeId": "{node}"})),
@@ -1255,6 +1256,11 @@ async fn every_stored_string_and_amount_is_bounded_and_no_sum_can_overflow() {
         ("quota 2^63-1", "quotas.set", json!({"tenantId": b.id, "resource": "memory_mib", "max": i64::MAX})),
         ("a long taint value", "nodes.taint", json!({"nodeId": api.node, "key": "k", "value": long(bounds::VALUE_CHARS + 1)})),
         ("a long quarantine reason", "devices.quarantine", json!({"deviceId": "GPU-0", "reason": long(bounds::NOTE_CHARS + 1)})),
+        ("a long drain reason", "nodes.drain", json!({"nodeId": api.node, "reason": long(bounds::NOTE_CHARS + 1)})),
+        ("a drain deadline that is not RFC 3339", "nodes.drain", json!({"nodeId": api.node, "reason": "r", "mode": "evict", "deadline": "now"})),
+        ("a long label value", "nodes.update", json!({"nodeId": api.node, "labels": {"k": long(bounds::VALUE_CHARS + 1)}})),
+        ("a label of 33", "nodes.update", json!({"nodeId": api.node, "labels": selector})),
+        ("a long label selector key", "nodes.list", json!({"labelSelector": long(bounds::KEY_CHARS + 1)})),
         ("a long webhook description", "webhooks.create", json!({"url": "https://example.com/c", "description": long(bounds::NOTE_CHARS + 1)})),
         ("a long webhook description, updated", "webhooks.update", json!({"webhookId": wh["webhook"]["id"], "description": long(900 * 1024)})),
         ("a large command payload", "commands.run", json!({"nodeId": api.node, "kind": "logs.collect", "payload": {"pad": long(bounds::COMMAND_PAYLOAD_BYTES)}, "idempotencyKey": "big"})),
@@ -1367,4 +1373,76 @@ async fn readiness_fails_with_clock_skew_when_the_database_clock_jumps() {
     assert_eq!((s, v["ready"].as_bool(), v["checks"][0]["name"].as_str(), v["checks"][0]["ok"].as_bool()), (503, Some(false), Some("clock.skew"), Some(false)), "{v}");
     // It holds steady there: the next sample agrees with the new anchor.
     assert_eq!(ready().await.0, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_reads_gpus_labels_and_conditions_and_drains_a_node_over_http() {
+    let api = Api::start().await;
+    // The GPUs the API never showed before: uuid, mode, atoms, health.
+    let gpu = api.ok(&api.op, "devices.get", json!({"deviceId": "GPU-2"})).await;
+    assert_eq!((gpu["nodeId"].as_str(), gpu["mode"].as_str(), gpu["healthy"].as_bool(), gpu["schedulable"].as_bool()), (Some(api.node.as_str()), Some("exclusive"), Some(true), Some(true)));
+    assert_eq!(gpu["atoms"], json!([{"id": "GPU-2", "kind": "gpu", "profile": null, "memoryMib": 81920, "active": true}]));
+    let page = api.ok(&api.op, "devices.list", json!({"poolId": api.pool, "pageSize": 3})).await;
+    assert_eq!(page["items"].as_array().unwrap().iter().map(|g| g["id"].as_str().unwrap()).collect::<Vec<_>>(), ["GPU-0", "GPU-1", "GPU-2"]);
+    let rest = api.ok(&api.op, "devices.list", json!({"poolId": api.pool, "pageToken": page["nextPageToken"]})).await;
+    assert_eq!(rest["items"].as_array().unwrap().len(), 1);
+    let (s, v) = api.call(&api.op, "devices.list", json!({})).await;
+    assert_eq!((s, v["code"].as_str()), (400, Some("INVALID_ARGUMENT")));
+    api.ok(&api.op, "devices.quarantine", json!({"deviceId": "GPU-2", "reason": "xid 79"})).await;
+    let node = api.ok(&api.op, "nodes.get", json!({"nodeId": api.node})).await;
+    let types: Vec<&str> = node["conditions"].as_array().unwrap().iter().map(|c| c["type"].as_str().unwrap()).collect();
+    assert_eq!(types, ["Disconnected", "QuarantinedGpus"], "{node}");
+    assert!(node["conditions"][1]["message"].as_str().unwrap().contains("GPU-2 (xid 79)"));
+
+    // Described: its GPUs, the reservation holding it, and what happened to it.
+    let b = api.tenant("tenant-b").await;
+    let res = api.ok(&b.token, "reservations.create", reservation(&api.pool, Some("d-1"))).await;
+    let described = api.ok(&api.op, "nodes.describe", json!({"nodeId": api.node})).await;
+    assert_eq!(described["gpus"].as_array().unwrap().len(), 4);
+    assert_eq!(described["reservations"].as_array().unwrap().len(), 1);
+    assert_eq!((&described["reservations"][0]["id"], described["reservations"][0]["tenantId"].as_str()), (&res["id"], Some(b.id.as_str())));
+    assert_eq!(described["session"], Value::Null);
+    let events: Vec<&str> = described["recentEvents"].as_array().unwrap().iter().map(|e| e["type"].as_str().unwrap()).collect();
+    assert_eq!(events, ["device.quarantined", "node.registered"], "newest first, the node's and its GPUs'");
+    api.ok(&b.token, "reservations.release", json!({"reservationId": res["id"]})).await;
+
+    // Labels, and selecting on them.
+    let labelled = api.ok(&api.op, "nodes.update", json!({"nodeId": api.node, "labels": {"rack": "r1", "ssd": "yes"}})).await;
+    assert_eq!(labelled["labels"], json!({"rack": "r1", "ssd": "yes"}));
+    let labelled = api.ok(&api.op, "nodes.update", json!({"nodeId": api.node, "labels": {"ssd": null}})).await;
+    assert_eq!(labelled["labels"], json!({"rack": "r1"}));
+    for (selector, found) in [("rack=r1", 1), ("rack!=r1", 0), ("rack", 1), ("!rack", 0), ("rack=r2", 0), ("gpu!=L4,rack=r1", 1)] {
+        let page = api.ok(&api.op, "nodes.list", json!({"labelSelector": selector})).await;
+        assert_eq!(page["items"].as_array().unwrap().len(), found, "{selector}");
+    }
+    let (s, v) = api.call(&api.op, "nodes.list", json!({"labelSelector": "rack=a,,b"})).await;
+    assert_eq!((s, v["code"].as_str()), (400, Some("INVALID_ARGUMENT")));
+
+    // A budget of zero: the drain cordons the node at once and waits, queued, saying why.
+    let pool = api.ok(&api.op, "pools.update", json!({"poolId": api.pool, "maxUnavailable": 0})).await;
+    assert_eq!(pool["maxUnavailable"], "0");
+    for bad in [json!("101%"), json!(-1), json!("lots")] {
+        let (s, v) = api.call(&api.op, "pools.update", json!({"poolId": api.pool, "maxUnavailable": bad})).await;
+        assert_eq!((s, v["code"].as_str()), (400, Some("INVALID_ARGUMENT")), "{bad}");
+    }
+    let drain = api.ok(&api.op, "nodes.drain", json!({"nodeId": api.node, "reason": "firmware", "mode": "evict", "deadline": "2031-01-01T00:00:00Z"})).await;
+    assert_eq!((drain["state"].as_str(), drain["deadline"].as_str()), (Some("queued"), Some("2031-01-01T00:00:00.000000Z")));
+    assert_eq!(api.ok(&api.op, "nodes.get", json!({"nodeId": api.node})).await["noScheduleReasons"], json!(["draining"]));
+    api.h.job("drain").drain(5).await;
+    let listed = api.ok(&api.op, "drains.list", json!({"poolId": api.pool})).await;
+    assert_eq!(listed["items"].as_array().unwrap().len(), 1);
+    assert_eq!(listed["items"][0]["condition"]["reason"], "WaitingForBudget");
+    // Retiring before it is drained is refused, saying what to do.
+    let (s, v) = api.call(&api.op, "nodes.retire", json!({"nodeId": api.node})).await;
+    assert_eq!((s, v["code"].as_str()), (412, Some("FAILED_PRECONDITION")), "{v}");
+    assert!(v["message"].as_str().unwrap().contains("drain it"));
+    // Room in the budget: drained (nothing holds the node), then retired for ever.
+    api.ok(&api.op, "pools.update", json!({"poolId": api.pool, "maxUnavailable": "100%"})).await;
+    api.h.job("drain").drain(5).await;
+    assert_eq!(api.ok(&api.op, "drains.list", json!({"poolId": api.pool})).await["items"][0]["state"], "drained");
+    let retired = api.ok(&api.op, "nodes.retire", json!({"nodeId": api.node})).await;
+    assert_eq!(retired["noScheduleReasons"], json!(["retired"]));
+    assert!(retired["conditions"].as_array().unwrap().iter().any(|c| c["type"] == "Retired"));
+    let (s, v) = api.call(&api.op, "nodes.drain", json!({"nodeId": api.node, "reason": "again"})).await;
+    assert_eq!((s, v["code"].as_str()), (412, Some("FAILED_PRECONDITION")));
 }

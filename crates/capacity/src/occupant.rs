@@ -58,3 +58,56 @@ impl NodeOccupant for ReservationOccupant {
         Ok(ids.len() as u64)
     }
 }
+
+/// A reservation holding a node, as an operator's `nodes.describe` shows it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeReservation {
+    /// `res_…`.
+    pub id: String,
+    /// Its tenant.
+    pub tenant_id: String,
+    /// `placed` (it starts later) or `active`.
+    pub state: String,
+    /// RFC 3339.
+    pub starts_at: String,
+    /// RFC 3339.
+    pub ends_at: String,
+    /// The atoms it books.
+    pub atoms: Vec<String>,
+    /// Its vCPU.
+    pub vcpu: i32,
+    /// Its memory.
+    pub memory_mib: i64,
+    /// Its disk.
+    pub disk_gib: i64,
+}
+
+/// The reservations holding `node_id` now and next, by start (at most `limit`).
+pub async fn on_node(db: &impl tokio_postgres::GenericClient, node_id: &str, limit: i64) -> Result<Vec<NodeReservation>, DbError> {
+    use better_compute_db::clock::rfc3339_sql as ts;
+    let sql = format!(
+        "SELECT r.id, r.tenant_id, r.state, {}, {}, r.vcpu, r.memory_mib, r.disk_gib,
+                ARRAY(SELECT DISTINCT b.device_id FROM device_bookings b WHERE b.allocation_id = r.id ORDER BY 1)
+           FROM reservations r WHERE r.node_id = $1 AND r.state IN ('placed', 'active')
+          ORDER BY lower(r.during), r.id LIMIT $2",
+        ts("lower(r.during)"),
+        ts("upper(r.during)")
+    );
+    Ok(db
+        .query(&sql, &[&node_id, &limit])
+        .await?
+        .iter()
+        .map(|r| NodeReservation {
+            id: r.get(0),
+            tenant_id: r.get(1),
+            state: r.get(2),
+            starts_at: r.get(3),
+            ends_at: r.get(4),
+            vcpu: r.get(5),
+            memory_mib: r.get(6),
+            disk_gib: r.get(7),
+            atoms: r.get(8),
+        })
+        .collect())
+}

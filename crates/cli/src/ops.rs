@@ -1,4 +1,4 @@
-//! Operator subcommands that read the database directly: `nodes list|get`, and `docs command-kinds|api|events`.
+//! Operator subcommands that read the database directly: `nodes list|get|describe`, and `docs command-kinds|api|events`.
 
 
 /// `better-compute nodes …`.
@@ -13,6 +13,18 @@ enum NodesCmd {
     /// List nodes: name, pool, liveness, generation and observed generation (converging while they
     /// differ), and why the placer skips them.
     List {
+        #[command(flatten)]
+        db: better_compute_server::DatabaseArgs,
+    },
+    /// Describe a node for people: conditions, GPUs and atoms, reservations now and next, its
+    /// drain, its daemon's session, its newest commands and fleet events (`-o json` for JSON; the
+    /// API's `nodes.describe` answers the same).
+    Describe {
+        /// The node id (node_…).
+        node_id: String,
+        /// `text` (default) or `json`.
+        #[arg(short = 'o', long, default_value = "text", value_parser = ["text", "json"])]
+        output: String,
         #[command(flatten)]
         db: better_compute_server::DatabaseArgs,
     },
@@ -52,12 +64,20 @@ fn print_json(v: &impl serde::Serialize) -> anyhow::Result<()> {
 /// Runs `nodes …`.
 pub async fn nodes(args: NodesArgs) -> anyhow::Result<()> {
     let db = match &args.cmd {
-        NodesCmd::List { db } | NodesCmd::Get { db, .. } => db,
+        NodesCmd::List { db } | NodesCmd::Get { db, .. } | NodesCmd::Describe { db, .. } => db,
     };
     let client = better_compute_db::pool::connect(&db.database_url).await?;
     match args.cmd {
         NodesCmd::List { .. } => {
             print!("{}", nodes_table(&client).await?);
+            Ok(())
+        }
+        NodesCmd::Describe { node_id, output, .. } => {
+            let d = better_compute_api::describe::node(&client, &node_id).await?;
+            if output == "json" {
+                return print_json(&d);
+            }
+            print!("{}", better_compute_api::describe::text(&d));
             Ok(())
         }
         NodesCmd::Get { node_id, .. } => {

@@ -98,6 +98,12 @@ pub async fn get(db: &impl GenericClient, node_id: &str, command_id: &str) -> Re
     Ok(to_view(&r))
 }
 
+/// The node's newest commands, whoever asked, newest first (at most `limit`): for operators'
+/// `nodes.describe`.
+pub async fn recent(db: &impl GenericClient, node_id: &str, limit: i64) -> Result<Vec<CommandView>, DbError> {
+    Ok(db.query(&format!("{VIEW} WHERE node_id = $1 ORDER BY seq DESC LIMIT $2"), &[&node_id, &limit]).await?.iter().map(to_view).collect())
+}
+
 /// Writes a command in the caller's transaction. After commit, call [`poke_gateway`].
 pub async fn enqueue(tx: &impl GenericClient, registry: &Registry, c: NewCommand<'_>) -> Result<CommandView, DbError> {
     let kind = registry

@@ -53,7 +53,8 @@ pub enum DrainMode {
 }
 
 impl DrainMode {
-    fn as_str(self) -> &'static str {
+    /// `wait` or `evict`.
+    pub fn as_str(self) -> &'static str {
         match self {
             DrainMode::Wait => "wait",
             DrainMode::Evict => "evict",

@@ -455,3 +455,49 @@ pub async fn live_gateways(db: &impl GenericClient) -> Result<Vec<GatewayStatus>
         .await?;
     Ok(rows.iter().map(|r| GatewayStatus { id: r.get(0), lease_left_s: r.get(1), sessions: r.get(2) }).collect())
 }
+
+/// A node's session as operators see it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionView {
+    /// The session's epoch: every write of its gateway carries it.
+    pub epoch: i64,
+    /// The gateway holding it.
+    pub gateway_id: String,
+    /// The daemon's boot.
+    pub boot_id: String,
+    /// The daemon's journal.
+    pub journal_id: String,
+    /// The daemon's version.
+    pub daemon_version: String,
+    /// RFC 3339.
+    pub opened_at: String,
+    /// RFC 3339: when its gateway last heard from the daemon, as last flushed.
+    pub last_seen_at: String,
+    /// RFC 3339, once closed.
+    pub closed_at: Option<String>,
+    /// Why it closed: daemon-closed, silent, gateway-lost, superseded, …
+    pub close_reason: Option<String>,
+}
+
+/// The node's latest session, open or closed, if it ever had one.
+pub async fn latest(db: &impl GenericClient, node_id: &str) -> Result<Option<SessionView>, DbError> {
+    use better_compute_db::clock::rfc3339_sql as ts;
+    let sql = format!(
+        "SELECT session_epoch, gateway_id, boot_id, journal_id, daemon_version, {}, {}, {}, close_reason FROM node_sessions WHERE node_id = $1",
+        ts("opened_at"),
+        ts("last_seen_at"),
+        ts("closed_at")
+    );
+    Ok(db.query_opt(&sql, &[&node_id]).await?.map(|r| SessionView {
+        epoch: r.get(0),
+        gateway_id: r.get(1),
+        boot_id: r.get(2),
+        journal_id: r.get(3),
+        daemon_version: r.get(4),
+        opened_at: r.get(5),
+        last_seen_at: r.get(6),
+        closed_at: r.get(7),
+        close_reason: r.get(8),
+    }))
+}

@@ -152,23 +152,36 @@ pub async fn read_matching(db: &impl GenericClient, after: Cursor, limit: i64, f
             &[&after.txid.to_string(), &after.seq, &limit, &filter.tenant_id, &filter.include_fleet, &filter.types, &filter.subject],
         )
         .await?;
-    rows.iter()
-        .map(|r| {
-            let txid: String = r.get(6);
-            Ok(Event {
-                id: r.get(0),
-                event_type: r.get(1),
-                tenant_id: r.get(2),
-                subject: r.get(3),
-                data: r.get(4),
-                time: r.get(5),
-                cursor: Cursor {
-                    txid: txid.parse().map_err(|_| better_compute_core::Error::internal("bad txid"))?,
-                    seq: r.get(7),
-                },
-            })
-        })
-        .collect()
+    rows.iter().map(event_of).collect()
+}
+
+/// A row of `id, type, tenant_id, subject, data, time, txid::text, seq` as an [`Event`].
+fn event_of(r: &tokio_postgres::Row) -> Result<Event, DbError> {
+    let txid: String = r.get(6);
+    Ok(Event {
+        id: r.get(0),
+        event_type: r.get(1),
+        tenant_id: r.get(2),
+        subject: r.get(3),
+        data: r.get(4),
+        time: r.get(5),
+        cursor: Cursor { txid: txid.parse().map_err(|_| better_compute_core::Error::internal("bad txid"))?, seq: r.get(7) },
+    })
+}
+
+/// The newest fleet events (those with no tenant) about any of `subjects`, newest first, at most
+/// `limit`: what an operator's `nodes.describe` shows. A backward scan of the outbox, which
+/// `events.prune` keeps to its retention.
+pub async fn recent_fleet_events(db: &impl GenericClient, subjects: &[String], limit: i64) -> Result<Vec<Event>, DbError> {
+    let rows = db
+        .query(
+            "SELECT id, type, tenant_id, subject, data, time, txid::text, seq FROM outbox o
+              WHERE o.tenant_id IS NULL AND o.subject = ANY($1)
+              ORDER BY o.txid DESC, o.seq DESC LIMIT $2",
+            &[&subjects, &limit],
+        )
+        .await?;
+    rows.iter().map(event_of).collect()
 }
 
 /// The position of the newest event a reader may take now ([`Cursor::START`] when none): where a

@@ -197,6 +197,15 @@ pub(super) fn methods() -> Vec<Method> {
             ctx.check("compute:nodes:read", Resource::Node(&r.node_id)).await?;
             Ok(inventory::get_node(&**ctx.db().await?, &r.node_id).await?)
         }),
+        method(
+            "nodes.describe",
+            "Describe a node: its conditions, GPUs and atoms, the reservations holding it now and next, its drain, its daemon's session, and its newest commands and fleet events.",
+            "compute:nodes:read on the node",
+            |ctx: Ctx, r: NodeRef| async move {
+                ctx.check("compute:nodes:read", Resource::Node(&r.node_id)).await?;
+                crate::describe::node(&**ctx.db().await?, &r.node_id).await
+            },
+        ),
         method("nodes.list", "List nodes, of one pool or of the fleet, filtered.", "compute:nodes:read on the pool, or at fleet scope without poolId", |ctx: Ctx, r: ListNodes| async move {
             match &r.pool_id {
                 Some(p) => ctx.check("compute:nodes:read", Resource::Pool(p)).await?,

@@ -102,11 +102,20 @@ CREATE TABLE devices (
   active boolean DEFAULT true NOT NULL,
   bookable boolean GENERATED ALWAYS AS ((active AND ((parent_id IS NOT NULL) OR (mode = 'exclusive'::text)))) STORED,
   version bigint DEFAULT 1 NOT NULL,
+  health_state text DEFAULT 'healthy'::text NOT NULL,
+  health_since timestamp with time zone,
+  health_reason text,
+  clean_checks integer DEFAULT 0 NOT NULL,
+  next_check_at timestamp with time zone,
+  check_command_id text,
   CONSTRAINT devices_check CHECK (((kind = 'gpu'::text) = (parent_id IS NULL))),
   CONSTRAINT devices_check1 CHECK (((kind = 'gpu'::text) = (mode IS NOT NULL))),
   CONSTRAINT devices_check2 CHECK (((kind = 'mig'::text) = (profile IS NOT NULL))),
   CONSTRAINT devices_check3 CHECK (((kind <> 'gpu'::text) OR ((mode = 'mig'::text) = (cardinality(mig_layout) > 0)))),
   CONSTRAINT devices_check4 CHECK (((kind <> 'gpu'::text) OR ((mode = ANY (ARRAY['time-slice'::text, 'mps'::text])) = (slots > 0)))),
+  CONSTRAINT devices_clean_checks_check CHECK ((clean_checks >= 0)),
+  CONSTRAINT devices_health_state_check CHECK ((health_state = ANY (ARRAY['healthy'::text, 'suspect'::text, 'unhealthy'::text, 'recovering'::text]))),
+  CONSTRAINT devices_healthy_is_the_health_state CHECK (((parent_id IS NOT NULL) OR (healthy = (health_state = 'healthy'::text)))),
   CONSTRAINT devices_index_check CHECK ((index >= 0)),
   CONSTRAINT devices_kind_check CHECK ((kind = ANY (ARRAY['gpu'::text, 'mig'::text, 'slot'::text]))),
   CONSTRAINT devices_memory_mib_check CHECK ((memory_mib > 0)),
@@ -115,6 +124,35 @@ CREATE TABLE devices (
   CONSTRAINT devices_parent_id_fkey FOREIGN KEY (parent_id) REFERENCES devices(id),
   CONSTRAINT devices_pkey PRIMARY KEY (id),
   CONSTRAINT devices_slots_check CHECK ((slots >= 0))
+);
+
+CREATE TABLE gpu_health_history (
+  id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
+  device_id text NOT NULL,
+  pool_id text NOT NULL,
+  from_state text NOT NULL,
+  to_state text NOT NULL,
+  reason text NOT NULL,
+  at timestamp with time zone DEFAULT compute_now() NOT NULL,
+  CONSTRAINT gpu_health_history_device_id_fkey FOREIGN KEY (device_id) REFERENCES devices(id),
+  CONSTRAINT gpu_health_history_pkey PRIMARY KEY (id),
+  CONSTRAINT gpu_health_history_pool_id_fkey FOREIGN KEY (pool_id) REFERENCES pools(id)
+);
+
+CREATE TABLE gpu_health_signals (
+  id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
+  node_id text NOT NULL,
+  device_id text NOT NULL,
+  kind text NOT NULL,
+  class text NOT NULL,
+  detail text NOT NULL,
+  observed_at timestamp with time zone DEFAULT compute_now() NOT NULL,
+  processed_at timestamp with time zone,
+  outcome text,
+  CONSTRAINT gpu_health_signals_class_check CHECK ((class = ANY (ARRAY['informational'::text, 'transient'::text, 'fatal'::text]))),
+  CONSTRAINT gpu_health_signals_kind_check CHECK ((kind = ANY (ARRAY['xid'::text, 'unhealthy'::text, 'pcie'::text, 'throttle'::text]))),
+  CONSTRAINT gpu_health_signals_node_id_fkey FOREIGN KEY (node_id) REFERENCES nodes(id),
+  CONSTRAINT gpu_health_signals_pkey PRIMARY KEY (id)
 );
 
 CREATE TABLE idempotency_keys (
@@ -376,8 +414,13 @@ CREATE TABLE pools (
   created_at timestamp with time zone DEFAULT compute_now() NOT NULL,
   max_unavailable integer,
   max_unavailable_percent integer,
+  health_breaker_percent integer DEFAULT 10 NOT NULL,
+  health_breaker_window_s integer DEFAULT 600 NOT NULL,
+  health_circuit_open_since timestamp with time zone,
   CONSTRAINT pools_check CHECK (((lost_after_s IS NULL) OR ((lost_after_s > 0) AND (kind = ANY (ARRAY['provider'::text, 'vps-host'::text]))))),
   CONSTRAINT pools_disk_ratio_check CHECK (((disk_ratio >= (1)::double precision) AND (disk_ratio <= (4)::double precision))),
+  CONSTRAINT pools_health_breaker_percent_check CHECK (((health_breaker_percent >= 1) AND (health_breaker_percent <= 100))),
+  CONSTRAINT pools_health_breaker_window_s_check CHECK ((health_breaker_window_s > 0)),
   CONSTRAINT pools_kind_check CHECK ((kind = ANY (ARRAY['bare-metal'::text, 'provider'::text, 'vps-host'::text]))),
   CONSTRAINT pools_max_unavailable_check CHECK (((max_unavailable IS NULL) OR (max_unavailable >= 0))),
   CONSTRAINT pools_max_unavailable_percent_check CHECK (((max_unavailable_percent IS NULL) OR ((max_unavailable_percent >= 0) AND (max_unavailable_percent <= 100)))),
@@ -589,6 +632,10 @@ CREATE INDEX device_bookings_atom_end ON public.device_bookings USING btree (dev
 CREATE INDEX devices_bookable ON public.devices USING btree (node_id, kind) WHERE bookable;
 CREATE INDEX devices_children ON public.devices USING btree (parent_id) WHERE (parent_id IS NOT NULL);
 CREATE UNIQUE INDEX devices_gpu_index ON public.devices USING btree (node_id, index) WHERE (parent_id IS NULL);
+CREATE INDEX gpu_health_history_device ON public.gpu_health_history USING btree (device_id, id);
+CREATE INDEX gpu_health_history_pool ON public.gpu_health_history USING btree (pool_id, at);
+CREATE INDEX gpu_health_signals_device ON public.gpu_health_signals USING btree (device_id, observed_at);
+CREATE INDEX gpu_health_signals_pending ON public.gpu_health_signals USING btree (node_id, id) WHERE (processed_at IS NULL);
 CREATE INDEX idempotency_keys_expires_at ON public.idempotency_keys USING btree (expires_at);
 CREATE INDEX join_tokens_pool ON public.join_tokens USING btree (pool_id);
 CREATE INDEX node_atom_counts_fit ON public.node_atom_counts USING btree (pool_id, kind, model, profile, open, idle, node_id);

@@ -200,6 +200,7 @@ fn bodies() -> Vec<(&'static str, Value)> {
         ("nodes.retire", json!({"nodeId": "{node}"})),
         ("drains.list", json!({"poolId": "{pool}"})),
         ("pools.update", json!({"poolId": "{pool}", "maxUnavailable": "10%"})),
+        ("pools.closeHealthCircuit", json!({"poolId": "{pool}"})),
         ("devices.get", json!({"deviceId": "{gpu}"})),
         ("devices.list", json!({"nodeId": "{node}"})),
         ("devices.quarantine", json!({"deviceId": "{gpu}", "reason": "x"})),

@@ -118,7 +118,7 @@ pub async fn check(db: &impl GenericClient, initial_modes: &HashMap<String, GpuM
         .query(
             "SELECT type, subject, data, pg_xact_commit_timestamp(xmin) FROM outbox
               WHERE type IN ('reservation.placed', 'node.cordoned', 'node.uncordoned', 'node.tainted', 'node.untainted',
-                             'device.quarantined', 'device.released', 'device.unhealthy', 'device.healthy', 'device.mode_changed')
+                             'device.quarantined', 'device.released', 'device.unhealthy', 'device.suspect', 'device.healthy', 'device.mode_changed')
               ORDER BY 4, txid, seq",
             &[],
         )
@@ -169,7 +169,8 @@ pub async fn check(db: &impl GenericClient, initial_modes: &HashMap<String, GpuM
                 "node.untainted" => tainted.remove(&subject),
                 "device.quarantined" => quarantined.insert(subject),
                 "device.released" => quarantined.remove(&subject),
-                "device.unhealthy" => unhealthy.insert(subject),
+                // Suspect, recovering and unhealthy GPUs are all out of placement until healthy.
+                "device.unhealthy" | "device.suspect" => unhealthy.insert(subject),
                 "device.healthy" => unhealthy.remove(&subject),
                 "device.mode_changed" => {
                     let data: serde_json::Value = e.get(2);

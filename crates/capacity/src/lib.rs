@@ -91,6 +91,13 @@ impl better_compute_runtime::Module for CapacityModule {
             r("reservation.released", "A reservation was released; its quota, atoms and scalars returned."),
             r("reservation.expired", "A reservation's end has come."),
             EventType {
+                name: "reservation.deviceUnhealthy",
+                version: 1,
+                audience: "tenant",
+                description: "A GPU the reservation holds turned suspect or unhealthy. The reservation keeps it; nothing is released.",
+                data: &[("deviceId", "the GPU"), ("state", "suspect or unhealthy"), ("reason", "why")],
+            },
+            EventType {
                 name: "reservation.evictionRequested",
                 version: 1,
                 audience: "tenant",

@@ -141,6 +141,13 @@ async fn serve(cluster: &Cluster, root: &Path, args: &DevArgs) -> anyhow::Result
     println!("  cargo run -- api reservations.list");
     println!("  cargo run -- api watch        (your events, live; Ctrl-C stops)");
     println!("  cargo run -- api commands.run nodeId=<node> kind=diag.nvml idempotencyKey=diag-1   (runs on the simulated daemon)");
+    if let Some((node, gpu)) = &fleet.flaky_gpu {
+        println!("GPU health: about a minute from now GPU {gpu} of node {node} throws XID 119 (transient). It leaves placement,");
+        println!("  diag.nvml checks it, and it is back after 3 clean checks a minute apart. Watch it:");
+        println!("  cargo run -- api watch types=device.suspect,device.recovering,device.healthy");
+        println!("  DATABASE_URL='{url}' cargo run -- nodes describe {node}");
+        println!("  cargo run -- api devices.get deviceId={gpu}");
+    }
     println!("Join one more node (a real daemon process, fake GPUs):");
     println!("  cargo run -- daemon --gateway {gateway_url} --ca-cert {} --join-token $(cargo run -q -- api nodes.createJoinToken poolId=<pool> -o json | jq -r .secret) --gpus fake:4xA100-40GB --state-dir /tmp/extra-node --node-name extra-1", ca_dir.join("ca.pem").display());
     println!("Operators, straight from the database:");

@@ -15,6 +15,7 @@ pub use error::{Error, ErrorCode};
 pub use id::Id;
 pub use state::{StateTable, Transition};
 pub mod shard;
+pub mod xid;
 
 /// Who is asking: every tenant-facing method is scoped to the caller's tenant, and idempotency keys
 /// to its tenant and identity.

@@ -289,6 +289,41 @@ pub static DRAIN_STATE_TABLE: StateTable<DrainState> = {
     }
 };
 
+states! {
+    /// A GPU's health, as the `health` job moves it.
+    GpuHealthState {
+        /// In placement.
+        Healthy = "healthy",
+        /// A transient error: out of placement until `diag.nvml` checks it.
+        Suspect = "suspect",
+        /// Hardware, a failed check, or transient errors repeating: quarantined until an operator
+        /// decides.
+        Unhealthy = "unhealthy",
+        /// A check passed: out of placement until enough clean checks in a row.
+        Recovering = "recovering",
+    }
+}
+
+/// Legal GPU health transitions.
+pub static GPU_HEALTH_STATE_TABLE: StateTable<GpuHealthState> = {
+    use GpuHealthState::*;
+    StateTable {
+        aggregate: "GPU health",
+        initial: &[Healthy],
+        terminal: &[],
+        transitions: &[
+            t(Healthy, Suspect),
+            t(Healthy, Unhealthy),
+            t(Suspect, Recovering),
+            t(Suspect, Unhealthy),
+            t(Recovering, Healthy),
+            t(Recovering, Suspect),
+            t(Recovering, Unhealthy),
+            t(Unhealthy, Recovering),
+        ],
+    }
+};
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -299,6 +334,7 @@ mod tests {
         COMMAND_STATE_TABLE.validate().unwrap();
         PROVISION_STATE_TABLE.validate().unwrap();
         DRAIN_STATE_TABLE.validate().unwrap();
+        GPU_HEALTH_STATE_TABLE.validate().unwrap();
     }
 
     #[test]

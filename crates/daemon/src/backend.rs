@@ -33,8 +33,14 @@ pub enum GpuApply {
     Failed(String),
 }
 
-/// Critical XID errors: the GPU needs attention and leaves placement.
-pub const CRITICAL_XIDS: &[u32] = &[48, 61, 62, 63, 64, 74, 79, 92, 94, 95];
+/// Whether an XID says the GPU is not fit (transient or fatal in the catalogue,
+/// `better_compute_core::xid`); the control plane's health job decides what follows.
+pub fn xid_is_critical(xid: u32) -> bool {
+    better_compute_core::xid::classify(xid) != better_compute_core::xid::XidClass::Informational
+}
+
+/// Called by a backend when a health event (an XID) arrives, so the daemon reports it at once.
+pub type HealthWake = std::sync::Arc<dyn Fn() + Send + Sync>;
 
 /// A GPU backend. Calls may block (NVML does); the daemon runs them off its async threads.
 pub trait GpuBackend: Send + Sync + 'static {
@@ -44,8 +50,14 @@ pub trait GpuBackend: Send + Sync + 'static {
     /// The GPUs (the host's vCPU, memory and disk are filled in by the daemon).
     fn inventory(&self) -> Result<Inventory, BackendError>;
 
-    /// Each GPU's health: XID errors seen since the last call, uncorrected ECC errors, temperature.
+    /// Each GPU's health: XID errors seen since the last call (none lost between calls),
+    /// uncorrected ECC errors, temperature, PCIe link, throttling.
     fn health(&self) -> Result<Vec<GpuHealth>, BackendError>;
+
+    /// Calls `wake` whenever a health event arrives, from then on for the daemon's life, so an
+    /// XID is reported as it happens rather than at the next heartbeat. A backend without events
+    /// ignores it.
+    fn watch_health(&self, _wake: HealthWake) {}
 
     /// Plans and applies the `gpus` section (mode and MIG layout per GPU); idempotent. `busy` are
     /// the GPUs an allocation holds now: their mode must not change under a workload.

@@ -7,7 +7,7 @@ use std::sync::{Condvar, Mutex};
 use better_compute_proto::v1::{DiagNvml, GpuHealth, GpuInfo, GpuMode, GpusSection, Inventory, MigInstance};
 use sha2::{Digest, Sha256};
 
-use crate::backend::{BackendError, GpuApply, GpuBackend, CRITICAL_XIDS};
+use crate::backend::{xid_is_critical, BackendError, GpuApply, GpuBackend, HealthWake};
 
 #[derive(Debug, Clone)]
 struct FakeGpu {
@@ -28,6 +28,7 @@ struct Gate {
 /// Simulated GPUs.
 pub struct FakeGpus {
     gpus: Mutex<Vec<FakeGpu>>,
+    wake: Mutex<Option<HealthWake>>,
     diag_runs: Mutex<u64>,
     gate: (Mutex<Gate>, Condvar),
 }
@@ -67,13 +68,18 @@ impl FakeGpus {
         if gpus.is_empty() || gpus.len() > 64 {
             return Err(bad(value, "a node has 1 to 64 GPUs"));
         }
-        Ok(FakeGpus { gpus: Mutex::new(gpus), diag_runs: Mutex::new(0), gate: (Mutex::new(Gate::default()), Condvar::new()) })
+        Ok(FakeGpus { gpus: Mutex::new(gpus), wake: Mutex::new(None), diag_runs: Mutex::new(0), gate: (Mutex::new(Gate::default()), Condvar::new()) })
     }
 
-    /// Injects an XID error on the GPU at `index`, as the driver would report it.
+    /// Injects an XID error on the GPU at `index`, as the driver would report it: the daemon
+    /// watching health is woken at once.
     pub fn inject_xid(&self, index: usize, xid: u32) {
         if let Some(g) = self.gpus.lock().expect("fake gpus").get_mut(index) {
             g.xids_pending.push(xid);
+        }
+        let wake = self.wake.lock().expect("fake wake").clone();
+        if let Some(w) = wake {
+            w();
         }
     }
 
@@ -112,6 +118,10 @@ impl GpuBackend for FakeGpus {
         "fake"
     }
 
+    fn watch_health(&self, wake: HealthWake) {
+        *self.wake.lock().expect("fake wake") = Some(wake);
+    }
+
     fn inventory(&self) -> Result<Inventory, BackendError> {
         let gpus = self.gpus.lock().expect("fake gpus");
         Ok(Inventory {
@@ -145,14 +155,19 @@ impl GpuBackend for FakeGpus {
             .map(|g| {
                 let new: Vec<u32> = std::mem::take(&mut g.xids_pending);
                 g.xids_seen.extend(&new);
-                let critical = g.xids_seen.iter().find(|x| CRITICAL_XIDS.contains(x));
+                let critical = new.iter().find(|x| xid_is_critical(**x));
                 GpuHealth {
                     uuid: g.uuid.clone(),
                     healthy: critical.is_none(),
+                    reason: critical.map(|x| format!("XID {x}")).unwrap_or_default(),
                     xid_errors: new,
                     ecc_uncorrected: 0,
                     temperature_c: 40,
-                    reason: critical.map(|x| format!("XID {x}")).unwrap_or_default(),
+                    pcie_link_width: 16,
+                    pcie_link_width_max: 16,
+                    pcie_link_gen: 5,
+                    pcie_link_gen_max: 5,
+                    throttle_reasons: 0,
                 }
             })
             .collect())
@@ -193,7 +208,8 @@ impl GpuBackend for FakeGpus {
             .iter()
             .filter(|g| req.gpu_uuids.is_empty() || req.gpu_uuids.contains(&g.uuid))
             .map(|g| {
-                let passed = !g.xids_seen.iter().any(|x| CRITICAL_XIDS.contains(x));
+                // Hardware faults fail the check until a reset; transient ones were recovered.
+                let passed = !g.xids_seen.iter().any(|x| better_compute_core::xid::classify(*x) == better_compute_core::xid::XidClass::Fatal);
                 serde_json::json!({"uuid": g.uuid, "model": g.model, "passed": passed, "xidErrors": g.xids_seen})
             })
             .collect();
@@ -221,16 +237,24 @@ mod tests {
     }
 
     #[test]
-    fn an_injected_critical_xid_makes_the_gpu_unhealthy_until_reset() {
+    fn an_injected_xid_wakes_the_watcher_is_reported_once_and_a_fatal_one_fails_checks_until_reset() {
         let f = FakeGpus::parse("fake:2xH100-80GB", "n").unwrap();
+        let woken = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let w = woken.clone();
+        f.watch_health(std::sync::Arc::new(move || {
+            w.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }));
+        f.inject_xid(1, 119);
         f.inject_xid(1, 79);
+        assert_eq!(woken.load(std::sync::atomic::Ordering::SeqCst), 2, "woken as each happens");
         let h = f.health().unwrap();
         assert!(h[0].healthy);
-        assert!(!h[1].healthy);
-        assert_eq!(h[1].xid_errors, [79]);
-        assert!(!f.health().unwrap()[1].healthy, "stays unhealthy");
+        assert_eq!((h[1].healthy, h[1].xid_errors.as_slice()), (false, &[119, 79][..]), "both, in order, none lost");
+        assert_eq!(f.health().unwrap()[1].xid_errors, Vec::<u32>::new(), "reported once");
+        let passed = |f: &FakeGpus| f.diag(&DiagNvml { level: 1, gpu_uuids: vec![] }).unwrap()["gpus"][1]["passed"].as_bool();
+        assert_eq!(passed(&f), Some(false), "fallen off the bus: fails its checks");
         f.reset_gpu(1);
-        assert!(f.health().unwrap()[1].healthy);
+        assert_eq!(passed(&f), Some(true));
     }
 
     #[test]

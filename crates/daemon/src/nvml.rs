@@ -1,26 +1,39 @@
 //! The NVML backend for real nodes, through nvml-wrapper (which loads `libnvidia-ml.so` at run
 //! time, so this compiles and its pure parts are tested on machines without a GPU). Inventory:
-//! uuid, model, memory, MIG mode and instances. Health: critical XID events, uncorrected ECC
-//! errors, temperature. MIG layout changes need the GPU reset that `nvidia-smi mig` does; this
+//! uuid, model, memory, MIG mode and instances. Health: XID events from one NVML event set held
+//! for the daemon's life by a thread of its own (so none is lost between reports, and each wakes
+//! the daemon to report it at once), uncorrected ECC errors, temperature, the PCIe link and
+//! throttling. MIG layout changes need the GPU reset that `nvidia-smi mig` does; this
 //! backend converges a GPU whose layout already matches and fails the others with that advice.
 
-use std::sync::Mutex;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use better_compute_proto::v1::{DiagNvml, GpuHealth, GpuInfo, GpuMode, GpusSection, Inventory, MigInstance};
 use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError, TemperatureSensor};
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::Nvml;
 
-use crate::backend::{BackendError, GpuApply, GpuBackend, CRITICAL_XIDS};
+use crate::backend::{xid_is_critical, BackendError, GpuApply, GpuBackend, HealthWake};
 
 /// Above this temperature a GPU is reported unhealthy.
 pub const MAX_HEALTHY_TEMPERATURE_C: u32 = 90;
 
+/// XIDs one GPU may have waiting for the next report; older ones are dropped past it.
+const PENDING_XIDS_PER_GPU: usize = 256;
+
+/// What the event thread hands the backend: XIDs per GPU uuid since the last report, and whom to
+/// wake.
+#[derive(Default)]
+struct Events {
+    pending: Mutex<HashMap<String, Vec<u32>>>,
+    wake: Mutex<Option<HealthWake>>,
+}
+
 /// Real GPUs through NVML.
 pub struct NvmlBackend {
     nvml: Nvml,
-    /// Critical XIDs seen per GPU uuid since start.
-    xids: Mutex<std::collections::HashMap<String, Vec<u32>>>,
+    events: Arc<Events>,
 }
 
 fn failed(e: NvmlError) -> BackendError {
@@ -36,7 +49,7 @@ pub fn mig_profile_of(name: &str) -> Option<String> {
 
 /// Whether a GPU with these readings is healthy, and why not.
 pub fn judge(xids: &[u32], ecc_uncorrected: u64, temperature_c: u32) -> (bool, String) {
-    if let Some(x) = xids.iter().find(|x| CRITICAL_XIDS.contains(x)) {
+    if let Some(x) = xids.iter().find(|x| xid_is_critical(**x)) {
         return (false, format!("XID {x}"));
     }
     if ecc_uncorrected > 0 {
@@ -49,10 +62,17 @@ pub fn judge(xids: &[u32], ecc_uncorrected: u64, temperature_c: u32) -> (bool, S
 }
 
 impl NvmlBackend {
-    /// Loads NVML; fails with `Unavailable` where there is no driver.
+    /// Loads NVML, and starts the thread that holds the event set; fails with `Unavailable` where
+    /// there is no driver.
     pub fn open() -> Result<NvmlBackend, BackendError> {
         let nvml = Nvml::init().map_err(|e| BackendError::Unavailable(format!("NVML: {e}; is the NVIDIA driver installed?")))?;
-        Ok(NvmlBackend { nvml, xids: Mutex::default() })
+        let events = Arc::new(Events::default());
+        let e = events.clone();
+        std::thread::Builder::new()
+            .name("nvml-events".into())
+            .spawn(move || watch_xids(&e))
+            .map_err(|e| BackendError::Failed(format!("cannot start the NVML event thread: {e}")))?;
+        Ok(NvmlBackend { nvml, events })
     }
 
     fn mig_instances(&self, device: &nvml_wrapper::Device<'_>) -> Vec<MigInstance> {
@@ -67,23 +87,51 @@ impl NvmlBackend {
             .collect()
     }
 
-    /// Reads pending critical XID events (without waiting) into the per-GPU history.
-    fn drain_xids(&self) {
-        use nvml_wrapper::bitmasks::event::EventTypes;
-        let Ok(count) = self.nvml.device_count() else { return };
-        let Ok(mut set) = self.nvml.create_event_set() else { return };
-        for i in 0..count {
-            if let Ok(d) = self.nvml.device_by_index(i) {
-                match d.register_events(EventTypes::CRITICAL_XID_ERROR, set) {
-                    Ok(s) => set = s,
-                    Err(_) => return,
+}
+
+/// The event thread: one event set for every GPU, registered once and held for the daemon's life
+/// (NVML queues events only for a registered set, so a set made per check would miss what
+/// happened between checks). Each XID is queued for the next report and wakes the daemon.
+fn watch_xids(events: &Events) {
+    use nvml_wrapper::bitmasks::event::EventTypes;
+    // Its own handle: NVML counts initialisations, and the set borrows it for the thread's life.
+    let nvml = match Nvml::init() {
+        Ok(n) => n,
+        Err(e) => return tracing::warn!(error = %e, "NVML events: cannot initialise; XIDs are not watched"),
+    };
+    let Ok(count) = nvml.device_count() else { return };
+    let mut set = match nvml.create_event_set() {
+        Ok(s) => s,
+        Err(e) => return tracing::warn!(error = %e, "NVML events: cannot create the event set; XIDs are not watched"),
+    };
+    for i in 0..count {
+        let Ok(d) = nvml.device_by_index(i) else { continue };
+        set = match d.register_events(EventTypes::CRITICAL_XID_ERROR, set) {
+            Ok(s) => s,
+            Err(e) => return tracing::warn!(gpu = i, error = %e, "NVML events: cannot register; XIDs are not watched"),
+        };
+    }
+    loop {
+        match set.wait(1_000) {
+            Ok(ev) => {
+                let (Ok(uuid), Some(nvml_wrapper::enums::event::XidError::Value(x))) = (ev.device.uuid(), ev.event_data) else { continue };
+                {
+                    let mut pending = events.pending.lock().expect("xids");
+                    let q = pending.entry(uuid).or_default();
+                    q.push(x as u32);
+                    if q.len() > PENDING_XIDS_PER_GPU {
+                        q.remove(0);
+                    }
+                }
+                let wake = events.wake.lock().expect("wake").clone();
+                if let Some(w) = wake {
+                    w();
                 }
             }
-        }
-        let mut seen = self.xids.lock().expect("xids");
-        while let Ok(ev) = set.wait(0) {
-            if let (Ok(uuid), Some(nvml_wrapper::enums::event::XidError::Value(x))) = (ev.device.uuid(), ev.event_data) {
-                seen.entry(uuid).or_default().push(x as u32);
+            Err(NvmlError::Timeout) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "NVML events: wait failed; trying again");
+                std::thread::sleep(std::time::Duration::from_secs(1));
             }
         }
     }
@@ -115,8 +163,7 @@ impl GpuBackend for NvmlBackend {
     }
 
     fn health(&self) -> Result<Vec<GpuHealth>, BackendError> {
-        self.drain_xids();
-        let seen = self.xids.lock().expect("xids").clone();
+        let mut pending = std::mem::take(&mut *self.events.pending.lock().expect("xids"));
         let count = self.nvml.device_count().map_err(failed)?;
         let mut out = Vec::new();
         for i in 0..count {
@@ -124,11 +171,27 @@ impl GpuBackend for NvmlBackend {
             let uuid = d.uuid().map_err(failed)?;
             let ecc = d.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile).unwrap_or(0);
             let temp = d.temperature(TemperatureSensor::Gpu).unwrap_or(0);
-            let xids = seen.get(&uuid).cloned().unwrap_or_default();
+            let xids = pending.remove(&uuid).unwrap_or_default();
             let (healthy, reason) = judge(&xids, ecc, temp);
-            out.push(GpuHealth { uuid, healthy, xid_errors: xids, ecc_uncorrected: ecc, temperature_c: temp, reason });
+            out.push(GpuHealth {
+                uuid,
+                healthy,
+                xid_errors: xids,
+                ecc_uncorrected: ecc,
+                temperature_c: temp,
+                reason,
+                pcie_link_width: d.current_pcie_link_width().unwrap_or(0),
+                pcie_link_width_max: d.max_pcie_link_width().unwrap_or(0),
+                pcie_link_gen: d.current_pcie_link_gen().unwrap_or(0),
+                pcie_link_gen_max: d.max_pcie_link_gen().unwrap_or(0),
+                throttle_reasons: d.current_throttle_reasons().map(|t| t.bits()).unwrap_or(0),
+            });
         }
         Ok(out)
+    }
+
+    fn watch_health(&self, wake: HealthWake) {
+        *self.events.wake.lock().expect("wake") = Some(wake);
     }
 
     fn apply_gpus(&self, desired: &GpusSection, _busy: &[String]) -> Result<Vec<(String, GpuApply)>, BackendError> {

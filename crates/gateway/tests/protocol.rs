@@ -175,6 +175,12 @@ impl Fleet {
         v.id
     }
 
+    /// What the daemons reported of a GPU, as recorded for the health job, in order.
+    async fn signals(&self, uuid: &str) -> Vec<String> {
+        let c = self.h.db().client().await;
+        c.query("SELECT detail FROM gpu_health_signals WHERE device_id = $1 ORDER BY id", &[&uuid]).await.unwrap().iter().map(|r| r.get(0)).collect()
+    }
+
     async fn command(&self, node: &str, id: &str) -> commands::CommandView {
         commands::get(&**self.h.db().client().await, node, id).await.unwrap()
     }
@@ -465,7 +471,7 @@ async fn a_command_whose_lane_has_no_free_credit_waits_at_the_gateway_and_goes_t
 }
 
 #[tokio::test]
-async fn the_four_api_kinds_run_for_real_and_an_injected_xid_marks_the_gpu_unhealthy() {
+async fn the_four_api_kinds_run_for_real_and_injected_xids_each_reach_the_health_job_which_quarantines_on_a_fatal_one() {
     let f = Fleet::new().await;
     let (g, fake, d, node) = f.joined(true).await;
 
@@ -492,13 +498,20 @@ async fn the_four_api_kinds_run_for_real_and_an_injected_xid_marks_the_gpu_unhea
     let v = f.wait_command(&node, &reboot, "failed").await;
     assert!(v.reason.unwrap().contains("--reboot-command"));
 
-    // Health: XID 79 (fallen off the bus) takes the GPU out of placement.
+    // Health: XIDs that change nothing on the daemon's side (13 is the application's) still reach
+    // the control plane as they happen, each one, in order: none is lost between heartbeats.
     let uuid = fake.uuids()[1].clone();
+    fake.inject_xid(1, 13);
+    fake.inject_xid(1, 31);
+    wait_until("both XIDs are recorded", || async { f.signals(&uuid).await.len() == 2 }).await;
+    let got = f.signals(&uuid).await;
+    assert!(got[0].starts_with("XID 13:") && got[1].starts_with("XID 31:"), "{got:?}");
+    // XID 79 (fallen off the bus): the health job quarantines the GPU, out of placement.
     fake.inject_xid(1, 79);
-    wait_until("the GPU is unhealthy in the database", || async {
-        !f.h.db().client().await.query_one("SELECT healthy FROM devices WHERE id = $1", &[&uuid]).await.unwrap().get::<_, bool>(0)
-    })
-    .await;
+    wait_until("XID 79 is recorded", || async { f.signals(&uuid).await.len() == 3 }).await;
+    f.h.job("health").drain(5).await;
+    let r = f.h.db().client().await.query_one("SELECT healthy, health_state, quarantined FROM devices WHERE id = $1", &[&uuid]).await.unwrap();
+    assert_eq!((r.get::<_, bool>(0), r.get::<_, String>(1), r.get::<_, bool>(2)), (false, "unhealthy".to_owned(), true));
     d.kill().await;
     let _ = g.stop.send(true);
 }

@@ -129,9 +129,18 @@ async fn update_gpu(tx: &impl GenericClient, uuid: &str, set: &str, params: &[&(
     Ok(row.get(0))
 }
 
-/// Records a GPU's health. An unhealthy GPU (and every atom of it) leaves placement.
+/// Forces a GPU's health, past the `health` job's state machine (tests and the simulator's fault
+/// injection; daemons' reports go through [`crate::health::record`]). An unhealthy GPU (and every
+/// atom of it) leaves placement.
 pub async fn set_gpu_health(tx: &impl GenericClient, uuid: &str, healthy: bool) -> Result<(), DbError> {
-    let node = update_gpu(tx, uuid, "healthy = $2", &[&uuid, &healthy]).await?;
+    let node = update_gpu(
+        tx,
+        uuid,
+        "healthy = $2, health_state = CASE WHEN $2 THEN 'healthy' ELSE 'unhealthy' END, health_since = compute_now(),
+         health_reason = 'forced', clean_checks = 0, next_check_at = NULL, check_command_id = NULL",
+        &[&uuid, &healthy],
+    )
+    .await?;
     let t = if healthy { "device.healthy" } else { "device.unhealthy" };
     outbox::emit(tx, NewEvent { event_type: t, tenant_id: None, subject: uuid, data: serde_json::json!({"nodeId": node}) }).await?;
     Ok(())
@@ -149,8 +158,10 @@ pub async fn quarantine(tx: &impl GenericClient, uuid: &str, reason: &str) -> Re
     Ok(())
 }
 
-/// Releases a GPU from quarantine.
+/// Releases a GPU from quarantine. A GPU the `health` job found unhealthy is checked again and
+/// comes back after clean checks (see [`crate::health`]).
 pub async fn release_quarantine(tx: &impl GenericClient, uuid: &str) -> Result<(), DbError> {
+    crate::health::on_release(tx, uuid).await?;
     let node = update_gpu(tx, uuid, "quarantined = false, quarantine_reason = NULL", &[&uuid]).await?;
     outbox::emit(tx, NewEvent { event_type: "device.released", tenant_id: None, subject: uuid, data: serde_json::json!({"nodeId": node}) }).await?;
     Ok(())

@@ -109,6 +109,13 @@ pub async fn enqueue(tx: &impl GenericClient, registry: &Registry, c: NewCommand
     let kind = registry
         .command_kind(c.kind)
         .ok_or_else(|| Error::new(ErrorCode::Unsupported, format!("unknown command kind {:?}", c.kind)))?;
+    enqueue_kind(tx, kind, c).await
+}
+
+/// [`enqueue`] of a kind the caller holds: a module's job enqueuing its own module's kind (the
+/// `health` job's `diag.nvml`), with no registry at hand.
+pub async fn enqueue_kind(tx: &impl GenericClient, kind: &better_compute_runtime::commands::CommandKind, c: NewCommand<'_>) -> Result<CommandView, DbError> {
+    debug_assert_eq!(kind.name, c.kind);
     let not_after = c.not_after.ok_or_else(|| Error::invalid_argument("notAfter is mandatory for every command"))?;
     if c.idempotency_key.is_empty() || c.idempotency_key.len() > 255 {
         return Err(Error::invalid_argument("a command's idempotency key must be 1 to 255 characters").into());

@@ -46,8 +46,21 @@ pub struct DeviceView {
     pub mig_layout: Vec<String>,
     /// Shared slots in mode `time-slice` or `mps`.
     pub slots: i16,
-    /// Whether its daemon last reported it healthy.
+    /// Whether it is in placement as far as health goes (its health state is `healthy`).
     pub healthy: bool,
+    /// `healthy`, `suspect` (a transient error; being checked), `recovering` (checks passing) or
+    /// `unhealthy` (quarantined).
+    #[schemars(extend("enum" = ["healthy", "suspect", "recovering", "unhealthy"]))]
+    pub health_state: String,
+    /// Why it is in that state.
+    pub health_reason: Option<String>,
+    /// RFC 3339: since when.
+    pub health_since: Option<String>,
+    /// Its newest health transitions, newest first.
+    pub health_history: Vec<crate::health::HealthChange>,
+    /// What its daemon reported lately (XIDs, PCIe link, throttling), newest first, with what the
+    /// health job made of each.
+    pub recent_signals: Vec<crate::health::Signal>,
     /// Whether an operator quarantined it: nothing new is placed on it.
     pub quarantined: bool,
     /// Why, while quarantined.
@@ -68,7 +81,13 @@ const DEVICE_VIEW: &str = "SELECT g.id, g.node_id, g.index, g.model, g.memory_mi
                    FROM devices a WHERE a.parent_id = g.id),
                 CASE WHEN g.mode = 'exclusive' THEN jsonb_build_array(jsonb_build_object('id', g.id, 'kind', 'gpu', 'profile', NULL,
                                                    'memoryMib', g.memory_mib, 'active', g.active)) ELSE '[]'::jsonb END),
-       g.version, n.pool_id
+       g.version, g.health_state, g.health_reason, nodes_ts(g.health_since),
+       coalesce((SELECT jsonb_agg(jsonb_build_object('from', h.from_state, 'to', h.to_state, 'reason', h.reason, 'at', nodes_ts(h.at)) ORDER BY h.id DESC)
+                   FROM (SELECT * FROM gpu_health_history x WHERE x.device_id = g.id ORDER BY x.id DESC LIMIT 10) h), '[]'::jsonb),
+       coalesce((SELECT jsonb_agg(jsonb_build_object('kind', x.kind, 'class', x.class, 'detail', x.detail, 'observedAt', nodes_ts(x.observed_at),
+                                                     'outcome', x.outcome) ORDER BY x.id DESC)
+                   FROM (SELECT * FROM gpu_health_signals y WHERE y.device_id = g.id ORDER BY y.id DESC LIMIT 10) x), '[]'::jsonb),
+       n.pool_id
   FROM devices g JOIN nodes n ON n.id = g.node_id";
 
 fn device(r: &tokio_postgres::Row) -> DeviceView {
@@ -88,6 +107,11 @@ fn device(r: &tokio_postgres::Row) -> DeviceView {
         schedulable: r.get(11),
         atoms: serde_json::from_value(atoms).unwrap_or_default(),
         version: r.get(13),
+        health_state: r.get(14),
+        health_reason: r.get(15),
+        health_since: r.get(16),
+        health_history: serde_json::from_value(r.get(17)).unwrap_or_default(),
+        recent_signals: serde_json::from_value(r.get(18)).unwrap_or_default(),
     }
 }
 

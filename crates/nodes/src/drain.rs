@@ -377,7 +377,10 @@ pub async fn admit(tx: &impl GenericClient, pool_id: &str, report: &mut DrainRep
     let mut ahead = 0;
     for q in &queued {
         let (id, node_id, down): (String, String, bool) = (q.get(0), q.get(1), q.get(2));
-        let fits = budget.is_none_or(|b| down || unavailable < i64::from(b));
+        // A node that is down already counts among the unavailable; its drain needs room for
+        // the others only. So admitted drains never outnumber the budget.
+        let others = unavailable - i64::from(down);
+        let fits = budget.is_none_or(|b| others < i64::from(b));
         if fits && ahead == 0 {
             move_drain(tx, &id, DrainState::Queued, DrainState::Draining, "admitted_at = compute_now()").await?;
             set_condition(tx, &id, "Admitted", "admitted within the pool's disruption budget").await?;

@@ -8,6 +8,7 @@ pub mod commands;
 pub mod conditions;
 pub mod devices;
 pub mod drain;
+pub mod health;
 pub mod inventory;
 pub mod join;
 pub mod kinds;
@@ -26,6 +27,7 @@ use better_compute_db::Migration;
 pub const NODES_MIGRATIONS: &[Migration] = &[
     Migration::numbered("nodes", "0001_nodes", include_str!("migrations/nodes/0001_nodes.sql")),
     Migration::numbered("nodes", "0002_drains", include_str!("migrations/nodes/0002_drains.sql")),
+    Migration::numbered("nodes", "0003_health", include_str!("migrations/nodes/0003_health.sql")),
     Migration::repeatable("nodes", "scope", include_str!("sql/scope.sql")),
     Migration::repeatable("nodes", "drain", include_str!("sql/drain.sql")),
     Migration::repeatable("nodes", "conditions", include_str!("sql/conditions.sql")),
@@ -62,6 +64,7 @@ impl better_compute_runtime::Module for NodesModule {
         const NODE: &[(&str, &str)] = &[];
         const DEVICE: &[(&str, &str)] = &[("nodeId", "the GPU's node")];
         const DRAIN: &[(&str, &str)] = &[("drainId", "the drain")];
+        const HEALTH: &[(&str, &str)] = &[("nodeId", "the GPU's node"), ("reason", "why")];
         let node = |name, description| EventType { name, version: 1, audience: "fleet", description, data: NODE };
         const COMMAND: &[(&str, &str)] = &[("nodeId", "the command's node"), ("kind", "its kind"), ("reason", "why it ended so, if not a success")];
         // The tenant that ran it gets it; the system's own commands are fleet events.
@@ -88,8 +91,12 @@ impl better_compute_runtime::Module for NodesModule {
             EventType { name: "node.undrained", version: 1, audience: "fleet", description: "A node's drain was ended; it is schedulable again unless cordoned otherwise.", data: DRAIN },
             EventType { name: "node.labelsChanged", version: 1, audience: "fleet", description: "A node's labels changed.", data: &[("labels", "its labels now")] },
             EventType { name: "node.retired", version: 1, audience: "fleet", description: "A drained node left placement for ever; its certificates were revoked.", data: &[("certificatesRevoked", "how many")] },
-            EventType { name: "device.healthy", version: 1, audience: "fleet", description: "A GPU reported healthy again.", data: DEVICE },
-            EventType { name: "device.unhealthy", version: 1, audience: "fleet", description: "A GPU reported unhealthy: it leaves placement.", data: DEVICE },
+            EventType { name: "device.healthy", version: 1, audience: "fleet", description: "A GPU is healthy again (after clean checks): it is back in placement.", data: HEALTH },
+            EventType { name: "device.suspect", version: 1, audience: "fleet", description: "A GPU had a transient error: it leaves placement while diag.nvml checks it.", data: HEALTH },
+            EventType { name: "device.recovering", version: 1, audience: "fleet", description: "A suspect GPU passed a check: it returns after enough clean checks in a row.", data: HEALTH },
+            EventType { name: "device.unhealthy", version: 1, audience: "fleet", description: "A GPU had a fatal error, failed its check, or kept erring: it is quarantined. Reservations keep it.", data: HEALTH },
+            EventType { name: "health.circuitOpen", version: 1, audience: "fleet", description: "Too many of a pool's GPUs left placement for health at once: automatic health actions stop for the pool until an operator closes the circuit.", data: &[("message", "what tripped it")] },
+            EventType { name: "health.circuitClosed", version: 1, audience: "fleet", description: "An operator closed a pool's health circuit; the signals that waited were set aside.", data: &[("signalsSetAside", "how many")] },
             EventType { name: "device.quarantined", version: 1, audience: "fleet", description: "A GPU was quarantined.", data: &[("nodeId", "the GPU's node"), ("reason", "why")] },
             EventType { name: "device.released", version: 1, audience: "fleet", description: "A GPU was released from quarantine.", data: DEVICE },
             command("command.succeeded", "A command finished successfully."),
@@ -104,7 +111,7 @@ impl better_compute_runtime::Module for NodesModule {
     }
 
     fn reconcilers(&self) -> Vec<std::sync::Arc<dyn better_compute_runtime::Reconciler>> {
-        vec![std::sync::Arc::new(sweeper::CommandSweeper), std::sync::Arc::new(liveness::LivenessJob), std::sync::Arc::new(drain::DrainJob)]
+        vec![std::sync::Arc::new(sweeper::CommandSweeper), std::sync::Arc::new(liveness::LivenessJob), std::sync::Arc::new(drain::DrainJob), std::sync::Arc::new(health::HealthJob)]
     }
 
     fn node_spec_parts(&self) -> Vec<std::sync::Arc<dyn better_compute_runtime::nodespec::NodeSpecPart>> {

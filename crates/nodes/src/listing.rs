@@ -53,6 +53,9 @@ pub struct PoolView {
     /// The disruption budget: `3` nodes or `10%` of them unavailable at once (drains, and nodes
     /// unreachable or lost); none: no limit.
     pub max_unavailable: Option<String>,
+    /// RFC 3339, while the pool's health circuit is open: automatic health actions are stopped
+    /// until an operator closes it (`pools.closeHealthCircuit`).
+    pub health_circuit_open_since: Option<String>,
     /// The record's version.
     pub version: i64,
 }
@@ -73,11 +76,12 @@ fn pool(r: &tokio_postgres::Row) -> PoolView {
         lost_after_s: r.get(7),
         version: r.get(8),
         max_unavailable: r.get(9),
+        health_circuit_open_since: r.get(10),
     }
 }
 
 const POOL: &str = "SELECT id, site_id, name, kind, vcpu_ratio, memory_ratio, disk_ratio, lost_after_s, version,
-                           coalesce(max_unavailable::text, max_unavailable_percent::text || '%') FROM pools";
+                           coalesce(max_unavailable::text, max_unavailable_percent::text || '%'), nodes_ts(health_circuit_open_since) FROM pools";
 
 /// One site.
 pub async fn get_site(db: &impl GenericClient, id: &str) -> Result<SiteView, Error> {

@@ -163,7 +163,7 @@ pub async fn apply(tx: &impl GenericClient, gateway_id: &str, sessions: &[&Sessi
         session::report_inventory(tx, node, inv).await?;
     }
     for (node, h) in health {
-        session::report_health(tx, node, h).await?;
+        crate::health::record(tx, node, h).await?;
     }
     Ok(applied)
 }

@@ -7,7 +7,7 @@ use std::collections::{HashMap, HashSet};
 
 use better_compute_core::Error;
 use better_compute_db::DbError;
-use better_compute_proto::v1::{Health, Inventory};
+use better_compute_proto::v1::Inventory;
 use tokio_postgres::GenericClient;
 
 use crate::actions;
@@ -412,23 +412,6 @@ pub async fn report_inventory(tx: &impl GenericClient, node_id: &str, inv: &Inve
     let json = serde_json::to_value(inv).map_err(|e| Error::internal(e.to_string()))?;
     tx.execute("UPDATE nodes SET reported_inventory = $2 WHERE id = $1", &[&node_id, &json]).await?;
     Ok(())
-}
-
-/// Records a daemon's health report: a GPU's health changes only when it differs, and only the
-/// node's own GPUs count. Returns how many changed.
-pub async fn report_health(tx: &impl GenericClient, node_id: &str, health: &Health) -> Result<u64, DbError> {
-    let mut changed = 0;
-    for g in &health.gpus {
-        let differs = tx
-            .query_opt("SELECT 1 FROM devices WHERE id = $1 AND node_id = $2 AND parent_id IS NULL AND healthy <> $3", &[&g.uuid, &node_id, &g.healthy])
-            .await?
-            .is_some();
-        if differs {
-            actions::set_gpu_health(tx, &g.uuid, g.healthy).await?;
-            changed += 1;
-        }
-    }
-    Ok(changed)
 }
 
 /// A gateway as operators see it.

@@ -10,10 +10,16 @@ use better_compute_daemon::backend::GpuBackend;
 use better_compute_daemon::{Daemon, DaemonConfig, HostResources, RebootHook};
 use tokio::sync::{mpsc, watch};
 
+/// When the health demo's GPU throws its XID.
+const FLAKY_AFTER: Duration = Duration::from_secs(60);
+
 /// The running simulated nodes.
 pub struct DevFleet {
     /// Their node ids, in name order.
     pub node_ids: Vec<String>,
+    /// The fake GPU that throws a transient XID a minute after start (the health demo): its
+    /// node's id and its uuid.
+    pub flaky_gpu: Option<(String, String)>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -59,6 +65,7 @@ pub async fn start(
     let boot = random_hex(4);
     let mut node_ids = Vec::new();
     let mut tasks = Vec::new();
+    let mut flaky: Option<String> = None;
     for i in 0..count {
         let name = format!("dev-node-{i}");
         let state = root.join("daemons").join(&name);
@@ -74,7 +81,22 @@ pub async fn start(
             tx.commit().await?;
             cfg.join_token = Some(t.secret);
         }
-        let backend = better_compute_daemon::backend::open(gpus, &name)?;
+        let backend: Arc<dyn GpuBackend> = if i == 0 && gpus.starts_with("fake:") {
+            // The health demo: the first node's first GPU throws XID 119 (a GSP RPC timeout,
+            // transient) a minute after start; the control plane checks it and brings it back.
+            let fake = Arc::new(better_compute_daemon::fake::FakeGpus::parse(gpus, &name)?);
+            flaky = fake.uuids().first().cloned();
+            let (f, mut down) = (fake.clone(), shutdown.clone());
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = tokio::time::sleep(FLAKY_AFTER) => f.inject_xid(0, 119),
+                    _ = down.wait_for(|s| *s) => {}
+                }
+            });
+            fake
+        } else {
+            better_compute_daemon::backend::open(gpus, &name)?
+        };
         let (reboot_tx, reboot_rx) = mpsc::channel(1);
         cfg.reboot = RebootHook::Callback(Arc::new(move |_| {
             let _ = reboot_tx.try_send(Crash::Reboot);
@@ -85,7 +107,8 @@ pub async fn start(
         // The machine goes down with the daemon and comes back two seconds later with a new boot id.
         tasks.push(tokio::spawn(supervise(d, cfg, backend, reboot_rx, format!("dev-{boot}"), Duration::from_secs(2), shutdown.clone())));
     }
-    Ok(DevFleet { node_ids, tasks })
+    let flaky_gpu = flaky.and_then(|uuid| Some((node_ids.first()?.clone(), uuid)));
+    Ok(DevFleet { node_ids, flaky_gpu, tasks })
 }
 
 /// How a simulated node's daemon goes down.

@@ -28,6 +28,7 @@ use better_compute_db::pgbouncer::PgBouncer;
 use better_compute_core::seeded::Rng;
 use better_compute_nodes::actions;
 use better_compute_nodes::commands::{self, NewCommand};
+use better_compute_nodes::drain;
 use better_compute_nodes::layout::GpuMode;
 use tokio::sync::watch;
 
@@ -104,6 +105,8 @@ pub enum Fault {
     ClockJump,
     /// Pause a worker past its leases until others take them over, then let it wake up.
     Zombie,
+    /// A GPU throws an XID: informational, transient or fatal.
+    GpuXid,
 }
 
 /// Deliberately broken variants (test only).
@@ -311,7 +314,10 @@ BEGIN
   END LOOP;
 END $$;";
 
-/// A site, a bare-metal pool, and quotas for the tenants.
+/// The sim pool's disruption budget (`maxUnavailable`), which the checker holds drains to.
+const SIM_DRAIN_BUDGET: i32 = 1;
+
+/// A site, a bare-metal pool with a disruption budget, and quotas for the tenants.
 async fn seed_inventory(db: &mut tokio_postgres::Client) -> anyhow::Result<String> {
     use better_compute_nodes::inventory::{self, NewPool};
     let tx = db.transaction().await?;
@@ -321,6 +327,8 @@ async fn seed_inventory(db: &mut tokio_postgres::Client) -> anyhow::Result<Strin
         &NewPool { site_id: site, name: "sim".into(), kind: "bare-metal".into(), vcpu_ratio: 2.0, memory_ratio: 1.0, disk_ratio: 1.0, lost_after_s: None },
     )
     .await?;
+    // A disruption budget of one node: the workload's drains queue behind each other.
+    better_compute_nodes::drain::set_budget(&tx, &pool, better_compute_nodes::drain::Budget::Nodes(SIM_DRAIN_BUDGET)).await?;
     for t in TENANTS {
         for (r, max) in [("gpus", 40), ("mig_instances", 16), ("gpu_slots", 16), ("vcpu", 400), ("memory_mib", 4_000_000), ("disk_gib", 40_000)] {
             quota::set(&tx, t, r, max).await?;
@@ -551,10 +559,10 @@ impl Sim {
         let pause = |d: Duration| tokio::time::sleep(d);
         let at = Duration::from_millis(rng.below(interval.as_millis() as u64 / 3) + 200);
         pause(at).await;
-        // Eleven slots: the seven kinds (daemon crashes and clock jumps take more than one) and a
+        // Twelve slots: the eight kinds (daemon crashes and clock jumps take more than one) and a
         // quiet one. With --faults, every interval has one of the kinds given.
         let kind = if self.args.faults.is_empty() {
-            rng.below(11)
+            rng.below(12)
         } else {
             match self.args.faults[rng.below(self.args.faults.len() as u64) as usize] {
                 Fault::GatewayKill => 0,
@@ -564,6 +572,7 @@ impl Sim {
                 Fault::PostgresCrash => 6,
                 Fault::ClockJump => 7,
                 Fault::Zombie => 9,
+                Fault::GpuXid => 10,
             }
         };
         match kind {
@@ -628,6 +637,12 @@ impl Sim {
                 pause(Duration::from_millis(200 + rng.below(800))).await;
                 fleet.workers[i].resume();
             }
+            10 => {
+                let n = &fleet.nodes[rng.below(fleet.nodes.len() as u64) as usize];
+                let xid = [13, 119, 62, 79][rng.below(4) as usize];
+                self.count("GPU XID", format!("(XID {xid} on {})", n.node_id));
+                n.inject_xid(rng.below(8) as usize, xid);
+            }
             _ => {} // a quiet interval
         }
         if let Some(rest) = interval.checked_sub(start.elapsed()) {
@@ -656,8 +671,8 @@ impl Sim {
         }
     }
 
-    /// The seeded workload: tenants reserve, extend and release; operators cordon, taint,
-    /// quarantine and change modes; commands of every kind the API runs. `--clients` clients run
+    /// The seeded workload: tenants reserve, extend and release; operators cordon, drain,
+    /// undrain, taint, quarantine and change modes; commands of every kind the API runs. `--clients` clients run
     /// it concurrently, their reservations through one reservations service (batching creates and
     /// releases), as the API's are.
     async fn workload(self: Arc<Self>, nodes: Vec<String>, gpus: Vec<Vec<String>>, stop: Arc<AtomicBool>) {
@@ -774,9 +789,36 @@ impl Sim {
                 let (t, id) = live.swap_remove(rng.below(live.len() as u64) as usize);
                 service.release(Caller { tenant_id: TENANTS[t], identity_id: "idn_sim" }, &id).await?;
             }
-            63..=68 => {
+            63..=65 => {
                 let tx = c.transaction().await.map_err(db)?;
                 if rng.below(2) == 0 { actions::cordon(&tx, &nodes[n]).await } else { actions::uncordon(&tx, &nodes[n]).await }?;
+                tx.commit().await.map_err(db)?;
+            }
+            66..=68 => {
+                // Drains, waiting or evicting within seconds, and undrains; the drain job admits
+                // them within the pool's budget.
+                let tx = c.transaction().await.map_err(db)?;
+                match rng.below(3) {
+                    0 => {
+                        drain::undrain(&tx, &nodes[n]).await?;
+                    }
+                    k => {
+                        let deadline: Option<String> = if k == 1 {
+                            None
+                        } else {
+                            let secs = 5.0 + rng.below(30) as f64;
+                            let row = tx
+                                .query_one(&format!("SELECT {}", better_compute_db::clock::rfc3339_sql("compute_now() + make_interval(secs => $1)")), &[&secs])
+                                .await
+                                .map_err(db)?;
+                            Some(row.get(0))
+                        };
+                        let mode = if deadline.is_some() { drain::DrainMode::Evict } else { drain::DrainMode::Wait };
+                        let req = drain::DrainRequest { node_id: &nodes[n], reason: "sim", mode, deadline: deadline.as_deref(), requested_by: "sim/op" };
+                        // Another mode while one is open is a refusal (CONFLICT), counted as such.
+                        drain::request(&tx, &req).await?;
+                    }
+                }
                 tx.commit().await.map_err(db)?;
             }
             69..=73 => {
@@ -948,6 +990,16 @@ impl Sim {
                 r.get::<_, String>(2),
                 r.get::<_, Option<i64>>(3)
             ));
+        }
+        // Admitted drains never outnumber the pool's disruption budget.
+        for r in tx
+            .query(
+                "SELECT pool_id, count(*) FROM node_drains WHERE state IN ('draining', 'drained') GROUP BY pool_id HAVING count(*) > $1",
+                &[&i64::from(SIM_DRAIN_BUDGET)],
+            )
+            .await?
+        {
+            v.push(format!("pool {} has {} drains admitted, over its budget of {SIM_DRAIN_BUDGET}", r.get::<_, String>(0), r.get::<_, i64>(1)));
         }
         tx.commit().await?;
         // No command that is not retry-safe ran twice.

@@ -184,9 +184,15 @@ pub struct SimNode {
     /// Its node id.
     pub node_id: String,
     crash: mpsc::Sender<Crash>,
+    gpus: Arc<better_compute_daemon::fake::FakeGpus>,
 }
 
 impl SimNode {
+    /// Its GPU at `index` throws `xid`, as the driver would report it.
+    pub fn inject_xid(&self, index: usize, xid: u32) {
+        self.gpus.inject_xid(index, xid);
+    }
+
     /// Crashes its daemon; it comes back on its own.
     pub fn crash(&self, how: Crash) {
         let _ = self.crash.try_send(how);
@@ -236,10 +242,11 @@ pub async fn start_node(
         let how = if h % 100 < percent { Crash::Restart } else { Crash::Reboot };
         let _ = crash_on_reboot.try_send(how);
     }));
-    let backend = better_compute_daemon::backend::open("fake:8xH100-80GB", &name)?;
+    let gpus = Arc::new(better_compute_daemon::fake::FakeGpus::parse("fake:8xH100-80GB", &name)?);
+    let backend: Arc<dyn better_compute_daemon::backend::GpuBackend> = gpus.clone();
     let d = Daemon::start(cfg.clone(), backend.clone()).await.with_context(|| format!("{name} could not start"))?;
     let node_id = d.node_id();
     cfg.join_token = None;
     tokio::spawn(supervise(d, cfg, backend, crash_rx, format!("{name}-boot"), Duration::from_millis(300), shutdown));
-    Ok(SimNode { node_id, crash: crash_tx })
+    Ok(SimNode { node_id, crash: crash_tx, gpus })
 }

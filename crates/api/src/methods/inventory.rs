@@ -189,6 +189,19 @@ pub(super) fn methods() -> Vec<Method> {
             })
             .await
         }),
+        method(
+            "pools.closeHealthCircuit",
+            "Close a pool's health circuit after deciding what the errors were: the health signals that waited are set aside, and automatic health actions resume.",
+            "compute:pools:write on the pool",
+            |ctx: Ctx, r: PoolRef| async move {
+                ctx.check("compute:pools:write", Resource::Pool(&r.pool_id)).await?;
+                ctx.in_tx(async |tx| -> Result<PoolView, Error> {
+                    better_compute_nodes::health::close_circuit(tx, &r.pool_id).await?;
+                    listing::get_pool(tx, &r.pool_id).await
+                })
+                .await
+            },
+        ),
         method("pools.list", "List pools, of one site or of the fleet.", "compute:pools:read on the site, or at fleet scope without siteId", |ctx: Ctx, r: ListPools| async move {
             match &r.site_id {
                 Some(s) => ctx.check("compute:pools:read", Resource::Site(s)).await?,

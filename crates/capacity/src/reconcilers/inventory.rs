@@ -40,8 +40,33 @@ impl Sink for InventoryWatcher {
             }
         }
         refresh_nodes(tx, &nodes).await?;
+        tell_tenants_of_unhealthy_gpus(tx, events).await?;
         Ok(())
     }
+}
+
+/// A GPU that left placement for health stays with the reservations that hold it (they are never
+/// released for it); each of their tenants is told, with `reservation.deviceUnhealthy`.
+async fn tell_tenants_of_unhealthy_gpus(tx: &Transaction<'_>, events: &[Event]) -> Result<(), DbError> {
+    for e in events.iter().filter(|e| matches!(e.event_type.as_str(), "device.unhealthy" | "device.suspect")) {
+        let state = e.event_type.trim_start_matches("device.");
+        let reason = e.data.get("reason").and_then(|v| v.as_str()).unwrap_or("");
+        let held = tx
+            .query(
+                "SELECT DISTINCT r.id, r.tenant_id FROM device_bookings b JOIN devices a ON a.id = b.device_id
+                   JOIN reservations r ON r.id = b.allocation_id
+                  WHERE (a.id = $1 OR a.parent_id = $1) AND r.state IN ('placed', 'active') ORDER BY r.id",
+                &[&e.subject],
+            )
+            .await?;
+        let data = serde_json::json!({"deviceId": e.subject, "state": state, "reason": reason});
+        let told: Vec<better_compute_runtime::NewEvent<'_>> = held
+            .iter()
+            .map(|r| better_compute_runtime::NewEvent { event_type: "reservation.deviceUnhealthy", tenant_id: Some(r.get(1)), subject: r.get(0), data: data.clone() })
+            .collect();
+        better_compute_runtime::outbox::emit_many(tx, &told).await?;
+    }
+    Ok(())
 }
 
 /// Refreshes the atom counts of `nodes` and wakes their pools' rollups.

@@ -50,7 +50,11 @@ struct State {
     /// no return).
     running: HashMap<String, (String, tokio::task::AbortHandle, Arc<AtomicBool>)>,
     waiting: Vec<Waiting>,
-    last_health: Vec<(String, bool)>,
+    /// What the last health report said of each GPU (uuid, healthy, PCIe degraded, throttle
+    /// reasons): a report goes out when this changes or new XIDs arrived.
+    last_health: Vec<(String, bool, bool, u64)>,
+    /// XIDs taken from the backend while no session was open, for the next report.
+    unsent_xids: HashMap<String, Vec<u32>>,
     inventory_sent: bool,
 }
 
@@ -64,6 +68,8 @@ pub struct Daemon {
     run_id: String,
     state: Mutex<State>,
     out: Mutex<Option<mpsc::Sender<DaemonMessage>>>,
+    /// Woken by the backend as each health event (an XID) arrives.
+    health_events: Arc<tokio::sync::Notify>,
 }
 
 fn unix_now() -> i64 {
@@ -122,7 +128,10 @@ impl Daemon {
             run_id: random_hex(8),
             state: Mutex::new(State::default()),
             out: Mutex::new(None),
+            health_events: Arc::new(tokio::sync::Notify::new()),
         });
+        let wake = d.health_events.clone();
+        d.backend.watch_health(Arc::new(move || wake.notify_one()));
         // The layouts last applied: what the allocations the spec below holds were placed on.
         if let Some(bytes) = d.journal.gpu_layouts().map_err(|e| DaemonError::Journal(e.to_string()))?
             && let Ok(section) = GpusSection::decode(bytes.as_slice())
@@ -259,18 +268,22 @@ impl Daemon {
                     Err(s) => break Err(DaemonError::Transport(format!("{}: {}", s.code(), s.message()))),
                 },
                 _ = beat.tick() => self.tick(&tx).await,
+                // An XID is reported as it happens, not at the next heartbeat.
+                _ = self.health_events.notified(), if welcomed => self.report_health(false).await,
             }
         };
         *self.out.lock().expect("out") = None;
         result
     }
 
-    async fn send(&self, m: daemon_message::Msg) {
+    /// Sends on the open session; false when there is none (or it just closed).
+    async fn send(&self, m: daemon_message::Msg) -> bool {
         let out = self.out.lock().expect("out").clone();
-        if let Some(out) = out {
+        match out {
             // A closed session loses nothing: outcomes are in the journal and the gateway sends
             // in-flight commands again on the next session.
-            let _ = out.send(daemon_msg(m)).await;
+            Some(out) => out.send(daemon_msg(m)).await.is_ok(),
+            None => false,
         }
     }
 
@@ -296,19 +309,42 @@ impl Daemon {
 
     async fn report_health(&self, always: bool) {
         let backend = self.backend.clone();
-        let Ok(Ok(gpus)) = tokio::task::spawn_blocking(move || backend.health()).await else { return };
-        let summary: Vec<(String, bool)> = gpus.iter().map(|g| (g.uuid.clone(), g.healthy)).collect();
-        let changed = {
+        let Ok(Ok(mut gpus)) = tokio::task::spawn_blocking(move || backend.health()).await else { return };
+        let (changed, any_xid) = {
             let mut st = self.state.lock().expect("state");
+            // XIDs taken while no session was open go first, in order.
+            for g in &mut gpus {
+                if let Some(mut earlier) = st.unsent_xids.remove(&g.uuid) {
+                    earlier.append(&mut g.xid_errors);
+                    g.xid_errors = earlier;
+                }
+            }
+            let summary: Vec<(String, bool, bool, u64)> = gpus
+                .iter()
+                .map(|g| (g.uuid.clone(), g.healthy, g.pcie_link_width < g.pcie_link_width_max || g.pcie_link_gen < g.pcie_link_gen_max, g.throttle_reasons))
+                .collect();
             let changed = st.last_health != summary;
             st.last_health = summary;
-            changed
+            (changed, gpus.iter().any(|g| !g.xid_errors.is_empty()))
         };
-        if changed || always {
+        if changed || any_xid || always {
             for g in gpus.iter().filter(|g| !g.healthy) {
                 self.logs.line(format!("GPU {} unhealthy: {}", g.uuid, g.reason));
             }
-            self.send(daemon_message::Msg::Health(Health { gpus })).await;
+            for g in gpus.iter().filter(|g| !g.xid_errors.is_empty()) {
+                self.logs.line(format!("GPU {} XIDs {:?}", g.uuid, g.xid_errors));
+            }
+            let xids: Vec<(String, Vec<u32>)> = gpus.iter().filter(|g| !g.xid_errors.is_empty()).map(|g| (g.uuid.clone(), g.xid_errors.clone())).collect();
+            if !self.send(daemon_message::Msg::Health(Health { gpus })).await {
+                // No session: keep the XIDs for the next one (bounded per GPU, as the backend's).
+                let mut st = self.state.lock().expect("state");
+                for (uuid, x) in xids {
+                    let q = st.unsent_xids.entry(uuid).or_default();
+                    q.extend(x);
+                    let over = q.len().saturating_sub(256);
+                    q.drain(..over);
+                }
+            }
         }
     }
 

@@ -1,0 +1,211 @@
+//! GPU health in simulated time: XIDs classified by the catalogue, a fatal one quarantining at
+//! once, a transient one checked with diag.nvml until clean checks bring the GPU back, repeated
+//! transients counting as fatal, the pool's circuit breaker, and reservations that keep their GPU
+//! (their tenants told) on a node that is unreachable too. (The health job lives in the nodes
+//! module; the tenants' events come from capacity.)
+
+mod fleet;
+
+use std::time::Duration;
+
+use better_compute_capacity::reservations;
+use better_compute_core::state::{GpuHealthState, State, GPU_HEALTH_STATE_TABLE};
+use better_compute_nodes::{actions, commands, health};
+use better_compute_proto::v1::{GpuHealth, Health};
+use better_compute_runtime::harness::Harness;
+use fleet::*;
+
+async fn report(h: &Harness, node: &str, gpu: &str, xids: &[u32], healthy: bool) {
+    let mut c = h.db().client().await;
+    let tx = c.transaction().await.unwrap();
+    let g = GpuHealth { uuid: gpu.into(), healthy, xid_errors: xids.to_vec(), reason: if healthy { String::new() } else { "ECC".into() }, ..Default::default() };
+    health::record(&*tx, node, &Health { gpus: vec![g] }).await.unwrap();
+    tx.commit().await.unwrap();
+}
+
+async fn state_of(h: &Harness, gpu: &str) -> (String, bool, bool) {
+    let r = h.db().client().await.query_one("SELECT health_state, healthy, quarantined FROM devices WHERE id = $1", &[&gpu]).await.unwrap();
+    (r.get(0), r.get(1), r.get(2))
+}
+
+/// The check in flight on `gpu` finishes: passed or not.
+async fn finish_check(h: &Harness, gpu: &str, passed: bool) {
+    let mut c = h.db().client().await;
+    let id: String = c.query_one("SELECT check_command_id FROM devices WHERE id = $1", &[&gpu]).await.unwrap().get(0);
+    let tx = c.transaction().await.unwrap();
+    tx.execute("UPDATE commands SET state = 'running' WHERE id = $1 AND state = 'pending'", &[&id]).await.unwrap();
+    let result = serde_json::json!({"backend": "fake", "gpus": [{"uuid": gpu, "passed": passed}]});
+    commands::finish(&*tx, &id, true, None, &result).await.unwrap();
+    tx.commit().await.unwrap();
+}
+
+async fn tick(h: &Harness) {
+    h.job("health").drain(5).await;
+}
+
+#[tokio::test]
+async fn a_fatal_xid_quarantines_the_gpu_at_once_and_the_reservation_on_it_keeps_it() {
+    let h = harness().await;
+    let f = fleet(&h, &exclusive(2), 2).await;
+    let mut c = h.db().client().await;
+    let mut req = whole(&f.pool_id, 2);
+    req.node_selector = serde_json::Map::from_iter([("rack".to_owned(), serde_json::json!("r0"))]);
+    let held = reservations::create(&mut c, ME, &req).await.unwrap();
+    assert_eq!(held.node_id.as_deref(), Some(f.nodes[0].as_str()));
+    // The node is unreachable as well: still nothing is released.
+    {
+        let tx = c.transaction().await.unwrap();
+        actions::set_liveness(&*tx, &f.nodes[0], "unreachable").await.unwrap();
+        tx.commit().await.unwrap();
+    }
+    let gpu = f.gpus[0][1].clone();
+    report(&h, &f.nodes[0], &gpu, &[13], true).await;
+    tick(&h).await;
+    assert_eq!(state_of(&h, &gpu).await, ("healthy".into(), true, false), "XID 13 is the application's");
+    report(&h, &f.nodes[0], &gpu, &[79], false).await;
+    tick(&h).await;
+    assert_eq!(state_of(&h, &gpu).await, ("unhealthy".into(), false, true), "fallen off the bus: quarantined at once");
+    let reason: String = c.query_one("SELECT quarantine_reason FROM devices WHERE id = $1", &[&gpu]).await.unwrap().get(0);
+    assert!(reason.contains("XID 79"), "{reason}");
+    assert_eq!(reservations::get(&**c, ME, &held.id).await.unwrap().state, "placed", "the reservation keeps its GPU");
+    // Its tenant is told.
+    settle_outbox(&h).await;
+    h.job("event-subscribers").drain(20).await;
+    settle_outbox(&h).await;
+    let told = c
+        .query("SELECT tenant_id, data FROM outbox WHERE type = 'reservation.deviceUnhealthy' AND subject = $1", &[&held.id])
+        .await
+        .unwrap();
+    assert_eq!(told.len(), 1);
+    assert_eq!(told[0].get::<_, Option<String>>(0).as_deref(), Some(TENANT));
+    assert_eq!(told[0].get::<_, serde_json::Value>(1)["deviceId"], gpu.as_str());
+    // Every signal was acted on and recorded.
+    let outcomes: Vec<String> = c.query("SELECT outcome FROM gpu_health_signals WHERE device_id = $1 ORDER BY id", &[&gpu]).await.unwrap().iter().map(|r| r.get(0)).collect();
+    assert_eq!(outcomes, ["recorded", "moved → unhealthy"]);
+}
+
+#[tokio::test]
+async fn a_transient_xid_is_checked_and_the_gpu_returns_to_placement_after_clean_checks() {
+    let h = harness().await;
+    let f = fleet(&h, &exclusive(1), 2).await;
+    let (node, gpu) = (f.nodes[0].clone(), f.gpus[0][0].clone());
+    report(&h, &node, &gpu, &[119], true).await;
+    tick(&h).await;
+    assert_eq!(state_of(&h, &gpu).await, ("suspect".into(), false, false), "out of placement, not quarantined");
+    let c = h.db().client().await;
+    let check: (String, serde_json::Value, Option<String>) = {
+        let r = c
+            .query_one("SELECT c.kind, c.payload, c.owner_kind FROM commands c JOIN devices d ON d.check_command_id = c.id WHERE d.id = $1", &[&gpu])
+            .await
+            .unwrap();
+        (r.get(0), r.get(1), r.get(2))
+    };
+    assert_eq!((check.0.as_str(), check.2.as_deref()), ("diag.nvml", Some("health")));
+    assert_eq!(check.1["gpuUuids"], serde_json::json!([gpu]));
+    // A second transient while suspect changes nothing: its check decides.
+    finish_check(&h, &gpu, true).await;
+    tick(&h).await;
+    assert_eq!(state_of(&h, &gpu).await.0, "recovering");
+    for n in 2..=health::CLEAN_CHECKS {
+        h.db().advance(Duration::from_secs(health::CHECK_INTERVAL_S as u64)).await;
+        tick(&h).await;
+        assert_eq!(state_of(&h, &gpu).await.0, "recovering", "check {n} started");
+        finish_check(&h, &gpu, true).await;
+        tick(&h).await;
+    }
+    assert_eq!(state_of(&h, &gpu).await, ("healthy".into(), true, false));
+    let history: Vec<(String, String)> = c
+        .query("SELECT from_state, to_state FROM gpu_health_history WHERE device_id = $1 ORDER BY id", &[&gpu])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let s = |a: &str, b: &str| (a.to_owned(), b.to_owned());
+    assert_eq!(history, [s("healthy", "suspect"), s("suspect", "recovering"), s("recovering", "healthy")]);
+    let checks: i64 = c.query_one("SELECT count(*) FROM commands WHERE node_id = $1 AND kind = 'diag.nvml' AND state = 'succeeded'", &[&node]).await.unwrap().get(0);
+    assert_eq!(checks, health::CLEAN_CHECKS as i64);
+}
+
+#[tokio::test]
+async fn a_failed_check_quarantines_and_an_operators_release_starts_the_checks_again() {
+    let h = harness().await;
+    let f = fleet(&h, &exclusive(1), 2).await;
+    let (node, gpu) = (f.nodes[0].clone(), f.gpus[0][0].clone());
+    report(&h, &node, &gpu, &[], false).await;
+    tick(&h).await;
+    assert_eq!(state_of(&h, &gpu).await.0, "suspect");
+    finish_check(&h, &gpu, false).await;
+    tick(&h).await;
+    assert_eq!(state_of(&h, &gpu).await, ("unhealthy".into(), false, true));
+    let mut c = h.db().client().await;
+    let tx = c.transaction().await.unwrap();
+    actions::release_quarantine(&*tx, &gpu).await.unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(state_of(&h, &gpu).await, ("recovering".into(), false, false), "released, but checked before it takes work");
+    tick(&h).await;
+    let started: Option<String> = c.query_one("SELECT check_command_id FROM devices WHERE id = $1", &[&gpu]).await.unwrap().get(0);
+    assert!(started.is_some());
+}
+
+#[tokio::test]
+async fn transient_errors_repeating_within_the_window_count_as_fatal() {
+    let h = harness().await;
+    let f = fleet(&h, &exclusive(1), 2).await;
+    let (node, gpu) = (f.nodes[0].clone(), f.gpus[0][0].clone());
+    for i in 0..health::REPEATED_TRANSIENTS {
+        report(&h, &node, &gpu, &[62], true).await;
+        tick(&h).await;
+        if i + 1 < health::REPEATED_TRANSIENTS {
+            assert_eq!(state_of(&h, &gpu).await.0, "suspect");
+        }
+        h.db().advance(Duration::from_secs(30)).await;
+    }
+    assert_eq!(state_of(&h, &gpu).await, ("unhealthy".into(), false, true));
+    let reason: String = h.db().client().await.query_one("SELECT health_reason FROM devices WHERE id = $1", &[&gpu]).await.unwrap().get(0);
+    assert!(reason.contains("transient errors within"), "{reason}");
+}
+
+#[tokio::test]
+async fn the_circuit_opens_when_too_many_gpus_leave_placement_and_waits_for_an_operator() {
+    let h = harness().await;
+    // 8 GPUs: the breaker allows one (10%, at least one) within its window.
+    let f = fleet(&h, &exclusive(2), 4).await;
+    report(&h, &f.nodes[0], &f.gpus[0][0], &[79], false).await;
+    tick(&h).await;
+    assert_eq!(state_of(&h, &f.gpus[0][0]).await.0, "unhealthy");
+    report(&h, &f.nodes[1], &f.gpus[1][0], &[79], false).await;
+    report(&h, &f.nodes[1], &f.gpus[1][1], &[119], true).await;
+    tick(&h).await;
+    // Held: both stay in placement, their signals wait, and the circuit is open.
+    assert_eq!(state_of(&h, &f.gpus[1][0]).await, ("healthy".into(), true, false));
+    assert_eq!(state_of(&h, &f.gpus[1][1]).await, ("healthy".into(), true, false));
+    let c = h.db().client().await;
+    let waiting: i64 = c.query_one("SELECT count(*) FROM gpu_health_signals WHERE node_id = $1 AND processed_at IS NULL", &[&f.nodes[1]]).await.unwrap().get(0);
+    assert_eq!(waiting, 2);
+    let open: bool = c.query_one("SELECT health_circuit_open_since IS NOT NULL FROM pools WHERE id = $1", &[&f.pool_id]).await.unwrap().get(0);
+    assert!(open);
+    let events: i64 = c.query_one("SELECT count(*) FROM outbox WHERE type = 'health.circuitOpen' AND subject = $1", &[&f.pool_id]).await.unwrap().get(0);
+    assert_eq!(events, 1, "raised once");
+    // The operator decides: the waiting signals are set aside, and health actions resume.
+    let mut cc = h.db().client().await;
+    let tx = cc.transaction().await.unwrap();
+    assert_eq!(health::close_circuit(&*tx, &f.pool_id).await.unwrap(), 2);
+    tx.commit().await.unwrap();
+    tick(&h).await;
+    assert_eq!(state_of(&h, &f.gpus[1][0]).await.0, "healthy");
+    let waiting: i64 = c.query_one("SELECT count(*) FROM gpu_health_signals WHERE processed_at IS NULL", &[]).await.unwrap().get(0);
+    assert_eq!(waiting, 0);
+}
+
+#[tokio::test]
+async fn the_database_holds_healthy_to_the_health_state_and_the_table_is_consistent() {
+    let h = harness().await;
+    let f = fleet(&h, &exclusive(1), 1).await;
+    let c = h.db().client().await;
+    let e = c.execute("UPDATE devices SET health_state = 'suspect' WHERE id = $1", &[&f.gpus[0][0]]).await.unwrap_err();
+    assert_eq!(e.as_db_error().and_then(|d| d.constraint()), Some("devices_healthy_is_the_health_state"), "{e:?}");
+    assert!(GPU_HEALTH_STATE_TABLE.allows(GpuHealthState::Healthy, GpuHealthState::Suspect));
+    assert!(!GPU_HEALTH_STATE_TABLE.allows(GpuHealthState::Unhealthy, GpuHealthState::Healthy), "back only through checks");
+    assert_eq!(GpuHealthState::parse("recovering"), Some(GpuHealthState::Recovering));
+}

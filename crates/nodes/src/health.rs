@@ -1,0 +1,517 @@
+//! GPU health: what daemons report becomes signals, and the `health` job (one key per node) moves
+//! each GPU along `GPU_HEALTH_STATE_TABLE` from them.
+//!
+//! - An XID is classified by the catalogue (`better_compute_core::xid`): informational ones are
+//!   recorded; a transient one makes the GPU `suspect` (out of placement) and runs `diag.nvml` on
+//!   it; a fatal one makes it `unhealthy` and quarantines it (with every atom of it) at once.
+//! - A passed check makes a suspect GPU `recovering`; [`CLEAN_CHECKS`] passed checks in a row,
+//!   [`CHECK_INTERVAL_S`] apart, make it `healthy` again. A failed check makes it `unhealthy`.
+//!   A check that could not run (the node was away, the command expired) is tried again later and
+//!   condemns nothing.
+//! - [`REPEATED_TRANSIENTS`] transient errors of one GPU within [`REPEAT_WINDOW_S`] count as fatal.
+//! - The circuit breaker: when more than a pool's share (`health_breaker_percent`, default 10%,
+//!   at least one GPU) of its GPUs left placement for health within its window (default 10 min),
+//!   the next would open the pool's circuit instead: automatic actions stop for the pool, signals
+//!   wait, `health.circuitOpen` is raised, and an operator decides (`pools.closeHealthCircuit`). A
+//!   bad driver rollout must not take a fleet out of placement.
+//! - Reservations keep a GPU that turned unhealthy: nothing here releases anything. Their tenants
+//!   are told (capacity's subscriber turns `device.unhealthy` into `reservation.deviceUnhealthy`).
+//!
+//! Lock order: the pool's row first (its circuit), then the node's (a check takes the node's next
+//! command seq), then its GPUs in id order.
+
+use std::time::Duration;
+
+use better_compute_core::state::{GpuHealthState, State, GPU_HEALTH_STATE_TABLE};
+use better_compute_core::xid::{self, XidClass};
+use better_compute_core::Error;
+use better_compute_db::DbError;
+use better_compute_proto::v1::Health;
+use better_compute_runtime::outbox::{self, NewEvent};
+use better_compute_runtime::{work_queue, Kind, Outcome, ReconcileContext, Reconciler, RunError, ShardBy};
+use tokio_postgres::{GenericClient, Transaction};
+
+use crate::commands::{self, NewCommand};
+
+/// The job's kind: one key per node.
+pub const HEALTH_KIND: Kind = Kind { name: "health", shard_by: ShardBy::Node };
+/// Passed checks in a row that make a recovering GPU healthy.
+pub const CLEAN_CHECKS: i32 = 3;
+/// Between two checks of a suspect or recovering GPU.
+pub const CHECK_INTERVAL_S: f64 = 60.0;
+/// Transient errors of one GPU within [`REPEAT_WINDOW_S`] that count as a fatal one.
+pub const REPEATED_TRANSIENTS: i64 = 3;
+/// See [`REPEATED_TRANSIENTS`].
+pub const REPEAT_WINDOW_S: f64 = 600.0;
+/// NVML's throttle reasons that mean heat or power (software and hardware thermal slowdown,
+/// hardware slowdown, power brake).
+const SLOWDOWNS: u64 = 0x08 | 0x20 | 0x40 | 0x80;
+/// Signals one run acts on; more makes it run again.
+const SIGNALS_PER_RUN: i64 = 256;
+/// How long acted-on signals are kept, as the GPUs' recent history.
+const SIGNALS_KEPT_S: f64 = 7.0 * 86_400.0;
+
+/// Records a daemon's health report as signals for the `health` job and wakes it. Runs in the
+/// report's transaction, under its session fence. Returns how many signals it recorded.
+pub async fn record(tx: &impl GenericClient, node_id: &str, health: &Health) -> Result<u64, DbError> {
+    let (mut gpus, mut kinds, mut classes, mut details) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for g in &health.gpus {
+        for x in &g.xid_errors {
+            gpus.push(g.uuid.as_str());
+            kinds.push("xid");
+            classes.push(xid::classify(*x).as_str());
+            details.push(format!("XID {x}: {}", xid::describe(*x)));
+        }
+        // Facts worth an operator's eye that take nothing out of placement by themselves.
+        let degraded = (g.pcie_link_width_max > 0 && g.pcie_link_width < g.pcie_link_width_max) || (g.pcie_link_gen_max > 0 && g.pcie_link_gen < g.pcie_link_gen_max);
+        if degraded {
+            gpus.push(g.uuid.as_str());
+            kinds.push("pcie");
+            classes.push(XidClass::Informational.as_str());
+            details.push(format!("PCIe link x{} gen {} of x{} gen {}", g.pcie_link_width, g.pcie_link_gen, g.pcie_link_width_max, g.pcie_link_gen_max));
+        }
+        if g.throttle_reasons & SLOWDOWNS != 0 {
+            gpus.push(g.uuid.as_str());
+            kinds.push("throttle");
+            classes.push(XidClass::Informational.as_str());
+            details.push(format!("clocks throttled for heat or power (NVML reasons {:#x})", g.throttle_reasons));
+        }
+        if !g.healthy && g.xid_errors.is_empty() {
+            gpus.push(g.uuid.as_str());
+            kinds.push("unhealthy");
+            classes.push(XidClass::Transient.as_str());
+            details.push(if g.reason.is_empty() { "the daemon reported it unhealthy".to_owned() } else { g.reason.clone() });
+        }
+    }
+    if gpus.is_empty() {
+        return Ok(0);
+    }
+    let n = tx
+        .execute(
+            "INSERT INTO gpu_health_signals (node_id, device_id, kind, class, detail)
+             SELECT $1, u.g, u.k, u.c, left(u.d, 500) FROM unnest($2::text[], $3::text[], $4::text[], $5::text[]) AS u(g, k, c, d)",
+            &[&node_id, &gpus, &kinds, &classes, &details],
+        )
+        .await?;
+    work_queue::enqueue(tx, &HEALTH_KIND, node_id).await?;
+    Ok(n)
+}
+
+/// A GPU of the node, locked for the run.
+struct Gpu {
+    id: String,
+    state: GpuHealthState,
+    clean_checks: i32,
+    check_command_id: Option<String>,
+    check_due: bool,
+    quarantined: bool,
+}
+
+/// What one run did for its node.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HealthReport {
+    /// Signals acted on.
+    pub signals: u64,
+    /// GPUs moved to another health state.
+    pub transitions: u64,
+    /// Checks (`diag.nvml`) enqueued.
+    pub checks: u64,
+    /// Signals held because the pool's circuit is open.
+    pub held: u64,
+    /// Whether this run opened the pool's circuit.
+    pub circuit_opened: bool,
+}
+
+struct Run<'a> {
+    tx: &'a Transaction<'a>,
+    node_id: &'a str,
+    pool_id: String,
+    report: HealthReport,
+    circuit_open: bool,
+}
+
+impl Run<'_> {
+    /// Moves `gpu` to `to` for `reason`: the state table's edge, `healthy` as its shadow, the
+    /// history and the event. Leaving placement is subject to the pool's circuit breaker; returns
+    /// false when the breaker held the move.
+    async fn transition(&mut self, gpu: &mut Gpu, to: GpuHealthState, reason: &str) -> Result<bool, DbError> {
+        use GpuHealthState::*;
+        if gpu.state == to {
+            return Ok(true);
+        }
+        GPU_HEALTH_STATE_TABLE.check(gpu.state, to)?;
+        if gpu.state == Healthy && !self.breaker_allows().await? {
+            return Ok(false);
+        }
+        let quarantine = to == Unhealthy;
+        self.tx
+            .execute(
+                "UPDATE devices SET health_state = $2, healthy = ($2 = 'healthy'), health_since = compute_now(), health_reason = $3,
+                        clean_checks = CASE WHEN $2 IN ('suspect', 'unhealthy') THEN 0 ELSE clean_checks END,
+                        next_check_at = CASE WHEN $2 = 'suspect' THEN compute_now()
+                                             WHEN $2 = 'recovering' THEN coalesce(next_check_at, compute_now()) END,
+                        quarantined = quarantined OR $4, quarantine_reason = CASE WHEN $4 AND NOT quarantined THEN 'health: ' || $3 ELSE quarantine_reason END,
+                        version = version + 1
+                  WHERE id = $1",
+                &[&gpu.id, &to.as_str(), &reason, &quarantine],
+            )
+            .await?;
+        self.tx
+            .execute(
+                "INSERT INTO gpu_health_history (device_id, pool_id, from_state, to_state, reason) VALUES ($1, $2, $3, $4, $5)",
+                &[&gpu.id, &self.pool_id, &gpu.state.as_str(), &to.as_str(), &reason],
+            )
+            .await?;
+        let event = match to {
+            Healthy => "device.healthy",
+            Suspect => "device.suspect",
+            Unhealthy => "device.unhealthy",
+            Recovering => "device.recovering",
+        };
+        outbox::emit(self.tx, NewEvent { event_type: event, tenant_id: None, subject: &gpu.id, data: serde_json::json!({"nodeId": self.node_id, "reason": reason}) })
+            .await?;
+        if quarantine && !gpu.quarantined {
+            outbox::emit(
+                self.tx,
+                NewEvent { event_type: "device.quarantined", tenant_id: None, subject: &gpu.id, data: serde_json::json!({"nodeId": self.node_id, "reason": format!("health: {reason}")}) },
+            )
+            .await?;
+            gpu.quarantined = true;
+        }
+        // A new suspect is checked in this same run (unless a check is already in flight).
+        if to == Suspect {
+            gpu.check_due = true;
+        }
+        gpu.state = to;
+        self.report.transitions += 1;
+        Ok(true)
+    }
+
+    /// Whether one more GPU may leave placement: else the circuit opens (once) and the move is held.
+    async fn breaker_allows(&mut self) -> Result<bool, DbError> {
+        if self.circuit_open {
+            return Ok(false);
+        }
+        let r = self
+            .tx
+            .query_one(
+                "SELECT (SELECT count(DISTINCT h.device_id) FROM gpu_health_history h
+                          WHERE h.pool_id = p.id AND h.from_state = 'healthy'
+                            AND h.at > compute_now() - make_interval(secs => p.health_breaker_window_s)),
+                        greatest(1, floor(p.health_breaker_percent * (SELECT count(*) FROM devices d JOIN nodes n ON n.id = d.node_id
+                                                                       WHERE n.pool_id = p.id AND d.parent_id IS NULL AND n.retired_at IS NULL) / 100.0))::int8,
+                        p.health_breaker_percent, p.health_breaker_window_s
+                   FROM pools p WHERE p.id = $1",
+                &[&self.pool_id],
+            )
+            .await?;
+        let (left, allowed, percent, window_s): (i64, i64, i32, i32) = (r.get(0), r.get(1), r.get(2), r.get(3));
+        if left < allowed {
+            return Ok(true);
+        }
+        self.tx
+            .execute("UPDATE pools SET health_circuit_open_since = compute_now(), version = version + 1 WHERE id = $1 AND health_circuit_open_since IS NULL", &[&self.pool_id])
+            .await?;
+        let message = format!(
+            "{left} GPU(s) of the pool left placement for health within {window_s} s (the breaker allows {allowed}, {percent}%): automatic health actions stop until an operator closes the circuit (pools.closeHealthCircuit)"
+        );
+        outbox::emit(self.tx, NewEvent { event_type: "health.circuitOpen", tenant_id: None, subject: &self.pool_id, data: serde_json::json!({"message": message}) }).await?;
+        self.circuit_open = true;
+        self.report.circuit_opened = true;
+        Ok(false)
+    }
+}
+
+/// One pass over a node's GPUs. Runs in the caller's (fenced) transaction; returns what it did and
+/// when the node should be looked at again.
+pub async fn evaluate(tx: &Transaction<'_>, node_id: &str, diag: &better_compute_runtime::commands::CommandKind) -> Result<(HealthReport, Option<f64>, bool), DbError> {
+    use GpuHealthState::*;
+    let Some(node) = tx.query_opt("SELECT pool_id, shard FROM nodes WHERE id = $1", &[&node_id]).await? else {
+        return Ok((HealthReport::default(), None, false));
+    };
+    let (pool_id, shard): (String, i16) = (node.get(0), node.get(1));
+    // The lock order: the pool's row (its circuit may open), the node's (a check takes its next
+    // command seq), then the GPUs in id order.
+    let circuit_open: bool = tx
+        .query_one("SELECT health_circuit_open_since IS NOT NULL FROM pools WHERE id = $1 FOR NO KEY UPDATE", &[&pool_id])
+        .await?
+        .get(0);
+    tx.execute("SELECT 1 FROM nodes WHERE id = $1 FOR NO KEY UPDATE", &[&node_id]).await?;
+    let rows = tx
+        .query(
+            "SELECT id, health_state, clean_checks, check_command_id, next_check_at <= compute_now(), quarantined
+               FROM devices WHERE node_id = $1 AND parent_id IS NULL ORDER BY id FOR UPDATE",
+            &[&node_id],
+        )
+        .await?;
+    let mut gpus: Vec<Gpu> = rows
+        .iter()
+        .map(|r| Gpu {
+            id: r.get(0),
+            state: GpuHealthState::parse(r.get(1)).expect("a health state of the table's CHECK"),
+            clean_checks: r.get(2),
+            check_command_id: r.get(3),
+            check_due: r.get::<_, Option<bool>>(4).unwrap_or(false),
+            quarantined: r.get(5),
+        })
+        .collect();
+    let mut run = Run { tx, node_id, pool_id, report: HealthReport::default(), circuit_open };
+
+    // Signals, oldest first. While the circuit is open they wait for the operator.
+    let signals = tx
+        .query(
+            "SELECT id, device_id, class, detail FROM gpu_health_signals WHERE node_id = $1 AND processed_at IS NULL ORDER BY id LIMIT $2",
+            &[&node_id, &SIGNALS_PER_RUN],
+        )
+        .await?;
+    let more = signals.len() as i64 == SIGNALS_PER_RUN;
+    for s in &signals {
+        let (id, device, class, detail): (i64, String, String, String) = (s.get(0), s.get(1), s.get(2), s.get(3));
+        let Some(gpu) = gpus.iter_mut().find(|g| g.id == device) else {
+            mark(tx, id, "ignored: no such GPU on the node").await?;
+            continue;
+        };
+        if run.circuit_open && class != "informational" {
+            run.report.held += 1;
+            continue;
+        }
+        let repeated = class == "transient" && {
+            let n: i64 = tx
+                .query_one(
+                    "SELECT count(*) FROM gpu_health_signals WHERE device_id = $1 AND class = 'transient'
+                        AND observed_at > compute_now() - make_interval(secs => $2) AND id <= $3",
+                    &[&device, &REPEAT_WINDOW_S, &id],
+                )
+                .await?
+                .get(0);
+            n >= REPEATED_TRANSIENTS
+        };
+        let outcome = match (class.as_str(), gpu.state) {
+            ("informational", _) => "recorded".to_owned(),
+            (_, Unhealthy) => "recorded: already unhealthy".to_owned(),
+            ("fatal", _) => move_to(&mut run, gpu, Unhealthy, &detail).await?,
+            (_, _) if repeated => move_to(&mut run, gpu, Unhealthy, &format!("{REPEATED_TRANSIENTS} transient errors within {REPEAT_WINDOW_S} s, the last {detail}")).await?,
+            (_, Suspect) => "recorded: already suspect, its check decides".to_owned(),
+            _ => move_to(&mut run, gpu, Suspect, &detail).await?,
+        };
+        if outcome.starts_with("held") {
+            run.report.held += 1;
+            continue;
+        }
+        mark(tx, id, &outcome).await?;
+        run.report.signals += 1;
+    }
+
+    // Checks: read the finished ones, start the due ones.
+    let mut next: Option<f64> = None;
+    for gpu in gpus.iter_mut().filter(|g| matches!(g.state, Suspect | Recovering)) {
+        if let Some(cmd) = gpu.check_command_id.clone() {
+            let r = tx.query_opt("SELECT state, result FROM commands WHERE id = $1 AND node_id = $2", &[&cmd, &node_id]).await?;
+            let Some(r) = r else { continue };
+            let (state, result): (String, Option<serde_json::Value>) = (r.get(0), r.get(1));
+            if matches!(state.as_str(), "pending" | "sent" | "running") {
+                continue;
+            }
+            let passed = (state == "succeeded").then(|| {
+                result.as_ref().and_then(|v| v["gpus"].as_array()).and_then(|g| g.iter().find(|g| g["uuid"] == gpu.id.as_str())).map(|g| g["passed"] == true)
+            });
+            tx.execute(
+                "UPDATE devices SET check_command_id = NULL, next_check_at = compute_now() + make_interval(secs => $2), version = version + 1 WHERE id = $1",
+                &[&gpu.id, &CHECK_INTERVAL_S],
+            )
+            .await?;
+            gpu.check_command_id = None;
+            gpu.check_due = false;
+            match passed {
+                Some(Some(true)) => {
+                    let clean = gpu.clean_checks + 1;
+                    tx.execute("UPDATE devices SET clean_checks = $2 WHERE id = $1", &[&gpu.id, &clean]).await?;
+                    gpu.clean_checks = clean;
+                    if gpu.state == Suspect {
+                        move_to(&mut run, gpu, Recovering, "diag.nvml passed").await?;
+                    }
+                    if clean >= CLEAN_CHECKS {
+                        move_to(&mut run, gpu, Healthy, &format!("{clean} clean checks in a row")).await?;
+                        continue;
+                    }
+                }
+                Some(_) => {
+                    move_to(&mut run, gpu, Unhealthy, "diag.nvml failed").await?;
+                    continue;
+                }
+                // The check could not run (the node was away, say): try again later.
+                None => {}
+            }
+            next = Some(next.map_or(CHECK_INTERVAL_S, |n: f64| n.min(CHECK_INTERVAL_S)));
+        } else if gpu.check_due {
+            // The device row is locked and the command's id stored on it in this transaction, so
+            // a fresh key never starts a second check.
+            let key = format!("health-{}-{}", gpu.id, better_compute_core::id::CommandId::generate());
+            let payload = serde_json::json!({"level": 1, "gpuUuids": [gpu.id]});
+            let owner = Some((HEALTH_KIND.name, node_id, shard));
+            let c = commands::enqueue_kind(
+                tx,
+                diag,
+                NewCommand {
+                    node_id,
+                    kind: diag.name,
+                    payload: &payload,
+                    idempotency_key: &key,
+                    not_after: Some(Duration::from_secs(300)),
+                    min_generation: 0,
+                    owner,
+                    requested_by: None,
+                },
+            )
+            .await?;
+            tx.execute("UPDATE devices SET check_command_id = $2, version = version + 1 WHERE id = $1", &[&gpu.id, &c.id]).await?;
+            run.report.checks += 1;
+        } else {
+            let due: Option<f64> = tx
+                .query_one("SELECT extract(epoch FROM next_check_at - compute_now())::float8 FROM devices WHERE id = $1", &[&gpu.id])
+                .await?
+                .get(0);
+            if let Some(d) = due {
+                next = Some(next.map_or(d, |n: f64| n.min(d)));
+            }
+        }
+    }
+    tx.execute(
+        "DELETE FROM gpu_health_signals WHERE node_id = $1 AND processed_at < compute_now() - make_interval(secs => $2)",
+        &[&node_id, &SIGNALS_KEPT_S],
+    )
+    .await?;
+    Ok((run.report, next, more))
+}
+
+async fn move_to(run: &mut Run<'_>, gpu: &mut Gpu, to: GpuHealthState, reason: &str) -> Result<String, DbError> {
+    Ok(if run.transition(gpu, to, reason).await? { format!("{} → {}", "moved", to.as_str()) } else { "held: the pool's circuit is open".to_owned() })
+}
+
+async fn mark(tx: &impl GenericClient, id: i64, outcome: &str) -> Result<(), DbError> {
+    tx.execute("UPDATE gpu_health_signals SET processed_at = compute_now(), outcome = $2 WHERE id = $1", &[&id, &outcome]).await?;
+    Ok(())
+}
+
+/// An operator releases an unhealthy GPU's quarantine: it is checked again, and comes back after
+/// clean checks. Called by [`crate::actions::release_quarantine`] in its transaction.
+pub(crate) async fn on_release(tx: &impl GenericClient, uuid: &str) -> Result<(), DbError> {
+    let row = tx
+        .query_opt("SELECT node_id, health_state FROM devices WHERE id = $1 AND parent_id IS NULL FOR UPDATE", &[&uuid])
+        .await?
+        .ok_or_else(|| Error::not_found("gpu", uuid))?;
+    let (node_id, state): (String, String) = (row.get(0), row.get(1));
+    if state != "unhealthy" {
+        return Ok(());
+    }
+    GPU_HEALTH_STATE_TABLE.check(GpuHealthState::Unhealthy, GpuHealthState::Recovering)?;
+    tx.execute(
+        "UPDATE devices SET health_state = 'recovering', health_since = compute_now(), health_reason = 'an operator released it: checking it',
+                clean_checks = 0, next_check_at = compute_now(), version = version + 1 WHERE id = $1",
+        &[&uuid],
+    )
+    .await?;
+    tx.execute(
+        "INSERT INTO gpu_health_history (device_id, pool_id, from_state, to_state, reason)
+         SELECT $1, n.pool_id, 'unhealthy', 'recovering', 'an operator released its quarantine' FROM nodes n WHERE n.id = $2",
+        &[&uuid, &node_id],
+    )
+    .await?;
+    work_queue::enqueue(tx, &HEALTH_KIND, &node_id).await
+}
+
+/// `pools.closeHealthCircuit`: an operator has decided. The pool's waiting signals are set aside
+/// (recorded as such, not acted on) and automatic health actions resume.
+pub async fn close_circuit(tx: &impl GenericClient, pool_id: &str) -> Result<u64, DbError> {
+    let open = tx
+        .query_opt("SELECT health_circuit_open_since IS NOT NULL FROM pools WHERE id = $1 FOR NO KEY UPDATE", &[&pool_id])
+        .await?
+        .ok_or_else(|| Error::not_found("pool", pool_id))?;
+    if !open.get::<_, bool>(0) {
+        return Ok(0);
+    }
+    tx.execute("UPDATE pools SET health_circuit_open_since = NULL, version = version + 1 WHERE id = $1", &[&pool_id]).await?;
+    let set_aside = tx
+        .execute(
+            "UPDATE gpu_health_signals s SET processed_at = compute_now(), outcome = 'set aside: an operator closed the circuit'
+               FROM nodes n WHERE n.id = s.node_id AND n.pool_id = $1 AND s.processed_at IS NULL AND s.class <> 'informational'",
+            &[&pool_id],
+        )
+        .await?;
+    outbox::emit(tx, NewEvent { event_type: "health.circuitClosed", tenant_id: None, subject: pool_id, data: serde_json::json!({"signalsSetAside": set_aside}) }).await?;
+    Ok(set_aside)
+}
+
+/// One entry of a GPU's health history.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HealthChange {
+    /// The state before.
+    pub from: String,
+    /// The state after.
+    pub to: String,
+    /// Why.
+    pub reason: String,
+    /// RFC 3339.
+    pub at: String,
+}
+
+/// A signal a daemon reported, as operators see it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Signal {
+    /// `xid`, `unhealthy`, `pcie` or `throttle`.
+    pub kind: String,
+    /// `informational`, `transient` or `fatal`.
+    pub class: String,
+    /// What it said (`XID 79: GPU has fallen off the bus`).
+    pub detail: String,
+    /// RFC 3339.
+    pub observed_at: String,
+    /// What the health job made of it; none while it waits.
+    pub outcome: Option<String>,
+}
+
+/// The `health` job.
+pub struct HealthJob;
+
+#[async_trait::async_trait]
+impl Reconciler for HealthJob {
+    fn kind(&self) -> Kind {
+        HEALTH_KIND
+    }
+
+    async fn run(&self, ctx: &ReconcileContext, node_id: &str) -> Result<Outcome, RunError> {
+        let kinds = crate::kinds::command_kinds();
+        let diag = kinds.iter().find(|k| k.name == "diag.nvml").expect("the nodes module defines diag.nvml");
+        let mut c = ctx.client().await?;
+        let tx = ctx.begin_fenced(&mut c).await?;
+        let (r, next, more) = evaluate(&tx, node_id, diag).await?;
+        if let Some(s) = next {
+            work_queue::enqueue_after(&*tx, &HEALTH_KIND, node_id, Duration::from_secs_f64(s.max(1.0))).await?;
+        }
+        tx.commit().await?;
+        if r.checks > 0 {
+            commands::poke_gateway(&**c, node_id).await;
+        }
+        ctx.count("signals acted on", r.signals);
+        ctx.count("GPU health transitions", r.transitions);
+        ctx.count("checks started", r.checks);
+        ctx.count("signals held by an open circuit", r.held);
+        ctx.count("circuits opened", u64::from(r.circuit_opened));
+        Ok(if more { Outcome::SyncAgain } else { Outcome::Done })
+    }
+
+    async fn keys(&self, ctx: &ReconcileContext, shards: &[i16]) -> Result<Vec<String>, RunError> {
+        let c = ctx.client().await?;
+        let rows = c
+            .query(
+                "SELECT DISTINCT n.id, n.shard FROM nodes n
+                  WHERE EXISTS (SELECT 1 FROM gpu_health_signals s WHERE s.node_id = n.id AND s.processed_at IS NULL)
+                     OR EXISTS (SELECT 1 FROM devices d WHERE d.node_id = n.id AND d.parent_id IS NULL AND d.health_state IN ('suspect', 'recovering'))",
+                &[],
+            )
+            .await?;
+        Ok(rows.iter().filter(|r| shards.contains(&r.get::<_, i16>(1))).map(|r| r.get(0)).collect())
+    }
+}

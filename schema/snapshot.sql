@@ -182,6 +182,22 @@ CREATE TABLE identities (
   CONSTRAINT identities_tenant_id_name_key UNIQUE (tenant_id, name)
 );
 
+CREATE TABLE inventory_findings (
+  id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
+  pool_id text NOT NULL,
+  node_id text,
+  item text DEFAULT ''::text NOT NULL,
+  kind text NOT NULL,
+  message text NOT NULL,
+  first_seen_at timestamp with time zone DEFAULT compute_now() NOT NULL,
+  last_seen_at timestamp with time zone DEFAULT compute_now() NOT NULL,
+  resolved_at timestamp with time zone,
+  CONSTRAINT inventory_findings_kind_check CHECK ((kind = ANY (ARRAY['gpu-missing'::text, 'gpu-unknown'::text, 'gpu-changed'::text, 'resources-changed'::text, 'duplicate-gpu'::text, 'held-retired-node'::text, 'join-token-expired'::text, 'certificate-expiring'::text, 'never-converged'::text]))),
+  CONSTRAINT inventory_findings_node_id_fkey FOREIGN KEY (node_id) REFERENCES nodes(id),
+  CONSTRAINT inventory_findings_pkey PRIMARY KEY (id),
+  CONSTRAINT inventory_findings_pool_id_fkey FOREIGN KEY (pool_id) REFERENCES pools(id)
+);
+
 CREATE TABLE job_runs (
   job text NOT NULL,
   worker_id text NOT NULL,
@@ -637,6 +653,8 @@ CREATE INDEX gpu_health_history_pool ON public.gpu_health_history USING btree (p
 CREATE INDEX gpu_health_signals_device ON public.gpu_health_signals USING btree (device_id, observed_at);
 CREATE INDEX gpu_health_signals_pending ON public.gpu_health_signals USING btree (node_id, id) WHERE (processed_at IS NULL);
 CREATE INDEX idempotency_keys_expires_at ON public.idempotency_keys USING btree (expires_at);
+CREATE INDEX inventory_findings_node ON public.inventory_findings USING btree (node_id) WHERE (resolved_at IS NULL);
+CREATE UNIQUE INDEX inventory_findings_open ON public.inventory_findings USING btree (pool_id, kind, COALESCE(node_id, ''::text), item) WHERE (resolved_at IS NULL);
 CREATE INDEX join_tokens_pool ON public.join_tokens USING btree (pool_id);
 CREATE INDEX node_atom_counts_fit ON public.node_atom_counts USING btree (pool_id, kind, model, profile, open, idle, node_id);
 CREATE INDEX node_atom_counts_total ON public.node_atom_counts USING btree (pool_id, kind, model, profile, total);
@@ -696,6 +714,7 @@ FUNCTION inventory_scope_path(kind text, id text) RETURNS TABLE(scope_kind text,
 FUNCTION nodes_conditions(n nodes) RETURNS jsonb LANGUAGE sql STABLE;
 FUNCTION nodes_drain_may_become(p_from text, p_to text) RETURNS boolean LANGUAGE sql IMMUTABLE;
 FUNCTION nodes_drain_state_guard() RETURNS trigger LANGUAGE plpgsql VOLATILE;
+FUNCTION nodes_inventory_findings(p_pool text, p_node text) RETURNS TABLE(kind text, node_id text, item text, message text) LANGUAGE sql STABLE;
 FUNCTION nodes_pool_budget(p_pool text) RETURNS integer LANGUAGE sql STABLE;
 FUNCTION nodes_ts(t timestamp with time zone) RETURNS text LANGUAGE sql STABLE;
 FUNCTION outbox_emit(p_id text, p_type text, p_tenant_id text, p_subject text, p_data jsonb) RETURNS text LANGUAGE plpgsql VOLATILE;

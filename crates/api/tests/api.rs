@@ -199,6 +199,7 @@ fn bodies() -> Vec<(&'static str, Value)> {
         ("nodes.undrain", json!({"nodeId": "{node}"})),
         ("nodes.retire", json!({"nodeId": "{node}"})),
         ("drains.list", json!({"poolId": "{pool}"})),
+        ("inventory.findings", json!({"poolId": "{pool}"})),
         ("pools.update", json!({"poolId": "{pool}", "maxUnavailable": "10%"})),
         ("pools.closeHealthCircuit", json!({"poolId": "{pool}"})),
         ("devices.get", json!({"deviceId": "{gpu}"})),

@@ -8,6 +8,7 @@ pub mod commands;
 pub mod conditions;
 pub mod devices;
 pub mod drain;
+pub mod findings;
 pub mod health;
 pub mod inventory;
 pub mod join;
@@ -28,9 +29,11 @@ pub const NODES_MIGRATIONS: &[Migration] = &[
     Migration::numbered("nodes", "0001_nodes", include_str!("migrations/nodes/0001_nodes.sql")),
     Migration::numbered("nodes", "0002_drains", include_str!("migrations/nodes/0002_drains.sql")),
     Migration::numbered("nodes", "0003_health", include_str!("migrations/nodes/0003_health.sql")),
+    Migration::numbered("nodes", "0004_findings", include_str!("migrations/nodes/0004_findings.sql")),
     Migration::repeatable("nodes", "scope", include_str!("sql/scope.sql")),
     Migration::repeatable("nodes", "drain", include_str!("sql/drain.sql")),
     Migration::repeatable("nodes", "conditions", include_str!("sql/conditions.sql")),
+    Migration::repeatable("nodes", "findings", include_str!("sql/findings.sql")),
 ];
 
 /// The nodes module, for the registry.
@@ -64,6 +67,7 @@ impl better_compute_runtime::Module for NodesModule {
         const NODE: &[(&str, &str)] = &[];
         const DEVICE: &[(&str, &str)] = &[("nodeId", "the GPU's node")];
         const DRAIN: &[(&str, &str)] = &[("drainId", "the drain")];
+        const FINDING: &[(&str, &str)] = &[("kind", "what is wrong"), ("poolId", "the pool"), ("nodeId", "the node, if about one"), ("item", "a GPU, token or certificate"), ("message", "what and what to do")];
         const HEALTH: &[(&str, &str)] = &[("nodeId", "the GPU's node"), ("reason", "why")];
         let node = |name, description| EventType { name, version: 1, audience: "fleet", description, data: NODE };
         const COMMAND: &[(&str, &str)] = &[("nodeId", "the command's node"), ("kind", "its kind"), ("reason", "why it ended so, if not a success")];
@@ -96,6 +100,8 @@ impl better_compute_runtime::Module for NodesModule {
             EventType { name: "device.recovering", version: 1, audience: "fleet", description: "A suspect GPU passed a check: it returns after enough clean checks in a row.", data: HEALTH },
             EventType { name: "device.unhealthy", version: 1, audience: "fleet", description: "A GPU had a fatal error, failed its check, or kept erring: it is quarantined. Reservations keep it.", data: HEALTH },
             EventType { name: "health.circuitOpen", version: 1, audience: "fleet", description: "Too many of a pool's GPUs left placement for health at once: automatic health actions stop for the pool until an operator closes the circuit.", data: &[("message", "what tripped it")] },
+            EventType { name: "inventory.finding", version: 1, audience: "fleet", description: "The inventory jobs found something wrong (a GPU gone, unknown or changed, a certificate about to expire, …).", data: FINDING },
+            EventType { name: "inventory.findingResolved", version: 1, audience: "fleet", description: "A finding is no longer seen.", data: FINDING },
             EventType { name: "health.circuitClosed", version: 1, audience: "fleet", description: "An operator closed a pool's health circuit; the signals that waited were set aside.", data: &[("signalsSetAside", "how many")] },
             EventType { name: "device.quarantined", version: 1, audience: "fleet", description: "A GPU was quarantined.", data: &[("nodeId", "the GPU's node"), ("reason", "why")] },
             EventType { name: "device.released", version: 1, audience: "fleet", description: "A GPU was released from quarantine.", data: DEVICE },
@@ -111,7 +117,11 @@ impl better_compute_runtime::Module for NodesModule {
     }
 
     fn reconcilers(&self) -> Vec<std::sync::Arc<dyn better_compute_runtime::Reconciler>> {
-        vec![std::sync::Arc::new(sweeper::CommandSweeper), std::sync::Arc::new(liveness::LivenessJob), std::sync::Arc::new(drain::DrainJob), std::sync::Arc::new(health::HealthJob)]
+        vec![
+            std::sync::Arc::new(sweeper::CommandSweeper), std::sync::Arc::new(liveness::LivenessJob), std::sync::Arc::new(drain::DrainJob), std::sync::Arc::new(health::HealthJob),
+            std::sync::Arc::new(findings::InventoryJob),
+            std::sync::Arc::new(findings::HygieneJob),
+        ]
     }
 
     fn node_spec_parts(&self) -> Vec<std::sync::Arc<dyn better_compute_runtime::nodespec::NodeSpecPart>> {

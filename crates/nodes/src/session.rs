@@ -411,7 +411,8 @@ pub async fn report_reject(tx: &impl GenericClient, node_id: &str, command_id: &
 pub async fn report_inventory(tx: &impl GenericClient, node_id: &str, inv: &Inventory) -> Result<(), DbError> {
     let json = serde_json::to_value(inv).map_err(|e| Error::internal(e.to_string()))?;
     tx.execute("UPDATE nodes SET reported_inventory = $2 WHERE id = $1", &[&node_id, &json]).await?;
-    Ok(())
+    // The inventory job compares it with the registration.
+    better_compute_runtime::work_queue::enqueue(tx, &crate::findings::INVENTORY_KIND, node_id).await
 }
 
 /// A gateway as operators see it.

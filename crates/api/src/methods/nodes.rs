@@ -94,6 +94,26 @@ struct ListDevices {
     page_token: Option<String>,
 }
 
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct ListFindings {
+    /// This pool's findings (give poolId or nodeId).
+    #[serde(default)]
+    pool_id: Option<String>,
+    /// This node's findings.
+    #[serde(default)]
+    node_id: Option<String>,
+    /// Also those no longer seen.
+    #[serde(default)]
+    include_resolved: bool,
+    /// Items per page, 1 to 500 (default 100).
+    #[serde(default)]
+    page_size: Option<i64>,
+    /// `nextPageToken` of the previous page.
+    #[serde(default)]
+    page_token: Option<String>,
+}
+
 /// A pool's open drains in the order its budget admits them.
 #[derive(Debug, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -270,6 +290,20 @@ pub(super) fn methods() -> Vec<Method> {
             let page = super::page(r.page_size, r.page_token);
             devices::list_devices(&**ctx.db().await?, r.node_id.as_deref(), r.pool_id.as_deref(), &page).await
         }),
+        method(
+            "inventory.findings",
+            "List what the inventory jobs found wrong in a pool or on a node: GPUs gone, unknown or changed, resources below registration, duplicate GPUs, retired nodes still held, expired join tokens, certificates about to expire, nodes that never converged.",
+            "compute:nodes:read on the pool or node",
+            |ctx: Ctx, r: ListFindings| async move {
+                match (&r.pool_id, &r.node_id) {
+                    (Some(p), None) => ctx.check("compute:nodes:read", Resource::Pool(p)).await?,
+                    (None, Some(n)) => ctx.check("compute:nodes:read", Resource::Node(n)).await?,
+                    _ => return Err(Error::invalid_argument("give exactly one of poolId and nodeId")),
+                }
+                let page = super::page(r.page_size, r.page_token);
+                better_compute_nodes::findings::list(&**ctx.db().await?, r.pool_id.as_deref(), r.node_id.as_deref(), r.include_resolved, &page).await
+            },
+        ),
         method("nodes.createJoinToken", "Issue a single-use join token for a pool. The secret is in this response only.", "compute:nodes:write on the pool", |ctx: Ctx, r: CreateJoinToken| async move {
             ctx.check("compute:nodes:write", Resource::Pool(&r.pool_id)).await?;
             let by = format!("{}/{}", ctx.principal.tenant_id, ctx.principal.identity_id);

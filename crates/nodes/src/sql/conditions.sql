@@ -44,6 +44,10 @@ LANGUAGE sql STABLE AS $$
              'message', format('%s GPU(s) quarantined: %s', count(*), string_agg(g.id || ' (' || coalesce(g.quarantine_reason, '') || ')', ', ' ORDER BY g.index)))
       FROM devices g WHERE g.node_id = n.id AND g.parent_id IS NULL AND g.quarantined HAVING count(*) > 0
     UNION ALL
+    SELECT 7, jsonb_build_object('type', 'InventoryFindings', 'reason', 'Findings', 'since', nodes_ts(min(f.first_seen_at)),
+             'message', format('%s open finding(s): %s (inventory.findings)', count(*), string_agg(DISTINCT f.kind, ', ')))
+      FROM inventory_findings f WHERE f.node_id = n.id AND f.resolved_at IS NULL HAVING count(*) > 0
+    UNION ALL
     SELECT 8, jsonb_build_object('type', 'Retired', 'reason', 'Retired', 'since', nodes_ts(n.retired_at),
              'message', 'out of placement for ever; its history is kept')
      WHERE n.retired_at IS NOT NULL

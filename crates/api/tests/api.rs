@@ -183,6 +183,8 @@ fn bodies() -> Vec<(&'static str, Value)> {
         ("sites.create", json!({"name": "intruder"})),
         ("sites.get", json!({"siteId": "{site}"})),
         ("sites.list", json!({})),
+        ("sites.boot", json!({"siteId": "{site}"})),
+        ("sites.update", json!({"siteId": "{site}", "bootAdmitPerS": 5})),
         ("pools.create", json!({"siteId": "{site}", "name": "intruder", "kind": "bare-metal"})),
         ("pools.get", json!({"poolId": "{pool}"})),
         ("pools.list", json!({"siteId": "{site}"})),

@@ -37,6 +37,7 @@ fn status(e: impl Into<Error>) -> Status {
         ErrorCode::NotFound => Status::not_found(msg),
         ErrorCode::Conflict => Status::already_exists(msg),
         ErrorCode::FailedPrecondition => Status::failed_precondition(msg),
+        ErrorCode::Unavailable => Status::unavailable(msg),
         _ => Status::internal(msg),
     }
 }
@@ -156,8 +157,9 @@ impl Gateway for GatewayService {
         };
         let opened = session::open(&*tx, &h).await.map_err(db)?;
         let s = Arc::new(Session::new(opened.session_epoch, out.clone(), hello.observed_generation, inner.hub.now_ms()));
-        // The full desired state when the daemon is behind.
-        let spec = if hello.observed_generation < opened.generation { session::desired_state(&*tx, &node).await.map_err(db)? } else { None };
+        // The full desired state when the daemon is behind, and always while its site boots (a
+        // node back from an outage may have lost what it had applied).
+        let spec = if hello.observed_generation < opened.generation || opened.site_booting { session::desired_state(&*tx, &node).await.map_err(db)? } else { None };
         // At least once: what was in flight goes again; the daemon's journal makes that safe.
         let again = session::in_flight(&*tx, &node).await.map_err(db)?;
         let held = s.clone(); // the dispatch's reserved slots borrow the session until they are used

@@ -19,6 +19,7 @@ pub mod liveness;
 pub mod listing;
 pub mod reports;
 pub mod session;
+pub mod site_boot;
 pub mod spec;
 pub mod sweeper;
 
@@ -30,6 +31,7 @@ pub const NODES_MIGRATIONS: &[Migration] = &[
     Migration::numbered("nodes", "0002_drains", include_str!("migrations/nodes/0002_drains.sql")),
     Migration::numbered("nodes", "0003_health", include_str!("migrations/nodes/0003_health.sql")),
     Migration::numbered("nodes", "0004_findings", include_str!("migrations/nodes/0004_findings.sql")),
+    Migration::numbered("nodes", "0005_site_boot", include_str!("migrations/nodes/0005_site_boot.sql")),
     Migration::repeatable("nodes", "scope", include_str!("sql/scope.sql")),
     Migration::repeatable("nodes", "drain", include_str!("sql/drain.sql")),
     Migration::repeatable("nodes", "conditions", include_str!("sql/conditions.sql")),
@@ -56,7 +58,7 @@ impl better_compute_runtime::Module for NodesModule {
             Permission { name: "compute:nodes:write", description: "Cordon, uncordon, taint, untaint, drain, undrain, label and retire nodes; issue join tokens." },
             Permission { name: "compute:devices:write", description: "Quarantine GPUs and release them from quarantine." },
             Permission { name: "compute:sites:read", description: "Read sites." },
-            Permission { name: "compute:sites:write", description: "Create sites." },
+            Permission { name: "compute:sites:write", description: "Create sites, boot them and change their boot settings." },
             Permission { name: "compute:pools:read", description: "Read pools." },
             Permission { name: "compute:pools:write", description: "Create pools and change their disruption budgets." },
         ]
@@ -102,6 +104,8 @@ impl better_compute_runtime::Module for NodesModule {
             EventType { name: "health.circuitOpen", version: 1, audience: "fleet", description: "Too many of a pool's GPUs left placement for health at once: automatic health actions stop for the pool until an operator closes the circuit.", data: &[("message", "what tripped it")] },
             EventType { name: "inventory.finding", version: 1, audience: "fleet", description: "The inventory jobs found something wrong (a GPU gone, unknown or changed, a certificate about to expire, …).", data: FINDING },
             EventType { name: "inventory.findingResolved", version: 1, audience: "fleet", description: "A finding is no longer seen.", data: FINDING },
+            EventType { name: "site.bootStarted", version: 1, audience: "fleet", description: "A site boots (after a site-wide outage, or by sites.boot): its sessions are admitted at a pace and placement on it waits.", data: &[("reason", "why")] },
+            EventType { name: "site.bootEnded", version: 1, audience: "fleet", description: "Enough of a booting site's nodes converged: placement on it resumes.", data: &[("converged", "nodes connected and converged"), ("joined", "nodes joined")] },
             EventType { name: "health.circuitClosed", version: 1, audience: "fleet", description: "An operator closed a pool's health circuit; the signals that waited were set aside.", data: &[("signalsSetAside", "how many")] },
             EventType { name: "device.quarantined", version: 1, audience: "fleet", description: "A GPU was quarantined.", data: &[("nodeId", "the GPU's node"), ("reason", "why")] },
             EventType { name: "device.released", version: 1, audience: "fleet", description: "A GPU was released from quarantine.", data: DEVICE },
@@ -121,6 +125,7 @@ impl better_compute_runtime::Module for NodesModule {
             std::sync::Arc::new(sweeper::CommandSweeper), std::sync::Arc::new(liveness::LivenessJob), std::sync::Arc::new(drain::DrainJob), std::sync::Arc::new(health::HealthJob),
             std::sync::Arc::new(findings::InventoryJob),
             std::sync::Arc::new(findings::HygieneJob),
+            std::sync::Arc::new(site_boot::SiteBootJob),
         ]
     }
 

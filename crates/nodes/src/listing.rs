@@ -27,6 +27,18 @@ pub struct SiteView {
     pub version: i64,
     /// RFC 3339.
     pub created_at: String,
+    /// `normal`, or `booting`: its sessions are admitted at a pace and placement on it waits
+    /// (see site boot in docs/node-operations.md).
+    #[schemars(extend("enum" = ["normal", "booting"]))]
+    pub boot_state: String,
+    /// RFC 3339, while booting.
+    pub boot_since: Option<String>,
+    /// Sessions admitted per second while booting.
+    pub boot_admit_per_s: i32,
+    /// The share of its joined nodes connected and converged that ends a boot.
+    pub boot_converged_percent: i32,
+    /// The share of its joined nodes unreachable that starts a boot.
+    pub boot_outage_percent: i32,
 }
 
 /// A pool.
@@ -61,7 +73,25 @@ pub struct PoolView {
 }
 
 fn site(r: &tokio_postgres::Row) -> SiteView {
-    SiteView { id: r.get(0), name: r.get(1), version: r.get(2), created_at: r.get(3) }
+    SiteView {
+        id: r.get(0),
+        name: r.get(1),
+        version: r.get(2),
+        created_at: r.get(3),
+        boot_state: r.get(4),
+        boot_since: r.get(5),
+        boot_admit_per_s: r.get(6),
+        boot_converged_percent: r.get(7),
+        boot_outage_percent: r.get(8),
+    }
+}
+
+fn site_select() -> String {
+    format!(
+        "SELECT id, name, version, {}, boot_state, {}, boot_admit_per_s, boot_converged_percent, boot_outage_percent FROM sites",
+        ts("created_at"),
+        ts("boot_since")
+    )
 }
 
 fn pool(r: &tokio_postgres::Row) -> PoolView {
@@ -86,7 +116,7 @@ const POOL: &str = "SELECT id, site_id, name, kind, vcpu_ratio, memory_ratio, di
 /// One site.
 pub async fn get_site(db: &impl GenericClient, id: &str) -> Result<SiteView, Error> {
     let r = db
-        .query_opt(&format!("SELECT id, name, version, {} FROM sites WHERE id = $1", ts("created_at")), &[&id])
+        .query_opt(&format!("{} WHERE id = $1", site_select()), &[&id])
         .await
         .map_err(DbError::from)?
         .ok_or_else(|| Error::not_found("site", id))?;
@@ -95,8 +125,7 @@ pub async fn get_site(db: &impl GenericClient, id: &str) -> Result<SiteView, Err
 
 /// Sites, a page at a time.
 pub async fn list_sites(db: &impl GenericClient, page: &PageRequest) -> Result<Page<SiteView>, Error> {
-    let select = format!("SELECT id, name, version, {} FROM sites", ts("created_at"));
-    read_page(db, &select, "true", &[], page, site, |s: &SiteView| s.id.clone()).await
+    read_page(db, &site_select(), "true", &[], page, site, |s: &SiteView| s.id.clone()).await
 }
 
 /// One pool.

@@ -42,12 +42,18 @@ pub struct Opened {
     pub generation: i64,
     /// What the reconnect settled (a reboot done, commands whose journal was lost).
     pub reconnect: ReconnectOutcome,
+    /// Whether the node's site is booting (see [`crate::site_boot`]): the daemon gets its full
+    /// desired state whatever it says it has.
+    pub site_booting: bool,
 }
 
 /// Opens (or takes over) the node's session. A new boot id settles in-flight self-terminating
 /// commands as succeeded; a new journal id fails in-flight commands that are not retry-safe with
-/// `journal-lost`. The node becomes connected.
+/// `journal-lost`. The node becomes connected. While its site boots, the open needs a token from
+/// the site's bucket, else it fails with `UNAVAILABLE`.
 pub async fn open(tx: &impl GenericClient, h: &Hello<'_>) -> Result<Opened, DbError> {
+    // A booting site admits sessions at its pace (UNAVAILABLE: retry later); its row comes first.
+    let site_booting = crate::site_boot::admit(tx, h.node_id).await?;
     // Lock order: nodes, then node_sessions.
     let node = tx
         .query_opt("SELECT generation, liveness FROM nodes WHERE id = $1 FOR UPDATE", &[&h.node_id])
@@ -78,7 +84,7 @@ pub async fn open(tx: &impl GenericClient, h: &Hello<'_>) -> Result<Opened, DbEr
     if liveness != "connected" {
         actions::set_liveness(tx, h.node_id, "connected").await?;
     }
-    Ok(Opened { session_epoch: epoch, generation, reconnect })
+    Ok(Opened { session_epoch: epoch, generation, reconnect, site_booting })
 }
 
 /// Closes the session if `epoch` still holds it; the node becomes disconnected. Returns whether it

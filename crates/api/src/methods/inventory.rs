@@ -136,6 +136,32 @@ struct UpdatePool {
     max_unavailable: CountOrShare,
 }
 
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct BootSite {
+    /// `site_…`.
+    site_id: String,
+    /// Why (shown in the site.bootStarted event).
+    #[serde(default)]
+    reason: Option<String>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct UpdateSite {
+    /// `site_…`.
+    site_id: String,
+    /// Sessions admitted per second while the site boots (1 to 100,000; default 50).
+    #[serde(default)]
+    boot_admit_per_s: Option<i32>,
+    /// The share of its joined nodes connected and converged that ends a boot (1 to 100; default 90).
+    #[serde(default)]
+    boot_converged_percent: Option<i32>,
+    /// The share of its joined nodes unreachable that starts a boot (1 to 100; default 50).
+    #[serde(default)]
+    boot_outage_percent: Option<i32>,
+}
+
 pub(super) fn methods() -> Vec<Method> {
     vec![
         method("sites.create", "Create a site.", "compute:sites:write at fleet scope", |ctx: Ctx, r: CreateSite| async move {
@@ -150,6 +176,34 @@ pub(super) fn methods() -> Vec<Method> {
         method("sites.get", "Read a site.", "compute:sites:read on the site", |ctx: Ctx, r: SiteRef| async move {
             ctx.check("compute:sites:read", Resource::Site(&r.site_id)).await?;
             listing::get_site(&**ctx.db().await?, &r.site_id).await
+        }),
+        method(
+            "sites.boot",
+            "Boot a site: its sessions are admitted at the site's pace and placement on it waits until enough of its nodes converged (when a site is first brought up; an outage starts one by itself).",
+            "compute:sites:write on the site",
+            |ctx: Ctx, r: BootSite| async move {
+                ctx.check("compute:sites:write", Resource::Site(&r.site_id)).await?;
+                let why = r.reason.unwrap_or_else(|| "an operator booted it".into());
+                better_compute_core::bounds::check_text("reason", &why, better_compute_core::bounds::NOTE_CHARS)?;
+                ctx.in_tx(async |tx| -> Result<SiteView, Error> {
+                    better_compute_nodes::site_boot::start(tx, &r.site_id, &why).await?;
+                    listing::get_site(tx, &r.site_id).await
+                })
+                .await
+            },
+        ),
+        method("sites.update", "Change a site's boot settings.", "compute:sites:write on the site", |ctx: Ctx, r: UpdateSite| async move {
+            ctx.check("compute:sites:write", Resource::Site(&r.site_id)).await?;
+            let settings = better_compute_nodes::site_boot::BootSettings {
+                admit_per_s: r.boot_admit_per_s,
+                converged_percent: r.boot_converged_percent,
+                outage_percent: r.boot_outage_percent,
+            };
+            ctx.in_tx(async |tx| -> Result<SiteView, Error> {
+                better_compute_nodes::site_boot::configure(tx, &r.site_id, settings).await?;
+                listing::get_site(tx, &r.site_id).await
+            })
+            .await
         }),
         method("sites.list", "List sites.", "compute:sites:read at fleet scope", |ctx: Ctx, r: ListSites| async move {
             ctx.check("compute:sites:read", Resource::Fleet).await?;

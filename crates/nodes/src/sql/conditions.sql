@@ -48,6 +48,11 @@ LANGUAGE sql STABLE AS $$
              'message', format('%s open finding(s): %s (inventory.findings)', count(*), string_agg(DISTINCT f.kind, ', ')))
       FROM inventory_findings f WHERE f.node_id = n.id AND f.resolved_at IS NULL HAVING count(*) > 0
     UNION ALL
+    SELECT 7, jsonb_build_object('type', 'SiteBooting', 'reason', 'SiteBoot', 'since', nodes_ts(s.boot_since),
+             'message', format('site %s is booting: sessions are admitted %s a second and placement waits until %s%% of its nodes converged',
+                               s.name, s.boot_admit_per_s, s.boot_converged_percent))
+      FROM pools p JOIN sites s ON s.id = p.site_id WHERE p.id = n.pool_id AND s.boot_state = 'booting'
+    UNION ALL
     SELECT 8, jsonb_build_object('type', 'Retired', 'reason', 'Retired', 'since', nodes_ts(n.retired_at),
              'message', 'out of placement for ever; its history is kept')
      WHERE n.retired_at IS NOT NULL

@@ -17,7 +17,8 @@ pub const DRAINING: &str = "draining";
 /// The reason a retired node has for ever.
 pub const RETIRED: &str = "retired";
 
-async fn node_event(tx: &impl GenericClient, node_id: &str, event_type: &str, data: serde_json::Value) -> Result<(), DbError> {
+/// Writes a fleet event about a node.
+pub(crate) async fn node_event(tx: &impl GenericClient, node_id: &str, event_type: &str, data: serde_json::Value) -> Result<(), DbError> {
     outbox::emit(tx, NewEvent { event_type, tenant_id: None, subject: node_id, data }).await?;
     Ok(())
 }

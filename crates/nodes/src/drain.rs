@@ -24,12 +24,12 @@ use better_compute_core::Error;
 use better_compute_db::clock::rfc3339_sql as ts;
 use better_compute_db::DbError;
 use better_compute_runtime::occupancy::Occupancy;
-use better_compute_runtime::outbox::{self, NewEvent};
+
 use better_compute_runtime::{work_queue, Kind, Outcome, ReconcileContext, Reconciler, RunError, ShardBy};
 use serde::Serialize;
 use tokio_postgres::GenericClient;
 
-use crate::actions;
+use crate::actions::{self, node_event};
 use crate::conditions::Condition;
 
 /// The job's kind: one key per pool.
@@ -154,11 +154,6 @@ pub async fn pool_drains(db: &impl GenericClient, pool_id: &str) -> Result<Vec<D
         view_sql("d")
     );
     Ok(db.query(&sql, &[&pool_id]).await?.iter().map(view).collect())
-}
-
-async fn node_event(tx: &impl GenericClient, node_id: &str, event_type: &str, data: serde_json::Value) -> Result<(), DbError> {
-    outbox::emit(tx, NewEvent { event_type, tenant_id: None, subject: node_id, data }).await?;
-    Ok(())
 }
 
 /// `nodes.drain`: cordons the node at once and queues its drain for the pool's budget. Asking again

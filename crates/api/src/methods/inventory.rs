@@ -67,9 +67,9 @@ struct CreatePool {
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct PoolRef {
+pub(super) struct PoolRef {
     /// `pool_…`.
-    pool_id: String,
+    pub(super) pool_id: String,
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]

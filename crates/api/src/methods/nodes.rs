@@ -11,6 +11,7 @@ use better_compute_nodes::labels::{self, LabelSelector};
 use better_compute_runtime::authz::Resource;
 use serde::{Deserialize, Serialize};
 
+use super::inventory::PoolRef;
 use crate::method::{method, Ctx};
 use crate::Method;
 
@@ -68,13 +69,6 @@ struct UpdateNode {
     node_id: String,
     /// Labels to set (a string value) or remove (`null`); the others stay.
     labels: serde_json::Map<String, serde_json::Value>,
-}
-
-#[derive(Debug, Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct PoolRef {
-    /// `pool_…`.
-    pool_id: String,
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]

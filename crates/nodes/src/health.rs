@@ -264,7 +264,9 @@ pub async fn evaluate(tx: &Transaction<'_>, node_id: &str, diag: &better_compute
             &[&node_id, &SIGNALS_PER_RUN],
         )
         .await?;
-    let more = signals.len() as i64 == SIGNALS_PER_RUN;
+    // A full batch means more may wait, unless the circuit holds them: then the operator decides,
+    // and running again would only spin.
+    let more = signals.len() as i64 == SIGNALS_PER_RUN && !circuit_open;
     for s in &signals {
         let (id, device, class, detail): (i64, String, String, String) = (s.get(0), s.get(1), s.get(2), s.get(3));
         let Some(gpu) = gpus.iter_mut().find(|g| g.id == device) else {

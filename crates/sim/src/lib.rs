@@ -107,6 +107,9 @@ pub enum Fault {
     Zombie,
     /// A GPU throws an XID: informational, transient or fatal.
     GpuXid,
+    /// Every daemon loses its gateway until the site counts as down, then all come back at once
+    /// through the site boot. Only with `--faults`: it takes longer than an interval.
+    SiteOutage,
 }
 
 /// Deliberately broken variants (test only).
@@ -573,6 +576,7 @@ impl Sim {
                 Fault::ClockJump => 7,
                 Fault::Zombie => 9,
                 Fault::GpuXid => 10,
+                Fault::SiteOutage => 12,
             }
         };
         match kind {
@@ -643,12 +647,48 @@ impl Sim {
                 self.count("GPU XID", format!("(XID {xid} on {})", n.node_id));
                 n.inject_xid(rng.below(8) as usize, xid);
             }
+            12 => {
+                // Every stream cut; simulated time moves past the 40 s after which a disconnected
+                // node is unreachable, 10 s at a time so that the liveness job (every 5 s) does not take
+                // them for an outage of its own; the site boot starts; then everything comes back
+                // at once, paced by the boot.
+                self.count("site-wide outage", format!("({} nodes)", fleet.nodes.len()));
+                for p in &fleet.proxies {
+                    p.set_cut(true);
+                }
+                for _ in 0..5 {
+                    pause(Duration::from_secs(5)).await;
+                    advance_clock(&self.direct_conn, Duration::from_secs(10)).await;
+                }
+                // The liveness job marks them unreachable and the site-boot job starts the boot
+                // within a few seconds of each other; wait for it (bounded), then let them back.
+                let booting = self.wait_for_site_boot(Duration::from_secs(30)).await;
+                println!("  [{:>5.1} s] the site boot {}", self.started.elapsed().as_secs_f64(), if booting { "started" } else { "did not start within 30 s" });
+                for p in &fleet.proxies {
+                    p.set_cut(false);
+                }
+            }
             _ => {} // a quiet interval
         }
         if let Some(rest) = interval.checked_sub(start.elapsed()) {
             pause(rest).await;
         }
         Ok(())
+    }
+
+    /// Waits (at most `patience`) until a site boots; whether one did.
+    async fn wait_for_site_boot(&self, patience: Duration) -> bool {
+        let Ok(db) = better_compute_db::pool::connect(&self.direct_conn).await else { return false };
+        let deadline = Instant::now() + patience;
+        while Instant::now() < deadline {
+            if let Ok(r) = db.query_one("SELECT count(*) FROM sites WHERE boot_state = 'booting'", &[]).await
+                && r.get::<_, i64>(0) > 0
+            {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        false
     }
 
     /// Waits (at most `patience`) until no worker lease is left expired: the awake workers took
@@ -900,6 +940,10 @@ impl Sim {
                     r.get::<_, String>(3),
                     r.get::<_, String>(4)
                 ));
+            }
+            // Every site boot ended once its nodes converged.
+            for r in db.query("SELECT name FROM sites WHERE boot_state = 'booting'", &[]).await? {
+                wrong.push(format!("site {} is still booting after its nodes came back", r.get::<_, String>(0)));
             }
             // A key due for a minute and still not run: left unprocessed.
             for r in db

@@ -95,10 +95,9 @@ pub fn text(d: &NodeDescription) -> String {
     }
     let _ = writeln!(s, "GPUs:");
     for g in &d.gpus {
-        let state = match (g.healthy, g.quarantined) {
-            (_, true) => format!("quarantined ({})", g.quarantine_reason.as_deref().unwrap_or("")),
-            (false, false) => "unhealthy".to_owned(),
-            (true, false) => "healthy".to_owned(),
+        let state = match (g.quarantined, &g.quarantine_reason) {
+            (true, Some(r)) => format!("{}, quarantined ({r})", g.health_state),
+            _ => g.health_state.clone(),
         };
         let atoms: Vec<&str> = g.atoms.iter().filter(|a| a.active).map(|a| a.profile.as_deref().unwrap_or(a.kind.as_str())).collect();
         let _ = writeln!(s, "  {} {:<20} {:<10} {:<10} {} atoms: {}", g.index, g.id, g.model, g.mode, state, atoms.join(" "));

@@ -108,6 +108,7 @@ CREATE TABLE devices (
   clean_checks integer DEFAULT 0 NOT NULL,
   next_check_at timestamp with time zone,
   check_command_id text,
+  health_counters jsonb,
   CONSTRAINT devices_check CHECK (((kind = 'gpu'::text) = (parent_id IS NULL))),
   CONSTRAINT devices_check1 CHECK (((kind = 'gpu'::text) = (mode IS NOT NULL))),
   CONSTRAINT devices_check2 CHECK (((kind = 'mig'::text) = (profile IS NOT NULL))),
@@ -150,7 +151,7 @@ CREATE TABLE gpu_health_signals (
   processed_at timestamp with time zone,
   outcome text,
   CONSTRAINT gpu_health_signals_class_check CHECK ((class = ANY (ARRAY['informational'::text, 'transient'::text, 'fatal'::text]))),
-  CONSTRAINT gpu_health_signals_kind_check CHECK ((kind = ANY (ARRAY['xid'::text, 'unhealthy'::text, 'pcie'::text, 'throttle'::text]))),
+  CONSTRAINT gpu_health_signals_kind_check CHECK ((kind = ANY (ARRAY['xid'::text, 'unhealthy'::text, 'pcie'::text, 'throttle'::text, 'counter'::text]))),
   CONSTRAINT gpu_health_signals_node_id_fkey FOREIGN KEY (node_id) REFERENCES nodes(id),
   CONSTRAINT gpu_health_signals_pkey PRIMARY KEY (id)
 );
@@ -271,6 +272,16 @@ CREATE TABLE node_certificates (
   CONSTRAINT node_certificates_pkey PRIMARY KEY (fingerprint_sha256)
 );
 
+CREATE TABLE node_conditions (
+  node_id text NOT NULL,
+  type text NOT NULL,
+  reason text NOT NULL,
+  message text NOT NULL,
+  since timestamp with time zone NOT NULL,
+  CONSTRAINT node_conditions_node_id_fkey FOREIGN KEY (node_id) REFERENCES nodes(id) ON DELETE CASCADE,
+  CONSTRAINT node_conditions_pkey PRIMARY KEY (node_id, type)
+);
+
 CREATE TABLE node_drains (
   id text NOT NULL,
   node_id text NOT NULL,
@@ -312,6 +323,9 @@ CREATE TABLE node_resources (
   disk_gib_allocatable bigint NOT NULL,
   disk_ratio double precision NOT NULL,
   disk_gib_allocated bigint DEFAULT 0 NOT NULL,
+  vcpu_usable integer NOT NULL,
+  memory_mib_usable bigint NOT NULL,
+  disk_gib_usable bigint NOT NULL,
   CONSTRAINT node_resources_check CHECK (((vcpu_allocated >= 0) AND ((vcpu_allocated)::double precision <= floor(((vcpu_allocatable)::double precision * vcpu_ratio))))),
   CONSTRAINT node_resources_check1 CHECK (((memory_mib_allocated >= 0) AND ((memory_mib_allocated)::double precision <= floor(((memory_mib_allocatable)::double precision * memory_ratio))))),
   CONSTRAINT node_resources_check2 CHECK (((disk_gib_allocated >= 0) AND ((disk_gib_allocated)::double precision <= floor(((disk_gib_allocatable)::double precision * disk_ratio))))),
@@ -321,6 +335,7 @@ CREATE TABLE node_resources (
   CONSTRAINT node_resources_memory_ratio_check CHECK ((memory_ratio >= (1)::double precision)),
   CONSTRAINT node_resources_node_id_fkey FOREIGN KEY (node_id) REFERENCES nodes(id),
   CONSTRAINT node_resources_pkey PRIMARY KEY (node_id),
+  CONSTRAINT node_resources_usable CHECK (((vcpu_usable >= 0) AND (memory_mib_usable >= 0) AND (disk_gib_usable >= 0) AND (vcpu_allocatable >= vcpu_usable) AND (memory_mib_allocatable >= memory_mib_usable) AND (disk_gib_allocatable >= disk_gib_usable))),
   CONSTRAINT node_resources_vcpu_allocatable_check CHECK ((vcpu_allocatable >= 0)),
   CONSTRAINT node_resources_vcpu_ratio_check CHECK ((vcpu_ratio >= (1)::double precision))
 ) WITH (autovacuum_vacuum_scale_factor=0.02, autovacuum_vacuum_threshold=200, autovacuum_vacuum_cost_delay=0);
@@ -366,6 +381,7 @@ CREATE TABLE nodes (
   spec_status jsonb,
   reported_inventory jsonb,
   retired_at timestamp with time zone,
+  convergence_since timestamp with time zone,
   CONSTRAINT nodes_disconnect_grace_s_check CHECK ((disconnect_grace_s >= 0)),
   CONSTRAINT nodes_disk_gib_check CHECK ((disk_gib >= 0)),
   CONSTRAINT nodes_generation_check CHECK ((generation >= 0)),
@@ -689,16 +705,20 @@ CREATE INDEX work_queue_due ON public.work_queue USING btree (kind, shard, not_b
 CREATE INDEX workers_heartbeat_at ON public.workers USING btree (heartbeat_at);
 
 CREATE TRIGGER node_drains_state_guard BEFORE UPDATE OF state ON public.node_drains FOR EACH ROW WHEN ((old.state IS DISTINCT FROM new.state)) EXECUTE FUNCTION nodes_drain_state_guard();
+CREATE TRIGGER nodes_convergence_since BEFORE UPDATE OF generation, observed_generation ON public.nodes FOR EACH ROW WHEN (((old.observed_generation >= old.generation) IS DISTINCT FROM (new.observed_generation >= new.generation))) EXECUTE FUNCTION nodes_convergence_flipped();
 CREATE TRIGGER nodes_open_counts AFTER UPDATE OF observed_generation, no_schedule_reasons, taints ON public.nodes FOR EACH ROW WHEN ((capacity_node_open(old.observed_generation, old.no_schedule_reasons, old.taints) IS DISTINCT FROM capacity_node_open(new.observed_generation, new.no_schedule_reasons, new.taints))) EXECUTE FUNCTION capacity_node_open_changed();
 CREATE TRIGGER nodes_resources AFTER INSERT ON public.nodes FOR EACH ROW EXECUTE FUNCTION capacity_node_registered();
+CREATE TRIGGER nodes_usable_resources AFTER UPDATE OF reported_inventory, vcpu, memory_mib, disk_gib ON public.nodes FOR EACH ROW WHEN ((((old.reported_inventory -> 'vcpu'::text) IS DISTINCT FROM (new.reported_inventory -> 'vcpu'::text)) OR ((old.reported_inventory -> 'memoryMib'::text) IS DISTINCT FROM (new.reported_inventory -> 'memoryMib'::text)) OR ((old.reported_inventory -> 'diskGib'::text) IS DISTINCT FROM (new.reported_inventory -> 'diskGib'::text)) OR (((old.vcpu IS DISTINCT FROM new.vcpu) OR (old.memory_mib IS DISTINCT FROM new.memory_mib)) OR (old.disk_gib IS DISTINCT FROM new.disk_gib)))) EXECUTE FUNCTION capacity_node_inventory_changed();
 CREATE TRIGGER reservations_state_guard BEFORE UPDATE OF state ON public.reservations FOR EACH ROW WHEN ((old.state IS DISTINCT FROM new.state)) EXECUTE FUNCTION capacity_reservation_state_guard();
 
 FUNCTION capacity_after_change(r reservations, p_event_type text, p_event_id text, p_shard smallint) RETURNS jsonb LANGUAGE plpgsql VOLATILE;
+FUNCTION capacity_allocatable_floor(allocated numeric, ratio double precision) RETURNS bigint LANGUAGE sql IMMUTABLE;
 FUNCTION capacity_candidates(p_pool text, p_kind text, p_model text, p_profile text, p_count integer, p_selector jsonb, p_tolerations jsonb, p_excluded text[], p_best_fit boolean, OUT nodes text[], OUT idles integer[]) RETURNS record LANGUAGE plpgsql STABLE SET plan_cache_mode=force_generic_plan SET enable_indexonlyscan=on;
 FUNCTION capacity_charge(p_tenant text, p_kind text, p_count bigint, p_vcpu bigint, p_memory_mib bigint, p_disk_gib bigint) RETURNS integer LANGUAGE plpgsql VOLATILE;
 FUNCTION capacity_charge_many(p_tenants text[], p_kinds text[], p_counts bigint[], p_vcpus bigint[], p_memory_mibs bigint[], p_disk_gibs bigint[]) RETURNS text[] LANGUAGE plpgsql VOLATILE;
 FUNCTION capacity_charge_of(p_kind text, p_count bigint, p_vcpu bigint, p_memory_mib bigint, p_disk_gib bigint) RETURNS TABLE(resource text, amount bigint) LANGUAGE sql IMMUTABLE;
 FUNCTION capacity_end(p_id text, p_tenant text, p_to text, p_event_id text, p_shard smallint) RETURNS jsonb LANGUAGE plpgsql VOLATILE SET enable_seqscan=off SET enable_indexonlyscan=off;
+FUNCTION capacity_node_inventory_changed() RETURNS trigger LANGUAGE plpgsql VOLATILE;
 FUNCTION capacity_node_open(p_observed_generation bigint, p_no_schedule_reasons text[], p_taints jsonb) RETURNS boolean LANGUAGE sql IMMUTABLE;
 FUNCTION capacity_node_open_changed() RETURNS trigger LANGUAGE plpgsql VOLATILE;
 FUNCTION capacity_node_registered() RETURNS trigger LANGUAGE plpgsql VOLATILE;
@@ -716,6 +736,7 @@ FUNCTION capacity_step(p_id text, p_max_replans integer, p_retry_s double precis
 FUNCTION capacity_tolerates(p_taints jsonb, p_tolerations jsonb) RETURNS boolean LANGUAGE sql IMMUTABLE;
 FUNCTION capacity_unschedulable(p_kind text, p_model text, p_profile text, p_count integer, p_tried text[], p_raced boolean, p_retry_s double precision) RETURNS jsonb LANGUAGE sql IMMUTABLE;
 FUNCTION capacity_upsert_node_counts(p_node text) RETURNS void LANGUAGE sql VOLATILE SET enable_indexonlyscan=off;
+FUNCTION capacity_usable(registered bigint, reported jsonb) RETURNS bigint LANGUAGE sql IMMUTABLE;
 FUNCTION capacity_view(r reservations) RETURNS jsonb LANGUAGE plpgsql STABLE;
 FUNCTION capacity_view_of(r reservations, p_atoms jsonb) RETURNS jsonb LANGUAGE sql STABLE;
 FUNCTION compute_now() RETURNS timestamp with time zone LANGUAGE sql STABLE;
@@ -724,6 +745,9 @@ FUNCTION idempotency_claim(p_tenants text[], p_identities text[], p_keys text[],
 FUNCTION idempotency_forget(p_tenants text[], p_identities text[], p_keys text[]) RETURNS integer LANGUAGE plpgsql VOLATILE;
 FUNCTION inventory_scope_path(kind text, id text) RETURNS TABLE(scope_kind text, scope_id text) LANGUAGE sql STABLE;
 FUNCTION nodes_conditions(n nodes) RETURNS jsonb LANGUAGE sql STABLE;
+FUNCTION nodes_conditions_record(p_nodes text[]) RETURNS TABLE(node_id text, type text, reason text, message text, change text) LANGUAGE sql VOLATILE;
+FUNCTION nodes_conditions_seen(n nodes) RETURNS jsonb LANGUAGE sql STABLE;
+FUNCTION nodes_convergence_flipped() RETURNS trigger LANGUAGE plpgsql VOLATILE;
 FUNCTION nodes_drain_may_become(p_from text, p_to text) RETURNS boolean LANGUAGE sql IMMUTABLE;
 FUNCTION nodes_drain_state_guard() RETURNS trigger LANGUAGE plpgsql VOLATILE;
 FUNCTION nodes_inventory_findings(p_pool text, p_node text) RETURNS TABLE(kind text, node_id text, item text, message text) LANGUAGE sql STABLE;

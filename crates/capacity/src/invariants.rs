@@ -23,7 +23,7 @@ async fn rows_of(db: &impl GenericClient, sql: &str) -> Result<Vec<String>, DbEr
 }
 
 /// The rules checked by one query each: a name, and a query listing the rows that break it.
-const RULES: [(&str, &str); 6] = [
+const RULES: [(&str, &str); 7] = [
     (
         "two overlapping bookings on one atom",
         "SELECT a.device_id || ' ' || a.allocation_id || ' ' || b.allocation_id FROM device_bookings a
@@ -57,6 +57,14 @@ const RULES: [(&str, &str); 6] = [
              OR nr.vcpu_allocated > floor(nr.vcpu_allocatable * nr.vcpu_ratio)
              OR nr.memory_mib_allocated > floor(nr.memory_mib_allocatable * nr.memory_ratio)
              OR nr.disk_gib_allocated > floor(nr.disk_gib_allocatable * nr.disk_ratio)",
+    ),
+    (
+        "allocatable is not the node's usable resources, held up only as far as its reservations need",
+        "SELECT node_id || ' vcpu ' || vcpu_allocatable || '/' || vcpu_usable || ', memory ' || memory_mib_allocatable || '/' || memory_mib_usable
+                || ', disk ' || disk_gib_allocatable || '/' || disk_gib_usable FROM node_resources
+          WHERE vcpu_allocatable <> greatest(vcpu_usable, capacity_allocatable_floor(vcpu_allocated, vcpu_ratio))
+             OR memory_mib_allocatable <> greatest(memory_mib_usable, capacity_allocatable_floor(memory_mib_allocated, memory_ratio))
+             OR disk_gib_allocatable <> greatest(disk_gib_usable, capacity_allocatable_floor(disk_gib_allocated, disk_ratio))",
     ),
     (
         "quota used differs from the charges of non-terminal reservations, or exceeds max",

@@ -27,6 +27,7 @@ use better_compute_runtime::{Kind, Reconciler, ShardBy, Sink};
 pub const CAPACITY_MIGRATIONS: &[Migration] = &[
     Migration::numbered("capacity", "0001_capacity", include_str!("migrations/capacity/0001_capacity.sql")),
     Migration::numbered("capacity", "0002_end_reason", include_str!("migrations/capacity/0002_end_reason.sql")),
+    Migration::numbered("capacity", "0003_usable", include_str!("migrations/capacity/0003_usable.sql")),
     Migration::repeatable("capacity", "eligibility", include_str!("sql/eligibility.sql")),
     Migration::repeatable("capacity", "resources", include_str!("sql/resources.sql")),
     Migration::repeatable("capacity", "counts", include_str!("sql/counts.sql")),

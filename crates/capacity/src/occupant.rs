@@ -26,6 +26,18 @@ impl NodeOccupant for ReservationOccupant {
         Ok(Occupancy { holding: r.get(0), next_end_s: r.get(1) })
     }
 
+    async fn holds_device(&self, tx: &Transaction<'_>, device_id: &str) -> Result<bool, DbError> {
+        let r = tx
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM devices a JOIN device_bookings b ON b.device_id = a.id
+                                 WHERE (a.id = $1 OR a.parent_id = $1)
+                                   AND b.during && tstzrange(compute_now(), compute_now() + interval '10 minutes'))",
+                &[&device_id],
+            )
+            .await?;
+        Ok(r.get(0))
+    }
+
     async fn request_eviction(&self, tx: &Transaction<'_>, node_id: &str, deadline: &str, reason: &str) -> Result<u64, DbError> {
         let rows = tx
             .query("SELECT id, tenant_id FROM reservations WHERE node_id = $1 AND state IN ('placed', 'active') ORDER BY id", &[&node_id])

@@ -153,7 +153,7 @@ async fn requests_whose_sum_a_nodes_scalars_do_not_fit_leave_no_booking_reservat
     let f = fleet(&h, &exclusive(1), 4).await;
     let c = h.db().client().await;
     // 20 vCPUs: room for two requests of 8, not three.
-    c.execute("UPDATE node_resources SET vcpu_allocatable = 20", &[]).await.unwrap();
+    c.execute("UPDATE node_resources SET vcpu_allocatable = 20, vcpu_usable = 20", &[]).await.unwrap();
     let (p, held) = held_placer(&h).await;
     // The batcher takes the first request alone; the other two come as one batch, whose sum (16 on
     // top of 8) the node does not fit: both are turned away after their bookings, reservations and

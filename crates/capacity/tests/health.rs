@@ -209,3 +209,75 @@ async fn the_database_holds_healthy_to_the_health_state_and_the_table_is_consist
     assert!(!GPU_HEALTH_STATE_TABLE.allows(GpuHealthState::Unhealthy, GpuHealthState::Healthy), "back only through checks");
     assert_eq!(GpuHealthState::parse("recovering"), Some(GpuHealthState::Recovering));
 }
+
+async fn report_counters(h: &Harness, node: &str, g: GpuHealth) {
+    let mut c = h.db().client().await;
+    let tx = c.transaction().await.unwrap();
+    health::record(&*tx, node, &Health { gpus: vec![g] }).await.unwrap();
+    tx.commit().await.unwrap();
+}
+
+/// `(kind, class, detail)` of every signal of `gpu`, oldest first.
+async fn signals_of(h: &Harness, gpu: &str) -> Vec<(String, String, String)> {
+    let c = h.db().client().await;
+    c.query("SELECT kind, class, detail FROM gpu_health_signals WHERE device_id = $1 ORDER BY id", &[&gpu])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect()
+}
+
+/// The payload of the check in flight on `gpu`.
+async fn check_payload(h: &Harness, gpu: &str) -> serde_json::Value {
+    let c = h.db().client().await;
+    c.query_one("SELECT c.payload FROM commands c JOIN devices d ON d.check_command_id = c.id WHERE d.id = $1", &[&gpu]).await.unwrap().get(0)
+}
+
+#[tokio::test]
+async fn a_pending_row_remap_resets_a_free_gpu_before_its_check_and_counters_signal_once_per_rise() {
+    let h = harness().await;
+    let f = fleet(&h, &exclusive(1), 2).await;
+    let (node, free, held_gpu) = (&f.nodes[0], f.gpus[0][0].clone(), f.gpus[0][1].clone());
+    let mut c = h.db().client().await;
+    // A reservation holds the second GPU.
+    let mut one = whole(&f.pool_id, 1);
+    one.node_selector = serde_json::Map::from_iter([("rack".to_owned(), serde_json::json!("r0"))]);
+    let first = reservations::create(&mut c, ME, &one).await.unwrap();
+    let held_atoms: Vec<String> = c.query("SELECT device_id FROM device_bookings WHERE allocation_id = $1", &[&first.id]).await.unwrap().iter().map(|r| r.get(0)).collect();
+    assert_eq!(held_atoms.len(), 1);
+    let (free, held_gpu) = if held_atoms[0] == free { (held_gpu, free) } else { (free, held_gpu) };
+    // Both GPUs of this small pool will leave placement: let the breaker allow it.
+    c.execute("UPDATE pools SET health_breaker_percent = 100 WHERE id = $1", &[&f.pool_id]).await.unwrap();
+
+    // NVLink errors are recorded, and take nothing out of placement.
+    report_counters(&h, node, GpuHealth { uuid: free.clone(), healthy: true, nvlink_errors: 7, ..Default::default() }).await;
+    report_counters(&h, node, GpuHealth { uuid: free.clone(), healthy: true, nvlink_errors: 7, ..Default::default() }).await;
+    tick(&h).await;
+    assert_eq!(signals_of(&h, &free).await, vec![("counter".to_owned(), "informational".to_owned(), "7 NVLink error(s)".to_owned())], "once per rise, not per report");
+    assert_eq!(state_of(&h, &free).await.0, "healthy");
+
+    // An uncorrectable error whose row remap waits for a reset, on each GPU.
+    let remap = |uuid: &str| GpuHealth { uuid: uuid.into(), healthy: false, reason: "ECC".into(), ecc_uncorrected: 1, remapped_rows: 1, remap_pending: true, nvlink_errors: 7, ..Default::default() };
+    report_counters(&h, node, remap(&free)).await;
+    report_counters(&h, node, remap(&held_gpu)).await;
+    report_counters(&h, node, remap(&free)).await;
+    tick(&h).await;
+    let seen = signals_of(&h, &free).await;
+    assert_eq!(seen.len(), 3, "{seen:?}");
+    assert_eq!((seen[1].1.as_str(), seen[1].2.as_str()), ("transient", "a row remap waits for a GPU reset"));
+    assert_eq!(seen[2].2, "1 row(s) remapped");
+    assert_eq!(state_of(&h, &free).await.0, "suspect");
+    assert_eq!(check_payload(&h, &free).await["reset"], true, "nothing holds it: reset, then check");
+    // (false is the field's default, which the stored payload leaves out)
+    assert_eq!(check_payload(&h, &held_gpu).await.get("reset"), None, "a reservation holds it: never reset under a workload");
+
+    // The reset applied the remap and cleared the volatile count: a report of zero is no signal,
+    // and a failed remap later is fatal.
+    report_counters(&h, node, GpuHealth { uuid: free.clone(), healthy: true, remapped_rows: 1, nvlink_errors: 7, ..Default::default() }).await;
+    assert_eq!(signals_of(&h, &free).await.len(), 3);
+    report_counters(&h, node, GpuHealth { uuid: free.clone(), healthy: false, remapped_rows: 1, remap_failed: true, nvlink_errors: 7, ..Default::default() }).await;
+    tick(&h).await;
+    assert_eq!(signals_of(&h, &free).await.last().map(|s| s.1.clone()), Some("fatal".to_owned()));
+    assert_eq!(state_of(&h, &free).await, ("unhealthy".into(), false, true));
+}

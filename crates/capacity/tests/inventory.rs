@@ -10,6 +10,7 @@ use better_compute_nodes::findings::{self, HYGIENE_KIND};
 use better_compute_nodes::{listing, session};
 use better_compute_proto::v1::{GpuInfo, Inventory};
 use better_compute_runtime::harness::Harness;
+use better_compute_capacity::reservations::CreateReservation;
 use better_compute_runtime::work_queue;
 use fleet::*;
 
@@ -112,4 +113,59 @@ async fn hygiene_finds_expired_tokens_expiring_certificates_nodes_that_never_con
     c.execute("UPDATE nodes SET observed_generation = generation WHERE id = $1", &[&f.nodes[1]]).await.unwrap();
     hygiene().await;
     assert_eq!(open_findings(&h, &f.pool_id).await.len(), 3);
+}
+
+async fn report_vcpu(h: &Harness, node: &str, gpus: &[String], vcpu: u32) {
+    let inv = Inventory {
+        gpus: gpus.iter().enumerate().map(|(i, u)| GpuInfo { uuid: u.clone(), index: i as u32, model: MODEL.into(), memory_mib: 81_920, ..Default::default() }).collect(),
+        vcpu,
+        memory_mib: 1_048_576,
+        disk_gib: 0,
+        backend: "fake".into(),
+    };
+    let mut c = h.db().client().await;
+    let tx = c.transaction().await.unwrap();
+    session::report_inventory(&*tx, node, &inv).await.unwrap();
+    tx.commit().await.unwrap();
+}
+
+/// `(vcpu usable, vcpu allocatable, disk allocatable)` of `node`.
+async fn vcpu_of(h: &Harness, node: &str) -> (i32, i32, i64) {
+    let c = h.db().client().await;
+    let r = c.query_one("SELECT vcpu_usable, vcpu_allocatable, disk_gib_allocatable FROM node_resources WHERE node_id = $1", &[&node]).await.unwrap();
+    (r.get(0), r.get(1), r.get(2))
+}
+
+#[tokio::test]
+async fn allocatable_follows_the_reported_cpus_down_but_never_below_what_reservations_hold() {
+    let h = harness().await;
+    let f = fleet(&h, &exclusive(1), 2).await;
+    let (node, gpus) = (&f.nodes[0], &f.gpus[0]);
+    let mut c = h.db().client().await;
+    assert_eq!(vcpu_of(&h, node).await, (128, 128, 8_000), "the registration");
+    let held = better_compute_capacity::reservations::create(&mut c, ME, &CreateReservation { vcpu: 100, ..whole(&f.pool_id, 1) }).await.unwrap();
+    assert_eq!(held.state, "placed");
+
+    // The node now has 64 vCPUs: nothing held is released, and nothing more fits.
+    report_vcpu(&h, node, gpus, 64).await;
+    assert_eq!(vcpu_of(&h, node).await, (64, 100, 8_000), "held up at what the reservation holds; a disk of 0 is no report");
+    let waits = better_compute_capacity::reservations::create(&mut c, ME, &CreateReservation { vcpu: 1, ..whole(&f.pool_id, 1) }).await.unwrap();
+    assert_eq!(waits.state, "pending", "no vCPU left above what is held");
+    assert_eq!(better_compute_capacity::invariants::check(&**c, &Default::default()).await.unwrap().violations, Vec::<String>::new());
+
+    // It ends: allocatable comes down to what the node has, and the waiting one fits.
+    better_compute_capacity::reservations::release(&mut c, ME, &held.id).await.unwrap();
+    assert_eq!(vcpu_of(&h, node).await, (64, 64, 8_000));
+    let fits = better_compute_capacity::reservations::create(&mut c, ME, &CreateReservation { vcpu: 64, ..whole(&f.pool_id, 1) }).await.unwrap();
+    assert_eq!(fits.state, "placed");
+    let too_much = better_compute_capacity::reservations::create(&mut c, ME, &CreateReservation { vcpu: 65, ..whole(&f.pool_id, 1) }).await.unwrap_err();
+    assert_eq!(too_much.code, better_compute_core::ErrorCode::FailedPrecondition, "no node has 65 vCPUs now: {too_much}");
+
+    // Back to 128, then more than it was registered with: the registration is the ceiling.
+    report_vcpu(&h, node, gpus, 512).await;
+    assert_eq!(vcpu_of(&h, node).await, (128, 128, 8_000));
+    // A report of nothing leaves it.
+    report_vcpu(&h, node, gpus, 0).await;
+    assert_eq!(vcpu_of(&h, node).await, (128, 128, 8_000));
+    assert_eq!(better_compute_capacity::invariants::check(&**c, &Default::default()).await.unwrap().violations, Vec::<String>::new());
 }

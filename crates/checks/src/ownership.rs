@@ -16,7 +16,7 @@ use crate::{line_of, rust_string_spans, walk};
 /// Writes across a module's line that are meant: (writing crate, table, why).
 pub const SANCTIONED: &[(&str, &str, &str)] = &[
     ("runtime", "nodes", "the nodespec controller stores the merge of every module's parts in nodes.spec and moves nodes.generation"),
-    ("capacity", "nodes", "the index nodes_labels for placement by selector, and the triggers nodes_open_counts (keeps node_atom_counts.open) and nodes_resources (makes a new node's node_resources row)"),
+    ("capacity", "nodes", "the index nodes_labels for placement by selector, and the triggers nodes_open_counts (keeps node_atom_counts.open), nodes_resources (makes a new node's node_resources row) and nodes_usable_resources (the node's usable resources follow its daemon's reports)"),
     ("bench", "*", "the benchmarks seed fleets, tenants and quotas in bulk and set up each run's state directly, faster than through the owners"),
 ];
 

@@ -50,8 +50,8 @@ pub trait GpuBackend: Send + Sync + 'static {
     /// The GPUs (the host's vCPU, memory and disk are filled in by the daemon).
     fn inventory(&self) -> Result<Inventory, BackendError>;
 
-    /// Each GPU's health: XID errors seen since the last call (none lost between calls),
-    /// uncorrected ECC errors, temperature, PCIe link, throttling.
+    /// Each GPU's health: XID errors seen since the last call (none lost between calls), ECC
+    /// counts, retired pages and remapped rows, NVLink errors, temperature, PCIe link, throttling.
     fn health(&self) -> Result<Vec<GpuHealth>, BackendError>;
 
     /// Calls `wake` whenever a health event arrives, from then on for the daemon's life, so an
@@ -65,6 +65,12 @@ pub trait GpuBackend: Send + Sync + 'static {
 
     /// Runs diagnostics and returns the report.
     fn diag(&self, req: &DiagNvml) -> Result<serde_json::Value, BackendError>;
+
+    /// Resets one GPU (nothing may be running on it: the daemon checks that no allocation holds
+    /// it). A backend that cannot says so.
+    fn reset(&self, _uuid: &str) -> Result<(), BackendError> {
+        Err(BackendError::Failed("this backend cannot reset a GPU".into()))
+    }
 }
 
 /// Opens the backend a `--gpus` value names: `nvml`, or `fake:…` (seeded by `seed`, so a node's

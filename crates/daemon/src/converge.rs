@@ -33,6 +33,12 @@ pub struct Applied {
 }
 
 impl Applied {
+    /// Whether an allocation held here uses `gpu` (the GPU itself or one of its atoms).
+    pub fn holds_gpu(&self, gpu: &str) -> bool {
+        let gpus = [gpu.to_owned()];
+        self.allocations.values().flat_map(|h| &h.atoms).any(|a| owns(&gpus, a).is_some())
+    }
+
     /// Before any spec: the default lanes, nothing allocated, no layout known.
     pub fn initial() -> Applied {
         Applied {
@@ -235,6 +241,18 @@ mod tests {
 
     fn alloc(id: &str, atoms: &[&str]) -> Allocation {
         Allocation { allocation_id: id.into(), atoms: atoms.iter().map(|s| s.to_string()).collect(), ..Default::default() }
+    }
+
+    #[test]
+    fn an_allocation_holds_a_gpu_through_the_gpu_or_any_atom_of_it() {
+        let mut a = Applied::initial();
+        a.allocations.insert("r1".into(), Held { atoms: vec!["GPU-a/mig-1".into()], starts_at: String::new(), ends_at: String::new() });
+        a.allocations.insert("r2".into(), Held { atoms: vec!["GPU-b".into()], starts_at: String::new(), ends_at: String::new() });
+        assert!(a.holds_gpu("GPU-a"));
+        assert!(a.holds_gpu("GPU-b"));
+        assert!(!a.holds_gpu("GPU-c"));
+        assert!(!a.holds_gpu("GPU-a/mig"), "an atom is not a GPU");
+        assert!(!a.holds_gpu("GPU"), "a prefix is not a GPU");
     }
 
     #[test]

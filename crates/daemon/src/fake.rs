@@ -18,6 +18,13 @@ struct FakeGpu {
     mig_layout: Vec<String>,
     xids_pending: Vec<u32>,
     xids_seen: Vec<u32>,
+    /// Uncorrectable ECC errors since the last reset (volatile), and rows remapped for them.
+    ecc_uncorrected: u64,
+    remapped_rows: u32,
+    /// A remap waits for a reset; a remap failed (the GPU needs service, a reset does not help).
+    remap_pending: bool,
+    remap_failed: bool,
+    nvlink_errors: u64,
 }
 
 #[derive(Default)]
@@ -30,6 +37,7 @@ pub struct FakeGpus {
     gpus: Mutex<Vec<FakeGpu>>,
     wake: Mutex<Option<HealthWake>>,
     diag_runs: Mutex<u64>,
+    resets: Mutex<u64>,
     gate: (Mutex<Gate>, Condvar),
 }
 
@@ -62,13 +70,18 @@ impl FakeGpus {
                     mig_layout: Vec::new(),
                     xids_pending: Vec::new(),
                     xids_seen: Vec::new(),
+                    ecc_uncorrected: 0,
+                    remapped_rows: 0,
+                    remap_pending: false,
+                    remap_failed: false,
+                    nvlink_errors: 0,
                 });
             }
         }
         if gpus.is_empty() || gpus.len() > 64 {
             return Err(bad(value, "a node has 1 to 64 GPUs"));
         }
-        Ok(FakeGpus { gpus: Mutex::new(gpus), wake: Mutex::new(None), diag_runs: Mutex::new(0), gate: (Mutex::new(Gate::default()), Condvar::new()) })
+        Ok(FakeGpus { gpus: Mutex::new(gpus), wake: Mutex::new(None), diag_runs: Mutex::new(0), resets: Mutex::new(0), gate: (Mutex::new(Gate::default()), Condvar::new()) })
     }
 
     /// Injects an XID error on the GPU at `index`, as the driver would report it: the daemon
@@ -83,12 +96,41 @@ impl FakeGpus {
         }
     }
 
-    /// Clears the GPU's XID history (a reset).
+    /// An uncorrectable memory error on the GPU at `index`: its ECC count rises and a row remap
+    /// waits for a reset (or, `failed`, the remap failed: the GPU needs service).
+    pub fn inject_memory_error(&self, index: usize, failed: bool) {
+        if let Some(g) = self.gpus.lock().expect("fake gpus").get_mut(index) {
+            g.ecc_uncorrected += 1;
+            if failed {
+                g.remap_failed = true;
+            } else {
+                g.remapped_rows += 1;
+                g.remap_pending = true;
+            }
+        }
+    }
+
+    /// NVLink errors on the GPU at `index`.
+    pub fn inject_nvlink_errors(&self, index: usize, n: u64) {
+        if let Some(g) = self.gpus.lock().expect("fake gpus").get_mut(index) {
+            g.nvlink_errors += n;
+        }
+    }
+
+    /// Resets the GPU at `index`: clears its XID history and volatile ECC count, and applies a
+    /// pending row remap.
     pub fn reset_gpu(&self, index: usize) {
         if let Some(g) = self.gpus.lock().expect("fake gpus").get_mut(index) {
             g.xids_pending.clear();
             g.xids_seen.clear();
+            g.ecc_uncorrected = 0;
+            g.remap_pending = false;
         }
+    }
+
+    /// How many GPU resets ran.
+    pub fn resets(&self) -> u64 {
+        *self.resets.lock().expect("fake resets")
     }
 
     /// How many diagnostics ran.
@@ -161,16 +203,29 @@ impl GpuBackend for FakeGpus {
                     healthy: critical.is_none(),
                     reason: critical.map(|x| format!("XID {x}")).unwrap_or_default(),
                     xid_errors: new,
-                    ecc_uncorrected: 0,
+                    ecc_uncorrected: g.ecc_uncorrected,
                     temperature_c: 40,
                     pcie_link_width: 16,
                     pcie_link_width_max: 16,
                     pcie_link_gen: 5,
                     pcie_link_gen_max: 5,
                     throttle_reasons: 0,
+                    remapped_rows: g.remapped_rows,
+                    remap_pending: g.remap_pending,
+                    remap_failed: g.remap_failed,
+                    nvlink_errors: g.nvlink_errors,
+                    ..Default::default()
                 }
             })
             .collect())
+    }
+
+    fn reset(&self, uuid: &str) -> Result<(), BackendError> {
+        let index = self.gpus.lock().expect("fake gpus").iter().position(|g| g.uuid == uuid);
+        let index = index.ok_or_else(|| BackendError::Failed(format!("no GPU {uuid} on this node")))?;
+        *self.resets.lock().expect("fake resets") += 1;
+        self.reset_gpu(index);
+        Ok(())
     }
 
     fn apply_gpus(&self, desired: &GpusSection, busy: &[String]) -> Result<Vec<(String, GpuApply)>, BackendError> {
@@ -208,8 +263,11 @@ impl GpuBackend for FakeGpus {
             .iter()
             .filter(|g| req.gpu_uuids.is_empty() || req.gpu_uuids.contains(&g.uuid))
             .map(|g| {
-                // Hardware faults fail the check until a reset; transient ones were recovered.
-                let passed = !g.xids_seen.iter().any(|x| better_compute_core::xid::classify(*x) == better_compute_core::xid::XidClass::Fatal);
+                // Hardware faults and a remap that waits for a reset fail the check until a reset;
+                // transient ones were recovered. A failed remap fails it for good.
+                let passed = !g.xids_seen.iter().any(|x| better_compute_core::xid::classify(*x) == better_compute_core::xid::XidClass::Fatal)
+                    && !g.remap_pending
+                    && !g.remap_failed;
                 serde_json::json!({"uuid": g.uuid, "model": g.model, "passed": passed, "xidErrors": g.xids_seen})
             })
             .collect();
@@ -251,10 +309,31 @@ mod tests {
         assert!(h[0].healthy);
         assert_eq!((h[1].healthy, h[1].xid_errors.as_slice()), (false, &[119, 79][..]), "both, in order, none lost");
         assert_eq!(f.health().unwrap()[1].xid_errors, Vec::<u32>::new(), "reported once");
-        let passed = |f: &FakeGpus| f.diag(&DiagNvml { level: 1, gpu_uuids: vec![] }).unwrap()["gpus"][1]["passed"].as_bool();
+        let passed = |f: &FakeGpus| f.diag(&DiagNvml { level: 1, gpu_uuids: vec![], reset: false }).unwrap()["gpus"][1]["passed"].as_bool();
         assert_eq!(passed(&f), Some(false), "fallen off the bus: fails its checks");
         f.reset_gpu(1);
         assert_eq!(passed(&f), Some(true));
+    }
+
+    #[test]
+    fn a_pending_row_remap_fails_checks_until_a_reset_and_a_failed_one_for_good() {
+        let f = FakeGpus::parse("fake:2xH100-80GB", "n").unwrap();
+        let uuid = f.uuids()[1].clone();
+        let passed = |f: &FakeGpus| f.diag(&DiagNvml { level: 1, gpu_uuids: vec![], reset: false }).unwrap()["gpus"][1]["passed"].as_bool();
+        f.inject_memory_error(1, false);
+        let h = f.health().unwrap();
+        assert_eq!((h[1].ecc_uncorrected, h[1].remapped_rows, h[1].remap_pending, h[1].remap_failed), (1, 1, true, false));
+        assert_eq!(passed(&f), Some(false));
+        f.reset(&uuid).unwrap();
+        assert_eq!(f.resets(), 1);
+        let h = f.health().unwrap();
+        assert_eq!((h[1].ecc_uncorrected, h[1].remapped_rows, h[1].remap_pending), (0, 1, false), "the remap applied; the volatile count cleared");
+        assert_eq!(passed(&f), Some(true));
+        f.inject_memory_error(1, true);
+        f.reset(&uuid).unwrap();
+        assert!(f.health().unwrap()[1].remap_failed);
+        assert_eq!(passed(&f), Some(false), "a failed remap needs service, not a reset");
+        assert!(f.reset("GPU-nope").is_err());
     }
 
     #[test]

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use better_compute_proto::v1::{DiagNvml, GpuHealth, GpuInfo, GpuMode, GpusSection, Inventory, MigInstance};
-use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError, TemperatureSensor};
+use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError, RetirementCause, TemperatureSensor};
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::Nvml;
 
@@ -137,6 +137,32 @@ fn watch_xids(events: &Events) {
     }
 }
 
+/// Row remapping (Ampere and later; NVIDIA's "GPU Memory Error Management" guide): rows remapped
+/// for uncorrectable errors, whether one waits for a reset, and whether one failed. nvml-wrapper
+/// has no wrapper for `nvmlDeviceGetRemappedRows`, so it is called through its bindings; a GPU
+/// without row remapping answers NOT_SUPPORTED and reads as none.
+fn remapped_rows(d: &nvml_wrapper::Device<'_>) -> (u32, bool, bool) {
+    let (mut corrected, mut uncorrected, mut pending, mut failed) = (0u32, 0u32, 0u32, 0u32);
+    // SAFETY: the handle is the live device's, and the four out-pointers are valid for writes.
+    let rc = unsafe { d.nvml().lib().nvmlDeviceGetRemappedRows(d.handle(), &mut corrected, &mut uncorrected, &mut pending, &mut failed) };
+    // 0 is NVML_SUCCESS.
+    if rc != 0 {
+        return (0, false, false);
+    }
+    (uncorrected, pending != 0, failed != 0)
+}
+
+/// NVLink data-link errors summed over the GPU's active links.
+fn nvlink_errors(d: &nvml_wrapper::Device<'_>) -> u64 {
+    use nvml_wrapper::enum_wrappers::nv_link::ErrorCounter;
+    // NVML_NVLINK_MAX_LINKS: 18 on Hopper.
+    (0..18)
+        .map(|i| d.link_wrapper_for(i))
+        .filter(|l| l.is_active().unwrap_or(false))
+        .flat_map(|l| [ErrorCounter::DlReplay, ErrorCounter::DlRecovery, ErrorCounter::DlCrcFlit, ErrorCounter::DlCrcData].map(|c| l.error_counter(c).unwrap_or(0)))
+        .sum()
+}
+
 impl GpuBackend for NvmlBackend {
     fn name(&self) -> &'static str {
         "nvml"
@@ -173,6 +199,7 @@ impl GpuBackend for NvmlBackend {
             let temp = d.temperature(TemperatureSensor::Gpu).unwrap_or(0);
             let xids = pending.remove(&uuid).unwrap_or_default();
             let (healthy, reason) = judge(&xids, ecc, temp);
+            let (remapped_rows, remap_pending, remap_failed) = remapped_rows(&d);
             out.push(GpuHealth {
                 uuid,
                 healthy,
@@ -185,6 +212,13 @@ impl GpuBackend for NvmlBackend {
                 pcie_link_gen: d.current_pcie_link_gen().unwrap_or(0),
                 pcie_link_gen_max: d.max_pcie_link_gen().unwrap_or(0),
                 throttle_reasons: d.current_throttle_reasons().map(|t| t.bits()).unwrap_or(0),
+                ecc_corrected: d.total_ecc_errors(MemoryError::Corrected, EccCounter::Volatile).unwrap_or(0),
+                retired_pages: d.retired_pages(RetirementCause::DoubleBitEccError).map(|p| p.len() as u32).unwrap_or(0),
+                retired_pages_pending: d.are_pages_pending_retired().unwrap_or(false),
+                remapped_rows,
+                remap_pending,
+                remap_failed,
+                nvlink_errors: nvlink_errors(&d),
             });
         }
         Ok(out)
@@ -219,6 +253,19 @@ impl GpuBackend for NvmlBackend {
             .collect())
     }
 
+    fn reset(&self, uuid: &str) -> Result<(), BackendError> {
+        // NVML has no reset call; nvidia-smi's is the supported way (it needs root and an idle GPU).
+        let out = std::process::Command::new("nvidia-smi")
+            .args(["--gpu-reset", "-i", uuid])
+            .output()
+            .map_err(|e| BackendError::Failed(format!("nvidia-smi --gpu-reset: {e}")))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(BackendError::Failed(format!("nvidia-smi --gpu-reset -i {uuid}: {}", String::from_utf8_lossy(&out.stderr).trim())))
+        }
+    }
+
     fn diag(&self, req: &DiagNvml) -> Result<serde_json::Value, BackendError> {
         let health = self.health()?;
         let inv = self.inventory()?;
@@ -233,7 +280,9 @@ impl GpuBackend for NvmlBackend {
                     "migInstances": g.mig_instances.iter().map(|m| &m.profile).collect::<Vec<_>>(),
                     "passed": h.is_some_and(|h| h.healthy), "reason": h.map(|h| h.reason.clone()),
                     "temperatureC": h.map(|h| h.temperature_c), "eccUncorrected": h.map(|h| h.ecc_uncorrected),
-                    "xidErrors": h.map(|h| h.xid_errors.clone()),
+                    "xidErrors": h.map(|h| h.xid_errors.clone()), "remappedRows": h.map(|h| h.remapped_rows),
+                    "remapPending": h.map(|h| h.remap_pending), "remapFailed": h.map(|h| h.remap_failed),
+                    "nvlinkErrors": h.map(|h| h.nvlink_errors),
                 })
             })
             .collect();

@@ -4,6 +4,12 @@
 //! - An XID is classified by the catalogue (`better_compute_core::xid`): informational ones are
 //!   recorded; a transient one makes the GPU `suspect` (out of placement) and runs `diag.nvml` on
 //!   it; a fatal one makes it `unhealthy` and quarantines it (with every atom of it) at once.
+//! - A suspect GPU's first check resets it first when nothing holds it (a reset clears a transient
+//!   fault and applies a pending row remap or page retirement; the daemon refuses it under an
+//!   allocation anyway).
+//! - Counters a daemon reports (`GpuHealth`) become signals when they rise: a row remap or page
+//!   retirement waiting for a reset is transient, a failed remap fatal, new uncorrectable ECC
+//!   errors transient, and remapped rows, retired pages and NVLink errors informational.
 //! - A passed check makes a suspect GPU `recovering`; [`CLEAN_CHECKS`] passed checks in a row,
 //!   [`CHECK_INTERVAL_S`] apart, make it `healthy` again. A failed check makes it `unhealthy`.
 //!   A check that could not run (the node was away, the command expired) is tried again later and
@@ -55,7 +61,20 @@ const SIGNALS_KEPT_S: f64 = 7.0 * 86_400.0;
 /// report's transaction, under its session fence. Returns how many signals it recorded.
 pub async fn record(tx: &impl GenericClient, node_id: &str, health: &Health) -> Result<u64, DbError> {
     let (mut gpus, mut kinds, mut classes, mut details) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let before = save_counters(tx, node_id, health).await?;
     for g in &health.gpus {
+        let old = before.get(&g.uuid);
+        let rose = old.map(|old| counter_signals(old, &counters(g))).unwrap_or_default();
+        // Unhealthy is a level the daemon repeats in every report while it holds: its onset is
+        // the signal.
+        let became_unhealthy = !g.healthy && old.is_none_or(|o| o.get("unhealthy").is_none());
+        let counted = rose.iter().any(|(class, _)| *class != XidClass::Informational);
+        for (class, detail) in rose {
+            gpus.push(g.uuid.as_str());
+            kinds.push("counter");
+            classes.push(class.as_str());
+            details.push(detail);
+        }
         for x in &g.xid_errors {
             gpus.push(g.uuid.as_str());
             kinds.push("xid");
@@ -76,7 +95,8 @@ pub async fn record(tx: &impl GenericClient, node_id: &str, health: &Health) -> 
             classes.push(XidClass::Informational.as_str());
             details.push(format!("clocks throttled for heat or power (NVML reasons {:#x})", g.throttle_reasons));
         }
-        if !g.healthy && g.xid_errors.is_empty() {
+        // (Unless a counter said why already: one fault is one signal.)
+        if became_unhealthy && g.xid_errors.is_empty() && !counted {
             gpus.push(g.uuid.as_str());
             kinds.push("unhealthy");
             classes.push(XidClass::Transient.as_str());
@@ -95,6 +115,82 @@ pub async fn record(tx: &impl GenericClient, node_id: &str, health: &Health) -> 
         .await?;
     work_queue::enqueue(tx, &HEALTH_KIND, node_id).await?;
     Ok(n)
+}
+
+/// A GPU's counters and flags (the daemon's own verdict among them) as stored: only what is not
+/// zero or false, so a GPU with nothing to say stores `{}` and its reports write nothing.
+fn counters(g: &better_compute_proto::v1::GpuHealth) -> serde_json::Value {
+    let mut m = serde_json::Map::new();
+    for (k, v) in [
+        ("eccUncorrected", g.ecc_uncorrected),
+        ("retiredPages", u64::from(g.retired_pages)),
+        ("remappedRows", u64::from(g.remapped_rows)),
+        ("nvlinkErrors", g.nvlink_errors),
+    ] {
+        if v > 0 {
+            m.insert(k.into(), v.into());
+        }
+    }
+    for (k, v) in [("retiredPagesPending", g.retired_pages_pending), ("remapPending", g.remap_pending), ("remapFailed", g.remap_failed), ("unhealthy", !g.healthy)] {
+        if v {
+            m.insert(k.into(), true.into());
+        }
+    }
+    serde_json::Value::Object(m)
+}
+
+/// Stores each reported GPU's counters and returns what was stored before, by uuid (GPUs the
+/// node does not have are left out).
+async fn save_counters(tx: &impl GenericClient, node_id: &str, health: &Health) -> Result<std::collections::HashMap<String, serde_json::Value>, DbError> {
+    let uuids: Vec<&str> = health.gpus.iter().map(|g| g.uuid.as_str()).collect();
+    let now: Vec<serde_json::Value> = health.gpus.iter().map(counters).collect();
+    let rows = tx
+        .query(
+            "WITH r AS (SELECT * FROM unnest($2::text[], $3::jsonb[]) u(id, c)),
+                  old AS (SELECT d.id, coalesce(d.health_counters, '{}'::jsonb) AS c FROM devices d JOIN r ON r.id = d.id
+                           WHERE d.node_id = $1 AND d.parent_id IS NULL),
+                  saved AS (UPDATE devices d SET health_counters = r.c FROM r JOIN old ON old.id = r.id
+                             WHERE d.id = r.id AND old.c IS DISTINCT FROM r.c)
+             SELECT id, c FROM old",
+            &[&node_id, &uuids, &now],
+        )
+        .await?;
+    Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+}
+
+/// What rose between two of a GPU's counters (a count below the last is a reset, so all of it is
+/// new), as signals: a pending page retirement or row remap needs a reset (transient), a failed
+/// remap needs service (fatal), new uncorrectable errors are transient, the rest informational.
+/// See NVIDIA's "GPU Memory Error Management" guide.
+fn counter_signals(old: &serde_json::Value, new: &serde_json::Value) -> Vec<(XidClass, String)> {
+    let count = |v: &serde_json::Value, k: &str| v.get(k).and_then(|x| x.as_u64()).unwrap_or(0);
+    let flag = |v: &serde_json::Value, k: &str| v.get(k).and_then(|x| x.as_bool()).unwrap_or(false);
+    let rose = |k: &str| {
+        let (o, n) = (count(old, k), count(new, k));
+        if n >= o { n - o } else { n }
+    };
+    let began = |k: &str| flag(new, k) && !flag(old, k);
+    let mut out = Vec::new();
+    if began("remapFailed") {
+        out.push((XidClass::Fatal, "row remapping failed: the GPU's memory needs service".to_owned()));
+    }
+    if began("remapPending") {
+        out.push((XidClass::Transient, "a row remap waits for a GPU reset".to_owned()));
+    }
+    if began("retiredPagesPending") {
+        out.push((XidClass::Transient, "a page waits for a GPU reset to be retired".to_owned()));
+    }
+    let ecc = rose("eccUncorrected");
+    if ecc > 0 && out.is_empty() {
+        out.push((XidClass::Transient, format!("{ecc} new uncorrectable ECC error(s)")));
+    }
+    for (k, what) in [("remappedRows", "row(s) remapped"), ("retiredPages", "page(s) retired"), ("nvlinkErrors", "NVLink error(s)")] {
+        let n = rose(k);
+        if n > 0 {
+            out.push((XidClass::Informational, format!("{n} {what}")));
+        }
+    }
+    out
 }
 
 /// A GPU of the node, locked for the run.
@@ -116,6 +212,8 @@ pub struct HealthReport {
     pub transitions: u64,
     /// Checks (`diag.nvml`) enqueued.
     pub checks: u64,
+    /// Of them, those that reset the GPU first (it was free).
+    pub resets: u64,
     /// Signals held because the pool's circuit is open.
     pub held: u64,
     /// Whether this run opened the pool's circuit.
@@ -224,7 +322,12 @@ impl Run<'_> {
 
 /// One pass over a node's GPUs. Runs in the caller's (fenced) transaction; returns what it did and
 /// when the node should be looked at again.
-pub async fn evaluate(tx: &Transaction<'_>, node_id: &str, diag: &better_compute_runtime::commands::CommandKind) -> Result<(HealthReport, Option<f64>, bool), DbError> {
+pub async fn evaluate(
+    tx: &Transaction<'_>,
+    occupants: &[std::sync::Arc<dyn better_compute_runtime::occupancy::NodeOccupant>],
+    node_id: &str,
+    diag: &better_compute_runtime::commands::CommandKind,
+) -> Result<(HealthReport, Option<f64>, bool), DbError> {
     use GpuHealthState::*;
     let Some(node) = tx.query_opt("SELECT pool_id, shard FROM nodes WHERE id = $1", &[&node_id]).await? else {
         return Ok((HealthReport::default(), None, false));
@@ -349,7 +452,16 @@ pub async fn evaluate(tx: &Transaction<'_>, node_id: &str, diag: &better_compute
             // The device row is locked and the command's id stored on it in this transaction, so
             // a fresh key never starts a second check.
             let key = format!("health-{}-{}", gpu.id, better_compute_core::id::CommandId::generate());
-            let payload = serde_json::json!({"level": 1, "gpuUuids": [gpu.id]});
+            // A suspect GPU's first check resets it first where nothing holds it: a reset clears a
+            // transient fault and applies a pending row remap or page retirement.
+            let mut reset = gpu.state == Suspect && gpu.clean_checks == 0;
+            for o in occupants {
+                if reset && o.holds_device(tx, &gpu.id).await? {
+                    reset = false;
+                }
+            }
+            let payload = serde_json::json!({"level": 1, "gpuUuids": [gpu.id], "reset": reset});
+            run.report.resets += u64::from(reset);
             let owner = Some((HEALTH_KIND.name, node_id, shard));
             let c = commands::enqueue_kind(
                 tx,
@@ -488,7 +600,7 @@ impl Reconciler for HealthJob {
         let diag = kinds.iter().find(|k| k.name == "diag.nvml").expect("the nodes module defines diag.nvml");
         let mut c = ctx.client().await?;
         let tx = ctx.begin_fenced(&mut c).await?;
-        let (r, next, more) = evaluate(&tx, node_id, diag).await?;
+        let (r, next, more) = evaluate(&tx, ctx.occupants(), node_id, diag).await?;
         if let Some(s) = next {
             work_queue::enqueue_after(&*tx, &HEALTH_KIND, node_id, Duration::from_secs_f64(s.max(1.0))).await?;
         }
@@ -499,6 +611,7 @@ impl Reconciler for HealthJob {
         ctx.count("signals acted on", r.signals);
         ctx.count("GPU health transitions", r.transitions);
         ctx.count("checks started", r.checks);
+        ctx.count("checks with a GPU reset", r.resets);
         ctx.count("signals held by an open circuit", r.held);
         ctx.count("circuits opened", u64::from(r.circuit_opened));
         Ok(if more { Outcome::SyncAgain } else { Outcome::Done })

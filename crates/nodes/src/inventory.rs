@@ -299,7 +299,7 @@ pub struct NodeView {
 
 /// The columns of a [`NodeView`], in [`node_view`]'s order.
 pub(crate) const NODE_VIEW: &str =
-    "SELECT id, pool_id, name, labels, taints, no_schedule_reasons, liveness, generation, observed_generation, version, nodes_conditions(nodes) FROM nodes";
+    "SELECT id, pool_id, name, labels, taints, no_schedule_reasons, liveness, generation, observed_generation, version, nodes_conditions_seen(nodes) FROM nodes";
 
 /// Reads a node.
 pub async fn get_node(db: &impl GenericClient, node_id: &str) -> Result<NodeView, DbError> {

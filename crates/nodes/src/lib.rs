@@ -32,6 +32,8 @@ pub const NODES_MIGRATIONS: &[Migration] = &[
     Migration::numbered("nodes", "0003_health", include_str!("migrations/nodes/0003_health.sql")),
     Migration::numbered("nodes", "0004_findings", include_str!("migrations/nodes/0004_findings.sql")),
     Migration::numbered("nodes", "0005_site_boot", include_str!("migrations/nodes/0005_site_boot.sql")),
+    Migration::numbered("nodes", "0006_node_conditions", include_str!("migrations/nodes/0006_node_conditions.sql")),
+    Migration::numbered("nodes", "0007_health_counters", include_str!("migrations/nodes/0007_health_counters.sql")),
     Migration::repeatable("nodes", "scope", include_str!("sql/scope.sql")),
     Migration::repeatable("nodes", "drain", include_str!("sql/drain.sql")),
     Migration::repeatable("nodes", "conditions", include_str!("sql/conditions.sql")),
@@ -95,6 +97,13 @@ impl better_compute_runtime::Module for NodesModule {
             EventType { name: "node.drainAdmitted", version: 1, audience: "fleet", description: "The pool's disruption budget admitted a node's drain.", data: DRAIN },
             EventType { name: "node.drained", version: 1, audience: "fleet", description: "Nothing holds a draining node any more.", data: DRAIN },
             EventType { name: "node.undrained", version: 1, audience: "fleet", description: "A node's drain was ended; it is schedulable again unless cordoned otherwise.", data: DRAIN },
+            EventType {
+                name: "node.conditionChanged",
+                version: 1,
+                audience: "fleet",
+                description: "One of a node's conditions (Unreachable, Draining, Unhealthy, …; not Ready or Converging) began to hold, changed its reason, or ended.",
+                data: &[("type", "the condition"), ("reason", "its reason"), ("message", "what it means"), ("holds", "false when it ended")],
+            },
             EventType { name: "node.labelsChanged", version: 1, audience: "fleet", description: "A node's labels changed.", data: &[("labels", "its labels now")] },
             EventType { name: "node.retired", version: 1, audience: "fleet", description: "A drained node left placement for ever; its certificates were revoked.", data: &[("certificatesRevoked", "how many")] },
             EventType { name: "device.healthy", version: 1, audience: "fleet", description: "A GPU is healthy again (after clean checks): it is back in placement.", data: HEALTH },
@@ -126,7 +135,12 @@ impl better_compute_runtime::Module for NodesModule {
             std::sync::Arc::new(findings::InventoryJob),
             std::sync::Arc::new(findings::HygieneJob),
             std::sync::Arc::new(site_boot::SiteBootJob),
+            std::sync::Arc::new(conditions::NodeJob),
         ]
+    }
+
+    fn subscribers(&self) -> Vec<std::sync::Arc<dyn better_compute_runtime::Sink>> {
+        vec![std::sync::Arc::new(conditions::ConditionWaker)]
     }
 
     fn node_spec_parts(&self) -> Vec<std::sync::Arc<dyn better_compute_runtime::nodespec::NodeSpecPart>> {

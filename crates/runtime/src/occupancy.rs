@@ -36,6 +36,10 @@ pub trait NodeOccupant: Send + Sync + 'static {
     /// What holds `node_id` now or later.
     async fn occupancy(&self, tx: &Transaction<'_>, node_id: &str) -> Result<Occupancy, DbError>;
 
+    /// Whether something of this module uses the GPU `device_id` (or one of its atoms) now or
+    /// within the next ten minutes: a GPU reset would kill its workload.
+    async fn holds_device(&self, tx: &Transaction<'_>, device_id: &str) -> Result<bool, DbError>;
+
     /// Tells each affected tenant that its things on `node_id` end at `deadline` (RFC 3339), for
     /// `reason`. Called once per drain. Returns how many were told.
     async fn request_eviction(&self, tx: &Transaction<'_>, node_id: &str, deadline: &str, reason: &str) -> Result<u64, DbError>;

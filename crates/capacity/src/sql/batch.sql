@@ -354,7 +354,11 @@ BEGIN
     WHERE node_id IN (SELECT r.node_id FROM reservations r WHERE r.id = ANY(v_ended)) ORDER BY node_id FOR UPDATE;
   UPDATE node_resources nr
      SET vcpu_allocated = vcpu_allocated - s.vcpu, memory_mib_allocated = memory_mib_allocated - s.memory_mib,
-         disk_gib_allocated = disk_gib_allocated - s.disk_gib
+         disk_gib_allocated = disk_gib_allocated - s.disk_gib,
+         -- as capacity_release does: allocatable held up by bookings comes down to usable
+         vcpu_allocatable = greatest(vcpu_usable, capacity_allocatable_floor(vcpu_allocated - s.vcpu, vcpu_ratio)),
+         memory_mib_allocatable = greatest(memory_mib_usable, capacity_allocatable_floor(memory_mib_allocated - s.memory_mib, memory_ratio)),
+         disk_gib_allocatable = greatest(disk_gib_usable, capacity_allocatable_floor(disk_gib_allocated - s.disk_gib, disk_ratio))
     FROM (SELECT r.node_id, sum(r.vcpu) AS vcpu, sum(r.memory_mib) AS memory_mib, sum(r.disk_gib) AS disk_gib
             FROM reservations r WHERE r.id = ANY(v_ended) AND r.node_id IS NOT NULL GROUP BY r.node_id) s
    WHERE nr.node_id = s.node_id;

@@ -40,7 +40,11 @@ BEGIN
   IF r.node_id IS NOT NULL THEN
     UPDATE node_resources
        SET vcpu_allocated = vcpu_allocated - r.vcpu, memory_mib_allocated = memory_mib_allocated - r.memory_mib,
-           disk_gib_allocated = disk_gib_allocated - r.disk_gib
+           disk_gib_allocated = disk_gib_allocated - r.disk_gib,
+           -- allocatable held up above usable by bookings (the node lost hardware) comes down
+           vcpu_allocatable = greatest(vcpu_usable, capacity_allocatable_floor(vcpu_allocated - r.vcpu, vcpu_ratio)),
+           memory_mib_allocatable = greatest(memory_mib_usable, capacity_allocatable_floor(memory_mib_allocated - r.memory_mib, memory_ratio)),
+           disk_gib_allocatable = greatest(disk_gib_usable, capacity_allocatable_floor(disk_gib_allocated - r.disk_gib, disk_ratio))
      WHERE node_id = r.node_id;
   END IF;
   -- Every booking leaves the live table; what was held before now is kept in the history, cut at

@@ -11,7 +11,36 @@ impl Daemon {
         match p {
             Payload::DiagNvml(req) => {
                 let backend = self.backend.clone();
-                match tokio::task::spawn_blocking(move || backend.diag(&req)).await {
+                // A reset under a workload would kill it: a GPU any allocation holds is never reset.
+                let held: Vec<String> = if req.reset {
+                    let st = self.state.lock().expect("state");
+                    req.gpu_uuids.iter().filter(|u| st.applied.as_ref().is_some_and(|a| a.holds_gpu(u))).cloned().collect()
+                } else {
+                    Vec::new()
+                };
+                let run = move || {
+                    let mut resets = serde_json::Map::new();
+                    if req.reset {
+                        for u in &req.gpu_uuids {
+                            let r = if held.contains(u) {
+                                "refused: an allocation holds the GPU".to_owned()
+                            } else {
+                                match backend.reset(u) {
+                                    Ok(()) => "done".to_owned(),
+                                    Err(e) => format!("failed: {e}"),
+                                }
+                            };
+                            resets.insert(u.clone(), r.into());
+                        }
+                    }
+                    backend.diag(&req).map(|mut report| {
+                        if req.reset {
+                            report["resets"] = resets.into();
+                        }
+                        report
+                    })
+                };
+                match tokio::task::spawn_blocking(run).await {
                     Ok(Ok(report)) => ok(report),
                     Ok(Err(e)) => fail(e.to_string()),
                     Err(e) => fail(format!("diagnostics crashed: {e}")),

@@ -38,6 +38,35 @@ struct Waiting {
     deadline: Instant,
 }
 
+/// What of a GPU's health, when it changes, makes a report go out: not its temperature or its
+/// corrected ECC count, which move all the time and are sent along with the next report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct HealthSummary {
+    uuid: String,
+    healthy: bool,
+    pcie_degraded: bool,
+    throttle_reasons: u64,
+    ecc_uncorrected: u64,
+    retired_pages: (u32, bool),
+    remapped_rows: (u32, bool, bool),
+    nvlink_errors: u64,
+}
+
+impl HealthSummary {
+    fn of(g: &better_compute_proto::v1::GpuHealth) -> HealthSummary {
+        HealthSummary {
+            uuid: g.uuid.clone(),
+            healthy: g.healthy,
+            pcie_degraded: g.pcie_link_width < g.pcie_link_width_max || g.pcie_link_gen < g.pcie_link_gen_max,
+            throttle_reasons: g.throttle_reasons,
+            ecc_uncorrected: g.ecc_uncorrected,
+            retired_pages: (g.retired_pages, g.retired_pages_pending),
+            remapped_rows: (g.remapped_rows, g.remap_pending, g.remap_failed),
+            nvlink_errors: g.nvlink_errors,
+        }
+    }
+}
+
 #[derive(Default)]
 struct State {
     applied_generation: i64,
@@ -50,9 +79,9 @@ struct State {
     /// no return).
     running: HashMap<String, (String, tokio::task::AbortHandle, Arc<AtomicBool>)>,
     waiting: Vec<Waiting>,
-    /// What the last health report said of each GPU (uuid, healthy, PCIe degraded, throttle
-    /// reasons): a report goes out when this changes or new XIDs arrived.
-    last_health: Vec<(String, bool, bool, u64)>,
+    /// What the last health report said of each GPU: a report goes out when this changes or new
+    /// XIDs arrived.
+    last_health: Vec<HealthSummary>,
     /// XIDs taken from the backend while no session was open, for the next report.
     unsent_xids: HashMap<String, Vec<u32>>,
     inventory_sent: bool,
@@ -319,10 +348,7 @@ impl Daemon {
                     g.xid_errors = earlier;
                 }
             }
-            let summary: Vec<(String, bool, bool, u64)> = gpus
-                .iter()
-                .map(|g| (g.uuid.clone(), g.healthy, g.pcie_link_width < g.pcie_link_width_max || g.pcie_link_gen < g.pcie_link_gen_max, g.throttle_reasons))
-                .collect();
+            let summary: Vec<HealthSummary> = gpus.iter().map(HealthSummary::of).collect();
             let changed = st.last_health != summary;
             st.last_health = summary;
             (changed, gpus.iter().any(|g| !g.xid_errors.is_empty()))

@@ -24,7 +24,7 @@ LANGUAGE sql STABLE AS $$
    WHERE r.model IS NOT NULL AND r.model <> d.model AND position(d.model IN r.model) = 0
   UNION ALL
   -- CPU, memory or disk reported below what the node was registered with.
-  SELECT 'resources-changed', n.id, '', format('registered with %s vCPU, %s MiB, %s GiB; the daemon reports %s vCPU, %s MiB, %s GiB',
+  SELECT 'resources-changed', n.id, '', format('registered with %s vCPU, %s MiB, %s GiB; the daemon reports %s vCPU, %s MiB, %s GiB (placement uses what it reports, and keeps what reservations hold)',
                                                  n.vcpu, n.memory_mib, n.disk_gib, n.reported_inventory->>'vcpu',
                                                  n.reported_inventory->>'memoryMib', n.reported_inventory->>'diskGib')
     FROM n

@@ -48,6 +48,7 @@ CREATE TABLE commands (
   sent_at timestamp with time zone,
   finished_at timestamp with time zone,
   version bigint DEFAULT 1 NOT NULL,
+  signature bytea,
   CONSTRAINT commands_check CHECK ((((owner_kind IS NULL) = (owner_key IS NULL)) AND ((owner_key IS NULL) = (owner_shard IS NULL)))),
   CONSTRAINT commands_check1 CHECK (((state <> ALL (ARRAY['failed'::text, 'expired'::text])) OR (reason IS NOT NULL))),
   CONSTRAINT commands_idempotency_key_check CHECK ((idempotency_key <> ''::text)),
@@ -57,6 +58,7 @@ CREATE TABLE commands (
   CONSTRAINT commands_node_id_seq_key UNIQUE (node_id, seq),
   CONSTRAINT commands_pkey PRIMARY KEY (id),
   CONSTRAINT commands_seq_check CHECK ((seq >= 1)),
+  CONSTRAINT commands_signature_check CHECK (((signature IS NULL) OR (octet_length(signature) = 64))),
   CONSTRAINT commands_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'sent'::text, 'running'::text, 'succeeded'::text, 'failed'::text, 'expired'::text, 'cancelled'::text]))),
   CONSTRAINT commands_timeout_s_check CHECK ((timeout_s > 0))
 );

@@ -103,9 +103,10 @@ async fn serve(cluster: &Cluster, root: &Path, args: &DevArgs) -> anyhow::Result
     better_compute_runtime::work_queue::Poker::install(pool.clone());
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let stopped_status = stopped.clone();
+    let ca_dir = better_compute_gateway::default_ca_dir(root);
+    registry.install_command_signer(std::sync::Arc::new(better_compute_runtime::signing::CommandSigner::load_or_create(&ca_dir)?));
     let (api_addr, api) = better_compute_server::start_api(pool.clone(), registry.clone(), &args.api_listen, Default::default(), stopped.clone()).await?;
     let (worker, handle) = better_compute_server::start_worker(pool.clone(), registry.clone(), Some(conn.clone()), stopped.clone()).await?;
-    let ca_dir = better_compute_gateway::default_ca_dir(root);
     let hostnames = vec!["localhost".to_owned(), "127.0.0.1".to_owned()];
     let gateway = better_compute_server::start_gateway(pool.clone(), &ca_dir, &args.gateway_listen, hostnames, Some(conn.clone()), stopped.clone()).await?;
     let gateway_url = format!("https://{}", gateway.addr());

@@ -108,6 +108,10 @@ impl FakeGpus {
                 g.remap_pending = true;
             }
         }
+        let wake = self.wake.lock().expect("fake wake").clone();
+        if let Some(w) = wake {
+            w();
+        }
     }
 
     /// NVLink errors on the GPU at `index`.

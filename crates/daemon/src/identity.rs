@@ -1,5 +1,7 @@
 //! The node's identity on disk: its private key (`node.key`, mode 0600, never sent anywhere), its
-//! certificate (`node.pem`), the CA it trusts (`ca.pem`) and `node.json` (node id and validity).
+//! certificate (`node.pem`), the CA it trusts (`ca.pem`), the control plane's command-signing key
+//! it pinned at join (`command-key.pub`: destructive commands must verify against it; it is learnt
+//! again only through a fresh join) and `node.json` (node id and validity).
 //! Joining sends a CSR with a join token; rotating sends a fresh CSR over the current mTLS session
 //! once 80% of the certificate's lifetime has passed.
 
@@ -10,6 +12,9 @@ use std::path::{Path, PathBuf};
 use better_compute_proto::v1::CertificateGrant;
 use rcgen::{CertificateParams, DnType, KeyPair};
 use serde::{Deserialize, Serialize};
+
+/// The pinned command-signing key, hex.
+pub const COMMAND_KEY_FILE: &str = "command-key.pub";
 
 /// The share of a certificate's lifetime after which the daemon rotates it.
 pub const ROTATE_AT: f64 = 0.8;
@@ -53,6 +58,9 @@ pub struct Identity {
     pub not_before_unix_s: i64,
     /// Validity, Unix seconds.
     pub not_after_unix_s: i64,
+    /// The control plane's Ed25519 command-signing key, pinned at join (empty: none was given, or
+    /// the file was lost; every destructive command is then refused).
+    pub command_key: Vec<u8>,
 }
 
 /// A key and its CSR, before the CA signed it.
@@ -80,8 +88,9 @@ impl Request {
 }
 
 impl Identity {
-    /// The identity a signed CSR makes.
-    pub fn from_grant(node_id: &str, req: Request, g: CertificateGrant) -> Identity {
+    /// The identity a signed CSR makes, with the command-signing key to pin (the join's; a
+    /// rotation keeps the one pinned).
+    pub fn from_grant(node_id: &str, req: Request, g: CertificateGrant, command_key: Vec<u8>) -> Identity {
         Identity {
             node_id: node_id.to_owned(),
             cert_pem: g.certificate_pem,
@@ -89,6 +98,7 @@ impl Identity {
             ca_pem: g.ca_pem,
             not_before_unix_s: g.not_before_unix_s,
             not_after_unix_s: g.not_after_unix_s,
+            command_key,
         }
     }
 
@@ -113,6 +123,11 @@ impl Identity {
             ca_pem: std::fs::read_to_string(dir.join("ca.pem")).map_err(io)?,
             not_before_unix_s: f.not_before_unix_s,
             not_after_unix_s: f.not_after_unix_s,
+            command_key: match std::fs::read_to_string(dir.join(COMMAND_KEY_FILE)) {
+                Ok(hex) => hex::decode(hex.trim()).unwrap_or_default(),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+                Err(e) => return Err(io(e)),
+            },
         }))
     }
 
@@ -132,6 +147,9 @@ impl Identity {
         write("node.key", &self.key_pem, 0o600).map_err(io)?;
         write("node.pem", &self.cert_pem, 0o644).map_err(io)?;
         write("ca.pem", &self.ca_pem, 0o644).map_err(io)?;
+        if !self.command_key.is_empty() {
+            write(COMMAND_KEY_FILE, &hex::encode(&self.command_key), 0o644).map_err(io)?;
+        }
         let meta = NodeFile { node_id: self.node_id.clone(), not_before_unix_s: self.not_before_unix_s, not_after_unix_s: self.not_after_unix_s };
         write("node.json", &serde_json::to_string_pretty(&meta).expect("serializes"), 0o644).map_err(io)
     }
@@ -150,6 +168,7 @@ mod tests {
             ca_pem: String::new(),
             not_before_unix_s: 1_000,
             not_after_unix_s: 2_000,
+            command_key: Vec::new(),
         };
         assert!(!id.rotation_due(1_799));
         assert!(id.rotation_due(1_800));
@@ -164,10 +183,14 @@ mod tests {
         let r = request("n1").unwrap();
         assert!(r.csr_pem.contains("CERTIFICATE REQUEST"));
         let g = CertificateGrant { certificate_pem: "C".into(), ca_pem: "A".into(), not_before_unix_s: 1, not_after_unix_s: 2 };
-        let id = Identity::from_grant("node_1", r, g);
+        let id = Identity::from_grant("node_1", r, g, vec![7; 32]);
         id.save(dir.path()).unwrap();
         let back = Identity::load(dir.path()).unwrap().unwrap();
         assert_eq!((back.node_id.as_str(), back.cert_pem.as_str(), back.key_pem.as_str()), ("node_1", "C", id.key_pem.as_str()));
+        assert_eq!(back.command_key, vec![7; 32], "the pinned command-signing key");
         assert_eq!(std::fs::metadata(dir.path().join("node.key")).unwrap().permissions().mode() & 0o777, 0o600);
+        // A lost key file is no key: destructive commands are refused until a fresh join.
+        std::fs::remove_file(dir.path().join(COMMAND_KEY_FILE)).unwrap();
+        assert_eq!(Identity::load(dir.path()).unwrap().unwrap().command_key, Vec::<u8>::new());
     }
 }

@@ -243,6 +243,8 @@ pub(crate) fn command_message(node_id: &str, c: &session::Dispatch) -> GatewayMe
             min_generation: c.min_generation,
             expires_in_ms: c.expires_in_ms,
             retry_safe: c.retry_safe,
+            not_after_unix_ms: c.not_after_unix_ms,
+            signature: c.signature.clone(),
         })),
     }
 }

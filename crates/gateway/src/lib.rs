@@ -51,6 +51,9 @@ pub struct GatewayConfig {
     pub node_cert_lifetime: Duration,
     /// How long a daemon has to say Hello.
     pub hello_timeout: Duration,
+    /// The command-signing key's public half, handed to each daemon that joins (empty: none, and
+    /// those daemons refuse every destructive command).
+    pub command_key: Vec<u8>,
 }
 
 impl GatewayConfig {
@@ -67,6 +70,7 @@ impl GatewayConfig {
             dispatch_concurrency: 32,
             node_cert_lifetime: ca::NODE_CERT_LIFETIME,
             hello_timeout: Duration::from_secs(10),
+            command_key: Vec::new(),
         }
     }
 }

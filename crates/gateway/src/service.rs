@@ -104,7 +104,11 @@ impl Gateway for GatewayService {
         tx.commit().await.map_err(db)?;
         better_compute_runtime::work_queue::poke(&**c).await;
         tracing::info!(node = %joined.node_id, pool = %joined.pool_id, "node joined");
-        Ok(Response::new(JoinResponse { node_id: joined.node_id, certificate: Some(grant(&signed, self.inner.ca.cert_pem())) }))
+        Ok(Response::new(JoinResponse {
+            node_id: joined.node_id,
+            certificate: Some(grant(&signed, self.inner.ca.cert_pem())),
+            command_key: self.inner.cfg.command_key.clone(),
+        }))
     }
 
     async fn rotate_certificate(&self, req: Request<RotateCertificateRequest>) -> Result<Response<CertificateGrant>, Status> {

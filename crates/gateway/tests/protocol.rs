@@ -20,6 +20,9 @@ const PATIENCE: Duration = Duration::from_secs(30);
 struct Fleet {
     h: Harness,
     ca: Arc<Ca>,
+    /// The command-signing key: the registry signs reboots with it, the gateway hands out its
+    /// public half at join.
+    signer: Arc<better_compute_runtime::signing::CommandSigner>,
     pool_id: String,
     dir: tempfile::TempDir,
 }
@@ -80,7 +83,9 @@ impl Fleet {
         .await
         .unwrap();
         tx.commit().await.unwrap();
-        Fleet { h, ca: Arc::new(Ca::generate().unwrap()), pool_id, dir: tempfile::tempdir().unwrap() }
+        let signer = Arc::new(better_compute_runtime::signing::CommandSigner::generate());
+        assert!(h.registry().install_command_signer(signer.clone()));
+        Fleet { h, ca: Arc::new(Ca::generate().unwrap()), signer, pool_id, dir: tempfile::tempdir().unwrap() }
     }
 
     async fn gateway(&self, id: &str, pokes: bool) -> RunningGateway {
@@ -88,6 +93,7 @@ impl Fleet {
         cfg.poll_interval = Duration::from_millis(if pokes { 200 } else { 400 });
         cfg.flush_interval = Duration::from_millis(200);
         cfg.listen_url = pokes.then(|| self.h.db().connection_string().to_owned());
+        cfg.command_key = self.signer.public_key();
         let (stop, stopped) = watch::channel(false);
         let gw = Gateway::start(self.h.db().pool.clone(), self.ca.clone(), cfg, stopped).await.unwrap();
         RunningGateway { gw, stop }
@@ -231,6 +237,7 @@ async fn a_valid_token_joins_once_an_expired_or_reused_one_is_refused_and_a_fore
             not_before_unix_s: signed.not_before_unix_s,
             not_after_unix_s: signed.not_after_unix_s,
         },
+        Vec::new(),
     );
     let forged_dir = f.dir.path().join("forged");
     forged.save(&forged_dir).unwrap();
@@ -404,6 +411,75 @@ async fn killed_mid_command_the_journal_keeps_a_reboot_from_running_twice_a_wipe
     let d = f.start(cfg, fake).await;
     f.wait_command(&node, &third, "succeeded").await;
     assert_eq!(reboots.load(Ordering::SeqCst), 3);
+    d.kill().await;
+    let _ = g.stop.send(true);
+}
+
+#[tokio::test]
+async fn a_daemon_that_lost_its_pinned_key_refuses_a_signed_reboot_with_bad_signature_and_a_bad_signature_is_refused_too() {
+    let f = Fleet::new().await;
+    let g = f.gateway("gw_a", true).await;
+    let token = f.join_token(None).await;
+    let reboots = Arc::new(AtomicU32::new(0));
+    let fake = gpus("n1");
+    let mut cfg = f.config(&g, "n1", Some(token));
+    let counter = reboots.clone();
+    cfg.reboot = RebootHook::Callback(Arc::new(move |_| {
+        counter.fetch_add(1, Ordering::SeqCst);
+    }));
+    let d = f.start(cfg.clone(), fake.clone()).await;
+    let node = d.d.node_id();
+    cfg.join_token = None;
+    f.settle_spec().await;
+    f.converged(&node).await;
+    let pinned = std::fs::read_to_string(f.dir.path().join("n1").join(better_compute_daemon::identity::COMMAND_KEY_FILE)).unwrap();
+    assert_eq!(pinned.trim(), f.signer.public_key().iter().map(|b| format!("{b:02x}")).collect::<String>(), "pinned at join");
+
+    // Signed at enqueue, verified by the daemon: it runs.
+    let signed = f.enqueue(&node, "node.reboot", serde_json::json!({"reason": "kernel"}), "reboot-signed").await;
+    wait_until("the reboot hook ran", || async { reboots.load(Ordering::SeqCst) == 1 }).await;
+    f.wait_command(&node, &signed, "running").await;
+    d.kill().await;
+    cfg.boot_id = "boot-2".into();
+
+    // Tampered in the database (a signature that is not the control plane's): refused, finally.
+    let d = f.start(cfg.clone(), fake.clone()).await;
+    f.wait_command(&node, &signed, "succeeded").await;
+    let c = f.h.db().client().await;
+    let tampered = {
+        let tx_c = f.h.db().client().await;
+        let v = commands::enqueue(
+            &**tx_c,
+            f.h.registry(),
+            NewCommand { node_id: &node, kind: "node.reboot", payload: &serde_json::json!({"reason": "x"}), idempotency_key: "reboot-tampered", not_after: Some(Duration::from_secs(600)), min_generation: 0, owner: None, requested_by: None },
+        )
+        .await
+        .unwrap();
+        // Before the gateway sends it: another payload under the old signature.
+        let n = tx_c
+            .execute("UPDATE commands SET body = (SELECT body FROM commands WHERE id = $2) WHERE id = $1 AND state = 'pending'", &[&v.id, &signed])
+            .await
+            .unwrap();
+        assert_eq!(n, 1);
+        commands::poke_gateway(&**tx_c, &node).await;
+        v.id
+    };
+    let v = f.wait_command(&node, &tampered, "failed").await;
+    assert_eq!(v.reason.as_deref(), Some("BAD_SIGNATURE"));
+    assert_eq!(reboots.load(Ordering::SeqCst), 1, "never run");
+
+    // The key store wiped: the daemon keeps its certificate but not the key, and learns it again
+    // only by joining afresh. A properly signed reboot is refused.
+    d.kill().await;
+    std::fs::remove_file(f.dir.path().join("n1").join(better_compute_daemon::identity::COMMAND_KEY_FILE)).unwrap();
+    let d = f.start(cfg.clone(), fake.clone()).await;
+    let refused = f.enqueue(&node, "node.reboot", serde_json::json!({"reason": "kernel"}), "reboot-unpinned").await;
+    let v = f.wait_command(&node, &refused, "failed").await;
+    assert_eq!(v.reason.as_deref(), Some("BAD_SIGNATURE"));
+    assert_eq!(reboots.load(Ordering::SeqCst), 1, "never run");
+    // Operators are told, whoever asked.
+    let told: i64 = c.query_one("SELECT count(*) FROM outbox WHERE type = 'command.badSignature' AND data->>'nodeId' = $1", &[&node]).await.unwrap().get(0);
+    assert_eq!(told, 2);
     d.kill().await;
     let _ = g.stop.send(true);
 }

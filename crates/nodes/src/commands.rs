@@ -109,12 +109,24 @@ pub async fn enqueue(tx: &impl GenericClient, registry: &Registry, c: NewCommand
     let kind = registry
         .command_kind(c.kind)
         .ok_or_else(|| Error::new(ErrorCode::Unsupported, format!("unknown command kind {:?}", c.kind)))?;
-    enqueue_kind(tx, kind, c).await
+    enqueue_signed(tx, kind, registry.command_signer(), c).await
 }
 
 /// [`enqueue`] of a kind the caller holds: a module's job enqueuing its own module's kind (the
-/// `health` job's `diag.nvml`), with no registry at hand.
+/// `health` job's `diag.nvml`), with no registry at hand. A destructive kind needs [`enqueue`]
+/// (the registry carries the signing key).
 pub async fn enqueue_kind(tx: &impl GenericClient, kind: &better_compute_runtime::commands::CommandKind, c: NewCommand<'_>) -> Result<CommandView, DbError> {
+    enqueue_signed(tx, kind, None, c).await
+}
+
+/// Enqueues, signing a destructive kind's command with `signer` over its node, seq, kind, body,
+/// notAfter and minGeneration (`better_compute_proto::command_signing_message`).
+async fn enqueue_signed(
+    tx: &impl GenericClient,
+    kind: &better_compute_runtime::commands::CommandKind,
+    signer: Option<&better_compute_runtime::signing::CommandSigner>,
+    c: NewCommand<'_>,
+) -> Result<CommandView, DbError> {
     debug_assert_eq!(kind.name, c.kind);
     let not_after = c.not_after.ok_or_else(|| Error::invalid_argument("notAfter is mandatory for every command"))?;
     if c.idempotency_key.is_empty() || c.idempotency_key.len() > 255 {
@@ -124,6 +136,13 @@ pub async fn enqueue_kind(tx: &impl GenericClient, kind: &better_compute_runtime
         return Err(Error::invalid_argument("minGeneration must not be negative").into());
     }
     let body = (kind.encode)(c.payload)?;
+    if kind.destructive && signer.is_none() {
+        return Err(Error::failed_precondition(format!(
+            "{} is destructive and must be signed, but this process holds no command-signing key; start the api and worker roles with the fleet's --ca-dir",
+            kind.name
+        ))
+        .into());
+    }
     let payload = match &body.payload {
         Some(p) => serde_json::to_value(CommandBodyJson(p)).map_err(|e| Error::internal(e.to_string()))?,
         None => serde_json::Value::Null,
@@ -140,6 +159,18 @@ pub async fn enqueue_kind(tx: &impl GenericClient, kind: &better_compute_runtime
         .await?
         .ok_or_else(|| Error::not_found("node", c.node_id))?
         .get(0);
+    // notAfter to the millisecond, so the signature and the row hold the same instant.
+    let not_after_ms: i64 = tx
+        .query_one("SELECT (extract(epoch FROM compute_now() + make_interval(secs => $1)) * 1000)::int8", &[&not_after.as_secs_f64()])
+        .await?
+        .get(0);
+    let body_bytes = body.encode_to_vec();
+    let signature = match signer {
+        Some(s) if kind.destructive => {
+            Some(s.sign(&better_compute_proto::command_signing_message(c.node_id, seq, kind.name, &body_bytes, not_after_ms, c.min_generation)))
+        }
+        _ => None,
+    };
     let id = CommandId::generate().to_string();
     let (owner_kind, owner_key, owner_shard) = match c.owner {
         Some((k, key, shard)) => (Some(k), Some(key), Some(shard)),
@@ -151,18 +182,18 @@ pub async fn enqueue_kind(tx: &impl GenericClient, kind: &better_compute_runtime
                 "WITH c AS (
                    INSERT INTO commands (id, node_id, seq, kind, lane, body, payload, idempotency_key, min_generation,
                                          not_after, timeout_s, retry_safe, self_terminating, state, owner_kind, owner_key,
-                                         owner_shard, requested_by)
-                   VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, compute_now() + make_interval(secs => $10), $11, $12, $13,
-                           'pending', $14, $15, $16, $17)
+                                         owner_shard, requested_by, signature)
+                   VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, to_timestamp($10::int8 / 1000.0), $11, $12, $13,
+                           'pending', $14, $15, $16, $17, $18)
                    ON CONFLICT (node_id, idempotency_key) DO NOTHING
                    RETURNING *)
                  {}",
                 VIEW.replace("FROM commands", "FROM c")
             ),
             &[
-                &id, &c.node_id, &seq, &kind.name, &kind.lane, &body.encode_to_vec(), &payload, &c.idempotency_key,
-                &c.min_generation, &not_after.as_secs_f64(), &(kind.timeout.as_secs() as i32), &kind.retry_safe,
-                &kind.self_terminating, &owner_kind, &owner_key, &owner_shard, &c.requested_by,
+                &id, &c.node_id, &seq, &kind.name, &kind.lane, &body_bytes, &payload, &c.idempotency_key,
+                &c.min_generation, &not_after_ms, &(kind.timeout.as_secs() as i32), &kind.retry_safe,
+                &kind.self_terminating, &owner_kind, &owner_key, &owner_shard, &c.requested_by, &signature,
             ],
         )
         .await?;
@@ -319,6 +350,14 @@ pub async fn reject(tx: &impl GenericClient, id: &str, why: Rejection) -> Result
             get(tx, &view.node_id, id).await
         }
         Rejection::Expired => move_to(tx, id, CommandState::Expired, Some(why.as_str()), None).await,
+        Rejection::BadSignature => {
+            let v = move_to(tx, id, CommandState::Failed, Some(why.as_str()), None).await?;
+            // Someone wrote a destructive command the control plane did not sign, or a daemon
+            // lost its pinned key: either way operators must see it, whoever asked.
+            let data = serde_json::json!({"nodeId": v.node_id, "kind": v.kind});
+            better_compute_runtime::outbox::emit(tx, better_compute_runtime::NewEvent { event_type: "command.badSignature", tenant_id: None, subject: id, data }).await?;
+            Ok(v)
+        }
         _ => move_to(tx, id, CommandState::Failed, Some(why.as_str()), None).await,
     }
 }

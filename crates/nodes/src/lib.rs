@@ -34,6 +34,7 @@ pub const NODES_MIGRATIONS: &[Migration] = &[
     Migration::numbered("nodes", "0005_site_boot", include_str!("migrations/nodes/0005_site_boot.sql")),
     Migration::numbered("nodes", "0006_node_conditions", include_str!("migrations/nodes/0006_node_conditions.sql")),
     Migration::numbered("nodes", "0007_health_counters", include_str!("migrations/nodes/0007_health_counters.sql")),
+    Migration::numbered("nodes", "0008_command_signatures", include_str!("migrations/nodes/0008_command_signatures.sql")),
     Migration::repeatable("nodes", "scope", include_str!("sql/scope.sql")),
     Migration::repeatable("nodes", "drain", include_str!("sql/drain.sql")),
     Migration::repeatable("nodes", "conditions", include_str!("sql/conditions.sql")),
@@ -122,6 +123,13 @@ impl better_compute_runtime::Module for NodesModule {
             command("command.failed", "A command failed (its reason says why: the daemon's error, timeout, journal-lost, …)."),
             command("command.expired", "A command's notAfter passed before it was sent; it never ran."),
             command("command.cancelled", "A command was cancelled."),
+            EventType {
+                name: "command.badSignature",
+                version: 1,
+                audience: "fleet",
+                description: "A daemon refused a destructive command as not signed by the control plane's command-signing key (tampered with, or the daemon lost the key it pinned at join and must join again). The command failed with BAD_SIGNATURE.",
+                data: &[("nodeId", "the command's node"), ("kind", "its kind")],
+            },
         ]
     }
 

@@ -194,10 +194,15 @@ pub struct Dispatch {
     pub expires_in_ms: i64,
     /// Safe to run twice.
     pub retry_safe: bool,
+    /// `notAfter`, Unix milliseconds (what the signature covers).
+    pub not_after_unix_ms: i64,
+    /// A destructive kind's signature; empty for other kinds.
+    pub signature: Vec<u8>,
 }
 
 const DISPATCH_COLUMNS: &str = "id, seq, kind, lane, body, min_generation,
-    (extract(epoch FROM not_after - compute_now()) * 1000)::bigint, retry_safe";
+    (extract(epoch FROM not_after - compute_now()) * 1000)::bigint, retry_safe,
+    round(extract(epoch FROM not_after) * 1000)::bigint, coalesce(signature, '')";
 
 /// A [`Dispatch`] from [`DISPATCH_COLUMNS`] starting at column `at`.
 fn dispatch_of(r: &tokio_postgres::Row, at: usize) -> Dispatch {
@@ -210,6 +215,8 @@ fn dispatch_of(r: &tokio_postgres::Row, at: usize) -> Dispatch {
         min_generation: r.get(at + 5),
         expires_in_ms: r.get(at + 6),
         retry_safe: r.get(at + 7),
+        not_after_unix_ms: r.get(at + 8),
+        signature: r.get(at + 9),
     }
 }
 

@@ -38,6 +38,7 @@ async fn setup() -> (Harness, String) {
     .await
     .unwrap();
     tx.commit().await.unwrap();
+    assert!(h.registry().install_command_signer(std::sync::Arc::new(better_compute_runtime::signing::CommandSigner::generate())));
     (h, node)
 }
 
@@ -611,4 +612,40 @@ async fn a_report_group_leaves_out_a_session_whose_node_row_is_busy_and_writes_n
     assert!(applied.held.contains(&nodes[1].0));
     opening.commit().await.unwrap();
     assert_eq!(count(&h, "SELECT count(*) FROM nodes WHERE observed_generation = 3").await, 1, "only the node that was not busy");
+}
+
+#[tokio::test]
+async fn a_destructive_command_is_signed_at_enqueue_over_its_node_seq_kind_body_deadline_and_generation() {
+    let (h, node) = setup().await;
+    let r = h.registry();
+    let c = h.db().client().await;
+    let reboot = serde_json::json!({"reason": "kernel"});
+    let v = commands::enqueue(&**c, r, NewCommand { min_generation: 3, ..cmd(&node, "node.reboot", &reboot, "r1") }).await.unwrap();
+    let row = c
+        .query_one(
+            "SELECT seq, body, round(extract(epoch FROM not_after) * 1000)::int8, min_generation, signature FROM commands WHERE id = $1",
+            &[&v.id],
+        )
+        .await
+        .unwrap();
+    let (seq, body, not_after_ms, min_generation, signature): (i64, Vec<u8>, i64, i64, Vec<u8>) = (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
+    let key = ring::signature::UnparsedPublicKey::new(&ring::signature::ED25519, r.command_signer().unwrap().public_key());
+    let message = |node: &str, seq: i64| better_compute_proto::command_signing_message(node, seq, "node.reboot", &body, not_after_ms, min_generation);
+    assert!(key.verify(&message(&node, seq), &signature).is_ok());
+    assert!(key.verify(&message(&node, seq + 1), &signature).is_err(), "bound to its seq");
+    assert!(key.verify(&message("node_other", seq), &signature).is_err(), "bound to its node");
+    // Other kinds carry none.
+    let diag = commands::enqueue(&**c, r, cmd(&node, "diag.nvml", &serde_json::Value::Null, "d1")).await.unwrap();
+    let none: Option<Vec<u8>> = c.query_one("SELECT signature FROM commands WHERE id = $1", &[&diag.id]).await.unwrap().get(0);
+    assert_eq!(none, None);
+
+    // A process without the key cannot enqueue one at all, and writes nothing.
+    let unsigned = a_registry_without_a_key();
+    let e = commands::enqueue(&**c, &unsigned, cmd(&node, "node.reboot", &reboot, "r2")).await.unwrap_err();
+    assert_eq!(code(e), ErrorCode::FailedPrecondition);
+    assert_eq!(count(&h, "SELECT count(*) FROM commands").await, 2);
+}
+
+fn a_registry_without_a_key() -> better_compute_runtime::Registry {
+    better_compute_runtime::Registry::new(vec![std::sync::Arc::new(better_compute_nodes::NodesModule)]).unwrap()
 }

@@ -14,6 +14,7 @@ pub mod nodespec;
 pub mod occupancy;
 pub mod outbox;
 pub mod reconciler;
+pub mod signing;
 pub mod status;
 pub mod work_queue;
 pub mod worker;

@@ -102,9 +102,21 @@ pub struct Registry {
     outbox_sinks: Vec<Arc<dyn Sink>>,
     command_kinds: Vec<crate::commands::CommandKind>,
     occupants: Arc<[Arc<dyn crate::occupancy::NodeOccupant>]>,
+    command_signer: std::sync::OnceLock<Arc<crate::signing::CommandSigner>>,
 }
 
 impl Registry {
+    /// Gives this process's registry the command-signing key, so destructive commands enqueued
+    /// through it are signed. Once: a second key is refused (false).
+    pub fn install_command_signer(&self, signer: Arc<crate::signing::CommandSigner>) -> bool {
+        self.command_signer.set(signer).is_ok()
+    }
+
+    /// The command-signing key, if this process loaded one.
+    pub fn command_signer(&self) -> Option<&crate::signing::CommandSigner> {
+        self.command_signer.get().map(|s| &**s)
+    }
+
     /// Assembles modules in order, refusing duplicate names.
     pub fn new(modules: Vec<Arc<dyn Module>>) -> Result<Registry, RegistryError> {
         let mut names = HashSet::new();
@@ -159,7 +171,7 @@ impl Registry {
         }
         reconcilers.push(Arc::new(crate::housekeeping::Housekeeping));
         let occupants = modules.iter().flat_map(|m| m.node_occupants()).collect();
-        Ok(Registry { modules, reconcilers, subscribers, outbox_sinks, command_kinds, occupants })
+        Ok(Registry { modules, reconcilers, subscribers, outbox_sinks, command_kinds, occupants, command_signer: std::sync::OnceLock::new() })
     }
 
     /// Every migration set: the clock, core, the runtime, then each module's in registration order.

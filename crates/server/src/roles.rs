@@ -24,8 +24,10 @@ pub struct ServerArgs {
     /// Names and addresses daemons reach the gateway by, comma-separated: its certificate's names.
     #[arg(long, value_delimiter = ',', default_value = "localhost,127.0.0.1")]
     gateway_hostname: Vec<String>,
-    /// The certificate authority's folder (ca.pem, and ca.key with mode 0600), created on first
-    /// start. Every gateway of a fleet needs the same one.
+    /// The certificate authority's folder, created on first start: ca.pem, ca.key (mode 0600) and
+    /// command-signing.pk8 (mode 0600: the key destructive commands such as node.reboot are signed
+    /// with at enqueue; daemons pin its public half at join). Every gateway, api and worker of a
+    /// fleet needs the same one.
     #[arg(long, env = "BETTER_COMPUTE_CA_DIR", default_value = "./better-compute-ca")]
     ca_dir: std::path::PathBuf,
     /// Connections in this process's pool.
@@ -58,6 +60,7 @@ pub async fn start_gateway(
 ) -> anyhow::Result<better_compute_gateway::Gateway> {
     let ca = std::sync::Arc::new(better_compute_gateway::Ca::load_or_create(ca_dir)?);
     let mut cfg = better_compute_gateway::GatewayConfig::new(better_compute_core::id::GatewayId::generate().to_string(), listen);
+    cfg.command_key = better_compute_runtime::signing::CommandSigner::load_or_create(ca_dir)?.public_key();
     cfg.hostnames = hostnames;
     cfg.listen_url = listen_url;
     Ok(better_compute_gateway::Gateway::start(pool, ca, cfg, shutdown).await?)
@@ -121,6 +124,12 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         tracing::error!("BETTER_COMPUTE_TEST_BROKEN_FENCE=1: fenced transactions skip their fence; never run this in production");
     }
     let registry = crate::registry()?;
+    if args.roles.iter().any(|r| r == "api" || r == "worker") {
+        // The roles that enqueue commands sign the destructive ones.
+        let signer = better_compute_runtime::signing::CommandSigner::load_or_create(&args.ca_dir)
+            .with_context(|| format!("the command-signing key in {} (pass the fleet's --ca-dir)", args.ca_dir.display()))?;
+        registry.install_command_signer(Arc::new(signer));
+    }
     let pool = better_compute_db::pool::connect_pool(&args.db.database_url, args.pool_size)?;
     // Every role's pokes share one NOTIFY stream (see work_queue::Poker).
     better_compute_runtime::work_queue::Poker::install(pool.clone());

@@ -105,7 +105,8 @@ pub enum Fault {
     ClockJump,
     /// Pause a worker past its leases until others take them over, then let it wake up.
     Zombie,
-    /// A GPU throws an XID: informational, transient or fatal.
+    /// A GPU throws an XID (informational, transient or fatal), or has an uncorrectable memory
+    /// error whose row remap waits for a reset or failed.
     GpuXid,
     /// Every daemon loses its gateway until the site counts as down, then all come back at once
     /// through the site boot. Only with `--faults`: it takes longer than an interval.
@@ -233,6 +234,9 @@ struct Sim {
     /// PostgreSQL itself, for LISTEN and the checks.
     direct_conn: String,
     pool_id: String,
+    /// The registry the workload enqueues through, holding the fleet's command-signing key (the
+    /// one in the CA's folder the gateways hand out), so its reboots are signed.
+    registry: Arc<better_compute_runtime::Registry>,
     reboots: RebootLog,
     tally: Tally,
     started: Instant,
@@ -266,6 +270,8 @@ async fn run_seed(args: &SimArgs, seed: u64) -> anyhow::Result<SeedReport> {
     let bouncer = if args.pgbouncer { Some(PgBouncer::start_on_own_thread(&cluster, &root.join("bouncer"), 8)?) } else { None };
     let db_conn = bouncer.as_ref().map(|b| b.connection_string("sim")).unwrap_or_else(|| direct_conn.clone());
     let pool_id = seed_inventory(&mut db).await?;
+    let registry = better_compute_server::registry()?;
+    registry.install_command_signer(Arc::new(better_compute_runtime::signing::CommandSigner::load_or_create(&root.join("ca"))?));
     let sim = Arc::new(Sim {
         args: args.clone(),
         seed,
@@ -274,6 +280,7 @@ async fn run_seed(args: &SimArgs, seed: u64) -> anyhow::Result<SeedReport> {
         db_conn,
         direct_conn,
         pool_id,
+        registry,
         reboots: Default::default(),
         tally: Tally::default(),
         started: Instant::now(),
@@ -493,7 +500,8 @@ impl Sim {
         }
         let mut workers = Vec::new();
         for i in 0..self.args.workers.max(1) {
-            workers.push(ServerProc::start("worker", i, vec!["--pool-size".into(), "8".into()], self.server_env(), &self.root).await?);
+            let args = vec!["--ca-dir".into(), ca_dir.display().to_string(), "--pool-size".into(), "8".into()];
+            workers.push(ServerProc::start("worker", i, args, self.server_env(), &self.root).await?);
         }
         let setup = NodeSetup {
             ca_pem: ca.cert_pem().to_owned(),
@@ -643,9 +651,20 @@ impl Sim {
             }
             10 => {
                 let n = &fleet.nodes[rng.below(fleet.nodes.len() as u64) as usize];
-                let xid = [13, 119, 62, 79][rng.below(4) as usize];
-                self.count("GPU XID", format!("(XID {xid} on {})", n.node_id));
-                n.inject_xid(rng.below(8) as usize, xid);
+                match rng.below(6) {
+                    // A memory error whose row remap waits for a reset (or failed): the health
+                    // job's counters, and a reset where the GPU is free.
+                    5 => {
+                        let failed = rng.below(4) == 0;
+                        self.count("GPU memory error", format!("({} on {})", if failed { "remap failed" } else { "remap pending" }, n.node_id));
+                        n.inject_memory_error(rng.below(8) as usize, failed);
+                    }
+                    _ => {
+                        let xid = [13, 119, 62, 79][rng.below(4) as usize];
+                        self.count("GPU XID", format!("(XID {xid} on {})", n.node_id));
+                        n.inject_xid(rng.below(8) as usize, xid);
+                    }
+                }
             }
             12 => {
                 // Every stream cut; simulated time moves past the 40 s after which a disconnected
@@ -886,12 +905,11 @@ impl Sim {
                     4 | 5 => ("logs.collect", serde_json::json!({"sinceSeconds": 60})),
                     _ => ("node.reboot", serde_json::json!({"reason": format!("sim seed {} op {tag}", self.seed), "graceSeconds": 0})),
                 };
-                let registry = better_compute_server::registry().map_err(|e| better_compute_core::Error::internal(e.to_string()))?;
                 let key = format!("sim-{}-{tag}", self.seed);
                 let tx = c.transaction().await.map_err(db)?;
                 commands::enqueue(
                     &tx,
-                    &registry,
+                    &self.registry,
                     NewCommand {
                         node_id: &nodes[n],
                         kind,

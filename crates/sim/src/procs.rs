@@ -193,6 +193,12 @@ impl SimNode {
         self.gpus.inject_xid(index, xid);
     }
 
+    /// An uncorrectable memory error on one of its GPUs: a row remap that waits for a reset, or
+    /// (`failed`) one that failed. The next health report carries it.
+    pub fn inject_memory_error(&self, index: usize, failed: bool) {
+        self.gpus.inject_memory_error(index, failed);
+    }
+
     /// Crashes its daemon; it comes back on its own.
     pub fn crash(&self, how: Crash) {
         let _ = self.crash.try_send(how);

@@ -52,12 +52,13 @@ impl Daemon {
         }
         let payload = c.body.as_ref().and_then(|b| b.payload.clone());
         let node_id = self.node_id();
+        let command_key = self.identity.lock().expect("identity").command_key.clone();
         let decision = {
             let mut st = self.state.lock().expect("state");
             let credits = st.applied.as_ref().map(|a| a.lanes.clone()).unwrap_or_else(|| Applied::initial().lanes).get(&c.lane).copied().unwrap_or(1);
             let applied_generation = st.applied_generation;
             let used = st.in_lane.entry(c.lane.clone()).or_default();
-            let d = check(&c, &node_id, payload.as_ref(), applied_generation, *used < credits);
+            let d = check(&c, &node_id, payload.as_ref(), applied_generation, *used < credits, &command_key);
             if d == Check::Admit {
                 // The credit is taken in the same lock as the check, so two commands cannot both
                 // see the last one free.
@@ -77,6 +78,15 @@ impl Daemon {
             Check::StaleGeneration => return self.reject(&c.command_id, RejectReason::StaleGeneration, "its minGeneration is not applied").await,
             Check::Expired => return self.reject(&c.command_id, RejectReason::Expired, "past notAfter").await,
             Check::Busy => return self.reject(&c.command_id, RejectReason::Busy, "no credits left in the lane").await,
+            Check::BadSignature => {
+                self.logs.line(format!("refused command {} ({}): not signed by the key pinned at join", c.command_id, c.kind));
+                let why = if command_key.is_empty() {
+                    "a destructive command, and this daemon holds no command-signing key (it learns one only by joining again)"
+                } else {
+                    "a destructive command without a valid signature by the control plane's command-signing key"
+                };
+                return self.reject(&c.command_id, RejectReason::BadSignature, why).await;
+            }
             Check::Admit => {}
         }
         if let Err(e) = self.journal.accept(&c.command_id, &c.kind, c.seq, c.retry_safe, &self.run_id) {
@@ -139,7 +149,7 @@ impl Daemon {
 }
 
 /// What the checks decide of a command, in the spec's order: UNSUPPORTED, then STALE_GENERATION
-/// (waiting for the spec while `notAfter` allows), then EXPIRED, then BUSY.
+/// (waiting for the spec while `notAfter` allows), then EXPIRED, then BUSY, then BAD_SIGNATURE.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Check {
     /// Another node's command, an unknown kind, or a body that is not the kind's.
@@ -152,12 +162,30 @@ pub(crate) enum Check {
     Expired,
     /// No credit left in its lane.
     Busy,
+    /// A destructive kind not signed by the key pinned at join.
+    BadSignature,
     /// Run it.
     Admit,
 }
 
-/// The checks every command meets before it runs, as a pure function of what the daemon knows.
-pub(crate) fn check(c: &Command, node_id: &str, payload: Option<&Payload>, applied_generation: i64, lane_has_credit: bool) -> Check {
+/// The kinds the daemon runs only with the control plane's signature: its own list, never the
+/// command's word.
+pub(crate) const DESTRUCTIVE: &[&str] = &["node.reboot"];
+
+/// Whether `c` carries a valid signature by `command_key` over its node, seq, kind, body, notAfter
+/// and minGeneration.
+fn signed(c: &Command, command_key: &[u8]) -> bool {
+    if command_key.is_empty() {
+        return false;
+    }
+    let body = c.body.as_ref().map(prost::Message::encode_to_vec).unwrap_or_default();
+    let message = better_compute_proto::command_signing_message(&c.node_id, c.seq, &c.kind, &body, c.not_after_unix_ms, c.min_generation);
+    ring::signature::UnparsedPublicKey::new(&ring::signature::ED25519, command_key).verify(&message, &c.signature).is_ok()
+}
+
+/// The checks every command meets before it runs, as a pure function of what the daemon knows
+/// (`command_key`: the key pinned at join).
+pub(crate) fn check(c: &Command, node_id: &str, payload: Option<&Payload>, applied_generation: i64, lane_has_credit: bool, command_key: &[u8]) -> Check {
     let supported = c.node_id == node_id && KINDS.contains(&c.kind.as_str()) && payload.is_some_and(|p| kind_of(p) == c.kind);
     if !supported {
         Check::Unsupported
@@ -167,6 +195,8 @@ pub(crate) fn check(c: &Command, node_id: &str, payload: Option<&Payload>, appli
         Check::Expired
     } else if !lane_has_credit {
         Check::Busy
+    } else if DESTRUCTIVE.contains(&c.kind.as_str()) && !signed(c, command_key) {
+        Check::BadSignature
     } else {
         Check::Admit
     }
@@ -208,9 +238,68 @@ mod tests {
         ];
         let mut decided = 0;
         for (c, payload, free, want) in &cases {
-            assert_eq!(check(c, "n1", *payload, 5, *free), *want, "{c:?} free={free}");
+            assert_eq!(check(c, "n1", *payload, 5, *free, &[]), *want, "{c:?} free={free}");
             decided += 1;
         }
         assert_eq!(decided, 15);
+    }
+
+    /// A reboot of node n1, seq 7, signed by `key` (or not).
+    fn reboot(key: Option<&ring::signature::Ed25519KeyPair>, node: &str, seq: i64) -> Command {
+        let body = better_compute_proto::v1::CommandBody { payload: Some(Payload::NodeReboot(better_compute_proto::v1::NodeReboot { reason: "kernel".into(), grace_seconds: 5 })) };
+        let mut c = Command { node_id: node.into(), seq, kind: "node.reboot".into(), body: Some(body), min_generation: 2, expires_in_ms: 1000, not_after_unix_ms: 1_900_000_000_000, ..Default::default() };
+        if let Some(k) = key {
+            let m = better_compute_proto::command_signing_message(&c.node_id, c.seq, &c.kind, &prost::Message::encode_to_vec(c.body.as_ref().unwrap()), c.not_after_unix_ms, c.min_generation);
+            c.signature = k.sign(&m).as_ref().to_vec();
+        }
+        c
+    }
+
+    fn key() -> ring::signature::Ed25519KeyPair {
+        let pkcs8 = ring::signature::Ed25519KeyPair::generate_pkcs8(&ring::rand::SystemRandom::new()).unwrap();
+        ring::signature::Ed25519KeyPair::from_pkcs8(pkcs8.as_ref()).unwrap()
+    }
+
+    #[test]
+    fn a_destructive_command_runs_only_signed_by_the_pinned_key_and_bad_signature_comes_last() {
+        use ring::signature::KeyPair;
+        let (ours, forger) = (key(), key());
+        let pinned = ours.public_key().as_ref().to_vec();
+        let payload = |c: &Command| c.body.as_ref().and_then(|b| b.payload.clone());
+        let decide = |c: &Command, node: &str, generation: i64, free: bool, pinned: &[u8]| check(c, node, payload(c).as_ref(), generation, free, pinned);
+
+        let good = reboot(Some(&ours), "n1", 7);
+        assert_eq!(decide(&good, "n1", 5, true, &pinned), Check::Admit);
+        // Each alone.
+        assert_eq!(decide(&reboot(None, "n1", 7), "n1", 5, true, &pinned), Check::BadSignature, "unsigned");
+        assert_eq!(decide(&reboot(Some(&forger), "n1", 7), "n1", 5, true, &pinned), Check::BadSignature, "forged");
+        assert_eq!(decide(&good, "n1", 5, true, &[]), Check::BadSignature, "no key pinned (a wiped key store)");
+        let mut replayed = good.clone();
+        replayed.seq = 8;
+        assert_eq!(decide(&replayed, "n1", 5, true, &pinned), Check::BadSignature, "another seq");
+        let mut elsewhere = good.clone();
+        elsewhere.node_id = "n2".into();
+        assert_eq!(decide(&elsewhere, "n2", 5, true, &pinned), Check::BadSignature, "replayed to another node");
+        let mut later = good.clone();
+        later.not_after_unix_ms += 1;
+        assert_eq!(decide(&later, "n1", 5, true, &pinned), Check::BadSignature, "notAfter moved");
+        let mut earlier_generation = good.clone();
+        earlier_generation.min_generation = 0;
+        assert_eq!(decide(&earlier_generation, "n1", 5, true, &pinned), Check::BadSignature, "minGeneration moved");
+        let mut other_body = good.clone();
+        other_body.body = Some(better_compute_proto::v1::CommandBody { payload: Some(Payload::NodeReboot(better_compute_proto::v1::NodeReboot { reason: "x".into(), grace_seconds: 0 })) });
+        assert_eq!(decide(&other_body, "n1", 5, true, &pinned), Check::BadSignature, "another payload");
+        // Combined: every other check comes first.
+        let unsigned = reboot(None, "n1", 7);
+        assert_eq!(decide(&unsigned, "n2", 5, true, &pinned), Check::Unsupported);
+        assert_eq!(decide(&unsigned, "n1", 1, true, &pinned), Check::WaitForSpec);
+        let mut expired = unsigned.clone();
+        expired.expires_in_ms = 0;
+        assert_eq!(decide(&expired, "n1", 1, true, &pinned), Check::StaleGeneration);
+        assert_eq!(decide(&expired, "n1", 5, true, &pinned), Check::Expired);
+        assert_eq!(decide(&unsigned, "n1", 5, false, &pinned), Check::Busy);
+        // A kind that is not destructive needs no signature.
+        let diag = Command { node_id: "n1".into(), kind: "diag.nvml".into(), body: Some(better_compute_proto::v1::CommandBody { payload: Some(Payload::DiagNvml(Default::default())) }), expires_in_ms: 1000, ..Default::default() };
+        assert_eq!(decide(&diag, "n1", 5, true, &[]), Check::Admit);
     }
 }

@@ -197,7 +197,7 @@ impl Daemon {
             .map_err(|s| DaemonError::Refused(s.message().to_owned()))?
             .into_inner();
         let grant = r.certificate.ok_or_else(|| DaemonError::Transport("join answered without a certificate".into()))?;
-        let id = Identity::from_grant(&r.node_id, req, grant);
+        let id = Identity::from_grant(&r.node_id, req, grant, r.command_key);
         id.save(&cfg.state_dir).map_err(|e| DaemonError::Config(e.to_string()))?;
         Ok(id)
     }
@@ -248,7 +248,7 @@ impl Daemon {
             .await
             .map_err(|s| DaemonError::Refused(s.message().to_owned()))?
             .into_inner();
-        let id = Identity::from_grant(&current.node_id, req, grant);
+        let id = Identity::from_grant(&current.node_id, req, grant, current.command_key.clone());
         id.save(&self.cfg.state_dir).map_err(|e| DaemonError::Config(e.to_string()))?;
         *self.identity.lock().expect("identity") = id;
         self.logs.line("certificate rotated");

@@ -20,6 +20,18 @@ CREATE TABLE authz_projection (
   CONSTRAINT authz_projection_pkey PRIMARY KEY (identity_id, permission, scope_kind, scope_id)
 );
 
+CREATE TABLE command_keys (
+  public_key bytea NOT NULL,
+  position bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
+  endorsement bytea,
+  created_at timestamp with time zone DEFAULT compute_now() NOT NULL,
+  retired_at timestamp with time zone,
+  CONSTRAINT command_keys_endorsement_check CHECK (((endorsement IS NULL) OR (octet_length(endorsement) = 64))),
+  CONSTRAINT command_keys_pkey PRIMARY KEY (public_key),
+  CONSTRAINT command_keys_position_key UNIQUE ("position"),
+  CONSTRAINT command_keys_public_key_check CHECK ((octet_length(public_key) = 32))
+);
+
 CREATE TABLE commands (
   id text NOT NULL,
   node_id text NOT NULL,

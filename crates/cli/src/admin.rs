@@ -1,5 +1,7 @@
 //! `better-compute admin …`: administration through the database itself.
 
+use anyhow::Context;
+
 /// Options of `better-compute admin`.
 #[derive(Debug, clap::Args)]
 pub struct AdminArgs {
@@ -21,6 +23,33 @@ enum AdminCmd {
         #[arg(long, default_value = "admin")]
         admin: String,
     },
+    /// The command-signing key destructive commands are signed with (in the CA's folder).
+    #[command(subcommand)]
+    CommandKey(CommandKeyCmd),
+}
+
+/// `admin command-key`.
+#[derive(Debug, clap::Subcommand)]
+enum CommandKeyCmd {
+    /// Start a rotation: make a new key, endorse it with the current one and announce both to every
+    /// daemon (they pin the new one without joining again), then make it the folder's key. Restart
+    /// the api and worker roles to sign with it. Running it again after a crash finishes it.
+    Rotate {
+        #[command(flatten)]
+        db: better_compute_server::DatabaseArgs,
+        /// The CA's folder (as the server's --ca-dir).
+        #[arg(long, env = "BETTER_COMPUTE_CA_DIR", default_value = "./better-compute-ca")]
+        ca_dir: std::path::PathBuf,
+    },
+    /// Finish a rotation: daemons forget every key but the newest. Run it once every node has
+    /// converged and every api and worker role was restarted with the new key.
+    RetirePrevious {
+        #[command(flatten)]
+        db: better_compute_server::DatabaseArgs,
+        /// The CA's folder (as the server's --ca-dir).
+        #[arg(long, env = "BETTER_COMPUTE_CA_DIR", default_value = "./better-compute-ca")]
+        ca_dir: std::path::PathBuf,
+    },
 }
 
 /// Runs `admin`.
@@ -37,5 +66,52 @@ pub async fn run(args: AdminArgs) -> anyhow::Result<()> {
             println!("export BETTER_COMPUTE_TOKEN={}", done.token.secret);
             Ok(())
         }
+        AdminCmd::CommandKey(CommandKeyCmd::Rotate { db, ca_dir }) => rotate_command_key(&db, &ca_dir).await,
+        AdminCmd::CommandKey(CommandKeyCmd::RetirePrevious { db, ca_dir }) => {
+            let mut client = better_compute_db::pool::connect(&db.database_url).await?;
+            let tx = client.transaction().await?;
+            let nodes = better_compute_nodes::command_keys::retire_previous(&tx).await?;
+            tx.commit().await?;
+            let previous = ca_dir.join(better_compute_runtime::signing::PREVIOUS_KEY_FILE);
+            if previous.exists() {
+                std::fs::remove_file(&previous).with_context(|| format!("removing {}", previous.display()))?;
+            }
+            if nodes == 0 {
+                println!("no rotation under way: nothing to retire");
+            } else {
+                println!("retired the previous command-signing key; {nodes} nodes' desired state changed (daemons forget it as they converge)");
+            }
+            Ok(())
+        }
     }
+}
+
+/// `admin command-key rotate`: the new key is written beside the current one first, announced in
+/// the database second, and swapped in last, so a crash at any step leaves a state a second run
+/// finishes (and daemons accept both keys all along).
+async fn rotate_command_key(db: &better_compute_server::DatabaseArgs, ca_dir: &std::path::Path) -> anyhow::Result<()> {
+    use better_compute_runtime::signing::{CommandSigner, KEY_FILE, NEXT_KEY_FILE, PREVIOUS_KEY_FILE};
+    if !ca_dir.join(KEY_FILE).exists() {
+        anyhow::bail!("{} holds no command-signing key: pass the fleet's --ca-dir (its servers made the key on first start)", ca_dir.display());
+    }
+    let current = CommandSigner::load_or_create(ca_dir)?;
+    let next = CommandSigner::load_or_create_file(&ca_dir.join(NEXT_KEY_FILE))?;
+    println!("1/3 new key written: {}", ca_dir.join(NEXT_KEY_FILE).display());
+    let mut client = better_compute_db::pool::connect(&db.database_url).await?;
+    let tx = client.transaction().await?;
+    let announced = better_compute_nodes::command_keys::announced(&tx).await?;
+    let nodes = if announced.iter().any(|k| k.public_key == next.public_key()) {
+        0 // a run that stopped after this step
+    } else {
+        better_compute_nodes::command_keys::rotate(&tx, &current, &next).await?
+    };
+    tx.commit().await?;
+    println!("2/3 announced to every daemon, endorsed by the current key ({nodes} nodes' desired state changed)");
+    std::fs::rename(ca_dir.join(KEY_FILE), ca_dir.join(PREVIOUS_KEY_FILE)).context("keeping the current key aside")?;
+    std::fs::rename(ca_dir.join(NEXT_KEY_FILE), ca_dir.join(KEY_FILE)).context("swapping in the new key")?;
+    println!("3/3 the new key is the folder's key; the previous one is kept as {PREVIOUS_KEY_FILE}");
+    println!();
+    println!("Next: copy the folder to every server, restart the api and worker roles, wait until every node converged");
+    println!("(`better-compute api nodes.list`), then run `better-compute admin command-key retire-previous`.");
+    Ok(())
 }

@@ -1,7 +1,8 @@
 //! The node's identity on disk: its private key (`node.key`, mode 0600, never sent anywhere), its
-//! certificate (`node.pem`), the CA it trusts (`ca.pem`), the control plane's command-signing key
-//! it pinned at join (`command-key.pub`: destructive commands must verify against it; it is learnt
-//! again only through a fresh join) and `node.json` (node id and validity).
+//! certificate (`node.pem`), the CA it trusts (`ca.pem`), the control plane's command-signing keys
+//! it pinned (`command-key.pub`, one hex key a line: destructive commands must verify against one
+//! of them; the first comes with the join, later ones only endorsed by a pinned key, see
+//! [`follow_command_keys`]) and `node.json` (node id and validity).
 //! Joining sends a CSR with a join token; rotating sends a fresh CSR over the current mTLS session
 //! once 80% of the certificate's lifetime has passed.
 
@@ -58,9 +59,10 @@ pub struct Identity {
     pub not_before_unix_s: i64,
     /// Validity, Unix seconds.
     pub not_after_unix_s: i64,
-    /// The control plane's Ed25519 command-signing key, pinned at join (empty: none was given, or
-    /// the file was lost; every destructive command is then refused).
-    pub command_key: Vec<u8>,
+    /// The control plane's Ed25519 command-signing keys it accepts: the one pinned at join, and
+    /// during a rotation its endorsed successor (empty: none was given, or the file was lost;
+    /// every destructive command is then refused).
+    pub command_keys: Vec<Vec<u8>>,
 }
 
 /// A key and its CSR, before the CA signed it.
@@ -88,9 +90,9 @@ impl Request {
 }
 
 impl Identity {
-    /// The identity a signed CSR makes, with the command-signing key to pin (the join's; a
-    /// rotation keeps the one pinned).
-    pub fn from_grant(node_id: &str, req: Request, g: CertificateGrant, command_key: Vec<u8>) -> Identity {
+    /// The identity a signed CSR makes, with the command-signing keys to pin (the join's; a
+    /// certificate rotation keeps those pinned).
+    pub fn from_grant(node_id: &str, req: Request, g: CertificateGrant, command_keys: Vec<Vec<u8>>) -> Identity {
         Identity {
             node_id: node_id.to_owned(),
             cert_pem: g.certificate_pem,
@@ -98,7 +100,7 @@ impl Identity {
             ca_pem: g.ca_pem,
             not_before_unix_s: g.not_before_unix_s,
             not_after_unix_s: g.not_after_unix_s,
-            command_key,
+            command_keys,
         }
     }
 
@@ -123,8 +125,8 @@ impl Identity {
             ca_pem: std::fs::read_to_string(dir.join("ca.pem")).map_err(io)?,
             not_before_unix_s: f.not_before_unix_s,
             not_after_unix_s: f.not_after_unix_s,
-            command_key: match std::fs::read_to_string(dir.join(COMMAND_KEY_FILE)) {
-                Ok(hex) => hex::decode(hex.trim()).unwrap_or_default(),
+            command_keys: match std::fs::read_to_string(dir.join(COMMAND_KEY_FILE)) {
+                Ok(text) => text.lines().filter_map(|l| hex::decode(l.trim()).ok()).filter(|k| k.len() == 32).collect(),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
                 Err(e) => return Err(io(e)),
             },
@@ -147,12 +149,46 @@ impl Identity {
         write("node.key", &self.key_pem, 0o600).map_err(io)?;
         write("node.pem", &self.cert_pem, 0o644).map_err(io)?;
         write("ca.pem", &self.ca_pem, 0o644).map_err(io)?;
-        if !self.command_key.is_empty() {
-            write(COMMAND_KEY_FILE, &hex::encode(&self.command_key), 0o644).map_err(io)?;
+        if !self.command_keys.is_empty() {
+            write(COMMAND_KEY_FILE, &keys_text(&self.command_keys), 0o644).map_err(io)?;
         }
         let meta = NodeFile { node_id: self.node_id.clone(), not_before_unix_s: self.not_before_unix_s, not_after_unix_s: self.not_after_unix_s };
         write("node.json", &serde_json::to_string_pretty(&meta).expect("serializes"), 0o644).map_err(io)
     }
+}
+
+fn keys_text(keys: &[Vec<u8>]) -> String {
+    keys.iter().map(|k| hex::encode(k) + "\n").collect()
+}
+
+/// Writes the pinned command-signing keys alone (after a rotation moved them), atomically.
+pub fn save_command_keys(dir: &Path, keys: &[Vec<u8>]) -> Result<(), IdentityError> {
+    let io = |source| IdentityError::Io { dir: dir.to_owned(), source };
+    let tmp = dir.join(format!("{COMMAND_KEY_FILE}.tmp"));
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o644).open(&tmp).map_err(io)?;
+    f.write_all(keys_text(keys).as_bytes()).and_then(|()| f.sync_all()).map_err(io)?;
+    std::fs::rename(&tmp, dir.join(COMMAND_KEY_FILE)).map_err(io)
+}
+
+/// The keys to accept after the desired state announced `announced` (oldest first): an announced
+/// key is pinned when a key already pinned endorsed it (so a chain of rotations is followed in
+/// order), and a pinned key no longer announced is forgotten, but never the last one. Nothing
+/// announced changes nothing: no rotation has happened.
+pub fn follow_command_keys(pinned: &[Vec<u8>], announced: &[better_compute_proto::v1::CommandKey]) -> Vec<Vec<u8>> {
+    if announced.is_empty() {
+        return pinned.to_vec();
+    }
+    let mut trusted = pinned.to_vec();
+    for k in announced {
+        let message = better_compute_proto::command_key_endorsement_message(&k.public_key);
+        let endorsed = trusted.iter().any(|t| ring::signature::UnparsedPublicKey::new(&ring::signature::ED25519, t).verify(&message, &k.endorsement).is_ok());
+        if !trusted.contains(&k.public_key) && endorsed {
+            trusted.push(k.public_key.clone());
+        }
+    }
+    let kept: Vec<Vec<u8>> = trusted.into_iter().filter(|t| announced.iter().any(|a| &a.public_key == t)).collect();
+    if kept.is_empty() { pinned.to_vec() } else { kept }
 }
 
 #[cfg(test)]
@@ -168,7 +204,7 @@ mod tests {
             ca_pem: String::new(),
             not_before_unix_s: 1_000,
             not_after_unix_s: 2_000,
-            command_key: Vec::new(),
+            command_keys: Vec::new(),
         };
         assert!(!id.rotation_due(1_799));
         assert!(id.rotation_due(1_800));
@@ -183,14 +219,51 @@ mod tests {
         let r = request("n1").unwrap();
         assert!(r.csr_pem.contains("CERTIFICATE REQUEST"));
         let g = CertificateGrant { certificate_pem: "C".into(), ca_pem: "A".into(), not_before_unix_s: 1, not_after_unix_s: 2 };
-        let id = Identity::from_grant("node_1", r, g, vec![7; 32]);
+        let id = Identity::from_grant("node_1", r, g, vec![vec![7; 32]]);
         id.save(dir.path()).unwrap();
         let back = Identity::load(dir.path()).unwrap().unwrap();
         assert_eq!((back.node_id.as_str(), back.cert_pem.as_str(), back.key_pem.as_str()), ("node_1", "C", id.key_pem.as_str()));
-        assert_eq!(back.command_key, vec![7; 32], "the pinned command-signing key");
+        assert_eq!(back.command_keys, vec![vec![7; 32]], "the pinned command-signing key");
         assert_eq!(std::fs::metadata(dir.path().join("node.key")).unwrap().permissions().mode() & 0o777, 0o600);
         // A lost key file is no key: destructive commands are refused until a fresh join.
         std::fs::remove_file(dir.path().join(COMMAND_KEY_FILE)).unwrap();
-        assert_eq!(Identity::load(dir.path()).unwrap().unwrap().command_key, Vec::<u8>::new());
+        assert_eq!(Identity::load(dir.path()).unwrap().unwrap().command_keys, Vec::<Vec<u8>>::new());
+        save_command_keys(dir.path(), &[vec![1; 32], vec![2; 32]]).unwrap();
+        assert_eq!(Identity::load(dir.path()).unwrap().unwrap().command_keys, vec![vec![1; 32], vec![2; 32]]);
+    }
+
+    fn key() -> ring::signature::Ed25519KeyPair {
+        let pkcs8 = ring::signature::Ed25519KeyPair::generate_pkcs8(&ring::rand::SystemRandom::new()).unwrap();
+        ring::signature::Ed25519KeyPair::from_pkcs8(pkcs8.as_ref()).unwrap()
+    }
+
+    fn announce(k: &ring::signature::Ed25519KeyPair, by: Option<&ring::signature::Ed25519KeyPair>) -> better_compute_proto::v1::CommandKey {
+        use ring::signature::KeyPair;
+        let public_key = k.public_key().as_ref().to_vec();
+        let endorsement = by.map(|b| b.sign(&better_compute_proto::command_key_endorsement_message(&public_key)).as_ref().to_vec()).unwrap_or_default();
+        better_compute_proto::v1::CommandKey { public_key, endorsement }
+    }
+
+    #[test]
+    fn a_rotation_is_followed_only_through_endorsements_and_the_last_key_is_never_dropped() {
+        use ring::signature::KeyPair;
+        let (k0, k1, k2, stranger) = (key(), key(), key(), key());
+        let pub_of = |k: &ring::signature::Ed25519KeyPair| k.public_key().as_ref().to_vec();
+        let pinned = vec![pub_of(&k0)];
+        assert_eq!(follow_command_keys(&pinned, &[]), pinned, "no rotation yet");
+        // Rotating: both, the new one endorsed by the old.
+        let both = follow_command_keys(&pinned, &[announce(&k0, None), announce(&k1, Some(&k0))]);
+        assert_eq!(both, vec![pub_of(&k0), pub_of(&k1)]);
+        // Retired: only the new one.
+        assert_eq!(follow_command_keys(&both, &[announce(&k1, Some(&k0))]), vec![pub_of(&k1)]);
+        // A chain seen at once (a node away through a whole rotation and into the next).
+        assert_eq!(follow_command_keys(&pinned, &[announce(&k0, None), announce(&k1, Some(&k0)), announce(&k2, Some(&k1))]).len(), 3);
+        // A key nobody pinned endorsed is not taken, and the pinned one is not dropped for it.
+        assert_eq!(follow_command_keys(&pinned, &[announce(&k2, Some(&stranger))]), pinned);
+        assert_eq!(follow_command_keys(&pinned, &[announce(&stranger, None)]), pinned);
+        // A daemon that lost its key store learns nothing from the desired state: only a join.
+        assert_eq!(follow_command_keys(&[], &[announce(&k0, None), announce(&k1, Some(&k0))]), Vec::<Vec<u8>>::new());
+        // Too late for the chain: the node cannot follow and keeps its key (it must join again).
+        assert_eq!(follow_command_keys(&pinned, &[announce(&k2, Some(&k1))]), pinned);
     }
 }

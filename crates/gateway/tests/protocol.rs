@@ -484,6 +484,94 @@ async fn a_daemon_that_lost_its_pinned_key_refuses_a_signed_reboot_with_bad_sign
     let _ = g.stop.send(true);
 }
 
+/// Enqueues a reboot through `registry` (signing with its key) and waits until it ends in `state`.
+async fn reboot_through(f: &Fleet, registry: &better_compute_runtime::Registry, node: &str, key: &str) -> String {
+    let c = f.h.db().client().await;
+    let v = commands::enqueue(
+        &**c,
+        registry,
+        NewCommand { node_id: node, kind: "node.reboot", payload: &serde_json::json!({"reason": key}), idempotency_key: key, not_after: Some(Duration::from_secs(600)), min_generation: 0, owner: None, requested_by: None },
+    )
+    .await
+    .unwrap();
+    commands::poke_gateway(&**c, node).await;
+    v.id
+}
+
+#[tokio::test]
+async fn a_key_rotation_is_followed_without_a_rejoin_both_keys_verify_until_the_old_one_is_retired() {
+    let f = Fleet::new().await;
+    let g = f.gateway("gw_a", true).await;
+    let token = f.join_token(None).await;
+    let reboots = Arc::new(AtomicU32::new(0));
+    let fake = gpus("n1");
+    let mut cfg = f.config(&g, "n1", Some(token));
+    let counter = reboots.clone();
+    cfg.reboot = RebootHook::Callback(Arc::new(move |_| {
+        counter.fetch_add(1, Ordering::SeqCst);
+    }));
+    let mut d = f.start(cfg.clone(), fake.clone()).await;
+    let node = d.d.node_id();
+    cfg.join_token = None;
+    f.settle_spec().await;
+    f.converged(&node).await;
+    let pinned = || std::fs::read_to_string(f.dir.path().join("n1").join(better_compute_daemon::identity::COMMAND_KEY_FILE)).unwrap().lines().count();
+    assert_eq!(pinned(), 1);
+    let hex = |k: Vec<u8>| k.iter().map(|b| format!("{b:02x}")).collect::<String>();
+
+    // A reboot signed by the old key waits, queued, while the rotation happens.
+    let old: &better_compute_runtime::Registry = f.h.registry();
+    let new_key = Arc::new(better_compute_runtime::signing::CommandSigner::generate());
+    let new = better_compute_runtime::Registry::new(vec![Arc::new(NodesModule)]).unwrap();
+    new.install_command_signer(new_key.clone());
+    {
+        let mut c = f.h.db().client().await;
+        let tx = c.transaction().await.unwrap();
+        assert_eq!(better_compute_nodes::command_keys::rotate(&*tx, &f.signer, &new_key).await.unwrap(), 1);
+        let again = better_compute_nodes::command_keys::rotate(&*tx, &f.signer, &new_key).await.unwrap_err();
+        assert!(again.to_string().contains("under way"), "{again}");
+        tx.commit().await.unwrap();
+    }
+    f.settle_spec().await;
+    f.converged(&node).await;
+    wait_until("the daemon pinned the endorsed key", || async { pinned() == 2 }).await;
+    let text = std::fs::read_to_string(f.dir.path().join("n1").join(better_compute_daemon::identity::COMMAND_KEY_FILE)).unwrap();
+    assert!(text.contains(&hex(new_key.public_key())) && text.contains(&hex(f.signer.public_key())), "{text}");
+
+    // Both verify during the rotation: each reboot runs, and the node comes back each time.
+    for (i, (registry, key)) in [(old, "by-old"), (&new, "by-new")].into_iter().enumerate() {
+        let id = reboot_through(&f, registry, &node, key).await;
+        wait_until("the reboot hook ran", || async { reboots.load(Ordering::SeqCst) as usize == i + 1 }).await;
+        f.wait_command(&node, &id, "running").await;
+        d.kill().await;
+        cfg.boot_id = format!("boot-{}", i + 2);
+        d = f.start(cfg.clone(), fake.clone()).await;
+        f.wait_command(&node, &id, "succeeded").await;
+    }
+
+    // The old key retired: the daemon forgets it; its signature no longer runs anything.
+    {
+        let mut c = f.h.db().client().await;
+        let tx = c.transaction().await.unwrap();
+        assert_eq!(better_compute_nodes::command_keys::retire_previous(&*tx).await.unwrap(), 1);
+        tx.commit().await.unwrap();
+    }
+    f.settle_spec().await;
+    f.converged(&node).await;
+    wait_until("the daemon forgot the old key", || async { pinned() == 1 }).await;
+    let id = reboot_through(&f, old, &node, "by-old-after").await;
+    assert_eq!(f.wait_command(&node, &id, "failed").await.reason.as_deref(), Some("BAD_SIGNATURE"));
+    assert_eq!(reboots.load(Ordering::SeqCst), 2);
+    // And a restarted daemon still holds the new key alone.
+    d.kill().await;
+    let d = f.start(cfg.clone(), fake.clone()).await;
+    let id = reboot_through(&f, &new, &node, "by-new-after").await;
+    wait_until("the reboot hook ran", || async { reboots.load(Ordering::SeqCst) == 3 }).await;
+    f.wait_command(&node, &id, "running").await;
+    d.kill().await;
+    let _ = g.stop.send(true);
+}
+
 #[tokio::test]
 async fn a_session_closed_underneath_its_gateway_ends_its_stream_and_the_daemon_reconnects_to_run_what_is_queued() {
     let f = Fleet::new().await;

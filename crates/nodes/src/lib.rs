@@ -4,6 +4,7 @@
 //! whichever transaction commits second sees the first.
 
 pub mod actions;
+pub mod command_keys;
 pub mod commands;
 pub mod conditions;
 pub mod devices;
@@ -35,6 +36,7 @@ pub const NODES_MIGRATIONS: &[Migration] = &[
     Migration::numbered("nodes", "0006_node_conditions", include_str!("migrations/nodes/0006_node_conditions.sql")),
     Migration::numbered("nodes", "0007_health_counters", include_str!("migrations/nodes/0007_health_counters.sql")),
     Migration::numbered("nodes", "0008_command_signatures", include_str!("migrations/nodes/0008_command_signatures.sql")),
+    Migration::numbered("nodes", "0009_command_keys", include_str!("migrations/nodes/0009_command_keys.sql")),
     Migration::repeatable("nodes", "scope", include_str!("sql/scope.sql")),
     Migration::repeatable("nodes", "drain", include_str!("sql/drain.sql")),
     Migration::repeatable("nodes", "conditions", include_str!("sql/conditions.sql")),

@@ -96,11 +96,16 @@ impl NodeSpecPart for AgentPart {
         "nodes.agent"
     }
 
-    async fn node_specs(&self, _tx: &Transaction<'_>, node_ids: &[String]) -> Result<Vec<NodeSpec>, RunError> {
+    async fn node_specs(&self, tx: &Transaction<'_>, node_ids: &[String]) -> Result<Vec<NodeSpec>, RunError> {
+        let keys = crate::command_keys::announced(tx).await?;
         let spec = NodeSpec {
             agent: Some(AgentSection {
                 heartbeat_interval_ms: HEARTBEAT_INTERVAL_MS,
                 lanes: LANES.iter().map(|(name, credits)| CommandLane { name: (*name).to_owned(), credits: *credits }).collect(),
+                command_keys: keys
+                    .into_iter()
+                    .map(|k| better_compute_proto::v1::CommandKey { public_key: k.public_key, endorsement: k.endorsement })
+                    .collect(),
             }),
             ..Default::default()
         };

@@ -30,3 +30,12 @@ pub fn command_signing_message(node_id: &str, seq: i64, kind: &str, body: &[u8],
     m.extend_from_slice(&min_generation.to_be_bytes());
     m
 }
+
+/// The bytes a command-signing key's endorsement covers: a domain tag and the new public key. The
+/// previous key signs them when the control plane rotates its key, so a daemon that pinned the
+/// previous key can trust the new one without joining again.
+pub fn command_key_endorsement_message(public_key: &[u8]) -> Vec<u8> {
+    let mut m = b"bettercompute.command-key.v1\0".to_vec();
+    m.extend_from_slice(public_key);
+    m
+}

@@ -195,7 +195,7 @@ mod tests {
             s.node_name = "n1-renamed".into();
             s.labels.insert("zone".into(), "z2".into());
         });
-        let gpus = NodeSpec { gpus: Some(GpusSection::default()), agent: Some(AgentSection { heartbeat_interval_ms: 5, lanes: vec![] }), ..Default::default() };
+        let gpus = NodeSpec { gpus: Some(GpusSection::default()), agent: Some(AgentSection { heartbeat_interval_ms: 5, lanes: vec![], command_keys: vec![] }), ..Default::default() };
         let merged = merge([a, b, gpus]);
         let s = merged.site.unwrap();
         assert_eq!((s.site_id.as_str(), s.pool_id.as_str(), s.node_name.as_str()), ("site_a", "pool_b", "n1-renamed"));

@@ -12,6 +12,10 @@ use ring::signature::{Ed25519KeyPair, KeyPair};
 
 /// The file in the CA's folder.
 pub const KEY_FILE: &str = "command-signing.pk8";
+/// A rotation's new key, until it replaces [`KEY_FILE`].
+pub const NEXT_KEY_FILE: &str = "command-signing.next.pk8";
+/// The key a rotation replaced, until the rotation is finished.
+pub const PREVIOUS_KEY_FILE: &str = "command-signing.previous.pk8";
 
 /// Why the key could not be loaded or made.
 #[derive(Debug, thiserror::Error)]
@@ -52,23 +56,29 @@ impl CommandSigner {
     /// Loads `dir/command-signing.pk8`, creating it (mode 0600, never overwriting one another
     /// process made first) when absent.
     pub fn load_or_create(dir: &Path) -> Result<CommandSigner, SigningError> {
-        let path = dir.join(KEY_FILE);
-        let io = |source| SigningError::Io { path: path.display().to_string(), source };
+        let io = |source| SigningError::Io { path: dir.display().to_string(), source };
         std::fs::create_dir_all(dir).map_err(io)?;
+        CommandSigner::load_or_create_file(&dir.join(KEY_FILE))
+    }
+
+    /// Loads the key in `path`, creating it (mode 0600, never overwriting one another process made
+    /// first) when absent.
+    pub fn load_or_create_file(path: &Path) -> Result<CommandSigner, SigningError> {
+        let io = |source| SigningError::Io { path: path.display().to_string(), source };
         if !path.exists() {
             let pkcs8 = Ed25519KeyPair::generate_pkcs8(&SystemRandom::new()).expect("the system's randomness");
             let mut open = std::fs::OpenOptions::new();
             open.write(true).create_new(true);
             #[cfg(unix)]
             std::os::unix::fs::OpenOptionsExt::mode(&mut open, 0o600);
-            match open.open(&path) {
+            match open.open(path) {
                 Ok(mut f) => std::io::Write::write_all(&mut f, pkcs8.as_ref()).and_then(|()| f.sync_all()).map_err(io)?,
                 // Another role of this fleet made it first: use theirs.
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
                 Err(e) => return Err(io(e)),
             }
         }
-        let bytes = std::fs::read(&path).map_err(io)?;
+        let bytes = std::fs::read(path).map_err(io)?;
         CommandSigner::from_pkcs8(&bytes).ok_or_else(|| SigningError::BadKey { path: path.display().to_string() })
     }
 

@@ -52,13 +52,13 @@ impl Daemon {
         }
         let payload = c.body.as_ref().and_then(|b| b.payload.clone());
         let node_id = self.node_id();
-        let command_key = self.identity.lock().expect("identity").command_key.clone();
+        let command_keys = self.identity.lock().expect("identity").command_keys.clone();
         let decision = {
             let mut st = self.state.lock().expect("state");
             let credits = st.applied.as_ref().map(|a| a.lanes.clone()).unwrap_or_else(|| Applied::initial().lanes).get(&c.lane).copied().unwrap_or(1);
             let applied_generation = st.applied_generation;
             let used = st.in_lane.entry(c.lane.clone()).or_default();
-            let d = check(&c, &node_id, payload.as_ref(), applied_generation, *used < credits, &command_key);
+            let d = check(&c, &node_id, payload.as_ref(), applied_generation, *used < credits, &command_keys);
             if d == Check::Admit {
                 // The credit is taken in the same lock as the check, so two commands cannot both
                 // see the last one free.
@@ -80,7 +80,7 @@ impl Daemon {
             Check::Busy => return self.reject(&c.command_id, RejectReason::Busy, "no credits left in the lane").await,
             Check::BadSignature => {
                 self.logs.line(format!("refused command {} ({}): not signed by the key pinned at join", c.command_id, c.kind));
-                let why = if command_key.is_empty() {
+                let why = if command_keys.is_empty() {
                     "a destructive command, and this daemon holds no command-signing key (it learns one only by joining again)"
                 } else {
                     "a destructive command without a valid signature by the control plane's command-signing key"
@@ -172,20 +172,17 @@ pub(crate) enum Check {
 /// command's word.
 pub(crate) const DESTRUCTIVE: &[&str] = &["node.reboot"];
 
-/// Whether `c` carries a valid signature by `command_key` over its node, seq, kind, body, notAfter
-/// and minGeneration.
-fn signed(c: &Command, command_key: &[u8]) -> bool {
-    if command_key.is_empty() {
-        return false;
-    }
+/// Whether `c` carries a valid signature by one of `command_keys` over its node, seq, kind, body,
+/// notAfter and minGeneration.
+fn signed(c: &Command, command_keys: &[Vec<u8>]) -> bool {
     let body = c.body.as_ref().map(prost::Message::encode_to_vec).unwrap_or_default();
     let message = better_compute_proto::command_signing_message(&c.node_id, c.seq, &c.kind, &body, c.not_after_unix_ms, c.min_generation);
-    ring::signature::UnparsedPublicKey::new(&ring::signature::ED25519, command_key).verify(&message, &c.signature).is_ok()
+    command_keys.iter().any(|k| ring::signature::UnparsedPublicKey::new(&ring::signature::ED25519, k).verify(&message, &c.signature).is_ok())
 }
 
 /// The checks every command meets before it runs, as a pure function of what the daemon knows
-/// (`command_key`: the key pinned at join).
-pub(crate) fn check(c: &Command, node_id: &str, payload: Option<&Payload>, applied_generation: i64, lane_has_credit: bool, command_key: &[u8]) -> Check {
+/// (`command_keys`: the keys it pinned).
+pub(crate) fn check(c: &Command, node_id: &str, payload: Option<&Payload>, applied_generation: i64, lane_has_credit: bool, command_keys: &[Vec<u8>]) -> Check {
     let supported = c.node_id == node_id && KINDS.contains(&c.kind.as_str()) && payload.is_some_and(|p| kind_of(p) == c.kind);
     if !supported {
         Check::Unsupported
@@ -195,7 +192,7 @@ pub(crate) fn check(c: &Command, node_id: &str, payload: Option<&Payload>, appli
         Check::Expired
     } else if !lane_has_credit {
         Check::Busy
-    } else if DESTRUCTIVE.contains(&c.kind.as_str()) && !signed(c, command_key) {
+    } else if DESTRUCTIVE.contains(&c.kind.as_str()) && !signed(c, command_keys) {
         Check::BadSignature
     } else {
         Check::Admit
@@ -264,12 +261,14 @@ mod tests {
     fn a_destructive_command_runs_only_signed_by_the_pinned_key_and_bad_signature_comes_last() {
         use ring::signature::KeyPair;
         let (ours, forger) = (key(), key());
-        let pinned = ours.public_key().as_ref().to_vec();
+        let pinned = vec![ours.public_key().as_ref().to_vec()];
         let payload = |c: &Command| c.body.as_ref().and_then(|b| b.payload.clone());
-        let decide = |c: &Command, node: &str, generation: i64, free: bool, pinned: &[u8]| check(c, node, payload(c).as_ref(), generation, free, pinned);
+        let decide = |c: &Command, node: &str, generation: i64, free: bool, pinned: &[Vec<u8>]| check(c, node, payload(c).as_ref(), generation, free, pinned);
 
         let good = reboot(Some(&ours), "n1", 7);
         assert_eq!(decide(&good, "n1", 5, true, &pinned), Check::Admit);
+        // During a rotation either pinned key does.
+        assert_eq!(decide(&reboot(Some(&forger), "n1", 7), "n1", 5, true, &[pinned[0].clone(), forger.public_key().as_ref().to_vec()]), Check::Admit);
         // Each alone.
         assert_eq!(decide(&reboot(None, "n1", 7), "n1", 5, true, &pinned), Check::BadSignature, "unsigned");
         assert_eq!(decide(&reboot(Some(&forger), "n1", 7), "n1", 5, true, &pinned), Check::BadSignature, "forged");

@@ -197,9 +197,28 @@ impl Daemon {
             .map_err(|s| DaemonError::Refused(s.message().to_owned()))?
             .into_inner();
         let grant = r.certificate.ok_or_else(|| DaemonError::Transport("join answered without a certificate".into()))?;
-        let id = Identity::from_grant(&r.node_id, req, grant, r.command_key);
+        let keys = if r.command_key.is_empty() { Vec::new() } else { vec![r.command_key] };
+        let id = Identity::from_grant(&r.node_id, req, grant, keys);
         id.save(&cfg.state_dir).map_err(|e| DaemonError::Config(e.to_string()))?;
         Ok(id)
+    }
+
+    /// Pins or forgets command-signing keys as the spec's `agent` section announces them (a key
+    /// rotation), keeping the state folder in step.
+    fn follow_command_keys(&self, spec: &NodeSpec) {
+        let announced = spec.agent.as_ref().map(|a| a.command_keys.as_slice()).unwrap_or_default();
+        let mut id = self.identity.lock().expect("identity");
+        let keys = identity::follow_command_keys(&id.command_keys, announced);
+        if keys == id.command_keys {
+            return;
+        }
+        if let Err(e) = identity::save_command_keys(&self.cfg.state_dir, &keys) {
+            // Not pinned on disk: keep the old keys, and try again with the next spec.
+            self.logs.line(format!("cannot pin the rotated command-signing keys: {e}"));
+            return;
+        }
+        self.logs.line(format!("command-signing keys rotated: {} accepted", keys.len()));
+        id.command_keys = keys;
     }
 
     /// The node's id.
@@ -248,7 +267,7 @@ impl Daemon {
             .await
             .map_err(|s| DaemonError::Refused(s.message().to_owned()))?
             .into_inner();
-        let id = Identity::from_grant(&current.node_id, req, grant, current.command_key.clone());
+        let id = Identity::from_grant(&current.node_id, req, grant, current.command_keys.clone());
         id.save(&self.cfg.state_dir).map_err(|e| DaemonError::Config(e.to_string()))?;
         *self.identity.lock().expect("identity") = id;
         self.logs.line("certificate rotated");
@@ -423,6 +442,7 @@ impl Daemon {
             }
             st.applied.clone().unwrap_or_else(Applied::initial)
         };
+        self.follow_command_keys(&spec);
         let backend = self.backend.clone();
         let s = spec.clone();
         let layouts_before = held.layouts.clone();

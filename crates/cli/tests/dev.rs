@@ -259,6 +259,21 @@ async fn dev_refuses_a_second_copy_stops_on_ctrl_c_and_keeps_data_across_restart
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(ran, "inventory.refresh never succeeded on the simulated daemon");
+    // A reboot, signed by the api role with the key in dev's CA folder that the daemon pinned when
+    // it joined: the node goes down and comes back with a new boot, which settles it.
+    let (ok, out, err) = api(&["commands.run", &node_arg, "kind=node.reboot", r#"payload:={"reason":"dev test","graceSeconds":0}"#, "idempotencyKey=reboot-1", "-o", "json"]);
+    assert!(ok, "{err}");
+    let reboot_arg = format!("commandId={}", serde_json::from_str::<serde_json::Value>(&out).unwrap()["id"].as_str().unwrap());
+    let mut state = serde_json::Value::Null;
+    for _ in 0..600 {
+        let (ok, out, _) = api(&["commands.get", &node_arg, &reboot_arg, "-o", "json"]);
+        state = if ok { serde_json::from_str::<serde_json::Value>(&out).unwrap() } else { serde_json::Value::Null };
+        if matches!(state["state"].as_str(), Some("succeeded" | "failed" | "expired")) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(state["state"], "succeeded", "the signed reboot: {state}");
     let (ok, _, err) = api(&["commands.run", &node_arg, "kind=disk.wipe", "idempotencyKey=x"]);
     assert!(!ok && err.contains("UNSUPPORTED"), "{err}");
     let (ok, _, err) = api(&["reservations.create", &pool_arg, "nonsense=1"]);

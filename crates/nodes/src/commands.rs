@@ -159,17 +159,18 @@ async fn enqueue_signed(
         .await?
         .ok_or_else(|| Error::not_found("node", c.node_id))?
         .get(0);
-    // notAfter to the millisecond, so the signature and the row hold the same instant.
-    let not_after_ms: i64 = tx
-        .query_one("SELECT (extract(epoch FROM compute_now() + make_interval(secs => $1)) * 1000)::int8", &[&not_after.as_secs_f64()])
-        .await?
-        .get(0);
     let body_bytes = body.encode_to_vec();
-    let signature = match signer {
+    // A signed command's notAfter is fixed to the millisecond first, so the signature and the row
+    // hold the same instant (other kinds spare the round trip).
+    let (not_after_ms, signature) = match signer {
         Some(s) if kind.destructive => {
-            Some(s.sign(&better_compute_proto::command_signing_message(c.node_id, seq, kind.name, &body_bytes, not_after_ms, c.min_generation)))
+            let ms: i64 = tx
+                .query_one("SELECT (extract(epoch FROM compute_now() + make_interval(secs => $1)) * 1000)::int8", &[&not_after.as_secs_f64()])
+                .await?
+                .get(0);
+            (Some(ms), Some(s.sign(&better_compute_proto::command_signing_message(c.node_id, seq, kind.name, &body_bytes, ms, c.min_generation))))
         }
-        _ => None,
+        _ => (None, None),
     };
     let id = CommandId::generate().to_string();
     let (owner_kind, owner_key, owner_shard) = match c.owner {
@@ -183,7 +184,8 @@ async fn enqueue_signed(
                    INSERT INTO commands (id, node_id, seq, kind, lane, body, payload, idempotency_key, min_generation,
                                          not_after, timeout_s, retry_safe, self_terminating, state, owner_kind, owner_key,
                                          owner_shard, requested_by, signature)
-                   VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, to_timestamp($10::int8 / 1000.0), $11, $12, $13,
+                   VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9,
+                           coalesce(to_timestamp($19::int8 / 1000.0), compute_now() + make_interval(secs => $10)), $11, $12, $13,
                            'pending', $14, $15, $16, $17, $18)
                    ON CONFLICT (node_id, idempotency_key) DO NOTHING
                    RETURNING *)
@@ -192,8 +194,8 @@ async fn enqueue_signed(
             ),
             &[
                 &id, &c.node_id, &seq, &kind.name, &kind.lane, &body_bytes, &payload, &c.idempotency_key,
-                &c.min_generation, &not_after_ms, &(kind.timeout.as_secs() as i32), &kind.retry_safe,
-                &kind.self_terminating, &owner_kind, &owner_key, &owner_shard, &c.requested_by, &signature,
+                &c.min_generation, &not_after.as_secs_f64(), &(kind.timeout.as_secs() as i32), &kind.retry_safe,
+                &kind.self_terminating, &owner_kind, &owner_key, &owner_shard, &c.requested_by, &signature, &not_after_ms,
             ],
         )
         .await?;

@@ -963,6 +963,11 @@ impl Sim {
             for r in db.query("SELECT name FROM sites WHERE boot_state = 'booting'", &[]).await? {
                 wrong.push(format!("site {} is still booting after its nodes came back", r.get::<_, String>(0)));
             }
+            // Every reboot the workload asked for was signed with the key each daemon pinned at
+            // join, through crashes, wiped journals and restarts: none was refused for it.
+            for r in db.query("SELECT id, node_id FROM commands WHERE reason = 'BAD_SIGNATURE'", &[]).await? {
+                wrong.push(format!("command {} on node {} was refused as not signed", r.get::<_, String>(0), r.get::<_, String>(1)));
+            }
             // A key due for a minute and still not run: left unprocessed.
             for r in db
                 .query(

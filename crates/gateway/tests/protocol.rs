@@ -147,6 +147,26 @@ impl Fleet {
         .await;
     }
 
+    /// [`Fleet::joined`] with a reboot hook that counts: the gateway, the daemon's config (for
+    /// restarts), its GPUs, the daemon, its node and the count.
+    async fn joined_with_reboot_hook(&self) -> (RunningGateway, DaemonConfig, Arc<FakeGpus>, RunningDaemon, String, Arc<AtomicU32>) {
+        let g = self.gateway("gw_a", true).await;
+        let token = self.join_token(None).await;
+        let reboots = Arc::new(AtomicU32::new(0));
+        let fake = gpus("n1");
+        let mut cfg = self.config(&g, "n1", Some(token));
+        let counter = reboots.clone();
+        cfg.reboot = RebootHook::Callback(Arc::new(move |_| {
+            counter.fetch_add(1, Ordering::SeqCst);
+        }));
+        let d = self.start(cfg.clone(), fake.clone()).await;
+        let node = d.d.node_id();
+        cfg.join_token = None;
+        self.settle_spec().await;
+        self.converged(&node).await;
+        (g, cfg, fake, d, node, reboots)
+    }
+
     /// A gateway and one daemon (`n1`, two fake GPUs) that joined and applied its first spec.
     async fn joined(&self, pokes: bool) -> (RunningGateway, Arc<FakeGpus>, RunningDaemon, String) {
         let g = self.gateway("gw_a", pokes).await;
@@ -160,10 +180,15 @@ impl Fleet {
     }
 
     async fn enqueue(&self, node: &str, kind: &str, payload: serde_json::Value, key: &str) -> String {
+        self.enqueue_through(self.h.registry(), node, kind, payload, key).await
+    }
+
+    /// [`Fleet::enqueue`] through another registry (another command-signing key).
+    async fn enqueue_through(&self, registry: &better_compute_runtime::Registry, node: &str, kind: &str, payload: serde_json::Value, key: &str) -> String {
         let c = self.h.db().client().await;
         let v = commands::enqueue(
             &**c,
-            self.h.registry(),
+            registry,
             NewCommand {
                 node_id: node,
                 kind,
@@ -360,20 +385,7 @@ async fn a_zombie_gateway_can_neither_route_nor_mark_liveness_after_the_node_rec
 #[tokio::test]
 async fn killed_mid_command_the_journal_keeps_a_reboot_from_running_twice_a_wiped_one_fails_it_and_a_new_boot_succeeds_it() {
     let f = Fleet::new().await;
-    let g = f.gateway("gw_a", true).await;
-    let token = f.join_token(None).await;
-    let reboots = Arc::new(AtomicU32::new(0));
-    let fake = gpus("n1");
-    let mut cfg = f.config(&g, "n1", Some(token));
-    let counter = reboots.clone();
-    cfg.reboot = RebootHook::Callback(Arc::new(move |_| {
-        counter.fetch_add(1, Ordering::SeqCst);
-    }));
-    let d = f.start(cfg.clone(), fake.clone()).await;
-    let node = d.d.node_id();
-    cfg.join_token = None;
-    f.settle_spec().await;
-    f.converged(&node).await;
+    let (g, mut cfg, fake, d, node, reboots) = f.joined_with_reboot_hook().await;
     let reboot = serde_json::json!({"reason": "kernel update"});
 
     // 1. Same journal, same boot: the reboot was started and the daemon died before the machine
@@ -418,20 +430,7 @@ async fn killed_mid_command_the_journal_keeps_a_reboot_from_running_twice_a_wipe
 #[tokio::test]
 async fn a_daemon_that_lost_its_pinned_key_refuses_a_signed_reboot_with_bad_signature_and_a_bad_signature_is_refused_too() {
     let f = Fleet::new().await;
-    let g = f.gateway("gw_a", true).await;
-    let token = f.join_token(None).await;
-    let reboots = Arc::new(AtomicU32::new(0));
-    let fake = gpus("n1");
-    let mut cfg = f.config(&g, "n1", Some(token));
-    let counter = reboots.clone();
-    cfg.reboot = RebootHook::Callback(Arc::new(move |_| {
-        counter.fetch_add(1, Ordering::SeqCst);
-    }));
-    let d = f.start(cfg.clone(), fake.clone()).await;
-    let node = d.d.node_id();
-    cfg.join_token = None;
-    f.settle_spec().await;
-    f.converged(&node).await;
+    let (g, mut cfg, fake, d, node, reboots) = f.joined_with_reboot_hook().await;
     let pinned = std::fs::read_to_string(f.dir.path().join("n1").join(better_compute_daemon::identity::COMMAND_KEY_FILE)).unwrap();
     assert_eq!(pinned.trim(), f.signer.public_key().iter().map(|b| format!("{b:02x}")).collect::<String>(), "pinned at join");
 
@@ -441,29 +440,20 @@ async fn a_daemon_that_lost_its_pinned_key_refuses_a_signed_reboot_with_bad_sign
     f.wait_command(&node, &signed, "running").await;
     d.kill().await;
     cfg.boot_id = "boot-2".into();
-
-    // Tampered in the database (a signature that is not the control plane's): refused, finally.
     let d = f.start(cfg.clone(), fake.clone()).await;
     f.wait_command(&node, &signed, "succeeded").await;
+
+    // Tampered in the database: another payload under the signature (written while the daemon is
+    // away, before the gateway can send it). Refused, finally.
     let c = f.h.db().client().await;
-    let tampered = {
-        let tx_c = f.h.db().client().await;
-        let v = commands::enqueue(
-            &**tx_c,
-            f.h.registry(),
-            NewCommand { node_id: &node, kind: "node.reboot", payload: &serde_json::json!({"reason": "x"}), idempotency_key: "reboot-tampered", not_after: Some(Duration::from_secs(600)), min_generation: 0, owner: None, requested_by: None },
-        )
+    d.kill().await;
+    let tampered = f.enqueue(&node, "node.reboot", serde_json::json!({"reason": "x"}), "reboot-tampered").await;
+    let n = c
+        .execute("UPDATE commands SET body = (SELECT body FROM commands WHERE id = $2) WHERE id = $1 AND state = 'pending'", &[&tampered, &signed])
         .await
         .unwrap();
-        // Before the gateway sends it: another payload under the old signature.
-        let n = tx_c
-            .execute("UPDATE commands SET body = (SELECT body FROM commands WHERE id = $2) WHERE id = $1 AND state = 'pending'", &[&v.id, &signed])
-            .await
-            .unwrap();
-        assert_eq!(n, 1);
-        commands::poke_gateway(&**tx_c, &node).await;
-        v.id
-    };
+    assert_eq!(n, 1);
+    let d = f.start(cfg.clone(), fake.clone()).await;
     let v = f.wait_command(&node, &tampered, "failed").await;
     assert_eq!(v.reason.as_deref(), Some("BAD_SIGNATURE"));
     assert_eq!(reboots.load(Ordering::SeqCst), 1, "never run");
@@ -484,37 +474,15 @@ async fn a_daemon_that_lost_its_pinned_key_refuses_a_signed_reboot_with_bad_sign
     let _ = g.stop.send(true);
 }
 
-/// Enqueues a reboot through `registry` (signing with its key) and waits until it ends in `state`.
+/// A reboot enqueued through `registry` (signed with its key), keyed `key`.
 async fn reboot_through(f: &Fleet, registry: &better_compute_runtime::Registry, node: &str, key: &str) -> String {
-    let c = f.h.db().client().await;
-    let v = commands::enqueue(
-        &**c,
-        registry,
-        NewCommand { node_id: node, kind: "node.reboot", payload: &serde_json::json!({"reason": key}), idempotency_key: key, not_after: Some(Duration::from_secs(600)), min_generation: 0, owner: None, requested_by: None },
-    )
-    .await
-    .unwrap();
-    commands::poke_gateway(&**c, node).await;
-    v.id
+    f.enqueue_through(registry, node, "node.reboot", serde_json::json!({"reason": key}), key).await
 }
 
 #[tokio::test]
 async fn a_key_rotation_is_followed_without_a_rejoin_both_keys_verify_until_the_old_one_is_retired() {
     let f = Fleet::new().await;
-    let g = f.gateway("gw_a", true).await;
-    let token = f.join_token(None).await;
-    let reboots = Arc::new(AtomicU32::new(0));
-    let fake = gpus("n1");
-    let mut cfg = f.config(&g, "n1", Some(token));
-    let counter = reboots.clone();
-    cfg.reboot = RebootHook::Callback(Arc::new(move |_| {
-        counter.fetch_add(1, Ordering::SeqCst);
-    }));
-    let mut d = f.start(cfg.clone(), fake.clone()).await;
-    let node = d.d.node_id();
-    cfg.join_token = None;
-    f.settle_spec().await;
-    f.converged(&node).await;
+    let (g, mut cfg, fake, mut d, node, reboots) = f.joined_with_reboot_hook().await;
     let pinned = || std::fs::read_to_string(f.dir.path().join("n1").join(better_compute_daemon::identity::COMMAND_KEY_FILE)).unwrap().lines().count();
     assert_eq!(pinned(), 1);
     let hex = |k: Vec<u8>| k.iter().map(|b| format!("{b:02x}")).collect::<String>();

@@ -140,7 +140,8 @@ fn counters(g: &better_compute_proto::v1::GpuHealth) -> serde_json::Value {
 }
 
 /// Stores each reported GPU's counters and returns what was stored before, by uuid (GPUs the
-/// node does not have are left out).
+/// node does not have are left out). The GPUs' rows are taken in id order, as the health job takes
+/// them (architecture.md, the lock order).
 async fn save_counters(tx: &impl GenericClient, node_id: &str, health: &Health) -> Result<std::collections::HashMap<String, serde_json::Value>, DbError> {
     let uuids: Vec<&str> = health.gpus.iter().map(|g| g.uuid.as_str()).collect();
     let now: Vec<serde_json::Value> = health.gpus.iter().map(counters).collect();
@@ -148,7 +149,7 @@ async fn save_counters(tx: &impl GenericClient, node_id: &str, health: &Health) 
         .query(
             "WITH r AS (SELECT * FROM unnest($2::text[], $3::jsonb[]) u(id, c)),
                   old AS (SELECT d.id, coalesce(d.health_counters, '{}'::jsonb) AS c FROM devices d JOIN r ON r.id = d.id
-                           WHERE d.node_id = $1 AND d.parent_id IS NULL),
+                           WHERE d.node_id = $1 AND d.parent_id IS NULL ORDER BY d.id FOR NO KEY UPDATE OF d),
                   saved AS (UPDATE devices d SET health_counters = r.c FROM r JOIN old ON old.id = r.id
                              WHERE d.id = r.id AND old.c IS DISTINCT FROM r.c)
              SELECT id, c FROM old",

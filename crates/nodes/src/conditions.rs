@@ -7,9 +7,10 @@
 //!
 //! The `node` job (one key per node) records them in `node_conditions`: since when each has held
 //! with its reason, where the owning rows do not say (a cordon, a quarantine), and an event
-//! `node.conditionChanged` for each that begins, changes its reason or ends. It is woken by every
-//! event about a node, its GPUs, its pool's health circuit or its site's boot ([`ConditionWaker`]),
-//! and resyncs every node besides.
+//! `node.conditionChanged` for each that begins, changes its reason or ends. It is woken by the
+//! events about a node (but `node.connected` and `node.disconnected`: a reconnect wave would wake
+//! every node at once, and liveness has its since in the rows and its own events), its GPUs, its
+//! pool's health circuit or its site's boot ([`ConditionWaker`]), and resyncs every node besides.
 
 use better_compute_runtime::outbox::{self, Event, NewEvent};
 use better_compute_runtime::{work_queue, Kind, Outcome, ReconcileContext, Reconciler, RunError, ShardBy, Sink};
@@ -119,8 +120,9 @@ impl Reconciler for NodeJob {
     }
 }
 
-/// Wakes the `node` job for every node an event is about: a node's own events, its GPUs', its
-/// findings', and every node of a pool whose health circuit or of a site whose boot changed.
+/// Wakes the `node` job for every node an event is about: a node's own events (but its sessions'
+/// coming and going), its GPUs', its findings', and every node of a pool whose health circuit or
+/// of a site whose boot changed.
 pub struct ConditionWaker;
 
 /// Events one delivery handles at most: a site's event wakes every node of it.
@@ -142,7 +144,10 @@ impl Sink for ConditionWaker {
             let t = e.event_type.as_str();
             let node_of_data = || e.data.get("nodeId").and_then(|v| v.as_str()).map(String::from);
             match t {
-                "node.conditionChanged" => {}
+                // Its own, and the liveness churn of a reconnect wave: a session's coming and
+                // going has its since in the rows and its own events, and waking 10,000 keys for
+                // it slowed every session open (`bench gateway`); the resync records it.
+                "node.conditionChanged" | "node.connected" | "node.disconnected" | "node.labelsChanged" => {}
                 _ if t.starts_with("node.") => nodes.push(e.subject.clone()),
                 _ if t.starts_with("device.") || t.starts_with("inventory.") => nodes.extend(node_of_data()),
                 _ if t.starts_with("health.circuit") => pools.push(e.subject.clone()),

@@ -146,3 +146,30 @@ async fn a_gpus_quarantine_wakes_the_node_job_and_its_since_is_the_quarantines()
     assert_eq!(since(&c, node, "QuarantinedGpus").await.as_deref(), Some(at.as_str()));
     assert_eq!(announced(&c, node).await.last(), Some(&("QuarantinedGpus".to_owned(), true)));
 }
+
+#[tokio::test]
+async fn a_resync_wakes_only_the_nodes_whose_record_may_be_behind() {
+    let h = harness().await;
+    let f = fleet(&h, &exclusive(3), 1).await;
+    let mut c = h.db().client().await;
+    {
+        let tx = c.transaction().await.unwrap();
+        for n in &f.nodes {
+            actions::set_liveness(&*tx, n, "connected").await.unwrap();
+        }
+        assert!(actions::cordon(&*tx, &f.nodes[1]).await.unwrap());
+        actions::quarantine(&*tx, &f.gpus[2][0], "fan").await.unwrap();
+        tx.commit().await.unwrap();
+    }
+    settle(&h).await;
+    c.execute("DELETE FROM work_queue WHERE kind = 'node'", &[]).await.unwrap();
+    h.job("node").tick().await;
+    h.db().advance(Duration::from_secs(11 * 60)).await;
+    h.worker().maintain().await.unwrap();
+    let mut queued: Vec<String> =
+        c.query("SELECT key FROM work_queue WHERE kind = 'node'", &[]).await.unwrap().iter().map(|r| r.get(0)).collect();
+    queued.sort();
+    let mut want = vec![f.nodes[1].clone(), f.nodes[2].clone()];
+    want.sort();
+    assert_eq!(queued, want, "the cordoned node and the one with a quarantined GPU; not the healthy one");
+}

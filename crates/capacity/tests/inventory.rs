@@ -15,11 +15,16 @@ use better_compute_runtime::work_queue;
 use fleet::*;
 
 async fn report(h: &Harness, node: &str, gpus: &[&str]) {
+    report_host(h, node, gpus, 128, 8_000).await;
+}
+
+/// The daemon of `node` reports `gpus` on a host of `vcpu` vCPUs, 1 TiB and `disk_gib`.
+async fn report_host(h: &Harness, node: &str, gpus: &[&str], vcpu: u32, disk_gib: u64) {
     let inv = Inventory {
         gpus: gpus.iter().enumerate().map(|(i, u)| GpuInfo { uuid: (*u).into(), index: i as u32, model: MODEL.into(), memory_mib: 81_920, ..Default::default() }).collect(),
-        vcpu: 128,
+        vcpu,
         memory_mib: 1_048_576,
-        disk_gib: 8_000,
+        disk_gib,
         backend: "fake".into(),
     };
     let mut c = h.db().client().await;
@@ -116,17 +121,8 @@ async fn hygiene_finds_expired_tokens_expiring_certificates_nodes_that_never_con
 }
 
 async fn report_vcpu(h: &Harness, node: &str, gpus: &[String], vcpu: u32) {
-    let inv = Inventory {
-        gpus: gpus.iter().enumerate().map(|(i, u)| GpuInfo { uuid: u.clone(), index: i as u32, model: MODEL.into(), memory_mib: 81_920, ..Default::default() }).collect(),
-        vcpu,
-        memory_mib: 1_048_576,
-        disk_gib: 0,
-        backend: "fake".into(),
-    };
-    let mut c = h.db().client().await;
-    let tx = c.transaction().await.unwrap();
-    session::report_inventory(&*tx, node, &inv).await.unwrap();
-    tx.commit().await.unwrap();
+    let gpus: Vec<&str> = gpus.iter().map(String::as_str).collect();
+    report_host(h, node, &gpus, vcpu, 0).await;
 }
 
 /// `(vcpu usable, vcpu allocatable, disk allocatable)` of `node`.

@@ -681,6 +681,56 @@ CREATE TABLE workers (
   CONSTRAINT workers_pkey PRIMARY KEY (id)
 );
 
+CREATE TABLE workflow_steps (
+  workflow_id text NOT NULL,
+  idx integer NOT NULL,
+  name text NOT NULL,
+  state text NOT NULL,
+  attempts integer DEFAULT 0 NOT NULL,
+  attempts_this_run integer DEFAULT 0 NOT NULL,
+  attempt_started_at timestamp with time zone,
+  retry_at timestamp with time zone,
+  memory jsonb DEFAULT '{}'::jsonb NOT NULL,
+  message text,
+  reason text,
+  started_at timestamp with time zone,
+  ended_at timestamp with time zone,
+  CONSTRAINT workflow_steps_attempts_check CHECK ((attempts >= 0)),
+  CONSTRAINT workflow_steps_check CHECK (((attempts_this_run >= 0) AND (attempts_this_run <= attempts))),
+  CONSTRAINT workflow_steps_check1 CHECK (((retry_at IS NOT NULL) = (state = 'retrying'::text))),
+  CONSTRAINT workflow_steps_idx_check CHECK ((idx >= 0)),
+  CONSTRAINT workflow_steps_pkey PRIMARY KEY (workflow_id, idx),
+  CONSTRAINT workflow_steps_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'running'::text, 'retrying'::text, 'succeeded'::text, 'failed'::text, 'skipped'::text, 'cancelled'::text]))),
+  CONSTRAINT workflow_steps_workflow_id_fkey FOREIGN KEY (workflow_id) REFERENCES workflows(id),
+  CONSTRAINT workflow_steps_workflow_id_name_key UNIQUE (workflow_id, name)
+);
+
+CREATE TABLE workflows (
+  id text NOT NULL,
+  definition text NOT NULL,
+  target jsonb NOT NULL,
+  node_id text,
+  pool_id text,
+  params jsonb DEFAULT '{}'::jsonb NOT NULL,
+  parent_id text,
+  state text NOT NULL,
+  current_step integer DEFAULT 0 NOT NULL,
+  reason text,
+  message text,
+  failure jsonb,
+  requested_by text NOT NULL,
+  created_at timestamp with time zone DEFAULT compute_now() NOT NULL,
+  updated_at timestamp with time zone DEFAULT compute_now() NOT NULL,
+  ended_at timestamp with time zone,
+  version bigint DEFAULT 1 NOT NULL,
+  CONSTRAINT workflows_check CHECK (((ended_at IS NULL) = (state = ANY (ARRAY['running'::text, 'held'::text, 'cancelling'::text])))),
+  CONSTRAINT workflows_check1 CHECK (((node_id IS NULL) <> (target ? 'nodeId'::text))),
+  CONSTRAINT workflows_current_step_check CHECK ((current_step >= 0)),
+  CONSTRAINT workflows_parent_id_fkey FOREIGN KEY (parent_id) REFERENCES workflows(id),
+  CONSTRAINT workflows_pkey PRIMARY KEY (id),
+  CONSTRAINT workflows_state_check CHECK ((state = ANY (ARRAY['running'::text, 'held'::text, 'cancelling'::text, 'succeeded'::text, 'failed'::text, 'cancelled'::text])))
+);
+
 CREATE INDEX authz_changes_cursor ON public.authz_changes USING btree (txid, seq);
 CREATE INDEX commands_node_pending ON public.commands USING btree (node_id, seq) WHERE (state = 'pending'::text);
 CREATE INDEX commands_open ON public.commands USING btree (not_after) WHERE (state = ANY (ARRAY['pending'::text, 'sent'::text, 'running'::text]));
@@ -717,6 +767,9 @@ CREATE INDEX webhook_deliveries_finished ON public.webhook_deliveries USING btre
 CREATE INDEX webhooks_tenant ON public.webhooks USING btree (tenant_id, id);
 CREATE INDEX work_queue_due ON public.work_queue USING btree (kind, shard, not_before);
 CREATE INDEX workers_heartbeat_at ON public.workers USING btree (heartbeat_at);
+CREATE UNIQUE INDEX workflows_child ON public.workflows USING btree (parent_id, node_id) WHERE (parent_id IS NOT NULL);
+CREATE INDEX workflows_node ON public.workflows USING btree (node_id, created_at) WHERE (node_id IS NOT NULL);
+CREATE INDEX workflows_open ON public.workflows USING btree (state) WHERE (ended_at IS NULL);
 
 CREATE TRIGGER node_drains_state_guard BEFORE UPDATE OF state ON public.node_drains FOR EACH ROW WHEN ((old.state IS DISTINCT FROM new.state)) EXECUTE FUNCTION nodes_drain_state_guard();
 CREATE TRIGGER nodes_convergence_since BEFORE UPDATE OF generation, observed_generation ON public.nodes FOR EACH ROW WHEN (((old.observed_generation >= old.generation) IS DISTINCT FROM (new.observed_generation >= new.generation))) EXECUTE FUNCTION nodes_convergence_flipped();

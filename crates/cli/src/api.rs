@@ -174,6 +174,9 @@ fn finished(method: &str, v: &Value) -> Option<bool> {
     let state = v["state"].as_str()?;
     Some(if method.starts_with("reservations.") {
         state != "pending"
+    } else if method.starts_with("workflows.") {
+        // Held waits for an operator: as far as a waiting CLI goes, it is done.
+        matches!(state, "succeeded" | "failed" | "cancelled" | "held")
     } else {
         matches!(state, "succeeded" | "failed" | "expired" | "cancelled")
     })
@@ -230,7 +233,9 @@ pub async fn run(mut args: ApiArgs) -> anyhow::Result<()> {
         }
     }
     let mut v = client.call(&method, &Value::Object(body.clone())).await?;
-    if args.wait && finished(&method, &v) == Some(false) {
+    if args.wait && method.starts_with("workflows.") && v["steps"].is_array() {
+        v = wait_workflow(&client, &args, v).await?;
+    } else if args.wait && finished(&method, &v) == Some(false) {
         v = wait(&client, &args, &method, v).await?;
     }
     if args.output == "json" {
@@ -267,6 +272,61 @@ async fn wait(client: &Client, args: &ApiArgs, method: &str, mut v: Value) -> an
     }
     eprintln!("\r{id}: {} after {} s        ", v["state"].as_str().unwrap_or(""), started.elapsed().as_secs());
     Ok(v)
+}
+
+/// `--wait` on a workflow: its steps as a table, redrawn in place on a terminal as they move,
+/// until it succeeds, fails, is cancelled or holds for an operator.
+async fn wait_workflow(client: &Client, args: &ApiArgs, mut v: Value) -> anyhow::Result<Value> {
+    use std::io::IsTerminal;
+    let token = client.token.as_deref().context("no token: set BETTER_COMPUTE_TOKEN")?;
+    let typed = better_compute_client::Client::with_token_on(&client.url, token, better_compute_client::http().timeout(Duration::from_secs(60)))?;
+    let id = v["id"].as_str().context("the answer has no id to wait on")?.to_owned();
+    let tty = std::io::stderr().is_terminal();
+    let started = Instant::now();
+    let (mut drawn, mut last) = (0usize, String::new());
+    loop {
+        let t = workflow_table(&v);
+        if t != last {
+            if tty && drawn > 0 {
+                // Up over the last drawing, and clear it.
+                eprint!("\x1b[{drawn}A\x1b[J");
+            }
+            eprint!("{t}");
+            drawn = t.lines().count();
+            last = t;
+        }
+        if finished("workflows.get", &v) != Some(false) {
+            return Ok(v);
+        }
+        if started.elapsed() > Duration::from_secs(args.wait_timeout_s) {
+            bail!("{id} is still {} after {} s; read it later with `better-compute api workflows.get workflowId={id}`", v["state"], args.wait_timeout_s);
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let r = typed.workflows_get(&better_compute_client::types::WorkflowRef { tenant_id: args.tenant.clone(), workflow_id: id.clone() }).await.map_err(refusal)?;
+        v = serde_json::to_value(r.into_inner())?;
+    }
+}
+
+/// A workflow and its steps, one line each.
+fn workflow_table(v: &Value) -> String {
+    let on = v["nodeId"].as_str().map(String::from).unwrap_or_else(|| format!("fleet {}", v["target"]));
+    let mut s = format!("{} {} on {}: {}", scalar(&v["id"]), scalar(&v["definition"]), on, scalar(&v["state"]));
+    if let Some(m) = v["message"].as_str() {
+        s.push_str(&format!(" ({m})"));
+    }
+    s.push('\n');
+    if let Some(c) = v.get("children").filter(|c| c.is_object()) {
+        s.push_str(&format!(
+            "  nodes: {} started, {} running, {} succeeded, {} failed, {} held\n",
+            c["started"], c["running"], c["succeeded"], c["failed"], c["held"]
+        ));
+    }
+    s.push_str(&format!("  {:<12} {:<10} {:>8}  {}\n", "STEP", "STATE", "ATTEMPTS", "MESSAGE"));
+    for st in v["steps"].as_array().into_iter().flatten() {
+        let msg: String = st["message"].as_str().unwrap_or("").chars().take(100).collect();
+        s.push_str(&format!("  {:<12} {:<10} {:>8}  {}\n", scalar(&st["name"]), scalar(&st["state"]), scalar(&st["attempts"]), msg));
+    }
+    s
 }
 
 /// The typed client's error as the CLI prints the API's: `CODE: message`.

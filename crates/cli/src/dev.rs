@@ -142,6 +142,10 @@ async fn serve(cluster: &Cluster, root: &Path, args: &DevArgs) -> anyhow::Result
     println!("  cargo run -- api reservations.list");
     println!("  cargo run -- api watch        (your events, live; Ctrl-C stops)");
     println!("  cargo run -- api commands.run nodeId=<node> kind=diag.nvml idempotencyKey=diag-1   (runs on the simulated daemon)");
+    if let Some(node) = fleet.node_ids.last() {
+        println!("Maintenance of a node, as a workflow: drain (evicting after 10 s), a signed reboot, wait for the new boot, check the GPUs, uncordon; its steps live:");
+        println!("  cargo run -- api workflows.start definition=node.maintenance target.nodeId={node} params.reason=demo params.drainDeadlineS:=10 idempotencyKey=maint-1 --wait");
+    }
     if let Some((node, gpu)) = &fleet.flaky_gpu {
         println!("GPU health: about a minute from now GPU {gpu} of node {node} throws XID 119 (transient). It leaves placement,");
         println!("  diag.nvml checks it, and it is back after 3 clean checks a minute apart. Watch it:");

@@ -1,4 +1,4 @@
-//! Operator subcommands that read the database directly: `nodes list|get|describe`, and `docs command-kinds|api|events`.
+//! Operator subcommands that read the database directly: `nodes list|get|describe`, and `docs command-kinds|api|events|openapi|workflows`.
 
 
 /// `better-compute nodes …`.
@@ -54,6 +54,8 @@ enum DocsPage {
     Events,
     /// Print the OpenAPI document (crates/client/openapi.json, which the typed client is generated from).
     Openapi,
+    /// Print the workflow definitions reference (docs/workflow-definitions.md) from the registry.
+    Workflows,
 }
 
 fn print_json(v: &impl serde::Serialize) -> anyhow::Result<()> {
@@ -131,6 +133,10 @@ pub fn docs(args: DocsArgs) -> anyhow::Result<()> {
         }
         DocsPage::Api => {
             print!("{}", better_compute_api::openapi::reference_page(&better_compute_api::all_methods()));
+            Ok(())
+        }
+        DocsPage::Workflows => {
+            print!("{}", better_compute_runtime::workflow::reference_page(better_compute_server::registry()?.workflows()));
             Ok(())
         }
         DocsPage::Openapi => print_json(&better_compute_api::openapi::document(&better_compute_api::all_methods())),

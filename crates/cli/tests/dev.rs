@@ -274,6 +274,20 @@ async fn dev_refuses_a_second_copy_stops_on_ctrl_c_and_keeps_data_across_restart
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(state["state"], "succeeded", "the signed reboot: {state}");
+    // The maintenance workflow dev printed: it drains, reboots (signed), waits for the new boot,
+    // checks the GPUs and uncordons; --wait shows its steps until it ends.
+    let line = first_line_with(&first.seen, "workflows.start").expect("dev printed a maintenance workflow");
+    let args: Vec<&str> = line.split_whitespace().skip_while(|w| *w != "workflows.start").collect();
+    let mut args = args.clone();
+    args.extend(["-o", "json"]);
+    let (ok, out, err) = api(&args);
+    assert!(ok, "{err}");
+    let w: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(w["state"], "succeeded", "{w}\n{err}");
+    let steps: Vec<(&str, &str)> = w["steps"].as_array().unwrap().iter().map(|s| (s["name"].as_str().unwrap(), s["state"].as_str().unwrap())).collect();
+    assert_eq!(steps.len(), 6, "{steps:?}");
+    assert!(steps.iter().all(|s| s.1 == "succeeded"), "{steps:?}");
+    assert!(err.contains("STEP") && err.contains("wait-ready"), "--wait showed its steps: {err}");
     let (ok, _, err) = api(&["commands.run", &node_arg, "kind=disk.wipe", "idempotencyKey=x"]);
     assert!(!ok && err.contains("UNSUPPORTED"), "{err}");
     let (ok, _, err) = api(&["reservations.create", &pool_arg, "nonsense=1"]);

@@ -15,6 +15,20 @@ fn the_command_kinds_reference_page_matches_the_registry() {
 }
 
 #[test]
+fn the_workflow_definitions_page_matches_the_registry() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_better-compute")).args(["docs", "workflows"]).output().unwrap();
+    assert!(out.status.success());
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/workflow-definitions.md");
+    let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
+    assert_eq!(
+        on_disk,
+        String::from_utf8(out.stdout).unwrap(),
+        "docs/workflow-definitions.md drifted from the registry; regenerate it: cargo run -- docs workflows > docs/workflow-definitions.md"
+    );
+    assert!(on_disk.contains("## `node.maintenance`") && on_disk.contains("| `reboot` | 2 | 60 s |"));
+}
+
+#[test]
 fn the_api_reference_page_matches_the_openapi_document() {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_better-compute")).args(["docs", "api"]).output().unwrap();
     assert!(out.status.success());

@@ -187,6 +187,8 @@ id_kinds! {
     DeliveryId, DeliveryKind, "dlv", "delivery";
     /// A node's drain.
     DrainId, DrainKind, "drn", "drain";
+    /// A workflow: a multi-step operation the `workflow` job advances.
+    WorkflowId, WorkflowKind, "wf", "workflow";
 }
 
 #[cfg(test)]

@@ -324,6 +324,90 @@ pub static GPU_HEALTH_STATE_TABLE: StateTable<GpuHealthState> = {
     }
 };
 
+states! {
+    /// The lifecycle of a workflow.
+    WorkflowState {
+        /// Its current step is advancing.
+        Running = "running",
+        /// Stopped for an operator (a step failed with `hold`, or a fleet-wide run paused on a
+        /// node's failure): `workflows.resume` goes on, `workflows.cancel` ends it.
+        Held = "held",
+        /// A cancel was asked for: the job stops the current step's command, then ends it.
+        Cancelling = "cancelling",
+        /// Every step succeeded.
+        Succeeded = "succeeded",
+        /// A step failed with `fail`, after its compensation.
+        Failed = "failed",
+        /// Cancelled.
+        Cancelled = "cancelled",
+    }
+}
+
+/// Legal workflow transitions.
+pub static WORKFLOW_STATE_TABLE: StateTable<WorkflowState> = {
+    use WorkflowState::*;
+    StateTable {
+        aggregate: "workflow",
+        initial: &[Running],
+        terminal: &[Succeeded, Failed, Cancelled],
+        transitions: &[
+            t(Running, Held),
+            t(Running, Cancelling),
+            t(Running, Succeeded),
+            t(Running, Failed),
+            t(Held, Running),
+            t(Held, Cancelling),
+            t(Cancelling, Cancelled),
+        ],
+    }
+};
+
+states! {
+    /// The lifecycle of one step of a workflow.
+    WorkflowStepState {
+        /// Not reached yet.
+        Pending = "pending",
+        /// Current: its action started, or it waits on its condition.
+        Running = "running",
+        /// An attempt failed; the next waits for its back-off.
+        Retrying = "retrying",
+        /// Done.
+        Succeeded = "succeeded",
+        /// Out of attempts (the workflow holds or fails).
+        Failed = "failed",
+        /// Skipped: a resume went on past it, or a compensation jumped over it.
+        Skipped = "skipped",
+        /// Stopped by a cancel.
+        Cancelled = "cancelled",
+    }
+}
+
+/// Legal step transitions. A failed step runs again when a resume starts from it.
+pub static WORKFLOW_STEP_STATE_TABLE: StateTable<WorkflowStepState> = {
+    use WorkflowStepState::*;
+    StateTable {
+        aggregate: "workflow step",
+        initial: &[Pending],
+        terminal: &[Cancelled],
+        transitions: &[
+            t(Pending, Running),
+            t(Pending, Skipped),
+            t(Pending, Cancelled),
+            t(Running, Retrying),
+            t(Running, Succeeded),
+            t(Running, Failed),
+            t(Running, Cancelled),
+            t(Retrying, Running),
+            t(Retrying, Cancelled),
+            t(Failed, Running),
+            t(Failed, Skipped),
+            t(Failed, Cancelled),
+            t(Succeeded, Running),
+            t(Skipped, Running),
+        ],
+    }
+};
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -335,6 +419,8 @@ mod tests {
         PROVISION_STATE_TABLE.validate().unwrap();
         DRAIN_STATE_TABLE.validate().unwrap();
         GPU_HEALTH_STATE_TABLE.validate().unwrap();
+        WORKFLOW_STATE_TABLE.validate().unwrap();
+        WORKFLOW_STEP_STATE_TABLE.validate().unwrap();
     }
 
     #[test]

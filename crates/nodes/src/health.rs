@@ -215,6 +215,8 @@ pub struct HealthReport {
     pub checks: u64,
     /// Of them, those that reset the GPU first (it was free).
     pub resets: u64,
+    /// `node.recover` workflows started for GPUs a reset had to wait for.
+    pub recoveries: u64,
     /// Signals held because the pool's circuit is open.
     pub held: u64,
     /// Whether this run opened the pool's circuit.
@@ -325,10 +327,11 @@ impl Run<'_> {
 /// when the node should be looked at again.
 pub async fn evaluate(
     tx: &Transaction<'_>,
-    occupants: &[std::sync::Arc<dyn better_compute_runtime::occupancy::NodeOccupant>],
+    registry: &better_compute_runtime::Registry,
     node_id: &str,
     diag: &better_compute_runtime::commands::CommandKind,
 ) -> Result<(HealthReport, Option<f64>, bool), DbError> {
+    let occupants = registry.node_occupants();
     use GpuHealthState::*;
     let Some(node) = tx.query_opt("SELECT pool_id, shard FROM nodes WHERE id = $1", &[&node_id]).await? else {
         return Ok((HealthReport::default(), None, false));
@@ -456,9 +459,11 @@ pub async fn evaluate(
             // A suspect GPU's first check resets it first where nothing holds it: a reset clears a
             // transient fault and applies a pending row remap or page retirement.
             let mut reset = gpu.state == Suspect && gpu.clean_checks == 0;
-            for o in occupants {
+            for o in occupants.iter() {
                 if reset && o.holds_device(tx, &gpu.id).await? {
                     reset = false;
+                    // Held: `node.recover` resets it once it is free; this check runs without.
+                    run.report.recoveries += u64::from(start_recovery(tx, registry, node_id, &gpu.id).await?);
                 }
             }
             let payload = serde_json::json!({"level": 1, "gpuUuids": [gpu.id], "reset": reset});
@@ -587,6 +592,34 @@ pub struct Signal {
     pub outcome: Option<String>,
 }
 
+/// Starts `node.recover` for a GPU whose reset waits for what holds it, unless one is open for it
+/// already (held ones included: an operator looks at those). Returns whether it started one.
+async fn start_recovery(tx: &Transaction<'_>, registry: &better_compute_runtime::Registry, node_id: &str, uuid: &str) -> Result<bool, DbError> {
+    use better_compute_runtime::workflow;
+    let params = serde_json::json!({"gpuUuid": uuid});
+    if registry.workflow(crate::maintenance::RECOVER).is_none() || workflow::open_with(tx, crate::maintenance::RECOVER, node_id, &params).await?.is_some() {
+        return Ok(false);
+    }
+    let target = workflow::Target { node_id: Some(node_id.to_owned()), ..Default::default() };
+    let w = workflow::NewWorkflow { definition: crate::maintenance::RECOVER, target: &target, params: &params, requested_by: "job:health" };
+    workflow::start(tx, registry, &w).await?;
+    Ok(true)
+}
+
+/// Makes the GPU's next check due now and wakes the node's `health` key (after `node.recover`
+/// reset it). Returns whether the GPU is one the job checks (suspect or recovering).
+pub async fn check_now(tx: &impl GenericClient, node_id: &str, uuid: &str) -> Result<bool, DbError> {
+    let n = tx
+        .execute(
+            "UPDATE devices SET next_check_at = compute_now(), version = version + 1
+              WHERE id = $1 AND node_id = $2 AND health_state IN ('suspect', 'recovering') AND check_command_id IS NULL",
+            &[&uuid, &node_id],
+        )
+        .await?;
+    work_queue::enqueue(tx, &HEALTH_KIND, node_id).await?;
+    Ok(n == 1)
+}
+
 /// The `health` job.
 pub struct HealthJob;
 
@@ -601,7 +634,7 @@ impl Reconciler for HealthJob {
         let diag = kinds.iter().find(|k| k.name == "diag.nvml").expect("the nodes module defines diag.nvml");
         let mut c = ctx.client().await?;
         let tx = ctx.begin_fenced(&mut c).await?;
-        let (r, next, more) = evaluate(&tx, ctx.occupants(), node_id, diag).await?;
+        let (r, next, more) = evaluate(&tx, ctx.registry(), node_id, diag).await?;
         if let Some(s) = next {
             work_queue::enqueue_after(&*tx, &HEALTH_KIND, node_id, Duration::from_secs_f64(s.max(1.0))).await?;
         }
@@ -613,6 +646,7 @@ impl Reconciler for HealthJob {
         ctx.count("GPU health transitions", r.transitions);
         ctx.count("checks started", r.checks);
         ctx.count("checks with a GPU reset", r.resets);
+        ctx.count("recoveries started", r.recoveries);
         ctx.count("signals held by an open circuit", r.held);
         ctx.count("circuits opened", u64::from(r.circuit_opened));
         Ok(if more { Outcome::SyncAgain } else { Outcome::Done })

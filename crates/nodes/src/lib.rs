@@ -17,6 +17,7 @@ pub mod kinds;
 pub mod labels;
 pub mod layout;
 pub mod liveness;
+pub mod maintenance;
 pub mod listing;
 pub mod reports;
 pub mod session;
@@ -67,6 +68,10 @@ impl better_compute_runtime::Module for NodesModule {
             Permission { name: "compute:pools:read", description: "Read pools." },
             Permission { name: "compute:pools:write", description: "Create pools and change their disruption budgets." },
         ]
+    }
+
+    fn workflows(&self) -> Vec<std::sync::Arc<dyn better_compute_runtime::workflow::WorkflowDefinition>> {
+        maintenance::definitions()
     }
 
     fn event_types(&self) -> Vec<better_compute_runtime::events::EventType> {

@@ -18,6 +18,7 @@ pub mod signing;
 pub mod status;
 pub mod work_queue;
 pub mod worker;
+pub mod workflow;
 
 pub use module::{Module, Registry};
 pub use outbox::{Event, NewEvent, Sink};
@@ -28,6 +29,7 @@ pub use worker::{Worker, WorkerConfig};
 /// SQL functions that enqueue and emit.
 pub const RUNTIME_MIGRATIONS: &[better_compute_db::Migration] = &[
     better_compute_db::Migration::numbered("runtime", "0001_runtime", include_str!("migrations/runtime/0001_runtime.sql")),
+    better_compute_db::Migration::numbered("runtime", "0002_workflows", include_str!("migrations/runtime/0002_workflows.sql")),
     better_compute_db::Migration::repeatable("runtime", "work_queue", include_str!("sql/work_queue.sql")),
     better_compute_db::Migration::repeatable("runtime", "outbox", include_str!("sql/outbox.sql")),
 ];

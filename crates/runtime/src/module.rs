@@ -59,6 +59,11 @@ pub trait Module: Send + Sync + 'static {
     fn event_types(&self) -> Vec<crate::events::EventType> {
         Vec::new()
     }
+
+    /// Its workflow definitions; once any module has one, the `workflow` job runs.
+    fn workflows(&self) -> Vec<Arc<dyn crate::workflow::WorkflowDefinition>> {
+        Vec::new()
+    }
 }
 
 /// Why a set of modules cannot be assembled.
@@ -76,6 +81,9 @@ pub enum RegistryError {
     /// Two modules declare the same event type.
     #[error("event type {0} is declared twice")]
     DuplicateEventType(String),
+    /// Two workflow definitions share a name.
+    #[error("workflow definition {0} is registered twice")]
+    DuplicateWorkflow(String),
     /// Two sinks share a name.
     #[error("outbox sink {0} is registered twice")]
     DuplicateSink(String),
@@ -103,6 +111,7 @@ pub struct Registry {
     command_kinds: Vec<crate::commands::CommandKind>,
     occupants: Arc<[Arc<dyn crate::occupancy::NodeOccupant>]>,
     command_signer: std::sync::OnceLock<Arc<crate::signing::CommandSigner>>,
+    workflows: Vec<Arc<dyn crate::workflow::WorkflowDefinition>>,
 }
 
 impl Registry {
@@ -126,6 +135,7 @@ impl Registry {
         let (mut reconcilers, mut subscribers, mut outbox_sinks) = (Vec::new(), Vec::new(), Vec::new());
         let mut parts: Vec<Arc<dyn NodeSpecPart>> = Vec::new();
         let mut command_kinds: Vec<crate::commands::CommandKind> = Vec::new();
+        let mut workflows: Vec<Arc<dyn crate::workflow::WorkflowDefinition>> = Vec::new();
         for m in &modules {
             if !names.insert(m.name()) {
                 return Err(RegistryError::DuplicateModule(m.name().to_owned()));
@@ -143,6 +153,12 @@ impl Registry {
                 reconcilers.push(r);
             }
             parts.extend(m.node_spec_parts());
+            for w in m.workflows() {
+                if workflows.iter().any(|d| d.name() == w.name()) {
+                    return Err(RegistryError::DuplicateWorkflow(w.name().to_owned()));
+                }
+                workflows.push(w);
+            }
             for k in m.command_kinds() {
                 if command_kinds.iter().any(|c| c.name == k.name) {
                     return Err(RegistryError::DuplicateCommandKind(k.name.to_owned()));
@@ -169,9 +185,21 @@ impl Registry {
             }
             reconcilers.push(Arc::new(NodeSpecController { parts }));
         }
+        // The workflow job runs once some module defines a workflow.
+        if !workflows.is_empty() {
+            if !jobs.insert(crate::workflow::WORKFLOW.name.to_owned()) {
+                return Err(RegistryError::DuplicateJob(crate::workflow::WORKFLOW.name.to_owned()));
+            }
+            reconcilers.push(Arc::new(crate::workflow::WorkflowJob));
+            let waker: Arc<dyn Sink> = Arc::new(crate::workflow::WorkflowWaker);
+            if !sinks.insert(waker.name().to_owned()) {
+                return Err(RegistryError::DuplicateSink(waker.name().to_owned()));
+            }
+            subscribers.push(waker);
+        }
         reconcilers.push(Arc::new(crate::housekeeping::Housekeeping));
         let occupants = modules.iter().flat_map(|m| m.node_occupants()).collect();
-        Ok(Registry { modules, reconcilers, subscribers, outbox_sinks, command_kinds, occupants, command_signer: std::sync::OnceLock::new() })
+        Ok(Registry { modules, reconcilers, subscribers, outbox_sinks, command_kinds, occupants, command_signer: std::sync::OnceLock::new(), workflows })
     }
 
     /// Every migration set: the clock, core, the runtime, then each module's in registration order.
@@ -212,14 +240,34 @@ impl Registry {
         &self.command_kinds
     }
 
-    /// The event catalogue: every module's event types, in registration order.
+    /// The event catalogue: every module's event types, in registration order, then the
+    /// workflows' when some module defines one.
     pub fn event_types(&self) -> Vec<crate::events::EventType> {
-        self.modules.iter().flat_map(|m| m.event_types()).collect()
+        let mut types: Vec<_> = self.modules.iter().flat_map(|m| m.event_types()).collect();
+        if !self.workflows.is_empty() {
+            types.extend(crate::workflow::event_types());
+        }
+        types
     }
 
-    /// The permission catalog: every module's permissions, in registration order.
+    /// The permission catalog: every module's permissions, in registration order, then the
+    /// workflows' when some module defines one.
     pub fn permissions(&self) -> Vec<crate::authz::Permission> {
-        self.modules.iter().flat_map(|m| m.permissions()).collect()
+        let mut perms: Vec<_> = self.modules.iter().flat_map(|m| m.permissions()).collect();
+        if !self.workflows.is_empty() {
+            perms.extend(crate::workflow::permissions());
+        }
+        perms
+    }
+
+    /// Every workflow definition, in registration order.
+    pub fn workflows(&self) -> &[Arc<dyn crate::workflow::WorkflowDefinition>] {
+        &self.workflows
+    }
+
+    /// A workflow definition by name.
+    pub fn workflow(&self, name: &str) -> Option<&Arc<dyn crate::workflow::WorkflowDefinition>> {
+        self.workflows.iter().find(|w| w.name() == name)
     }
 
     /// A command kind by name.

@@ -111,7 +111,7 @@ pub struct ReconcileContext {
     pub(crate) lease: Lease,
     pub(crate) worker_id: String,
     pub(crate) counts: Arc<JobCounts>,
-    pub(crate) occupants: Arc<[Arc<dyn crate::occupancy::NodeOccupant>]>,
+    pub(crate) registry: Arc<crate::Registry>,
 }
 
 /// What a job's runs did on this worker since it started, by name: its status for `jobs`.
@@ -149,7 +149,12 @@ impl ReconcileContext {
 
     /// Every module's things that hold nodes (see [`crate::occupancy`]).
     pub fn occupants(&self) -> &[Arc<dyn crate::occupancy::NodeOccupant>] {
-        &self.occupants
+        self.registry.node_occupants()
+    }
+
+    /// Every module: command kinds, the signing key, workflow definitions.
+    pub fn registry(&self) -> &crate::Registry {
+        &self.registry
     }
 
     /// The worker running this.

@@ -294,7 +294,7 @@ impl Worker {
             lease,
             worker_id: self.cfg.id.clone(),
             counts,
-            occupants: self.registry.node_occupants().clone(),
+            registry: self.registry.clone(),
         }
     }
 

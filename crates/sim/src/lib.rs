@@ -30,6 +30,7 @@ use better_compute_nodes::actions;
 use better_compute_nodes::commands::{self, NewCommand};
 use better_compute_nodes::drain;
 use better_compute_nodes::layout::GpuMode;
+use better_compute_runtime::workflow;
 use tokio::sync::watch;
 
 use crate::procs::{start_node, Crash, NodeSetup, Proxy, RebootLog, ServerProc, SimNode};
@@ -222,6 +223,8 @@ struct Tally {
     faults: Mutex<HashMap<&'static str, u32>>,
     /// Placements in the current fault interval (intervals without one are counted in the summary).
     interval_placed: AtomicU64,
+    /// `node.maintenance` workflows started.
+    workflows: AtomicU64,
 }
 
 struct Sim {
@@ -430,13 +433,17 @@ impl Sim {
         clock_stop.store(true, Ordering::SeqCst);
         let _ = clock.await;
         let t = &self.tally;
+        let ended: Vec<String> = match db.query("SELECT state || ' ' || count(*) FROM workflows GROUP BY state ORDER BY state", &[]).await {
+            Ok(rows) => rows.iter().map(|r| r.get(0)).collect(),
+            Err(_) => vec!["unknown".into()],
+        };
         let faults = t.faults.lock().expect("faults");
         let mut faults: Vec<String> = faults.iter().map(|(k, n)| format!("{k} {n}")).collect();
         faults.sort();
         Ok(SeedReport {
             violations,
             summary: format!(
-                "{} operations ({} placed, {} creates and releases in batches, {} commands, {} refused, {} failed while the database was away); faults: {}; {} reboots; {idle_intervals} intervals without a placement",
+                "{} operations ({} placed, {} creates and releases in batches, {} commands, {} refused, {} failed while the database was away); faults: {}; {} reboots; {} maintenance workflows ({}); {idle_intervals} intervals without a placement",
                 t.ops.load(Ordering::SeqCst),
                 t.placed.load(Ordering::SeqCst),
                 t.batched.load(Ordering::SeqCst),
@@ -445,6 +452,8 @@ impl Sim {
                 t.unavailable.load(Ordering::SeqCst),
                 if faults.is_empty() { "none".into() } else { faults.join(", ") },
                 self.reboots.lock().expect("reboots").len(),
+                t.workflows.load(Ordering::SeqCst),
+                ended.join(", "),
             ),
         })
     }
@@ -898,6 +907,19 @@ impl Sim {
                 };
                 mode::change_gpu_mode(c, &gpu, &m).await?;
             }
+            83 if rng.below(4) == 0 => {
+                // Maintenance of a node (drain evicting within seconds, a signed reboot, a check,
+                // uncordon), unless one is open on it.
+                let tx = c.transaction().await.map_err(db)?;
+                if workflow::open_with(&tx, "node.maintenance", &nodes[n], &serde_json::json!({})).await?.is_none() {
+                    let target = workflow::Target { node_id: Some(nodes[n].clone()), ..Default::default() };
+                    let params = serde_json::json!({"reason": format!("sim {tag}"), "drainDeadlineS": 5 + rng.below(20)});
+                    let w = workflow::NewWorkflow { definition: "node.maintenance", target: &target, params: &params, requested_by: "sim/op" };
+                    workflow::start(&tx, &self.registry, &w).await?;
+                    self.tally.workflows.fetch_add(1, Ordering::Relaxed);
+                }
+                tx.commit().await.map_err(db)?;
+            }
             _ => {
                 let (kind, payload) = match rng.below(8) {
                     0 | 1 => ("diag.nvml", serde_json::json!({"level": 1})),
@@ -935,6 +957,15 @@ impl Sim {
     /// up; what is still wrong at the deadline is a violation.
     async fn converge(&self, db: &mut tokio_postgres::Client, nodes: &[String]) -> anyhow::Result<Vec<String>> {
         let deadline = Instant::now() + Duration::from_secs(self.args.heal_timeout_s);
+        // The workload's own drains end, as an operator's would: a waiting one may hold the pool's
+        // budget for the length of a reservation, and the maintenance workflows wait for it.
+        {
+            let tx = db.transaction().await?;
+            for r in tx.query("SELECT node_id FROM node_drains WHERE requested_by = 'sim/op' AND state IN ('queued', 'draining', 'drained') ORDER BY node_id", &[]).await? {
+                drain::undrain(&tx, &r.get::<_, String>(0)).await?;
+            }
+            tx.commit().await?;
+        }
         loop {
             let mut wrong = Vec::new();
             self.reconnect(db).await?;
@@ -967,6 +998,19 @@ impl Sim {
             // join, through crashes, wiped journals and restarts: none was refused for it.
             for r in db.query("SELECT id, node_id FROM commands WHERE reason = 'BAD_SIGNATURE'", &[]).await? {
                 wrong.push(format!("command {} on node {} was refused as not signed", r.get::<_, String>(0), r.get::<_, String>(1)));
+            }
+            // Every workflow ended (succeeded, failed, cancelled) or holds for an operator.
+            for r in db
+                .query("SELECT id, node_id, state, (SELECT name FROM workflow_steps s WHERE s.workflow_id = w.id AND s.idx = w.current_step) FROM workflows w WHERE state IN ('running', 'cancelling')", &[])
+                .await?
+            {
+                wrong.push(format!(
+                    "workflow {} on node {:?} is still {} at step {:?} after the faults stopped",
+                    r.get::<_, String>(0),
+                    r.get::<_, Option<String>>(1),
+                    r.get::<_, String>(2),
+                    r.get::<_, Option<String>>(3)
+                ));
             }
             // A key due for a minute and still not run: left unprocessed.
             for r in db
@@ -1067,6 +1111,19 @@ impl Sim {
             .await?
         {
             v.push(format!("pool {} has {} drains admitted, over its budget of {SIM_DRAIN_BUDGET}", r.get::<_, String>(0), r.get::<_, i64>(1)));
+        }
+        // No workflow rebooted its node twice: at most one of its reboots succeeded, and a second
+        // attempt only followed a failed first.
+        for r in tx
+            .query(
+                "SELECT w.id, count(*) FILTER (WHERE c.state = 'succeeded'), count(*) FROM workflows w
+                   JOIN commands c ON c.node_id = w.node_id AND c.idempotency_key LIKE 'wf:' || w.id || ':reboot.%'
+                  GROUP BY w.id HAVING count(*) FILTER (WHERE c.state = 'succeeded') > 1",
+                &[],
+            )
+            .await?
+        {
+            v.push(format!("workflow {} rebooted its node {} times ({} reboots sent)", r.get::<_, String>(0), r.get::<_, i64>(1), r.get::<_, i64>(2)));
         }
         tx.commit().await?;
         // No command that is not retry-safe ran twice.

@@ -7,6 +7,7 @@ mod iam;
 mod inventory;
 mod nodes;
 mod webhooks;
+mod workflows;
 
 use better_compute_core::page::PageRequest;
 use serde::Deserialize;
@@ -22,6 +23,7 @@ pub(crate) fn all() -> Vec<Method> {
     v.extend(capacity::methods());
     v.extend(commands::methods());
     v.extend(webhooks::methods());
+    v.extend(workflows::methods());
     v
 }
 

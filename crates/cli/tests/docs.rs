@@ -25,7 +25,7 @@ fn the_workflow_definitions_page_matches_the_registry() {
         String::from_utf8(out.stdout).unwrap(),
         "docs/workflow-definitions.md drifted from the registry; regenerate it: cargo run -- docs workflows > docs/workflow-definitions.md"
     );
-    assert!(on_disk.contains("## `node.maintenance`") && on_disk.contains("| `reboot` | 2 | 60 s |"));
+    assert!(on_disk.contains("## `node.maintenance`") && on_disk.contains("| `reboot` | 2 | 30 s |"));
 }
 
 #[test]

@@ -347,7 +347,7 @@ impl Maintenance {
                     24 * 3600,
                     OnFailure::Compensate("uncordon"),
                 ),
-                step("reboot", "sends a signed `node.reboot` and waits for it to settle (a reconnect with a new boot)", RebootStep, 2, 60, 1800, OnFailure::Hold),
+                step("reboot", "sends a signed `node.reboot` and waits for it to settle (a reconnect with a new boot)", RebootStep, 2, 30, 1800, OnFailure::Hold),
                 step("wait-ready", "waits until the node is connected with a new boot id and has applied its desired state", WaitReadyStep, 1, 0, 1800, OnFailure::Hold),
                 step("diag", "runs `diag.nvml` (`params.diagLevel`, default 1) on every GPU", DiagStep, 3, 30, 900, OnFailure::Hold),
                 step("verdict", "goes on when every GPU passed; else quarantines those that failed and holds, the node still drained", VerdictStep, 1, 0, 60, OnFailure::Hold),

@@ -225,6 +225,8 @@ struct Tally {
     interval_placed: AtomicU64,
     /// `node.maintenance` workflows started.
     workflows: AtomicU64,
+    /// Of them, those that held after the faults and were cancelled (as an operator would).
+    workflows_held: AtomicU64,
 }
 
 struct Sim {
@@ -433,7 +435,7 @@ impl Sim {
         clock_stop.store(true, Ordering::SeqCst);
         let _ = clock.await;
         let t = &self.tally;
-        let ended: Vec<String> = match db.query("SELECT state || ' ' || count(*) FROM workflows GROUP BY state ORDER BY state", &[]).await {
+        let ended: Vec<String> = match db.query("SELECT state || coalesce(' ' || reason, '') || ' ' || count(*) FROM workflows GROUP BY state, reason ORDER BY 1", &[]).await {
             Ok(rows) => rows.iter().map(|r| r.get(0)).collect(),
             Err(_) => vec!["unknown".into()],
         };
@@ -443,7 +445,7 @@ impl Sim {
         Ok(SeedReport {
             violations,
             summary: format!(
-                "{} operations ({} placed, {} creates and releases in batches, {} commands, {} refused, {} failed while the database was away); faults: {}; {} reboots; {} maintenance workflows ({}); {idle_intervals} intervals without a placement",
+                "{} operations ({} placed, {} creates and releases in batches, {} commands, {} refused, {} failed while the database was away); faults: {}; {} reboots; {} maintenance workflows ({}; {} held and cancelled at the end); {idle_intervals} intervals without a placement",
                 t.ops.load(Ordering::SeqCst),
                 t.placed.load(Ordering::SeqCst),
                 t.batched.load(Ordering::SeqCst),
@@ -454,6 +456,7 @@ impl Sim {
                 self.reboots.lock().expect("reboots").len(),
                 t.workflows.load(Ordering::SeqCst),
                 ended.join(", "),
+                t.workflows_held.load(Ordering::SeqCst),
             ),
         })
     }
@@ -868,7 +871,10 @@ impl Sim {
                 let tx = c.transaction().await.map_err(db)?;
                 match rng.below(3) {
                     0 => {
-                        drain::undrain(&tx, &nodes[n]).await?;
+                        // Its own drains: a maintenance workflow's drain is the workflow's to end.
+                        if drain::open_drain(&tx, &nodes[n]).await?.is_some_and(|d| d.requested_by == "sim/op") {
+                            drain::undrain(&tx, &nodes[n]).await?;
+                        }
                     }
                     k => {
                         let deadline: Option<String> = if k == 1 {
@@ -909,9 +915,11 @@ impl Sim {
             }
             83 if rng.below(4) == 0 => {
                 // Maintenance of a node (drain evicting within seconds, a signed reboot, a check,
-                // uncordon), unless one is open on it.
+                // uncordon), unless a workflow or a drain is open on it.
                 let tx = c.transaction().await.map_err(db)?;
-                if workflow::open_with(&tx, "node.maintenance", &nodes[n], &serde_json::json!({})).await?.is_none() {
+                let busy = workflow::open_with(&tx, "node.maintenance", &nodes[n], &serde_json::json!({})).await?.is_some()
+                    || drain::open_drain(&tx, &nodes[n]).await?.is_some();
+                if !busy {
                     let target = workflow::Target { node_id: Some(nodes[n].clone()), ..Default::default() };
                     let params = serde_json::json!({"reason": format!("sim {tag}"), "drainDeadlineS": 5 + rng.below(20)});
                     let w = workflow::NewWorkflow { definition: "node.maintenance", target: &target, params: &params, requested_by: "sim/op" };
@@ -999,17 +1007,40 @@ impl Sim {
             for r in db.query("SELECT id, node_id FROM commands WHERE reason = 'BAD_SIGNATURE'", &[]).await? {
                 wrong.push(format!("command {} on node {} was refused as not signed", r.get::<_, String>(0), r.get::<_, String>(1)));
             }
+            // The operator's part: a held maintenance keeps its node drained, and so its place in
+            // the pool's budget, which the others' drains wait for. Cancel it and undrain its node.
+            {
+                let tx = db.transaction().await?;
+                let held: Vec<(String, Option<String>)> =
+                    tx.query("SELECT id, node_id FROM workflows WHERE state = 'held' ORDER BY id", &[]).await?.iter().map(|r| (r.get(0), r.get(1))).collect();
+                for (id, node) in &held {
+                    workflow::cancel(&tx, id, "sim/operator").await?;
+                    if let Some(node) = node {
+                        if drain::open_drain(&tx, node).await?.is_some_and(|d| d.requested_by == format!("workflow:{id}")) {
+                            drain::undrain(&tx, node).await?;
+                        }
+                    }
+                }
+                tx.commit().await?;
+                self.tally.workflows_held.fetch_add(held.len() as u64, Ordering::Relaxed);
+            }
             // Every workflow ended (succeeded, failed, cancelled) or holds for an operator.
             for r in db
-                .query("SELECT id, node_id, state, (SELECT name FROM workflow_steps s WHERE s.workflow_id = w.id AND s.idx = w.current_step) FROM workflows w WHERE state IN ('running', 'cancelling')", &[])
+                .query(
+                    "SELECT w.id, w.node_id, w.state, s.name, s.message FROM workflows w
+                       LEFT JOIN workflow_steps s ON s.workflow_id = w.id AND s.idx = w.current_step
+                      WHERE w.state IN ('running', 'cancelling')",
+                    &[],
+                )
                 .await?
             {
                 wrong.push(format!(
-                    "workflow {} on node {:?} is still {} at step {:?} after the faults stopped",
+                    "workflow {} on node {:?} is still {} at step {:?} ({:?}) after the faults stopped",
                     r.get::<_, String>(0),
                     r.get::<_, Option<String>>(1),
                     r.get::<_, String>(2),
-                    r.get::<_, Option<String>>(3)
+                    r.get::<_, Option<String>>(3),
+                    r.get::<_, Option<String>>(4)
                 ));
             }
             // A key due for a minute and still not run: left unprocessed.

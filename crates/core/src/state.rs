@@ -382,7 +382,7 @@ states! {
     }
 }
 
-/// Legal step transitions. A failed step runs again when a resume starts from it.
+/// Legal step transitions. A resume sends the steps it runs again back to pending.
 pub static WORKFLOW_STEP_STATE_TABLE: StateTable<WorkflowStepState> = {
     use WorkflowStepState::*;
     StateTable {
@@ -399,11 +399,11 @@ pub static WORKFLOW_STEP_STATE_TABLE: StateTable<WorkflowStepState> = {
             t(Running, Cancelled),
             t(Retrying, Running),
             t(Retrying, Cancelled),
-            t(Failed, Running),
+            t(Failed, Pending),
             t(Failed, Skipped),
             t(Failed, Cancelled),
-            t(Succeeded, Running),
-            t(Skipped, Running),
+            t(Succeeded, Pending),
+            t(Skipped, Pending),
         ],
     }
 };

@@ -606,13 +606,14 @@ pub async fn resume(tx: &Transaction<'_>, registry: &Registry, id: &str, from_st
     let steps = tx.query("SELECT idx, state FROM workflow_steps WHERE workflow_id = $1 ORDER BY idx", &[&id]).await?;
     for s in &steps {
         let (idx, st): (i32, WorkflowStepState) = (s.get(0), WorkflowStepState::parse(s.get(1)).expect("a step state"));
-        let next = if idx >= current && idx < to {
+        let next = if idx >= current && idx < to && st != WorkflowStepState::Skipped {
             WorkflowStepState::Skipped
         } else if idx >= to && st != WorkflowStepState::Pending {
             WorkflowStepState::Pending
         } else {
             continue;
         };
+        WORKFLOW_STEP_STATE_TABLE.check(st, next)?;
         if next == WorkflowStepState::Pending {
             // Back to pending for its next attempt: a new attempt number, a fresh retry budget.
             tx.execute(
@@ -621,8 +622,7 @@ pub async fn resume(tx: &Transaction<'_>, registry: &Registry, id: &str, from_st
                 &[&id, &idx],
             )
             .await?;
-        } else if st != WorkflowStepState::Skipped {
-            WORKFLOW_STEP_STATE_TABLE.check(st, next)?;
+        } else {
             tx.execute("UPDATE workflow_steps SET state = 'skipped', ended_at = compute_now(), retry_at = NULL WHERE workflow_id = $1 AND idx = $2", &[&id, &idx]).await?;
         }
     }

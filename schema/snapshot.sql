@@ -513,6 +513,8 @@ CREATE TABLE reservations (
   created_at timestamp with time zone DEFAULT compute_now() NOT NULL,
   updated_at timestamp with time zone DEFAULT compute_now() NOT NULL,
   end_reason text,
+  usage_closed_until timestamp with time zone,
+  usage_version bigint,
   CONSTRAINT reservations_check CHECK (((gpu_kind = 'mig'::text) = (mig_profile IS NOT NULL))),
   CONSTRAINT reservations_check1 CHECK (((state <> ALL (ARRAY['placed'::text, 'active'::text])) OR (node_id IS NOT NULL))),
   CONSTRAINT reservations_check2 CHECK (((state <> 'pending'::text) OR ((unschedulable IS NOT NULL) AND (next_attempt_at IS NOT NULL)))),
@@ -608,6 +610,38 @@ CREATE TABLE tokens (
   CONSTRAINT tokens_secret_sha256_check CHECK ((length(secret_sha256) = 32)),
   CONSTRAINT tokens_secret_sha256_key UNIQUE (secret_sha256),
   CONSTRAINT tokens_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES tenants(id)
+);
+
+CREATE TABLE usage_settings (
+  singleton boolean DEFAULT true NOT NULL,
+  window_s integer DEFAULT 3600 NOT NULL,
+  CONSTRAINT usage_settings_pkey PRIMARY KEY (singleton),
+  CONSTRAINT usage_settings_singleton_check CHECK (singleton),
+  CONSTRAINT usage_settings_window_s_check CHECK (((window_s >= 60) AND ((86400 % window_s) = 0)))
+);
+
+CREATE TABLE usage_windows (
+  id text NOT NULL,
+  allocation_id text NOT NULL,
+  tenant_id text NOT NULL,
+  pool_id text NOT NULL,
+  node_id text,
+  window_start timestamp with time zone NOT NULL,
+  window_end timestamp with time zone NOT NULL,
+  adjustment integer NOT NULL,
+  gpu_kind text NOT NULL,
+  gpu_model text NOT NULL,
+  mig_profile text,
+  atom_seconds numeric NOT NULL,
+  vcpu_seconds numeric NOT NULL,
+  memory_mib_seconds numeric NOT NULL,
+  disk_gib_seconds numeric NOT NULL,
+  closed_at timestamp with time zone DEFAULT compute_now() NOT NULL,
+  CONSTRAINT usage_windows_adjustment_check CHECK ((adjustment >= 0)),
+  CONSTRAINT usage_windows_allocation_id_tstzrange_excl EXCLUDE USING gist (allocation_id WITH =, tstzrange(window_start, window_end) WITH &&) WHERE ((adjustment = 0)),
+  CONSTRAINT usage_windows_allocation_id_window_start_adjustment_key UNIQUE (allocation_id, window_start, adjustment),
+  CONSTRAINT usage_windows_check CHECK ((window_end > window_start)),
+  CONSTRAINT usage_windows_pkey PRIMARY KEY (id)
 );
 
 CREATE TABLE webhook_deliveries (
@@ -758,8 +792,10 @@ CREATE INDEX nodes_labels ON public.nodes USING gin (labels jsonb_path_ops);
 CREATE INDEX nodes_pool ON public.nodes USING btree (pool_id);
 CREATE INDEX reservations_live ON public.reservations USING btree (pool_id) WHERE (state = ANY (ARRAY['pending'::text, 'placed'::text, 'active'::text]));
 CREATE INDEX reservations_tenant ON public.reservations USING btree (tenant_id, id);
+CREATE INDEX reservations_usage ON public.reservations USING btree (pool_id, usage_closed_until) WHERE (state <> 'pending'::text);
 CREATE INDEX role_bindings_tenant ON public.role_bindings USING btree (tenant_id, id);
 CREATE INDEX tokens_identity ON public.tokens USING btree (identity_id);
+CREATE INDEX usage_windows_tenant ON public.usage_windows USING btree (tenant_id, window_start);
 CREATE INDEX webhook_deliveries_dead ON public.webhook_deliveries USING btree (tenant_id, id) WHERE (state = 'dead'::text);
 CREATE INDEX webhook_deliveries_due ON public.webhook_deliveries USING btree (next_attempt_at) WHERE (state = 'pending'::text);
 CREATE INDEX webhook_deliveries_endpoint_due ON public.webhook_deliveries USING btree (webhook_id, next_attempt_at, id) WHERE (state = 'pending'::text);
@@ -804,6 +840,9 @@ FUNCTION capacity_tolerates(p_taints jsonb, p_tolerations jsonb) RETURNS boolean
 FUNCTION capacity_unschedulable(p_kind text, p_model text, p_profile text, p_count integer, p_tried text[], p_raced boolean, p_retry_s double precision) RETURNS jsonb LANGUAGE sql IMMUTABLE;
 FUNCTION capacity_upsert_node_counts(p_node text) RETURNS void LANGUAGE sql VOLATILE SET enable_indexonlyscan=off;
 FUNCTION capacity_usable(registered bigint, reported jsonb) RETURNS bigint LANGUAGE sql IMMUTABLE;
+FUNCTION capacity_usage_close(p_pool text, p_limit integer) RETURNS TABLE(id text, tenant_id text, data jsonb) LANGUAGE plpgsql VOLATILE;
+FUNCTION capacity_usage_closed_until() RETURNS timestamp with time zone LANGUAGE sql STABLE;
+FUNCTION capacity_usage_is_due(r reservations, p_closed timestamp with time zone) RETURNS boolean LANGUAGE sql STABLE;
 FUNCTION capacity_view(r reservations) RETURNS jsonb LANGUAGE plpgsql STABLE;
 FUNCTION capacity_view_of(r reservations, p_atoms jsonb) RETURNS jsonb LANGUAGE sql STABLE;
 FUNCTION compute_now() RETURNS timestamp with time zone LANGUAGE sql STABLE;

@@ -228,6 +228,8 @@ fn bodies() -> Vec<(&'static str, Value)> {
         ("webhooks.test", json!({"tenantId": "{ten}", "webhookId": "{wh}"})),
         ("webhooks.deadLetters.list", json!({"tenantId": "{ten}"})),
         ("webhooks.deadLetters.replay", json!({"tenantId": "{ten}", "deliveryId": "{dlv}"})),
+        ("usage.list", json!({"tenantId": "{ten}", "from": "2020-01-01T00:00:00Z", "to": "2040-01-01T00:00:00Z", "groupBy": "reservation"})),
+        ("usage.export", json!({"tenantId": "{ten}", "from": "2020-01-01T00:00:00Z", "to": "2040-01-01T00:00:00Z"})),
         ("workflows.start", json!({"tenantId": "{ten}", "definition": "node.maintenance", "target": {"nodeId": "{node}"}, "idempotencyKey": "k"})),
         ("workflows.get", json!({"tenantId": "{ten}", "workflowId": "{wf}"})),
         ("workflows.list", json!({"tenantId": "{ten}", "nodeId": "{node}"})),
@@ -357,6 +359,67 @@ async fn another_tenant_can_neither_read_nor_change_nor_learn_of_anything_of_a_t
     // C's own view has none of B's.
     assert_eq!(api.ok(&c.token, "reservations.list", json!({})).await["items"], json!([]));
     let _ = c.identity;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_list_sums_a_tenants_own_windows_and_every_tenants_only_at_fleet_scope() {
+    let api = Api::start().await;
+    let b = api.tenant("tenant-b").await;
+    let c = api.tenant("tenant-c").await;
+    better_compute_capacity::usage::set_window_s(&api.h.db().connect().await, 60).await.unwrap();
+    let res = api.ok(&b.token, "reservations.create", reservation(&api.pool, Some("u-1"))).await;
+    assert_eq!(res["state"], "placed", "{res}");
+    // The placement wakes the pool's metering, which arms itself for each window's end.
+    let c0 = api.h.db().connect().await;
+    for _ in 0..2000 {
+        let settled: bool = c0.query_one("SELECT coalesce(max(txid) < pg_snapshot_xmin(pg_current_snapshot()), true) FROM outbox", &[]).await.unwrap().get(0);
+        if settled {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    api.h.job("event-subscribers").drain(20).await;
+    api.h.job("capacity.usage").drain(10).await;
+    for _ in 0..3 {
+        api.h.db().advance(Duration::from_secs(61)).await;
+        api.h.job("capacity.usage").drain(10).await;
+    }
+    let body = json!({"from": "2000-01-01T00:00:00Z", "to": "2100-01-01T00:00:00Z", "groupBy": "reservation"});
+    let mine = api.ok(&b.token, "usage.list", body.clone()).await;
+    let items = mine["items"].as_array().unwrap();
+    assert_eq!(items.len(), 1, "{mine}");
+    assert_eq!((items[0]["group"].as_str(), mine["windowS"].as_i64()), (res["id"].as_str(), Some(60)));
+    assert!(items[0]["windows"].as_i64().unwrap() >= 2 && items[0]["atomSeconds"].as_f64().unwrap() > 0.0, "{mine}");
+    // Another tenant sees none of it, and cannot ask for every tenant's.
+    assert_eq!(api.ok(&c.token, "usage.list", body.clone()).await["items"], json!([]));
+    let mut all = body.clone();
+    all["allTenants"] = json!(true);
+    let (s, v) = api.call(&c.token, "usage.list", all.clone()).await;
+    assert!(s == 403 || s == 404, "{v}");
+    // An operator with fleet scope sums every tenant's, by day.
+    all["groupBy"] = json!("day");
+    let fleet = api.ok(&api.op, "usage.list", all).await;
+    assert_eq!(fleet["items"].as_array().unwrap().len(), 1, "{fleet}");
+    assert_eq!(fleet["items"][0]["tenantId"], b.id.as_str());
+    // The export: every window, one by one, a page at a time; the sum is the list's.
+    let mut keys = Vec::new();
+    let mut token: Option<String> = None;
+    loop {
+        let mut q = json!({"from": "2000-01-01T00:00:00Z", "to": "2100-01-01T00:00:00Z", "pageSize": 1});
+        if let Some(t) = &token {
+            q["pageToken"] = json!(t);
+        }
+        let page = api.ok(&b.token, "usage.export", q).await;
+        keys.extend(page["items"].as_array().unwrap().iter().map(|w| w["key"].as_str().unwrap().to_owned()));
+        match page["nextPageToken"].as_str() {
+            Some(t) => token = Some(t.to_owned()),
+            None => break,
+        }
+    }
+    assert_eq!(keys.len() as i64, items[0]["windows"].as_i64().unwrap());
+    assert!(keys.windows(2).all(|w| w[0] < w[1]) && keys[0].starts_with(&format!("cmp:{}:", res["id"].as_str().unwrap())), "{keys:?}");
+    let (_, v) = api.call(&b.token, "usage.list", json!({"from": "yesterday", "to": "2100-01-01T00:00:00Z", "groupBy": "pool"})).await;
+    assert_eq!(v["code"], "INVALID_ARGUMENT", "{v}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -814,11 +877,13 @@ mod iam_model {
     pub type Scope = (&'static str, String);
 
     pub fn tenant_perm(p: &str) -> bool {
-        ["compute:reservations:", "compute:webhooks:", "iam:identities:", "iam:bindings:"].iter().any(|x| p.starts_with(x)) || p == "compute:quotas:read"
+        ["compute:reservations:", "compute:webhooks:", "iam:identities:", "iam:bindings:"].iter().any(|x| p.starts_with(x))
+            || p == "compute:quotas:read"
+            || p == "compute:usage:read"
     }
 
     fn applies(p: &str, kind: &str) -> bool {
-        if kind == "tenant" { tenant_perm(p) } else { !tenant_perm(p) || p == "compute:quotas:read" }
+        if kind == "tenant" { tenant_perm(p) } else { !tenant_perm(p) || p == "compute:quotas:read" || p == "compute:usage:read" }
     }
 
     pub struct World {

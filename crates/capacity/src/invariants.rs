@@ -23,7 +23,7 @@ async fn rows_of(db: &impl GenericClient, sql: &str) -> Result<Vec<String>, DbEr
 }
 
 /// The rules checked by one query each: a name, and a query listing the rows that break it.
-const RULES: [(&str, &str); 7] = [
+const RULES: [(&str, &str); 8] = [
     (
         "two overlapping bookings on one atom",
         "SELECT a.device_id || ' ' || a.allocation_id || ' ' || b.allocation_id FROM device_bookings a
@@ -90,6 +90,19 @@ const RULES: [(&str, &str); 7] = [
                                              WHERE b.allocation_id = r.id GROUP BY device_id) x
                               WHERE x.covered <> tstzmultirange(r.during))))",
     ),
+    (
+        // Once an ended reservation is metered to its end (unchanged since, and its last window
+        // closed), its usage windows and adjustments sum to its booked atom-seconds exactly.
+        "an ended, metered reservation whose usage windows do not sum to its booked atom-seconds",
+        "SELECT r.id || ' windows ' || coalesce(u.s, 0) || ' booked ' || coalesce(b.s, 0) FROM reservations r
+           LEFT JOIN LATERAL (SELECT sum(atom_seconds) AS s FROM usage_windows w WHERE w.allocation_id = r.id) u ON true
+           LEFT JOIN LATERAL (SELECT sum(extract(epoch FROM upper(during) - lower(during))) AS s
+                                FROM (SELECT during FROM device_bookings WHERE allocation_id = r.id
+                                      UNION ALL SELECT during FROM device_booking_history WHERE allocation_id = r.id) x) b ON true
+          WHERE r.state IN ('released', 'expired', 'failed') AND r.usage_version = r.version
+            AND r.usage_closed_until >= least(upper(r.during), r.updated_at)
+            AND coalesce(u.s, 0) <> coalesce(b.s, 0)",
+    ),
 ];
 
 /// The atom-count rows whose open flag (src/sql/counts.sql) disagrees with their node, as
@@ -109,7 +122,8 @@ pub async fn stale_open_flags(db: &impl GenericClient) -> Result<Vec<String>, Db
 /// child atom booked at once (live or in the history); no ended reservation still booked; scalars
 /// equal the sum of live reservations and stay within `floor(allocatable * ratio)`; quota used
 /// equals the charges of non-terminal reservations and stays within max; every non-terminal
-/// reservation fully booked or `pending` with `Unschedulable`; and, replaying the outbox in commit order (it needs `track_commit_timestamp`),
+/// reservation fully booked or `pending` with `Unschedulable`; every ended reservation metered to
+/// its end has usage windows summing to its booked atom-seconds; and, replaying the outbox in commit order (it needs `track_commit_timestamp`),
 /// no booking placed on a node or GPU that was ineligible when it committed.
 ///
 /// `initial_modes` are the GPUs' modes before any `device.mode_changed` event; a GPU missing from

@@ -16,6 +16,7 @@ pub mod reconcilers;
 pub mod reservations;
 pub mod service;
 pub mod spec;
+pub mod usage;
 
 use std::sync::Arc;
 
@@ -28,6 +29,7 @@ pub const CAPACITY_MIGRATIONS: &[Migration] = &[
     Migration::numbered("capacity", "0001_capacity", include_str!("migrations/capacity/0001_capacity.sql")),
     Migration::numbered("capacity", "0002_end_reason", include_str!("migrations/capacity/0002_end_reason.sql")),
     Migration::numbered("capacity", "0003_usable", include_str!("migrations/capacity/0003_usable.sql")),
+    Migration::numbered("capacity", "0004_usage", include_str!("migrations/capacity/0004_usage.sql")),
     Migration::repeatable("capacity", "eligibility", include_str!("sql/eligibility.sql")),
     Migration::repeatable("capacity", "resources", include_str!("sql/resources.sql")),
     Migration::repeatable("capacity", "counts", include_str!("sql/counts.sql")),
@@ -36,6 +38,7 @@ pub const CAPACITY_MIGRATIONS: &[Migration] = &[
     Migration::repeatable("capacity", "reservation", include_str!("sql/reservation.sql")),
     Migration::repeatable("capacity", "release", include_str!("sql/release.sql")),
     Migration::repeatable("capacity", "batch", include_str!("sql/batch.sql")),
+    Migration::repeatable("capacity", "usage", include_str!("sql/usage.sql")),
 ];
 
 /// Moves a reservation through time (start, end) and retries it while pending; key: reservation
@@ -43,6 +46,8 @@ pub const CAPACITY_MIGRATIONS: &[Migration] = &[
 pub const RESERVATIONS_KIND: Kind = Kind { name: "capacity.reservations", shard_by: ShardBy::Key };
 /// Keeps a pool's `pool_capacity_rollup` true; key: pool id.
 pub const ROLLUP_KIND: Kind = Kind { name: "capacity.rollup", shard_by: ShardBy::Pool };
+/// `capacity.usage`: one key per pool, closing its reservations' usage windows.
+pub const USAGE_KIND: Kind = Kind { name: "capacity.usage", shard_by: ShardBy::Pool };
 
 pub use better_compute_core::Caller;
 
@@ -59,7 +64,7 @@ impl better_compute_runtime::Module for CapacityModule {
     }
 
     fn reconcilers(&self) -> Vec<Arc<dyn Reconciler>> {
-        vec![Arc::new(reconcilers::ReservationsJob), Arc::new(reconcilers::Rollup)]
+        vec![Arc::new(reconcilers::ReservationsJob), Arc::new(reconcilers::Rollup), Arc::new(reconcilers::UsageJob)]
     }
 
     fn subscribers(&self) -> Vec<Arc<dyn Sink>> {
@@ -112,6 +117,26 @@ impl better_compute_runtime::Module for CapacityModule {
                 description: "A GPU's mode or MIG layout changed; its atoms were replaced.",
                 data: &[("nodeId", "the GPU's node"), ("mode", "the new mode and layout")],
             },
+            EventType {
+                name: "usage.window",
+                version: 1,
+                audience: "tenant",
+                description: "A usage window of a reservation closed (subject: its billing key `cmp:<reservationId>:<windowStart>`, deduplicate on it), or a late change to a closed one (an adjustment, key suffix `:<n>`: add it). Reserved time, not utilisation.",
+                data: &[
+                    ("key", "the billing key, unique: `cmp:<reservationId>:<windowStart>[:<adjustment>]`"),
+                    ("reservationId", "the reservation (allocation)"),
+                    ("poolId", "its pool"),
+                    ("nodeId", "its node"),
+                    ("windowStart", "RFC 3339, aligned to the fleet's window size in UTC"),
+                    ("windowEnd", "RFC 3339"),
+                    ("adjustment", "0 for the window, n for its n-th adjustment"),
+                    ("gpu", "the atom class: kind (gpu, mig, slot), model, MIG profile"),
+                    ("atomSeconds", "atoms held times seconds, exact to the microsecond"),
+                    ("vcpuSeconds", "vCPUs times seconds held"),
+                    ("memoryMibSeconds", "MiB times seconds held"),
+                    ("diskGibSeconds", "GiB times seconds held"),
+                ],
+            },
         ]
     }
 
@@ -123,6 +148,7 @@ impl better_compute_runtime::Module for CapacityModule {
             Permission { name: "compute:reservations:write", description: "Extend and release the tenant's reservations." },
             Permission { name: "compute:quotas:read", description: "Read quotas (the tenant's own at tenant scope, any at fleet scope)." },
             Permission { name: "compute:quotas:write", description: "Set any tenant's quotas (fleet scope)." },
+            Permission { name: "compute:usage:read", description: "Read usage windows (the tenant's own at tenant scope, every tenant's at fleet scope)." },
         ]
     }
 }

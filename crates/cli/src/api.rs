@@ -29,7 +29,8 @@ pub struct ApiArgs {
     /// List the methods.
     #[arg(long)]
     list: bool,
-    /// Wait until the reservation is placed or the command has finished, showing progress.
+    /// Wait until the reservation is placed, the command has finished or the workflow has ended (or
+    /// holds for an operator), showing progress (a workflow's steps as a live table).
     #[arg(long)]
     wait: bool,
     /// The longest `--wait` waits, in seconds.

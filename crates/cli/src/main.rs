@@ -7,6 +7,7 @@ mod daemon;
 mod dev;
 mod jobs;
 mod ops;
+mod usage;
 
 use better_compute_server::{registry, DatabaseArgs};
 use clap::{Parser, Subcommand};
@@ -46,6 +47,8 @@ enum Command {
     Docs(ops::DocsArgs),
     /// Show each pool's capacity: atoms total and idle per class, nodes, free scalars, reservations.
     Capacity(capacity::CapacityArgs),
+    /// Export metered usage (usage windows) as CSV or JSON lines, through the API.
+    Usage(usage::UsageArgs),
     /// Run a benchmark and print its figures beside a pgbench baseline from the same run.
     Bench(better_compute_bench::BenchArgs),
     /// Run a simulated fleet against real gateway and worker processes with a seeded workload and
@@ -94,6 +97,7 @@ fn main() -> std::process::ExitCode {
             }
             Command::Jobs(args) => jobs::run(args).await,
             Command::Capacity(args) => capacity::run(args).await,
+            Command::Usage(args) => usage::run(args).await,
             Command::Nodes(args) => ops::nodes(args).await,
             Command::Api(args) => api::run(args).await,
             Command::Admin(args) => admin::run(args).await,

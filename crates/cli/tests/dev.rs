@@ -288,6 +288,16 @@ async fn dev_refuses_a_second_copy_stops_on_ctrl_c_and_keeps_data_across_restart
     assert_eq!(steps.len(), 6, "{steps:?}");
     assert!(steps.iter().all(|s| s.1 == "succeeded"), "{steps:?}");
     assert!(err.contains("STEP") && err.contains("wait-ready"), "--wait showed its steps: {err}");
+    // Usage export through the API: the CSV header, then a row per closed window (none yet: dev's
+    // windows are an hour).
+    let export = Command::new(BIN)
+        .args(["usage", "export", "--from", "2000-01-01T00:00:00Z", "--to", "2100-01-01T00:00:00Z"])
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&export.stdout);
+    assert!(export.status.success() && text.starts_with("key,reservationId,tenantId,"), "{text}{}", String::from_utf8_lossy(&export.stderr));
+    assert!(String::from_utf8_lossy(&export.stderr).contains("exported"), "progress on stderr");
     let (ok, _, err) = api(&["commands.run", &node_arg, "kind=disk.wipe", "idempotencyKey=x"]);
     assert!(!ok && err.contains("UNSUPPORTED"), "{err}");
     let (ok, _, err) = api(&["reservations.create", &pool_arg, "nonsense=1"]);

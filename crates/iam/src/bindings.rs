@@ -32,18 +32,19 @@ pub const BUILTIN_ROLES: &[BuiltinRole] = &[
         name: "operator",
         description: "Run the fleet: sites, pools, nodes, devices, commands, workflows, quotas and tenants.",
         holds: |p| {
-            ["compute:sites:", "compute:pools:", "compute:nodes:", "compute:devices:", "compute:workflows:", "compute:quotas:", "iam:tenants:"]
+            ["compute:sites:", "compute:pools:", "compute:nodes:", "compute:devices:", "compute:workflows:", "compute:quotas:", "compute:usage:", "iam:tenants:"]
                 .iter()
                 .any(|prefix| p.starts_with(prefix))
         },
     },
     BuiltinRole {
         name: "admin",
-        description: "Administer a tenant: its reservations, webhooks, identities, tokens and role bindings.",
+        description: "Administer a tenant: its reservations, webhooks, usage, identities, tokens and role bindings.",
         holds: |p| {
             p.starts_with("compute:reservations:")
                 || p.starts_with("compute:webhooks:")
                 || p == "compute:quotas:read"
+                || p == "compute:usage:read"
                 || p.starts_with("iam:identities:")
                 || p.starts_with("iam:bindings:")
         },
@@ -66,6 +67,7 @@ pub const BUILTIN_ROLES: &[BuiltinRole] = &[
 pub fn tenant_permission(p: &str) -> bool {
     ["compute:reservations:", "compute:webhooks:", "iam:identities:", "iam:bindings:"].iter().any(|prefix| p.starts_with(prefix))
         || p == "compute:quotas:read"
+        || p == "compute:usage:read"
 }
 
 /// Makes the `roles` table hold the built-in roles over `catalog`, and re-projects every identity
@@ -103,13 +105,14 @@ pub async fn sync_roles(tx: &impl GenericClient, catalog: &[Permission]) -> Resu
 }
 
 /// Which permissions a binding at a scope kind confers, in SQL over `$perm` and `$kind`: a tenant
-/// binding confers the tenant's own permissions (reservations, webhooks, quotas read, identities,
-/// bindings);
+/// binding confers the tenant's own permissions (reservations, webhooks, quotas and usage read,
+/// identities, bindings);
 /// a fleet, site, pool or node binding confers the others (quotas read at fleet scope too).
 fn applies_sql(perm: &str, kind: &str) -> String {
     format!(
         "(CASE WHEN {kind} = 'tenant'
                THEN {perm} LIKE 'compute:reservations:%' OR {perm} LIKE 'compute:webhooks:%' OR {perm} = 'compute:quotas:read'
+                    OR {perm} = 'compute:usage:read'
                     OR {perm} LIKE 'iam:identities:%' OR {perm} LIKE 'iam:bindings:%'
                ELSE NOT ({perm} LIKE 'compute:reservations:%' OR {perm} LIKE 'compute:webhooks:%' OR {perm} LIKE 'iam:identities:%'
                          OR {perm} LIKE 'iam:bindings:%') END)"

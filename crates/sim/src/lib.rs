@@ -342,6 +342,8 @@ async fn seed_inventory(db: &mut tokio_postgres::Client) -> anyhow::Result<Strin
         &NewPool { site_id: site, name: "sim".into(), kind: "bare-metal".into(), vcpu_ratio: 2.0, memory_ratio: 1.0, disk_ratio: 1.0, lost_after_s: None },
     )
     .await?;
+    // Usage windows of a minute, so that runs of seconds close some and check their sums.
+    better_compute_capacity::usage::set_window_s(&tx, 60).await?;
     // A disruption budget of one node: the workload's drains queue behind each other.
     better_compute_nodes::drain::set_budget(&tx, &pool, better_compute_nodes::drain::Budget::Nodes(SIM_DRAIN_BUDGET)).await?;
     for t in TENANTS {
@@ -1015,10 +1017,10 @@ impl Sim {
                     tx.query("SELECT id, node_id FROM workflows WHERE state = 'held' ORDER BY id", &[]).await?.iter().map(|r| (r.get(0), r.get(1))).collect();
                 for (id, node) in &held {
                     workflow::cancel(&tx, id, "sim/operator").await?;
-                    if let Some(node) = node {
-                        if drain::open_drain(&tx, node).await?.is_some_and(|d| d.requested_by == format!("workflow:{id}")) {
-                            drain::undrain(&tx, node).await?;
-                        }
+                    if let Some(node) = node
+                        && drain::open_drain(&tx, node).await?.is_some_and(|d| d.requested_by == format!("workflow:{id}"))
+                    {
+                        drain::undrain(&tx, node).await?;
                     }
                 }
                 tx.commit().await?;

@@ -6,6 +6,7 @@ mod commands;
 mod iam;
 mod inventory;
 mod nodes;
+mod usage;
 mod webhooks;
 mod workflows;
 
@@ -22,6 +23,7 @@ pub(crate) fn all() -> Vec<Method> {
     v.extend(nodes::methods());
     v.extend(capacity::methods());
     v.extend(commands::methods());
+    v.extend(usage::methods());
     v.extend(webhooks::methods());
     v.extend(workflows::methods());
     v

@@ -41,8 +41,25 @@ impl Sink for InventoryWatcher {
         }
         refresh_nodes(tx, &nodes).await?;
         tell_tenants_of_unhealthy_gpus(tx, events).await?;
+        wake_usage(tx, events).await?;
         Ok(())
     }
+}
+
+/// A placement wakes its pool's `capacity.usage` key, which then arms itself for each window's
+/// end: a pool's first reservation is metered from its first window on, not from the next resync.
+async fn wake_usage(tx: &Transaction<'_>, events: &[Event]) -> Result<(), DbError> {
+    let placed: Vec<&str> = events.iter().filter(|e| e.event_type == "reservation.placed").map(|e| e.subject.as_str()).collect();
+    if placed.is_empty() {
+        return Ok(());
+    }
+    let pools: Vec<String> = tx
+        .query("SELECT DISTINCT pool_id FROM reservations WHERE id = ANY($1) ORDER BY 1", &[&placed])
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    better_compute_runtime::work_queue::enqueue_many(tx, &crate::USAGE_KIND, &pools).await
 }
 
 /// A GPU that left placement for health stays with the reservations that hold it (they are never

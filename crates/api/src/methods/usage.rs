@@ -1,0 +1,104 @@
+//! usage.*: metered usage, read by tenants (their own) and operators (every tenant's).
+
+use better_compute_capacity::usage::{self, GroupBy, UsageSum, UsageWindowView};
+use better_compute_core::page::Page;
+use better_compute_core::Error;
+use better_compute_runtime::authz::Resource;
+use serde::{Deserialize, Serialize};
+
+use crate::method::{method, Ctx};
+use crate::Method;
+
+/// Reading usage.
+const READ: &str = "compute:usage:read";
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct ListUsage {
+    /// The caller's tenant; when given it must be the token's.
+    #[serde(default)]
+    tenant_id: Option<String>,
+    /// Every tenant's usage (needs compute:usage:read at fleet scope).
+    #[serde(default)]
+    all_tenants: bool,
+    /// RFC 3339: windows starting at or after it.
+    from: String,
+    /// RFC 3339: windows starting before it.
+    to: String,
+    /// How to sum: per reservation, pool, model (atom class) or UTC day.
+    group_by: GroupBy,
+    /// The most groups to answer, 1 to 10000 (default 1000).
+    #[serde(default)]
+    limit: Option<i64>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct ExportUsage {
+    /// The caller's tenant; when given it must be the token's.
+    #[serde(default)]
+    tenant_id: Option<String>,
+    /// Every tenant's usage (needs compute:usage:read at fleet scope).
+    #[serde(default)]
+    all_tenants: bool,
+    /// RFC 3339: windows starting at or after it.
+    from: String,
+    /// RFC 3339: windows starting before it.
+    to: String,
+    /// Items per page, 1 to 500 (default 100).
+    #[serde(default)]
+    page_size: Option<i64>,
+    /// `nextPageToken` of the previous page.
+    #[serde(default)]
+    page_token: Option<String>,
+}
+
+#[derive(Debug, Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+struct UsageList {
+    /// The sums, by tenant then group.
+    items: Vec<UsageSum>,
+    /// The fleet's window size in seconds.
+    window_s: i32,
+}
+
+/// The tenant whose usage the caller may read: its own, or every tenant's (`None`) at fleet scope.
+async fn scope(ctx: &Ctx, asked: Option<&str>, all_tenants: bool) -> Result<Option<String>, Error> {
+    if all_tenants {
+        ctx.own_tenant(asked)?;
+        ctx.check(READ, Resource::Fleet).await?;
+        Ok(None)
+    } else {
+        ctx.in_tenant(asked, READ).await?;
+        Ok(Some(ctx.principal.tenant_id.clone()))
+    }
+}
+
+pub(super) fn methods() -> Vec<Method> {
+    vec![method(
+        "usage.list",
+        "Sum usage windows (reserved atom-, vCPU-, memory- and disk-seconds) of your tenant, or of every tenant, by reservation, pool, model or day.",
+        "compute:usage:read at the tenant (at fleet scope with allTenants)",
+        |ctx: Ctx, r: ListUsage| async move {
+            let tenant = scope(&ctx, r.tenant_id.as_deref(), r.all_tenants).await?;
+            let limit = r.limit.unwrap_or(1000);
+            if !(1..=10_000).contains(&limit) {
+                return Err(Error::invalid_argument("limit must be between 1 and 10000"));
+            }
+            let db = ctx.db().await?;
+            let items = usage::list(&**db, tenant.as_deref(), &r.from, &r.to, r.group_by, limit).await?;
+            Ok(UsageList { items, window_s: usage::window_s(&**db).await? })
+        },
+    ),
+    method(
+        "usage.export",
+        "Export usage windows and adjustments one by one, in billing-key order, a page at a time (the CLI's `usage export` writes them as CSV or JSON lines).",
+        "compute:usage:read at the tenant (at fleet scope with allTenants)",
+        |ctx: Ctx, r: ExportUsage| async move {
+            let tenant = scope(&ctx, r.tenant_id.as_deref(), r.all_tenants).await?;
+            let (size, after) = super::page(r.page_size, r.page_token.clone()).bounds()?;
+            let items = usage::export_page(&**ctx.db().await?, tenant.as_deref(), &r.from, &r.to, &after, size).await?;
+            Ok(Page::from_rows(items, size, |w: &UsageWindowView| w.key.clone()))
+        },
+    )]
+}

@@ -219,3 +219,43 @@ async fn concurrent_meterings_of_one_pool_write_each_window_exactly_once() {
     assert_eq!(rows.len(), 40);
     assert!(rows.iter().all(|r| r.1 == 3000.0), "{rows:?}");
 }
+
+#[tokio::test]
+async fn a_drain_eviction_stops_metering_at_the_eviction() {
+    use better_compute_nodes::drain::{self, DrainMode, DrainRequest};
+    let h = harness().await;
+    at(&h, 0).await;
+    let f = fleet(&h, &exclusive(1), 2).await;
+    let mut c = h.db().client().await;
+    let mut req = whole(&f.pool_id, 2);
+    req.duration_s = Some(3 * 3600);
+    let r = reservations::create(&mut c, ME, &req).await.unwrap();
+    // Evicted 25 minutes in.
+    let deadline = better_compute_core::time::rfc3339(UNIX_EPOCH + Duration::from_secs(HOUR0 + 25 * 60));
+    {
+        let tx = c.transaction().await.unwrap();
+        drain::request(&*tx, &DrainRequest { node_id: &f.nodes[0], reason: "fans", mode: DrainMode::Evict, deadline: Some(&deadline), requested_by: "ops" })
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+    }
+    h.job("drain").drain(5).await;
+    at(&h, 25 * 60).await;
+    h.job("drain").drain(5).await;
+    let ended = reservations::get(&**c, ME, &r.id).await.unwrap();
+    assert_eq!((ended.state.as_str(), ended.end_reason.as_deref()), ("released", Some("drained")));
+    at(&h, 2 * 3600 + 1).await;
+    meter(&h).await;
+    let w = windows(&h, &r.id).await;
+    assert_eq!(w.iter().map(|w| (w.1, w.2, w.3)).collect::<Vec<_>>(), [(0, 0, 2.0 * 25.0 * 60.0)], "{w:?}");
+    assert_eq!(w[0].3, booked_atom_seconds(&h, &r.id).await);
+    // And the invariant holds over everything metered.
+    let tx = c.transaction().await.unwrap();
+    let report = better_compute_capacity::invariants::check(&*tx, &Default::default()).await.unwrap();
+    assert!(report.violations.is_empty(), "{:?}", report.violations);
+    // A window billed a second too much is a violation the checker names.
+    tx.execute("UPDATE usage_windows SET atom_seconds = atom_seconds + 1 WHERE allocation_id = $1", &[&r.id]).await.unwrap();
+    let report = better_compute_capacity::invariants::check(&*tx, &Default::default()).await.unwrap();
+    assert_eq!(report.violations.len(), 1, "{:?}", report.violations);
+    assert!(report.violations[0].contains("do not sum to its booked atom-seconds") && report.violations[0].contains(&r.id), "{:?}", report.violations);
+}

@@ -27,6 +27,9 @@ pub struct CapacityBench {
     /// Reservations created per fleet size in the burst (4,000 leave 1,000 nodes about 75% full).
     #[arg(long, default_value_t = 4000)]
     placements: usize,
+    /// Live reservations whose usage windows are closed at the end, on the largest fleet (0: skip).
+    #[arg(long, default_value_t = 10_000)]
+    metered: usize,
     /// Fleet sizes, in nodes of 8 GPUs.
     #[arg(long, value_delimiter = ',', default_value = "1000,10000")]
     nodes: Vec<usize>,
@@ -318,6 +321,57 @@ async fn burst(conn: &str, clients: usize, total: usize, hot_percent: u64, batch
     ))
 }
 
+/// What closing the live reservations' usage windows took.
+struct Metering {
+    live: i64,
+    windows: u64,
+    seconds: f64,
+}
+
+/// Moves the clock three hours on (the simulated clock, for this measurement only), then closes
+/// every live reservation's windows with four connections at once, as `capacity.usage` runs do
+/// (256 reservations a call, `FOR UPDATE SKIP LOCKED` sharing them out), and puts the real clock back.
+async fn metering(conn: &str) -> anyhow::Result<Metering> {
+    let c = better_compute_db::pool::connect(conn).await?;
+    let now = better_compute_db::clock::db_now(&c).await?;
+    better_compute_db::clock::use_sim_clock(&c, now + std::time::Duration::from_secs(3 * 3600)).await?;
+    let live: i64 = c.query_one("SELECT count(*) FROM reservations WHERE state IN ('placed', 'active')", &[]).await?.get(0);
+    let pools: Vec<String> = c.query("SELECT DISTINCT pool_id FROM reservations WHERE state IN ('placed', 'active')", &[]).await?.iter().map(|r| r.get(0)).collect();
+    let started = std::time::Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let (conn, pools) = (conn.to_owned(), pools.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut c = better_compute_db::pool::connect(&conn).await?;
+            let mut written = 0u64;
+            for pool in &pools {
+                loop {
+                    let tx = c.transaction().await?;
+                    let n = tx.query("SELECT id FROM capacity_usage_close($1, 256)", &[pool]).await?.len();
+                    tx.commit().await?;
+                    written += n as u64;
+                    if n == 0
+                        && !c
+                            .query_one("SELECT EXISTS (SELECT 1 FROM reservations r WHERE r.pool_id = $1 AND capacity_usage_is_due(r, capacity_usage_closed_until()))", &[pool])
+                            .await?
+                            .get::<_, bool>(0)
+                    {
+                        break;
+                    }
+                }
+            }
+            anyhow::Ok(written)
+        }));
+    }
+    let mut windows = 0;
+    for t in tasks {
+        windows += t.await??;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    better_compute_db::clock::use_real_clock(&c).await?;
+    Ok(Metering { live, windows, seconds })
+}
+
 /// Runs the benchmark.
 pub async fn run(b: CapacityBench) -> anyhow::Result<()> {
     let scratch = Scratch::start((b.clients + b.batchers) as u32 + 40).await?;
@@ -393,6 +447,24 @@ pub async fn run(b: CapacityBench) -> anyhow::Result<()> {
         );
         crate::report::figure("capacity", format!("placements in a burst with no release, {nodes} nodes"), placed_rate, "/s", Some((&tpcb_name, tpcb)));
         crate::report::figure("capacity", format!("releases after the burst, {nodes} nodes"), release_rate, "/s", Some((&tpcb_name, tpcb)));
+    }
+    // Metering: live reservations placed on the largest fleet, then three hours on, their windows closed.
+    if b.metered > 0 {
+        let nodes = *b.nodes.last().unwrap_or(&1000);
+        println!("seeding {nodes} nodes x 8 GPUs and placing {} reservations for metering…", b.metered);
+        seed(&db, nodes).await?;
+        let warm = warm_clients(&conn, b.clients, 0, batch).await?;
+        let _held = timed_creates(warm, b.metered, 0, false).await?;
+        let m = metering(&conn).await?;
+        let rate = m.windows as f64 / m.seconds;
+        println!(
+            "usage metering, {} live reservations on {nodes} nodes, 3 h on: {} windows closed in {:.1} s, {rate:.0} windows/s ({:.2}x pgbench TPC-B)",
+            m.live,
+            m.windows,
+            m.seconds,
+            rate / tpcb
+        );
+        crate::report::figure("capacity", format!("usage windows closed, {} live reservations", m.live), rate, "/s", Some((&format!("pgbench TPC-B, {} clients", b.clients), tpcb)));
     }
     drop(db);
     if b.keep {

@@ -26,6 +26,15 @@ enum AdminCmd {
     /// The command-signing key destructive commands are signed with (in the CA's folder).
     #[command(subcommand)]
     CommandKey(CommandKeyCmd),
+    /// Show or set the fleet's usage window (metering): windows are aligned to it in UTC. Change
+    /// it between billing periods: windows already closed keep their size.
+    UsageWindow {
+        #[command(flatten)]
+        db: better_compute_server::DatabaseArgs,
+        /// The new size in seconds: 60 to 86400, a divisor of a day (default: show it).
+        #[arg(long)]
+        set_s: Option<i32>,
+    },
 }
 
 /// `admin command-key`.
@@ -67,6 +76,14 @@ pub async fn run(args: AdminArgs) -> anyhow::Result<()> {
             Ok(())
         }
         AdminCmd::CommandKey(CommandKeyCmd::Rotate { db, ca_dir }) => rotate_command_key(&db, &ca_dir).await,
+        AdminCmd::UsageWindow { db, set_s } => {
+            let client = better_compute_db::pool::connect(&db.database_url).await?;
+            if let Some(s) = set_s {
+                better_compute_capacity::usage::set_window_s(&client, s).await?;
+            }
+            println!("usage window: {} s", better_compute_capacity::usage::window_s(&client).await?);
+            Ok(())
+        }
         AdminCmd::CommandKey(CommandKeyCmd::RetirePrevious { db, ca_dir }) => {
             let mut client = better_compute_db::pool::connect(&db.database_url).await?;
             let tx = client.transaction().await?;

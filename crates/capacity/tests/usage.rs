@@ -259,3 +259,35 @@ async fn a_drain_eviction_stops_metering_at_the_eviction() {
     assert_eq!(report.violations.len(), 1, "{:?}", report.violations);
     assert!(report.violations[0].contains("do not sum to its booked atom-seconds") && report.violations[0].contains(&r.id), "{:?}", report.violations);
 }
+
+#[tokio::test]
+async fn a_second_window_over_the_same_time_or_key_is_refused_by_the_database() {
+    let h = harness().await;
+    at(&h, 0).await;
+    let f = fleet(&h, &exclusive(1), 1).await;
+    let mut c = h.db().client().await;
+    let r = reservations::create(&mut c, ME, &whole(&f.pool_id, 1)).await.unwrap();
+    at(&h, 3600 + 1).await;
+    meter(&h).await;
+    assert_eq!(windows(&h, &r.id).await.len(), 1);
+    let copy = |id: &str, start_s: i64, adjustment: i32| {
+        format!(
+            "INSERT INTO usage_windows (id, allocation_id, tenant_id, pool_id, node_id, window_start, window_end, adjustment, gpu_kind, gpu_model,
+                                        mig_profile, atom_seconds, vcpu_seconds, memory_mib_seconds, disk_gib_seconds)
+             SELECT '{id}', allocation_id, tenant_id, pool_id, node_id, window_start + make_interval(secs => {start_s}),
+                    window_end + make_interval(secs => {start_s}), {adjustment}, gpu_kind, gpu_model, mig_profile, 1, 1, 1, 1
+               FROM usage_windows WHERE allocation_id = '{}'",
+            r.id
+        )
+    };
+    // The same billing key; a window overlapping it; the same window again as an "adjustment 0".
+    for (sql, constraint) in [
+        (copy(&windows(&h, &r.id).await[0].0, 3600, 0), "usage_windows_pkey"),
+        (copy("cmp:overlap", 1800, 0), "usage_windows_allocation_id_tstzrange_excl"),
+        (copy("cmp:again", 0, 0), "usage_windows_allocation_id_window_start_adjustment_key"),
+    ] {
+        let e = c.execute(&sql, &[]).await.unwrap_err();
+        assert_eq!(e.as_db_error().map(|d| d.constraint()), Some(Some(constraint)), "{e}");
+    }
+    assert_eq!(windows(&h, &r.id).await.len(), 1);
+}

@@ -21,6 +21,7 @@ use std::time::Duration;
 use better_compute_core::id::WorkflowId;
 use better_compute_core::state::{State, WorkflowState, WorkflowStepState, WORKFLOW_STATE_TABLE, WORKFLOW_STEP_STATE_TABLE};
 use better_compute_core::{Error, ErrorCode};
+use better_compute_db::clock::rfc3339_sql as ts;
 use better_compute_db::DbError;
 use serde::{Deserialize, Serialize};
 use tokio_postgres::{GenericClient, Transaction};
@@ -324,11 +325,6 @@ pub struct WorkflowView {
     pub version: i64,
 }
 
-const TS: &str = "to_char({} AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')";
-
-fn ts(col: &str) -> String {
-    TS.replace("{}", col)
-}
 
 fn workflow_columns() -> String {
     format!(

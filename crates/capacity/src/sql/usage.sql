@@ -84,6 +84,7 @@ BEGIN
      WHERE o.adjustment = 0 OR o.atom_s <> 0 OR o.vcpu_s <> 0 OR o.memory_s <> 0 OR o.disk_s <> 0
      ORDER BY o.id, o.window_start
     RETURNING *),
+  -- (a data-modifying CTE runs to completion whether or not the query reads it)
   marked AS (
     UPDATE reservations r SET usage_closed_until = v_closed, usage_version = r.version FROM due d WHERE r.id = d.id RETURNING r.id)
   SELECT w.id, w.tenant_id,
@@ -94,6 +95,6 @@ BEGIN
                             'gpu', jsonb_build_object('kind', w.gpu_kind, 'model', w.gpu_model, 'profile', w.mig_profile),
                             'atomSeconds', w.atom_seconds, 'vcpuSeconds', w.vcpu_seconds,
                             'memoryMibSeconds', w.memory_mib_seconds, 'diskGibSeconds', w.disk_gib_seconds)
-    FROM written w CROSS JOIN (SELECT count(*) FROM marked) m
+    FROM written w
    ORDER BY w.id;
 END $$;

@@ -3,6 +3,7 @@
 //! response carries an `x-request-id`, and every log line of the request names it.
 //!
 //! Also: `GET /v1/watch` (the caller's events as Server-Sent Events, see [`watch`]),
+//! `GET /v1/usage.export` (a period's usage windows streamed as CSV or JSON lines),
 //! `GET /v1/openapi.json` (generated from the handlers' own types), `GET /healthz`
 //! (the process is up), `GET /readyz` (the database answers) and `GET /metrics` (Prometheus).
 
@@ -13,6 +14,7 @@ mod methods;
 mod metrics;
 pub mod openapi;
 pub mod rate_limit;
+pub mod usage_export;
 pub mod watch;
 
 use std::collections::BTreeMap;
@@ -58,6 +60,9 @@ pub struct ApiState {
     /// How often a watch stream revalidates its token and grant ([`watch::REVALIDATE_INTERVAL`];
     /// tests shorten it).
     pub watch_revalidate_interval: std::time::Duration,
+    /// Usage windows `GET /v1/usage.export` reads per page ([`usage_export::PAGE_ROWS`]; tests
+    /// shrink it to walk many pages).
+    pub usage_export_page_rows: i64,
     /// Every event [`watch::tail_outbox`] reads, for the watch streams.
     feed: tokio::sync::broadcast::Sender<Arc<watch::FeedItem>>,
     /// Business time, anchored at the first `/readyz` and sampled at every one after: its
@@ -79,7 +84,7 @@ impl ApiState {
         metrics::install();
         let (feed, _) = tokio::sync::broadcast::channel(watch::FEED_CAPACITY);
         let reservations = better_compute_capacity::service::Reservations::start(pool.clone(), Default::default());
-        Arc::new(ApiState { pool, iam, registry, methods, watch_slow_client_timeout: watch::SLOW_CLIENT_TIMEOUT, watch_revalidate_interval: watch::REVALIDATE_INTERVAL, body_read_timeout: BODY_READ_TIMEOUT, rate_limiter: rate_limit::RateLimiter::new(Default::default()), clock: tokio::sync::OnceCell::new(), feed, reservations })
+        Arc::new(ApiState { pool, iam, registry, methods, watch_slow_client_timeout: watch::SLOW_CLIENT_TIMEOUT, watch_revalidate_interval: watch::REVALIDATE_INTERVAL, body_read_timeout: BODY_READ_TIMEOUT, usage_export_page_rows: usage_export::PAGE_ROWS, rate_limiter: rate_limit::RateLimiter::new(Default::default()), clock: tokio::sync::OnceCell::new(), feed, reservations })
     }
 
     /// The state with another rate limiter: other rates, or (tests) another clock. Before the
@@ -104,13 +109,14 @@ pub fn router(state: Arc<ApiState>) -> Router {
     Router::new()
         .route("/v1/openapi.json", get(openapi_json))
         .route("/v1/watch", get(watch::watch))
+        .route("/v1/usage.export", get(usage_export::export).post(|s, h, b| call(s, Path("usage.export".to_owned()), h, b)))
         .route("/v1/{method}", post(call))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics_text))
         .fallback(|| async { error_response(&Error::not_found("path", "this path; methods are POST /v1/<method>, see /v1/openapi.json"), &new_request_id()) })
         .method_not_allowed_fallback(|| async {
-            let e = Error::new(ErrorCode::Unsupported, "this HTTP method is not allowed here: methods are POST /v1/<method>; GET serves /v1/watch, /v1/openapi.json, /healthz, /readyz and /metrics");
+            let e = Error::new(ErrorCode::Unsupported, "this HTTP method is not allowed here: methods are POST /v1/<method>; GET serves /v1/watch, /v1/usage.export, /v1/openapi.json, /healthz, /readyz and /metrics");
             let mut r = error_response(&e, &new_request_id());
             *r.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
             r

@@ -36,6 +36,9 @@ pub fn document<'a>(methods: impl IntoIterator<Item = &'a Method>) -> Value {
         );
     }
     paths.insert("/v1/watch".into(), watch_path(&error));
+    if let Some(Value::Object(item)) = paths.get_mut("/v1/usage.export") {
+        item.insert("get".into(), usage_export_get(&error));
+    }
     let schemas = generator.take_definitions(true);
     json!({
         "openapi": "3.0.3",
@@ -79,6 +82,37 @@ fn watch_path(error: &schemars::Schema) -> Value {
     }})
 }
 
+/// `GET /v1/usage.export`: the same rows as the method, streamed whole as CSV or JSON lines.
+fn usage_export_get(error: &schemars::Schema) -> Value {
+    let query = |name: &str, required: bool, schema: Value, description: &str| {
+        json!({"name": name, "in": "query", "required": required, "description": description, "schema": schema})
+    };
+    let text = json!({"schema": {"type": "string"}});
+    json!({
+        "operationId": "usage.export.stream",
+        "summary": "Stream a period's usage windows as CSV or JSON lines.",
+        "description": "Every usage window and adjustment whose window starts in [from, to), in billing-key order, as one streamed answer: CSV (`text/csv`, a header row first) or JSON lines (`application/x-ndjson`). An export cut by a failure ends without its last chunk, never as a shorter whole; resume with `after` set to the last key received.\n\nPermission: compute:usage:read at the tenant (at fleet scope with allTenants).",
+        "security": [{"bearer": []}],
+        "parameters": [
+            query("from", true, json!({"type": "string"}), "RFC 3339: windows starting at or after it."),
+            query("to", true, json!({"type": "string"}), "RFC 3339: windows starting before it."),
+            query("format", false, json!({"type": "string", "enum": ["csv", "jsonl"]}), "csv (default) or jsonl."),
+            query("tenantId", false, json!({"type": "string"}), "The caller's tenant; when given it must be the token's."),
+            query("allTenants", false, json!({"type": "boolean"}), "Every tenant's usage (compute:usage:read at fleet scope)."),
+            query("after", false, json!({"type": "string"}), "Resume after this billing key."),
+        ],
+        "responses": {
+            "200": {"description": "The windows.", "content": {"text/csv": text, "application/x-ndjson": text}},
+            "400": {"description": "INVALID_ARGUMENT: a bad period, format or field", "content": {"application/json": {"schema": error}}},
+            "401": {"description": "UNAUTHENTICATED", "content": {"application/json": {"schema": error}}},
+            "403": {"description": "PERMISSION_DENIED", "content": {"application/json": {"schema": error}}},
+            "404": {"description": "NOT_FOUND: another tenant", "content": {"application/json": {"schema": error}}},
+            "429": {"description": "QUOTA_EXCEEDED: the token's request rate", "content": {"application/json": {"schema": error}}},
+            "503": {"description": "UNAVAILABLE", "content": {"application/json": {"schema": error}}},
+        },
+    })
+}
+
 /// A schema with its `$ref` (if any) followed within `doc`.
 pub fn resolve<'a>(doc: &'a Value, schema: &'a Value) -> &'a Value {
     match schema.get("$ref").and_then(Value::as_str) {
@@ -111,18 +145,19 @@ pub fn reference_page<'a>(methods: impl IntoIterator<Item = &'a Method>) -> Stri
          `pageToken` and answer `items` and `nextPageToken`. The machine-readable document is `GET /v1/openapi.json`.\n\n",
     );
     for (path, item) in doc["paths"].as_object().into_iter().flatten() {
+        let name = path.trim_start_matches("/v1/");
         if let Some(get) = item.get("get") {
-            // The event stream: GET, its parameters in the query and a header.
-            out.push_str(&format!("## `{}` (`GET {path}`)\n\n{}\n\n", path.trim_start_matches("/v1/"), get["description"].as_str().unwrap_or("")));
+            // A stream: GET, its parameters in the query (and a header).
+            out.push_str(&format!("## `{name}` (`GET {path}`)\n\n{}\n\n", get["description"].as_str().unwrap_or("")));
             out.push_str("| parameter | in | description |\n|---|---|---|\n");
             for p in get["parameters"].as_array().into_iter().flatten() {
                 out.push_str(&format!("| `{}` | {} | {} |\n", p["name"].as_str().unwrap_or(""), p["in"].as_str().unwrap_or(""), p["description"].as_str().unwrap_or("")));
             }
-            out.push_str("\nAnswers `text/event-stream`.\n\n");
-            continue;
+            let types: Vec<String> = get["responses"]["200"]["content"].as_object().into_iter().flatten().map(|(t, _)| format!("`{t}`")).collect();
+            out.push_str(&format!("\nAnswers {}.\n\n", types.join(" or ")));
         }
-        let op = &item["post"];
-        out.push_str(&format!("## `{}`\n\n{}\n\n", path.trim_start_matches("/v1/"), op["description"].as_str().unwrap_or("")));
+        let Some(op) = item.get("post") else { continue };
+        out.push_str(&format!("## `{name}`\n\n{}\n\n", op["description"].as_str().unwrap_or("")));
         let req = resolve(&doc, &op["requestBody"]["content"]["application/json"]["schema"]);
         let required: Vec<&str> = req["required"].as_array().map(|a| a.iter().filter_map(Value::as_str).collect()).unwrap_or_default();
         match req["properties"].as_object() {

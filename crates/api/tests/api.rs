@@ -363,7 +363,8 @@ async fn another_tenant_can_neither_read_nor_change_nor_learn_of_anything_of_a_t
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn usage_list_sums_a_tenants_own_windows_and_every_tenants_only_at_fleet_scope() {
-    let api = Api::start().await;
+    // One window per page, so the streamed export walks several pages.
+    let api = Api::start_with(|s| s.usage_export_page_rows = 1).await;
     let b = api.tenant("tenant-b").await;
     let c = api.tenant("tenant-c").await;
     better_compute_capacity::usage::set_window_s(&api.h.db().connect().await, 60).await.unwrap();
@@ -418,6 +419,39 @@ async fn usage_list_sums_a_tenants_own_windows_and_every_tenants_only_at_fleet_s
     }
     assert_eq!(keys.len() as i64, items[0]["windows"].as_i64().unwrap());
     assert!(keys.windows(2).all(|w| w[0] < w[1]) && keys[0].starts_with(&format!("cmp:{}:", res["id"].as_str().unwrap())), "{keys:?}");
+    // The streamed export: the same rows, whole, as CSV (a header first) or JSON lines.
+    let stream = async |token: &str, query: &str| {
+        let r = better_compute_client::http().build().unwrap().get(format!("{}/v1/usage.export?{query}", api.url)).bearer_auth(token).send().await.unwrap();
+        let ct = r.headers().get("content-type").map(|v| v.to_str().unwrap().to_owned()).unwrap_or_default();
+        (r.status().as_u16(), ct, r.text().await.unwrap())
+    };
+    let period = "from=2000-01-01T00:00:00Z&to=2100-01-01T00:00:00Z";
+    let (s, ct, csv) = stream(&b.token, period).await;
+    assert_eq!((s, ct.as_str()), (200, "text/csv; charset=utf-8"), "{csv}");
+    let lines: Vec<&str> = csv.lines().collect();
+    assert_eq!(lines.len(), keys.len() + 1, "{csv}");
+    assert!(lines[0].starts_with("key,reservationId,tenantId,"), "{csv}");
+    assert_eq!(lines[1..].iter().map(|l| l.split(',').next().unwrap()).collect::<Vec<_>>(), keys, "{csv}");
+    assert!(lines[1..].iter().all(|l| l.split(',').nth(2) == Some(b.id.as_str())), "{csv}");
+    let (s, ct, jsonl) = stream(&b.token, &format!("{period}&format=jsonl&after={}", keys[0])).await;
+    assert_eq!((s, ct.as_str()), (200, "application/x-ndjson"), "{jsonl}");
+    let resumed: Vec<String> = jsonl.lines().map(|l| serde_json::from_str::<Value>(l).unwrap()["key"].as_str().unwrap().to_owned()).collect();
+    assert_eq!(resumed, keys[1..], "resuming after the first key streams the rest");
+    // Another tenant streams nothing of it, and every tenant's only at fleet scope.
+    let (s, _, other) = stream(&c.token, period).await;
+    assert_eq!((s, other.lines().count()), (200, 1), "{other}");
+    let (s, _, refused) = stream(&c.token, &format!("{period}&allTenants=true")).await;
+    assert!(s == 403 || s == 404, "{refused}");
+    let (s, _, fleet) = stream(&api.op, &format!("{period}&allTenants=true&format=jsonl")).await;
+    assert_eq!((s, fleet.lines().count()), (200, keys.len()), "{fleet}");
+    // Bad input is a JSON error before any row.
+    for bad in ["from=yesterday&to=2100-01-01T00:00:00Z", "to=2100-01-01T00:00:00Z", &format!("{period}&format=xml"), &format!("{period}&limit=5")] {
+        let (s, ct, body) = stream(&b.token, bad).await;
+        assert_eq!((s, ct.as_str()), (400, "application/json"), "{bad}: {body}");
+        assert_eq!(serde_json::from_str::<Value>(&body).unwrap()["code"], "INVALID_ARGUMENT", "{bad}: {body}");
+    }
+    let (s, _, _) = stream("bct_nope", period).await;
+    assert_eq!(s, 401);
     let (_, v) = api.call(&b.token, "usage.list", json!({"from": "yesterday", "to": "2100-01-01T00:00:00Z", "groupBy": "pool"})).await;
     assert_eq!(v["code"], "INVALID_ARGUMENT", "{v}");
 }

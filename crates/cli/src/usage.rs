@@ -1,5 +1,5 @@
-//! `better-compute usage export`: every usage window of a period through the API, a page at a time,
-//! written as CSV or JSON lines to standard output, with progress on standard error.
+//! `better-compute usage export`: every usage window of a period, streamed by the API
+//! (`GET /v1/usage.export`) as CSV or JSON lines to standard output, with progress on standard error.
 
 use std::io::Write;
 
@@ -42,79 +42,41 @@ enum UsageCmd {
     },
 }
 
-const COLUMNS: &[&str] = &[
-    "key", "reservationId", "tenantId", "poolId", "nodeId", "windowStart", "windowEnd", "adjustment", "gpuKind", "gpuModel", "migProfile",
-    "atomSeconds", "vcpuSeconds", "memoryMibSeconds", "diskGibSeconds",
-];
-
-fn csv_field(v: &Value) -> String {
-    let s = match v {
-        Value::Null => String::new(),
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
-    };
-    if s.contains([',', '"', '\n']) { format!("\"{}\"", s.replace('"', "\"\"")) } else { s }
-}
-
 /// Runs `usage …`.
 pub async fn run(args: UsageArgs) -> anyhow::Result<()> {
     let UsageCmd::Export { url, token, tenant, from, to, all_tenants, format } = args.cmd;
     let token = token.context("no token: set BETTER_COMPUTE_TOKEN (dev prints one)")?;
     let http = better_compute_client::http().build()?;
-    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-    if format == "csv" {
-        writeln!(out, "{}", COLUMNS.join(","))?;
+    let mut query = vec![("from", from), ("to", to), ("format", format.clone()), ("allTenants", all_tenants.to_string())];
+    if let Some(t) = tenant {
+        query.push(("tenantId", t));
     }
-    let (mut page_token, mut n) = (None::<String>, 0u64);
+    let mut r = http
+        .get(format!("{url}/v1/usage.export"))
+        .bearer_auth(&token)
+        .query(&query)
+        .send()
+        .await
+        .with_context(|| format!("cannot reach the API at {url}; is `better-compute dev` running? (set BETTER_COMPUTE_URL)"))?;
+    if !r.status().is_success() {
+        let v: Value = r.json().await.context("usage.export answered an error without JSON")?;
+        bail!("{}: {}", v["code"].as_str().unwrap_or("ERROR"), v["message"].as_str().unwrap_or(""));
+    }
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     let started = std::time::Instant::now();
-    loop {
-        let mut body = serde_json::json!({"from": from, "to": to, "allTenants": all_tenants, "pageSize": 500});
-        if let Some(t) = &tenant {
-            body["tenantId"] = t.clone().into();
-        }
-        if let Some(t) = &page_token {
-            body["pageToken"] = t.clone().into();
-        }
-        let r = http
-            .post(format!("{url}/v1/usage.export"))
-            .bearer_auth(&token)
-            .json(&body)
-            .send()
-            .await
-            .with_context(|| format!("cannot reach the API at {url}; is `better-compute dev` running? (set BETTER_COMPUTE_URL)"))?;
-        let ok = r.status().is_success();
-        let v: Value = r.json().await.context("usage.export answered without JSON")?;
-        if !ok {
-            bail!("{}: {}", v["code"].as_str().unwrap_or("ERROR"), v["message"].as_str().unwrap_or(""));
-        }
-        for w in v["items"].as_array().into_iter().flatten() {
-            if format == "csv" {
-                writeln!(out, "{}", COLUMNS.iter().map(|c| csv_field(&w[*c])).collect::<Vec<_>>().join(","))?;
-            } else {
-                writeln!(out, "{w}")?;
-            }
-            n += 1;
-        }
-        eprint!("\rexported {n} usage windows ({} s)   ", started.elapsed().as_secs());
-        match v["nextPageToken"].as_str() {
-            Some(t) => page_token = Some(t.to_owned()),
-            None => break,
+    let mut lines = 0u64;
+    let header_lines = u64::from(format == "csv");
+    let mut shown = std::time::Instant::now();
+    // A stream cut by the server or the network is an error here, never a shorter export.
+    while let Some(chunk) = r.chunk().await.context("the export was cut off; run it again (a billing system dedupes rows by their key)")? {
+        out.write_all(&chunk)?;
+        lines += chunk.iter().filter(|b| **b == b'\n').count() as u64;
+        if shown.elapsed().as_millis() >= 200 {
+            eprint!("\rexported {} usage windows ({} s)   ", lines.saturating_sub(header_lines), started.elapsed().as_secs());
+            shown = std::time::Instant::now();
         }
     }
     out.flush()?;
-    eprintln!("\rexported {n} usage windows in {} s   ", started.elapsed().as_secs());
+    eprintln!("\rexported {} usage windows in {} s   ", lines.saturating_sub(header_lines), started.elapsed().as_secs());
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_csv_field_is_quoted_only_when_it_must_be() {
-        assert_eq!(csv_field(&Value::Null), "");
-        assert_eq!(csv_field(&serde_json::json!(7200.5)), "7200.5");
-        assert_eq!(csv_field(&serde_json::json!("cmp:res_1:2030-01-01T00:00:00Z")), "cmp:res_1:2030-01-01T00:00:00Z");
-        assert_eq!(csv_field(&serde_json::json!("a,\"b\"")), "\"a,\"\"b\"\"\"");
-    }
 }

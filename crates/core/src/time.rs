@@ -78,6 +78,24 @@ pub fn check_rfc3339(field: &str, s: &str) -> Result<(), crate::Error> {
                 _ => false,
             };
     }
+    // The values too: a shape PostgreSQL would refuse (a 13th month, a 30th of February, an
+    // offset beyond ±15:59) is the caller's mistake, not the server's.
+    if ok {
+        let n = |r: std::ops::Range<usize>| s[r].parse::<u32>().unwrap_or(u32::MAX);
+        let (year, month, day) = (n(0..4), n(5..7), n(8..10));
+        let leap = year % 4 == 0 && (year % 100 != 0 || year % 400 == 0);
+        let days = match month {
+            1 | 3 | 5 | 7 | 8 | 10 | 12 => 31,
+            4 | 6 | 9 | 11 => 30,
+            2 if leap => 29,
+            2 => 28,
+            _ => 0,
+        };
+        ok = year >= 1 && (1..=days).contains(&day) && n(11..13) < 24 && n(14..16) < 60 && n(17..19) <= 60;
+        if ok && matches!(b[b.len() - 6], b'+' | b'-') {
+            ok = n(b.len() - 5..b.len() - 3) <= 15 && n(b.len() - 2..b.len()) < 60;
+        }
+    }
     if ok {
         Ok(())
     } else {
@@ -101,10 +119,11 @@ mod tests {
 
     #[test]
     fn only_rfc3339_passes() {
-        for good in ["2030-01-01T00:00:00Z", "2030-01-01T00:00:00.5+02:00", "2030-01-01t00:00:00.123456789z"] {
+        for good in ["2030-01-01T00:00:00Z", "2030-01-01T00:00:00.5+02:00", "2030-01-01t00:00:00.123456789z", "2028-02-29T23:59:59-15:59", "2000-02-29T00:00:00Z"] {
             assert!(check_rfc3339("t", good).is_ok(), "{good}");
         }
-        for bad in ["now", "today", "2030-01-01", "2030-01-01 00:00:00Z", "2030-01-01T00:00:00", "2030-01-01T00:00:00.Z", "infinity", "2030-01-01T00:00:00+0200"] {
+        for bad in ["now", "today", "2030-01-01", "2030-01-01 00:00:00Z", "2030-01-01T00:00:00", "2030-01-01T00:00:00.Z", "infinity", "2030-01-01T00:00:00+0200",
+            "2026-12-30T06:15:45.84075-16:16", "2030-13-01T00:00:00Z", "2030-02-29T00:00:00Z", "1900-02-29T00:00:00Z", "0000-01-01T00:00:00Z", "2030-04-31T00:00:00Z", "2030-01-01T24:00:00Z", "2030-01-01T00:60:00Z", "2030-01-01T00:00:00+02:60"] {
             assert!(check_rfc3339("t", bad).is_err(), "{bad}");
         }
     }

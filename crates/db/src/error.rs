@@ -99,6 +99,9 @@ impl From<DbError> for Error {
                 Some(c) if *c == SqlState::CHARACTER_NOT_IN_REPERTOIRE || *c == SqlState::UNTRANSLATABLE_CHARACTER => {
                     Error::invalid_argument("a text field holds a character the database cannot store (NUL, or invalid UTF-8)")
                 }
+                Some(c) if *c == SqlState::DATETIME_FIELD_OVERFLOW || *c == SqlState::INVALID_DATETIME_FORMAT => {
+                    Error::invalid_argument("a timestamp is out of the range the database can store")
+                }
                 None => Error::new(ErrorCode::Unavailable, "the database is unavailable; retry shortly"),
                 Some(_) => Error::internal("unexpected database error"),
             },

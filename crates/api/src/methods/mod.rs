@@ -15,6 +15,8 @@ use serde::Deserialize;
 
 use crate::Method;
 
+pub(crate) use usage::scope as usage_scope;
+
 /// Every method.
 pub(crate) fn all() -> Vec<Method> {
     let mut v = Vec::new();

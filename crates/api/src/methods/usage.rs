@@ -63,7 +63,7 @@ struct UsageList {
 }
 
 /// The tenant whose usage the caller may read: its own, or every tenant's (`None`) at fleet scope.
-async fn scope(ctx: &Ctx, asked: Option<&str>, all_tenants: bool) -> Result<Option<String>, Error> {
+pub(crate) async fn scope(ctx: &Ctx, asked: Option<&str>, all_tenants: bool) -> Result<Option<String>, Error> {
     if all_tenants {
         ctx.own_tenant(asked)?;
         ctx.check(READ, Resource::Fleet).await?;
@@ -92,7 +92,7 @@ pub(super) fn methods() -> Vec<Method> {
     ),
     method(
         "usage.export",
-        "Export usage windows and adjustments one by one, in billing-key order, a page at a time (the CLI's `usage export` writes them as CSV or JSON lines).",
+        "Export usage windows and adjustments one by one, in billing-key order, a page at a time as JSON (`GET /v1/usage.export` streams the whole period as CSV or JSON lines).",
         "compute:usage:read at the tenant (at fleet scope with allTenants)",
         |ctx: Ctx, r: ExportUsage| async move {
             let tenant = scope(&ctx, r.tenant_id.as_deref(), r.all_tenants).await?;

@@ -197,6 +197,34 @@ CREATE TABLE identities (
   CONSTRAINT identities_tenant_id_name_key UNIQUE (tenant_id, name)
 );
 
+CREATE TABLE instances (
+  id text NOT NULL,
+  tenant_id text NOT NULL,
+  allocation_id text NOT NULL,
+  pool_id text NOT NULL,
+  node_id text,
+  state text NOT NULL,
+  version bigint DEFAULT 1 NOT NULL,
+  image text NOT NULL,
+  ssh_public_keys text[] NOT NULL,
+  user_data text DEFAULT ''::text NOT NULL,
+  reboot_count integer DEFAULT 0 NOT NULL,
+  address text,
+  host_key_fingerprint text,
+  reason text,
+  expiring_sent_at timestamp with time zone,
+  created_by text NOT NULL,
+  created_at timestamp with time zone DEFAULT compute_now() NOT NULL,
+  updated_at timestamp with time zone DEFAULT compute_now() NOT NULL,
+  CONSTRAINT instances_allocation_id_fkey FOREIGN KEY (allocation_id) REFERENCES reservations(id),
+  CONSTRAINT instances_check CHECK (((state = 'requested'::text) OR (state = 'deleted'::text) OR (node_id IS NOT NULL))),
+  CONSTRAINT instances_node_id_fkey FOREIGN KEY (node_id) REFERENCES nodes(id),
+  CONSTRAINT instances_pkey PRIMARY KEY (id),
+  CONSTRAINT instances_pool_id_fkey FOREIGN KEY (pool_id) REFERENCES pools(id),
+  CONSTRAINT instances_reboot_count_check CHECK ((reboot_count >= 0)),
+  CONSTRAINT instances_state_check CHECK ((state = ANY (ARRAY['requested'::text, 'provisioning'::text, 'running'::text, 'stopping'::text, 'stopped'::text, 'deleting'::text, 'deleted'::text, 'failed'::text])))
+);
+
 CREATE TABLE inventory_findings (
   id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
   pool_id text NOT NULL,
@@ -779,6 +807,9 @@ CREATE INDEX gpu_health_history_pool ON public.gpu_health_history USING btree (p
 CREATE INDEX gpu_health_signals_device ON public.gpu_health_signals USING btree (device_id, observed_at);
 CREATE INDEX gpu_health_signals_pending ON public.gpu_health_signals USING btree (node_id, id) WHERE (processed_at IS NULL);
 CREATE INDEX idempotency_keys_expires_at ON public.idempotency_keys USING btree (expires_at);
+CREATE INDEX instances_node ON public.instances USING btree (node_id) WHERE (state <> 'deleted'::text);
+CREATE UNIQUE INDEX instances_one_per_allocation ON public.instances USING btree (allocation_id) WHERE (state <> 'deleted'::text);
+CREATE INDEX instances_tenant ON public.instances USING btree (tenant_id, id);
 CREATE INDEX inventory_findings_node ON public.inventory_findings USING btree (node_id) WHERE (resolved_at IS NULL);
 CREATE UNIQUE INDEX inventory_findings_open ON public.inventory_findings USING btree (pool_id, kind, COALESCE(node_id, ''::text), item) WHERE (resolved_at IS NULL);
 CREATE INDEX join_tokens_pool ON public.join_tokens USING btree (pool_id);

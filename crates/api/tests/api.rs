@@ -421,7 +421,7 @@ async fn usage_list_sums_a_tenants_own_windows_and_every_tenants_only_at_fleet_s
     assert!(keys.windows(2).all(|w| w[0] < w[1]) && keys[0].starts_with(&format!("cmp:{}:", res["id"].as_str().unwrap())), "{keys:?}");
     // The streamed export: the same rows, whole, as CSV (a header first) or JSON lines.
     let stream = async |token: &str, query: &str| {
-        let r = better_compute_client::http().build().unwrap().get(format!("{}/v1/usage.export?{query}", api.url)).bearer_auth(token).send().await.unwrap();
+        let r = api.http.get(format!("{}/v1/usage.export?{query}", api.url)).bearer_auth(token).send().await.unwrap();
         let ct = r.headers().get("content-type").map(|v| v.to_str().unwrap().to_owned()).unwrap_or_default();
         (r.status().as_u16(), ct, r.text().await.unwrap())
     };
@@ -911,7 +911,7 @@ mod iam_model {
     pub type Scope = (&'static str, String);
 
     pub fn tenant_perm(p: &str) -> bool {
-        ["compute:reservations:", "compute:webhooks:", "iam:identities:", "iam:bindings:"].iter().any(|x| p.starts_with(x))
+        ["compute:reservations:", "compute:instances:", "compute:webhooks:", "iam:identities:", "iam:bindings:"].iter().any(|x| p.starts_with(x))
             || p == "compute:quotas:read"
             || p == "compute:usage:read"
     }

@@ -278,6 +278,14 @@ async fn reserve(db: &impl GenericClient, caller: Caller<'_>, req: &CreateReserv
     from_json(row.get(0))
 }
 
+/// A reservation made inside the caller's transaction, for a module that creates one with
+/// something of its own (an instance): quota, placement and the reservation's event commit or
+/// roll back with the caller's rows. The caller handles idempotency. Errors: as [`create`].
+pub async fn create_in(tx: &Transaction<'_>, caller: Caller<'_>, req: &CreateReservation) -> Result<ReservationView, Error> {
+    let d = demand(req)?;
+    Ok(reserve(tx, caller, req, &d, &ReservationId::generate().to_string()).await?)
+}
+
 /// `reservations.create`: charges quota (final if it does not fit), then places or leaves the
 /// reservation pending with an `Unschedulable` condition, retried every 30 s. Without an
 /// idempotency key it is one statement; with one, the key's claim and its stored response share
@@ -615,4 +623,56 @@ pub async fn step(tx: &mut Transaction<'_>, id: &str) -> Result<Step, DbError> {
         "still_pending" => Ok(Step::StillPending),
         other => Err(Error::internal(format!("capacity_step returned {other:?}")).into()),
     }
+}
+
+/// What a module that hangs something on a reservation (an instance) needs to know of it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReservationFacts {
+    /// `res_…`.
+    pub id: String,
+    /// Its tenant.
+    pub tenant_id: String,
+    /// Its pool.
+    pub pool_id: String,
+    /// Its state.
+    pub state: ReservationState,
+    /// Its node, once placed.
+    pub node_id: Option<String>,
+    /// Seconds from now until its end (negative once past).
+    pub ends_in_s: f64,
+}
+
+impl ReservationFacts {
+    /// Whether it still holds, or will hold, its atoms.
+    pub fn is_live(&self) -> bool {
+        !RESERVATION_STATE_TABLE.is_terminal(self.state)
+    }
+}
+
+/// [`ReservationFacts`] of `ids`, in id order; with `lock`, each row is locked `FOR SHARE`, so it
+/// cannot end before the caller commits (an end locks it for update).
+pub async fn facts(db: &impl GenericClient, ids: &[String], lock: bool) -> Result<Vec<ReservationFacts>, DbError> {
+    let rows = db
+        .query(
+            &format!(
+                "SELECT id, tenant_id, pool_id, state, node_id, extract(epoch FROM upper(during) - compute_now())::float8
+                   FROM reservations WHERE id = ANY($1) ORDER BY id{}",
+                if lock { " FOR SHARE" } else { "" }
+            ),
+            &[&ids],
+        )
+        .await?;
+    rows.iter()
+        .map(|r| {
+            let state: String = r.get(3);
+            Ok(ReservationFacts {
+                id: r.get(0),
+                tenant_id: r.get(1),
+                pool_id: r.get(2),
+                state: ReservationState::parse(&state).ok_or_else(|| Error::internal(format!("unknown reservation state {state}")))?,
+                node_id: r.get(4),
+                ends_in_s: r.get(5),
+            })
+        })
+        .collect()
 }

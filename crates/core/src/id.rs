@@ -189,6 +189,8 @@ id_kinds! {
     DrainId, DrainKind, "drn", "drain";
     /// A workflow: a multi-step operation the `workflow` job advances.
     WorkflowId, WorkflowKind, "wf", "workflow";
+    /// An instance: a VM on a reservation's atoms on a vps-host node.
+    InstanceId, InstanceKind, "ins", "instance";
 }
 
 #[cfg(test)]

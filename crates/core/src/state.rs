@@ -363,6 +363,62 @@ pub static WORKFLOW_STATE_TABLE: StateTable<WorkflowState> = {
 };
 
 states! {
+    /// The lifecycle of an instance (a VM on a reservation's atoms). Its desired power and its
+    /// presence are sections of the node's desired state; the state says how far the host is.
+    InstanceState {
+        /// Accepted; its reservation is not placed yet, or its host has not been told.
+        Requested = "requested",
+        /// In the host's desired state, running; the host has not reported it running yet.
+        Provisioning = "provisioning",
+        /// The host reports the VM running.
+        Running = "running",
+        /// Asked to stop; the host has not reported it stopped yet.
+        Stopping = "stopping",
+        /// The host reports the VM stopped (its disk kept).
+        Stopped = "stopped",
+        /// Asked to go (by the tenant, or because its reservation ended); the host has not
+        /// reported the VM and its disk gone yet.
+        Deleting = "deleting",
+        /// Gone from the host.
+        Deleted = "deleted",
+        /// The host could not run it (the reason says why); delete it.
+        Failed = "failed",
+    }
+}
+
+/// Legal instance transitions.
+pub static INSTANCE_STATE_TABLE: StateTable<InstanceState> = {
+    use InstanceState::*;
+    StateTable {
+        aggregate: "instance",
+        initial: &[Requested],
+        terminal: &[Deleted],
+        transitions: &[
+            t(Requested, Provisioning),
+            t(Requested, Deleting),
+            // Never placed: nothing is on any host.
+            t(Requested, Deleted),
+            t(Requested, Failed),
+            t(Provisioning, Running),
+            t(Provisioning, Stopping),
+            t(Provisioning, Deleting),
+            t(Provisioning, Failed),
+            t(Running, Stopping),
+            t(Running, Provisioning),
+            t(Running, Deleting),
+            t(Running, Failed),
+            t(Stopping, Stopped),
+            t(Stopping, Deleting),
+            t(Stopping, Failed),
+            t(Stopped, Provisioning),
+            t(Stopped, Deleting),
+            t(Failed, Deleting),
+            t(Deleting, Deleted),
+        ],
+    }
+};
+
+states! {
     /// The lifecycle of one step of a workflow.
     WorkflowStepState {
         /// Not reached yet.
@@ -421,6 +477,7 @@ mod tests {
         GPU_HEALTH_STATE_TABLE.validate().unwrap();
         WORKFLOW_STATE_TABLE.validate().unwrap();
         WORKFLOW_STEP_STATE_TABLE.validate().unwrap();
+        INSTANCE_STATE_TABLE.validate().unwrap();
     }
 
     #[test]

@@ -88,7 +88,7 @@ impl SimNode {
                                 .iter()
                                 .map(|s| SectionStatus { section: s.to_string(), state: SectionState::Converged as i32, message: String::new() })
                                 .collect();
-                            let status = SpecStatus { generation: d.generation, sections, observed_generation: d.generation };
+                            let status = SpecStatus { generation: d.generation, sections, observed_generation: d.generation, instances: Vec::new() };
                             let _ = tx.send(daemon_msg(daemon_message::Msg::SpecStatus(status))).await;
                             observer.applied(&self.node_id, d.generation);
                         }

@@ -39,9 +39,10 @@ pub const BUILTIN_ROLES: &[BuiltinRole] = &[
     },
     BuiltinRole {
         name: "admin",
-        description: "Administer a tenant: its reservations, webhooks, usage, identities, tokens and role bindings.",
+        description: "Administer a tenant: its reservations, instances, webhooks, usage, identities, tokens and role bindings.",
         holds: |p| {
             p.starts_with("compute:reservations:")
+                || p.starts_with("compute:instances:")
                 || p.starts_with("compute:webhooks:")
                 || p == "compute:quotas:read"
                 || p == "compute:usage:read"
@@ -51,8 +52,8 @@ pub const BUILTIN_ROLES: &[BuiltinRole] = &[
     },
     BuiltinRole {
         name: "member",
-        description: "Use a tenant: create, read, extend and release reservations; read quotas.",
-        holds: |p| p.starts_with("compute:reservations:") || p == "compute:quotas:read",
+        description: "Use a tenant: create, read, extend and release reservations; run instances on them; read quotas.",
+        holds: |p| p.starts_with("compute:reservations:") || p.starts_with("compute:instances:") || p == "compute:quotas:read",
     },
     BuiltinRole { name: "viewer", description: "Read everything at the scope bound.", holds: |p| p.ends_with(":read") },
     BuiltinRole {
@@ -65,7 +66,7 @@ pub const BUILTIN_ROLES: &[BuiltinRole] = &[
 /// Whether a permission is one of a tenant's own (reservations, webhooks, quotas read, identities,
 /// bindings): what a tenant binding confers. The same rule as [`applies_sql`] at tenant scope.
 pub fn tenant_permission(p: &str) -> bool {
-    ["compute:reservations:", "compute:webhooks:", "iam:identities:", "iam:bindings:"].iter().any(|prefix| p.starts_with(prefix))
+    ["compute:reservations:", "compute:instances:", "compute:webhooks:", "iam:identities:", "iam:bindings:"].iter().any(|prefix| p.starts_with(prefix))
         || p == "compute:quotas:read"
         || p == "compute:usage:read"
 }
@@ -111,10 +112,12 @@ pub async fn sync_roles(tx: &impl GenericClient, catalog: &[Permission]) -> Resu
 fn applies_sql(perm: &str, kind: &str) -> String {
     format!(
         "(CASE WHEN {kind} = 'tenant'
-               THEN {perm} LIKE 'compute:reservations:%' OR {perm} LIKE 'compute:webhooks:%' OR {perm} = 'compute:quotas:read'
+               THEN {perm} LIKE 'compute:reservations:%' OR {perm} LIKE 'compute:instances:%' OR {perm} LIKE 'compute:webhooks:%'
+                    OR {perm} = 'compute:quotas:read'
                     OR {perm} = 'compute:usage:read'
                     OR {perm} LIKE 'iam:identities:%' OR {perm} LIKE 'iam:bindings:%'
-               ELSE NOT ({perm} LIKE 'compute:reservations:%' OR {perm} LIKE 'compute:webhooks:%' OR {perm} LIKE 'iam:identities:%'
+               ELSE NOT ({perm} LIKE 'compute:reservations:%' OR {perm} LIKE 'compute:instances:%' OR {perm} LIKE 'compute:webhooks:%'
+                         OR {perm} LIKE 'iam:identities:%'
                          OR {perm} LIKE 'iam:bindings:%') END)"
     )
 }

@@ -326,3 +326,55 @@ pub(crate) fn node_view(r: &tokio_postgres::Row) -> NodeView {
         version: r.get(9),
     }
 }
+
+/// The pool's kind (`bare-metal`, `provider` or `vps-host`); NOT_FOUND when there is no such pool.
+pub async fn pool_kind(db: &impl GenericClient, pool_id: &str) -> Result<String, DbError> {
+    db.query_opt("SELECT kind FROM pools WHERE id = $1", &[&pool_id]).await?.map(|r| r.get(0)).ok_or_else(|| Error::not_found("pool", pool_id).into())
+}
+
+/// Which of `node_ids` are in `vps-host` pools.
+pub async fn vps_hosts(db: &impl GenericClient, node_ids: &[String]) -> Result<Vec<String>, DbError> {
+    let rows = db.query("SELECT n.id FROM nodes n JOIN pools p ON p.id = n.pool_id WHERE n.id = ANY($1) AND p.kind = 'vps-host'", &[&node_ids]).await?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
+/// What a vps-host node last reported of its instances, against its desired state.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct HostInstances {
+    /// The node's desired-state generation.
+    pub generation: i64,
+    /// The highest generation it has applied.
+    pub observed_generation: i64,
+    /// The instances its stored desired state names.
+    pub desired: Vec<String>,
+    /// What it reported of each instance it has (proto3 JSON of `InstanceObserved`), by id.
+    pub observed: std::collections::BTreeMap<String, serde_json::Value>,
+}
+
+/// [`HostInstances`] of one node (empty when the node does not exist).
+pub async fn host_instances(db: &impl GenericClient, node_id: &str) -> Result<HostInstances, DbError> {
+    let Some(r) = db
+        .query_opt(
+            "SELECT generation, observed_generation,
+                    coalesce((SELECT array_agg(i->>'instanceId') FROM jsonb_array_elements(spec->'instances'->'instances') i), '{}'),
+                    coalesce(spec_status->'instances', '[]')
+               FROM nodes WHERE id = $1",
+            &[&node_id],
+        )
+        .await?
+    else {
+        return Ok(HostInstances::default());
+    };
+    let observed: serde_json::Value = r.get(3);
+    Ok(HostInstances {
+        generation: r.get(0),
+        observed_generation: r.get(1),
+        desired: r.get(2),
+        observed: observed
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|o| Some((o.get("instanceId")?.as_str()?.to_owned(), o.clone())))
+            .collect(),
+    })
+}

@@ -234,13 +234,29 @@ async fn spec_statuses(tx: &impl GenericClient, specs: &BTreeMap<&str, &SpecStat
     let nodes: Vec<&str> = specs.keys().copied().collect();
     let json = specs.values().map(serde_json::to_value).collect::<Result<Vec<_>, _>>().map_err(|e| Error::internal(e.to_string()))?;
     let observed: Vec<i64> = specs.values().map(|s| s.observed_generation).collect();
-    tx.execute(
-        "UPDATE nodes n SET spec_status = u.status, observed_generation = GREATEST(n.observed_generation, u.observed),
-                version = n.version + CASE WHEN n.observed_generation < u.observed THEN 1 ELSE 0 END
-           FROM unnest($1::text[], $2::jsonb[], $3::int8[]) AS u(id, status, observed)
-          WHERE n.id = u.id",
-        &[&nodes, &json, &observed],
-    )
-    .await?;
+    // The nodes whose instances (vps-host nodes) read differently now: their job is woken.
+    let changed: Vec<String> = tx
+        .query(
+            "WITH old AS (SELECT id, spec_status->'instances' AS instances FROM nodes WHERE id = ANY($1))
+             UPDATE nodes n SET spec_status = u.status, observed_generation = GREATEST(n.observed_generation, u.observed),
+                    version = n.version + CASE WHEN n.observed_generation < u.observed THEN 1 ELSE 0 END
+               FROM unnest($1::text[], $2::jsonb[], $3::int8[]) AS u(id, status, observed), old
+              WHERE n.id = u.id AND old.id = u.id
+             RETURNING n.id, old.instances IS DISTINCT FROM u.status->'instances'",
+            &[&nodes, &json, &observed],
+        )
+        .await?
+        .iter()
+        .filter(|r| r.get::<_, bool>(1))
+        .map(|r| r.get(0))
+        .collect();
+    if !changed.is_empty() {
+        better_compute_runtime::work_queue::enqueue_many(tx, &INSTANCES_OBSERVED, &changed).await?;
+    }
     Ok(())
 }
+
+/// The job that owns what vps-host nodes report of their instances (the vps module's
+/// `vps.instances`): a report whose instances differ from the last one wakes it for the node.
+pub const INSTANCES_OBSERVED: better_compute_runtime::Kind =
+    better_compute_runtime::Kind { name: "vps.instances", shard_by: better_compute_runtime::ShardBy::Node };

@@ -59,6 +59,9 @@ pub fn merge(parts: impl IntoIterator<Item = NodeSpec>) -> NodeSpec {
         if p.allocations.is_some() {
             spec.allocations = p.allocations;
         }
+        if p.instances.is_some() {
+            spec.instances = p.instances;
+        }
     }
     spec
 }

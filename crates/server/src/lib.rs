@@ -25,6 +25,7 @@ pub fn modules() -> Vec<Arc<dyn better_compute_runtime::Module>> {
     vec![
         Arc::new(better_compute_nodes::NodesModule),
         Arc::new(better_compute_capacity::CapacityModule),
+        Arc::new(better_compute_vps::VpsModule),
         Arc::new(better_compute_iam::IamModule),
         Arc::new(better_compute_events::EventsModule { config: better_compute_events::EventsConfig::from_env() }),
     ]

@@ -430,7 +430,7 @@ impl Daemon {
             return;
         }
         let (generation, sections) = sections.unwrap_or((applied, Vec::new()));
-        self.send(daemon_message::Msg::SpecStatus(SpecStatus { generation, sections, observed_generation: applied })).await;
+        self.send(daemon_message::Msg::SpecStatus(SpecStatus { generation, sections, observed_generation: applied, instances: Vec::new() })).await;
     }
 
     /// Converges `spec`; the generation counts as applied only when no section is pending.

@@ -1,0 +1,88 @@
+//! vps-host pools: instances, VMs that run on a reservation's atoms on a `vps-host` node.
+//!
+//! An instance is desired state: its row says whether it should run, how often it was rebooted and
+//! whether it should exist; the node's NodeSpec carries that to the host (the `instances` section,
+//! [`spec::InstancesPart`]); the host reports what it runs with its spec status, and the
+//! `vps.instances` job ([`reconciler::InstancesJob`], one key per node) moves each instance through
+//! its states (`better_compute_core::state::INSTANCE_STATE_TABLE`). One live instance per
+//! reservation is a unique index, so no reservation's atoms are passed to two VMs; a reservation
+//! that ends takes its instance with it.
+
+pub mod instances;
+pub mod reconciler;
+pub mod spec;
+
+use std::sync::Arc;
+
+use better_compute_db::Migration;
+use better_compute_runtime::{Kind, Reconciler, Sink};
+
+/// The vps module's migrations.
+pub const VPS_MIGRATIONS: &[Migration] = &[Migration::numbered("vps", "0001_instances", include_str!("migrations/vps/0001_instances.sql"))];
+
+/// `vps.instances`: one key per node, moving its instances through their states. The nodes
+/// module's report path wakes it when a host's instances read differently.
+pub const INSTANCES_KIND: Kind = better_compute_nodes::reports::INSTANCES_OBSERVED;
+
+/// The vps module, for the registry.
+pub struct VpsModule;
+
+impl better_compute_runtime::Module for VpsModule {
+    fn name(&self) -> &'static str {
+        "vps"
+    }
+
+    fn migrations(&self) -> &'static [Migration] {
+        VPS_MIGRATIONS
+    }
+
+    fn reconcilers(&self) -> Vec<Arc<dyn Reconciler>> {
+        vec![Arc::new(reconciler::InstancesJob)]
+    }
+
+    fn subscribers(&self) -> Vec<Arc<dyn Sink>> {
+        vec![Arc::new(reconciler::ReservationWatcher)]
+    }
+
+    fn node_spec_parts(&self) -> Vec<Arc<dyn better_compute_runtime::nodespec::NodeSpecPart>> {
+        vec![Arc::new(spec::InstancesPart)]
+    }
+
+    fn permissions(&self) -> Vec<better_compute_runtime::authz::Permission> {
+        use better_compute_runtime::authz::Permission;
+        vec![
+            Permission { name: "compute:instances:create", description: "Create instances (VMs) on the tenant's reservations." },
+            Permission { name: "compute:instances:read", description: "Read the tenant's instances." },
+            Permission { name: "compute:instances:write", description: "Stop, start, reboot and delete the tenant's instances." },
+        ]
+    }
+
+    fn event_types(&self) -> Vec<better_compute_runtime::events::EventType> {
+        use better_compute_runtime::events::EventType;
+        const INSTANCE: &[(&str, &str)] = &[
+            ("state", "the instance's state after the change"),
+            ("reservationId", "its reservation"),
+            ("nodeId", "its host, once placed"),
+            ("reason", "why it failed or is being deleted, when it is"),
+            ("version", "the instance's version"),
+        ];
+        let e = |name, description| EventType { name, version: 1, audience: "tenant", description, data: INSTANCE };
+        vec![
+            e("instance.requested", "An instance was created; it waits for its reservation's placement and its host."),
+            e("instance.provisioning", "An instance is in its host's desired state, to run; the host has not reported it running yet."),
+            e("instance.running", "The host reports the instance running."),
+            e("instance.stopping", "An instance was asked to stop."),
+            e("instance.stopped", "The host reports the instance stopped; its disk is kept."),
+            e("instance.deleting", "An instance is being deleted (asked for, or its reservation ended)."),
+            e("instance.deleted", "The host no longer has the instance or its disk."),
+            e("instance.failed", "The host could not run the instance; the reason says why. Delete it."),
+            EventType {
+                name: "instance.expiring",
+                version: 1,
+                audience: "tenant",
+                description: "An instance's reservation ends soon (15 minutes ahead, once): extend the reservation or save what you need.",
+                data: &[("reservationId", "its reservation"), ("endsAt", "when the reservation ends and the instance is deleted")],
+            },
+        ]
+    }
+}

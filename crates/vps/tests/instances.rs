@@ -1,0 +1,190 @@
+//! Instances against a real PostgreSQL: created with their reservation in one transaction, once per
+//! idempotency key and once per reservation; carried to the host's desired state; moved by what the
+//! host reports (through the nodes module's report path, which wakes `vps.instances`); stopped and
+//! deleted as desired state; and deleted when their reservation ends.
+
+use std::sync::Arc;
+
+use better_compute_capacity::reservations::{self, GpuRequest};
+use better_compute_capacity::{quota, CapacityModule};
+use better_compute_core::{Caller, ErrorCode};
+use better_compute_nodes::inventory::{self, NewGpu, NewNode, NewPool};
+use better_compute_nodes::layout::GpuMode;
+use better_compute_nodes::reports::{self, NodeLocks, Report, SessionReports};
+use better_compute_nodes::session::{self, Hello};
+use better_compute_nodes::NodesModule;
+use better_compute_proto::v1::{InstanceObserved, SpecStatus};
+use better_compute_runtime::harness::Harness;
+use better_compute_vps::instances::{self, Action, CreateInstance};
+use better_compute_vps::VpsModule;
+
+const ME: Caller<'static> = Caller { tenant_id: "ten_a", identity_id: "idn_a" };
+
+/// A vps-host pool with one adopted node of two GPUs, and room in the tenant's quota.
+async fn host(h: &Harness) -> (String, String) {
+    let mut c = h.db().client().await;
+    let tx = c.transaction().await.unwrap();
+    let site = inventory::create_site(&*tx, "site-a").await.unwrap();
+    let pool = NewPool { site_id: site, name: "vms".into(), kind: "vps-host".into(), vcpu_ratio: 1.0, memory_ratio: 1.0, disk_ratio: 1.0, lost_after_s: None };
+    let pool_id = inventory::create_pool(&*tx, &pool).await.unwrap();
+    let gpus = (0..2).map(|g| NewGpu { uuid: format!("GPU-0-{g}"), model: "H100-80GB".into(), memory_mib: 81_920, mode: GpuMode::Exclusive }).collect();
+    let node = NewNode { pool_id: pool_id.clone(), name: "host-0".into(), labels: Default::default(), vcpu: 64, memory_mib: 524_288, disk_gib: 4_000, gpus };
+    let node_id = inventory::register_node(&*tx, &node).await.unwrap();
+    inventory::adopt(&*tx, &node_id).await.unwrap();
+    inventory::report_observed_generation(&*tx, &node_id, 1).await.unwrap();
+    for r in quota::RESOURCES {
+        quota::set(&*tx, ME.tenant_id, r, 1_000_000_000).await.unwrap();
+    }
+    tx.commit().await.unwrap();
+    settle(h).await;
+    h.job("event-subscribers").drain(20).await;
+    (pool_id, node_id)
+}
+
+async fn settle(h: &Harness) {
+    let c = h.db().client().await;
+    for _ in 0..6000 {
+        let settled: bool = c.query_one("SELECT coalesce(max(txid) < pg_snapshot_xmin(pg_current_snapshot()), true) FROM outbox", &[]).await.unwrap().get(0);
+        if settled {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    panic!("outbox did not settle");
+}
+
+fn request(pool: &str, key: &str) -> CreateInstance {
+    CreateInstance {
+        tenant_id: None,
+        reservation_id: None,
+        pool_id: Some(pool.to_owned()),
+        gpu: Some(GpuRequest { kind: "gpu".into(), model: "H100-80GB".into(), profile: None, count: 1 }),
+        vcpu: 8,
+        memory_mib: 16_384,
+        disk_gib: 50,
+        duration_s: Some(3600),
+        image: "debian-12".into(),
+        ssh_public_keys: vec!["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIB7 me@laptop".into()],
+        user_data: String::new(),
+        idempotency_key: key.into(),
+    }
+}
+
+/// The host's daemon reports its applied generation and these instances (id, state, address).
+async fn report(h: &Harness, node: &str, observed: &[(&str, &str)]) {
+    let mut c = h.db().client().await;
+    let tx = c.transaction().await.unwrap();
+    let opened = session::open(&*tx, &Hello { node_id: node, gateway_id: "gw_a", boot_id: "b1", journal_id: "j1", daemon_version: "t" }).await.unwrap();
+    let generation: i64 = tx.query_one("SELECT generation FROM nodes WHERE id = $1", &[&node]).await.unwrap().get(0);
+    let instances = observed
+        .iter()
+        .map(|(id, state)| InstanceObserved {
+            instance_id: id.to_string(),
+            state: state.to_string(),
+            address: "10.0.0.2".into(),
+            host_key_fingerprint: "SHA256:abc".into(),
+            ..Default::default()
+        })
+        .collect();
+    let status = SpecStatus { generation, observed_generation: generation, instances, ..Default::default() };
+    let s = SessionReports { node_id: node.to_owned(), epoch: opened.session_epoch, reports: vec![Report::SpecStatus(status)] };
+    reports::apply(&*tx, "gw_a", &[&s], NodeLocks::Wait).await.unwrap();
+    tx.commit().await.unwrap();
+}
+
+async fn state(h: &Harness, id: &str) -> String {
+    instances::get(&**h.db().client().await, ME, id).await.unwrap().state
+}
+
+async fn spec_instances(h: &Harness, node: &str) -> serde_json::Value {
+    h.db().client().await.query_one("SELECT coalesce(spec->'instances'->'instances', '[]') FROM nodes WHERE id = $1", &[&node]).await.unwrap().get(0)
+}
+
+#[tokio::test]
+async fn an_instance_runs_stops_and_is_deleted_as_desired_state_moved_by_its_hosts_reports() {
+    let h = Harness::new(vec![Arc::new(NodesModule), Arc::new(CapacityModule), Arc::new(VpsModule)]).await;
+    let (pool, node) = host(&h).await;
+    let mut c = h.db().client().await;
+    let v = instances::create(&mut c, ME, &request(&pool, "i-1")).await.unwrap();
+    assert_eq!((v.state.as_str(), v.node_id.as_deref()), ("requested", Some(node.as_str())), "{v:?}");
+    // The same key answers the same instance; another instance on the same reservation is refused.
+    let again = instances::create(&mut c, ME, &request(&pool, "i-1")).await.unwrap();
+    assert_eq!(again.id, v.id);
+    let second = CreateInstance { reservation_id: Some(v.reservation_id.clone()), pool_id: None, gpu: None, duration_s: None, ..request(&pool, "i-2") };
+    assert_eq!(instances::create(&mut c, ME, &second).await.unwrap_err().code, ErrorCode::Conflict);
+    // Placed: it goes into the host's desired state, to run.
+    h.job("vps.instances").drain(10).await;
+    assert_eq!(state(&h, &v.id).await, "provisioning");
+    h.job("nodespec").drain(10).await;
+    let spec = spec_instances(&h, &node).await;
+    assert_eq!(spec.as_array().map(Vec::len), Some(1), "{spec}");
+    assert_eq!((spec[0]["instanceId"].as_str(), spec[0]["running"].as_bool()), (Some(v.id.as_str()), Some(true)), "{spec}");
+    // The host reports it running: the report path wakes the job, which moves it.
+    report(&h, &node, &[(&v.id, "running")]).await;
+    h.job("vps.instances").drain(10).await;
+    let running = instances::get(&**c, ME, &v.id).await.unwrap();
+    assert_eq!((running.state.as_str(), running.address.as_deref(), running.host_key_fingerprint.as_deref()), ("running", Some("10.0.0.2"), Some("SHA256:abc")));
+    // Stop: desired state first, then the host's word.
+    assert_eq!(instances::act(&mut c, ME, &v.id, Action::Stop).await.unwrap().state, "stopping");
+    assert_eq!(instances::act(&mut c, ME, &v.id, Action::Stop).await.unwrap().state, "stopping", "a repeat changes nothing");
+    assert_eq!(instances::act(&mut c, ME, &v.id, Action::Reboot).await.unwrap_err().code, ErrorCode::FailedPrecondition);
+    h.job("nodespec").drain(10).await;
+    assert_eq!(spec_instances(&h, &node).await[0]["running"].as_bool(), None, "running false is proto3's default, left out");
+    report(&h, &node, &[(&v.id, "stopped")]).await;
+    h.job("vps.instances").drain(10).await;
+    assert_eq!(state(&h, &v.id).await, "stopped");
+    // Another tenant sees none of it.
+    let other = Caller { tenant_id: "ten_b", identity_id: "idn_b" };
+    assert_eq!(instances::get(&**c, other, &v.id).await.unwrap_err().code, ErrorCode::NotFound);
+    assert_eq!(instances::act(&mut c, other, &v.id, Action::Delete).await.unwrap_err().code, ErrorCode::NotFound);
+    // The reservation ends: the instance is deleted with it, once the host has applied the spec
+    // without it and no longer reports it.
+    reservations::release(&mut c, ME, &v.reservation_id).await.unwrap();
+    settle(&h).await;
+    h.job("event-subscribers").drain(20).await;
+    h.job("vps.instances").drain(10).await;
+    assert_eq!(state(&h, &v.id).await, "deleting");
+    h.job("nodespec").drain(10).await;
+    assert_eq!(spec_instances(&h, &node).await, serde_json::json!([]));
+    h.job("vps.instances").drain(10).await;
+    assert_eq!(state(&h, &v.id).await, "deleting", "the host still reports it");
+    report(&h, &node, &[]).await;
+    h.job("vps.instances").drain(10).await;
+    assert_eq!(state(&h, &v.id).await, "deleted");
+    // Every transition was an event, in order.
+    settle(&h).await;
+    let types: Vec<String> = c
+        .query("SELECT type FROM outbox WHERE subject = $1 ORDER BY txid, seq", &[&v.id])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        types,
+        ["instance.requested", "instance.provisioning", "instance.running", "instance.stopping", "instance.stopped", "instance.deleting", "instance.deleted"]
+    );
+}
+
+#[tokio::test]
+async fn bad_instance_requests_are_refused_with_stable_codes_and_change_nothing() {
+    let h = Harness::new(vec![Arc::new(NodesModule), Arc::new(CapacityModule), Arc::new(VpsModule)]).await;
+    let (pool, _) = host(&h).await;
+    let mut c = h.db().client().await;
+    let cases: Vec<(CreateInstance, ErrorCode)> = vec![
+        (CreateInstance { image: "Debian 12".into(), ..request(&pool, "b-1") }, ErrorCode::InvalidArgument),
+        (CreateInstance { ssh_public_keys: vec![], ..request(&pool, "b-2") }, ErrorCode::InvalidArgument),
+        (CreateInstance { ssh_public_keys: vec!["not a key".into()], ..request(&pool, "b-3") }, ErrorCode::InvalidArgument),
+        (CreateInstance { reservation_id: Some("res_x".into()), ..request(&pool, "b-4") }, ErrorCode::InvalidArgument),
+        (CreateInstance { duration_s: None, ..request(&pool, "b-5") }, ErrorCode::InvalidArgument),
+        (CreateInstance { reservation_id: Some("res_x".into()), pool_id: None, gpu: None, duration_s: None, ..request(&pool, "b-6") }, ErrorCode::NotFound),
+        (CreateInstance { user_data: "x".repeat(instances::MAX_USER_DATA_BYTES + 1), ..request(&pool, "b-7") }, ErrorCode::InvalidArgument),
+    ];
+    let n = cases.len();
+    for (req, code) in cases {
+        assert_eq!(instances::create(&mut c, ME, &req).await.unwrap_err().code, code, "{req:?}");
+    }
+    assert_eq!(n, 7);
+    let rows: i64 = c.query_one("SELECT (SELECT count(*) FROM instances) + (SELECT count(*) FROM reservations)", &[]).await.unwrap().get(0);
+    assert_eq!(rows, 0, "nothing was written");
+}

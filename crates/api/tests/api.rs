@@ -43,6 +43,7 @@ impl Api {
         let h = Harness::new(vec![
             Arc::new(better_compute_nodes::NodesModule),
             Arc::new(better_compute_capacity::CapacityModule),
+            Arc::new(better_compute_vps::VpsModule),
             Arc::new(better_compute_iam::IamModule),
             Arc::new(better_compute_events::EventsModule::default()),
         ])
@@ -127,6 +128,23 @@ impl Api {
         let (s, v) = self.call(token, method, body.clone()).await;
         assert_eq!(s, 200, "{method} {body}: {v}");
         v
+    }
+
+    /// A vps-host pool with one adopted node of two GPUs: its pool id.
+    async fn vps_host(&self) -> String {
+        let mut c = self.h.db().connect().await;
+        let tx = c.transaction().await.unwrap();
+        let site = inventory::create_site(&tx, "vms").await.unwrap();
+        let kind = "vps-host".into();
+        let pool = inventory::create_pool(&tx, &NewPool { site_id: site, name: "vms".into(), kind, vcpu_ratio: 1.0, memory_ratio: 1.0, disk_ratio: 1.0, lost_after_s: None }).await.unwrap();
+        let gpus = (0..2).map(|i| NewGpu { uuid: format!("GPU-V{i}"), model: "H100".into(), memory_mib: 81_920, mode: GpuMode::Exclusive }).collect();
+        let node = NewNode { pool_id: pool.clone(), name: "v".into(), labels: Default::default(), vcpu: 64, memory_mib: 1 << 20, disk_gib: 1000, gpus };
+        let node = inventory::register_node(&tx, &node).await.unwrap();
+        inventory::adopt(&tx, &node).await.unwrap();
+        inventory::report_observed_generation(&tx, &node, 1).await.unwrap();
+        better_compute_capacity::reconcilers::refresh_nodes(&tx, std::slice::from_ref(&node)).await.unwrap();
+        tx.commit().await.unwrap();
+        pool
     }
 
     /// A tenant made by the operator, with a quota.
@@ -235,6 +253,13 @@ fn bodies() -> Vec<(&'static str, Value)> {
         ("workflows.list", json!({"tenantId": "{ten}", "nodeId": "{node}"})),
         ("workflows.cancel", json!({"tenantId": "{ten}", "workflowId": "{wf}"})),
         ("workflows.resume", json!({"tenantId": "{ten}", "workflowId": "{wf}"})),
+        ("instances.create", json!({"tenantId": "{ten}", "reservationId": "{res}", "image": "debian-12", "sshPublicKeys": ["ssh-ed25519 AAAA me"], "idempotencyKey": "k"})),
+        ("instances.get", json!({"tenantId": "{ten}", "instanceId": "{ins}"})),
+        ("instances.list", json!({"tenantId": "{ten}"})),
+        ("instances.stop", json!({"tenantId": "{ten}", "instanceId": "{ins}"})),
+        ("instances.start", json!({"tenantId": "{ten}", "instanceId": "{ins}"})),
+        ("instances.reboot", json!({"tenantId": "{ten}", "instanceId": "{ins}"})),
+        ("instances.delete", json!({"tenantId": "{ten}", "instanceId": "{ins}"})),
     ]
 }
 
@@ -305,6 +330,9 @@ async fn another_tenant_can_neither_read_nor_change_nor_learn_of_anything_of_a_t
     let site = api.ok(&api.op, "pools.get", json!({"poolId": api.pool})).await["siteId"].as_str().unwrap().to_owned();
     // An operator's fleet-wide workflow over the pool (its selector matches no node, so it changes nothing).
     let wf = api.ok(&api.op, "workflows.start", json!({"definition": "node.maintenance", "target": {"poolId": api.pool, "labels": {"rack": "none"}}, "idempotencyKey": "op-wf"})).await;
+    let vms = api.vps_host().await;
+    let ins = api.ok(&b.token, "instances.create", instance(&vms, "b-vm")).await;
+    assert_eq!(ins["state"], "requested", "{ins}");
     let real = [
         ("ten", b.id.clone()),
         ("idn", idn["id"].as_str().unwrap().to_owned()),
@@ -319,6 +347,7 @@ async fn another_tenant_can_neither_read_nor_change_nor_learn_of_anything_of_a_t
         ("wh", wh["webhook"]["id"].as_str().unwrap().to_owned()),
         ("dlv", dlv["id"].as_str().unwrap().to_owned()),
         ("wf", wf["id"].as_str().unwrap().to_owned()),
+        ("ins", ins["id"].as_str().unwrap().to_owned()),
     ];
     // Ids of the same kinds that do not exist.
     let fake: Vec<(&str, String)> = real
@@ -900,6 +929,12 @@ async fn a_watch_client_that_stops_reading_is_dropped_instead_of_buffered() {
     .await
     .expect("the stream never ended");
     assert!(got > 0 && got < 10_000, "the server buffered the slow client's whole backlog, or sent nothing ({got} events)");
+}
+
+/// An `instances.create` body with a new one-GPU reservation in `pool`.
+fn instance(pool: &str, key: &str) -> Value {
+    json!({"poolId": pool, "gpu": {"kind": "gpu", "model": "H100", "count": 1}, "vcpu": 4, "memoryMib": 8192, "diskGib": 20, "durationS": 3600,
+           "image": "debian-12", "sshPublicKeys": ["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5 me@laptop"], "idempotencyKey": key})
 }
 
 /// The IAM rule, modelled independently of the server: which `(permission, scope)` grants a set
@@ -1590,4 +1625,33 @@ async fn an_operator_reads_gpus_labels_and_conditions_and_drains_a_node_over_htt
     assert!(retired["conditions"].as_array().unwrap().iter().any(|c| c["type"] == "Retired"));
     let (s, v) = api.call(&api.op, "nodes.drain", json!({"nodeId": api.node, "reason": "again"})).await;
     assert_eq!((s, v["code"].as_str()), (412, Some("FAILED_PRECONDITION")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_are_created_once_per_key_read_listed_and_deleted_through_the_api() {
+    let api = Api::start().await;
+    let b = api.tenant("tenant-b").await;
+    let vms = api.vps_host().await;
+    let v = api.ok(&b.token, "instances.create", instance(&vms, "vm-1")).await;
+    assert_eq!((v["state"].as_str(), v["image"].as_str()), (Some("requested"), Some("debian-12")), "{v}");
+    assert_eq!(api.ok(&b.token, "instances.create", instance(&vms, "vm-1")).await["id"], v["id"], "the same key, the same instance");
+    let res = api.ok(&b.token, "reservations.get", json!({"reservationId": v["reservationId"]})).await;
+    assert_eq!((res["state"].as_str(), res["poolId"].as_str()), (Some("placed"), Some(vms.as_str())), "the reservation was made with it: {res}");
+    // One live instance per reservation.
+    let again = json!({"reservationId": v["reservationId"], "image": "debian-12", "sshPublicKeys": ["ssh-ed25519 AAAA me"], "idempotencyKey": "vm-2"});
+    let (s, e) = api.call(&b.token, "instances.create", again).await;
+    assert_eq!((s, e["code"].as_str()), (409, Some("CONFLICT")), "{e}");
+    // Only in vps-host pools.
+    let (s, e) = api.call(&b.token, "instances.create", instance(&api.pool, "vm-3")).await;
+    assert_eq!((s, e["code"].as_str()), (412, Some("FAILED_PRECONDITION")), "{e}");
+    let (s, e) = api.call(&b.token, "instances.create", json!({"image": "debian-12", "sshPublicKeys": ["x"], "idempotencyKey": "vm-4"})).await;
+    assert_eq!((s, e["code"].as_str()), (400, Some("INVALID_ARGUMENT")), "{e}");
+    let list = api.ok(&b.token, "instances.list", json!({})).await;
+    assert_eq!(list["items"].as_array().map(Vec::len), Some(1), "{list}");
+    // Not running yet: it cannot reboot; delete takes it off its host.
+    let (s, e) = api.call(&b.token, "instances.reboot", json!({"instanceId": v["id"]})).await;
+    assert_eq!((s, e["code"].as_str()), (412, Some("FAILED_PRECONDITION")), "{e}");
+    let d = api.ok(&b.token, "instances.delete", json!({"instanceId": v["id"]})).await;
+    assert_eq!(d["state"], "deleting", "{d}");
+    assert_eq!(api.ok(&b.token, "instances.delete", json!({"instanceId": v["id"]})).await["version"], d["version"], "a repeat changes nothing");
 }

@@ -4,6 +4,7 @@
 mod capacity;
 mod commands;
 mod iam;
+mod instances;
 mod inventory;
 mod nodes;
 mod usage;
@@ -24,6 +25,7 @@ pub(crate) fn all() -> Vec<Method> {
     v.extend(inventory::methods());
     v.extend(nodes::methods());
     v.extend(capacity::methods());
+    v.extend(instances::methods());
     v.extend(commands::methods());
     v.extend(usage::methods());
     v.extend(webhooks::methods());

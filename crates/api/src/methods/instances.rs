@@ -1,0 +1,75 @@
+//! instances.*: VMs on the tenant's reservations in vps-host pools.
+
+use better_compute_core::page::Page;
+use better_compute_vps::instances::{self, Action, CreateInstance, InstanceView};
+use serde::Deserialize;
+
+use crate::method::{method, Ctx};
+use crate::Method;
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct InstanceRef {
+    /// The caller's tenant; when given it must be the token's.
+    #[serde(default)]
+    tenant_id: Option<String>,
+    /// `ins_…`.
+    instance_id: String,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct ListInstances {
+    /// The caller's tenant; when given it must be the token's.
+    #[serde(default)]
+    tenant_id: Option<String>,
+    /// Deleted instances too.
+    #[serde(default)]
+    include_deleted: bool,
+    /// Items per page, 1 to 500 (default 100).
+    #[serde(default)]
+    page_size: Option<i64>,
+    /// `nextPageToken` of the previous page.
+    #[serde(default)]
+    page_token: Option<String>,
+}
+
+fn action(name: &'static str, summary: &'static str, a: Action) -> Method {
+    method(name, summary, "compute:instances:write at tenant scope", move |ctx: Ctx, r: InstanceRef| async move {
+        ctx.in_tenant(r.tenant_id.as_deref(), "compute:instances:write").await?;
+        let mut db = ctx.db().await?;
+        instances::act(&mut db, ctx.caller(), &r.instance_id, a).await
+    })
+}
+
+pub(super) fn methods() -> Vec<Method> {
+    vec![
+        method(
+            "instances.create",
+            "Create a VM on a reservation of yours in a vps-host pool (reservationId), or on a new one reserved in the same transaction (poolId, gpu, vcpu, memoryMib, diskGib, durationS): its GPUs passed through, your SSH keys in the guest. Once per idempotency key; one live instance per reservation (CONFLICT).",
+            "compute:instances:create at tenant scope (and compute:reservations:create for a new reservation)",
+            |ctx: Ctx, r: CreateInstance| async move {
+                ctx.in_tenant(r.tenant_id.as_deref(), "compute:instances:create").await?;
+                if r.reservation_id.is_none() {
+                    ctx.check("compute:reservations:create", better_compute_runtime::authz::Resource::Tenant).await?;
+                }
+                let mut db = ctx.db().await?;
+                instances::create(&mut db, ctx.caller(), &r).await
+            },
+        ),
+        method("instances.get", "Read an instance of your tenant: its state, and once running the address to SSH to and the guest's host key fingerprint.", "compute:instances:read at tenant scope", |ctx: Ctx, r: InstanceRef| async move {
+            ctx.in_tenant(r.tenant_id.as_deref(), "compute:instances:read").await?;
+            instances::get(&**ctx.db().await?, ctx.caller(), &r.instance_id).await
+        }),
+        method("instances.list", "List your tenant's instances (deleted ones with includeDeleted).", "compute:instances:read at tenant scope", |ctx: Ctx, r: ListInstances| async move {
+            ctx.in_tenant(r.tenant_id.as_deref(), "compute:instances:read").await?;
+            let (size, after) = super::page(r.page_size, r.page_token.clone()).bounds()?;
+            let items = instances::list(&**ctx.db().await?, ctx.caller(), &after, size, r.include_deleted).await?;
+            Ok(Page::from_rows(items, size, |v: &InstanceView| v.id.clone()))
+        }),
+        action("instances.stop", "Stop an instance, keeping its disk (a stopped one stays stopped).", Action::Stop),
+        action("instances.start", "Start a stopped instance (a running one stays running).", Action::Start),
+        action("instances.reboot", "Restart a running instance once.", Action::Reboot),
+        action("instances.delete", "Delete an instance and its disk; its reservation stays yours.", Action::Delete),
+    ]
+}

@@ -33,6 +33,10 @@ pub struct DaemonArgs {
     /// The GPU backend: `nvml` for real GPUs, or fake GPUs such as `fake:8xH100-80GB`.
     #[arg(long, default_value = "nvml")]
     gpus: String,
+    /// What runs instances on a vps-host node: `qemu` (QEMU/KVM), `fake` (no VMs, for tests and
+    /// demos), or `none` (the node runs no instances).
+    #[arg(long, default_value = "none", value_parser = ["none", "fake", "qemu"])]
+    hypervisor: String,
     /// Report this many vCPUs instead of this machine's.
     #[arg(long)]
     vcpu: Option<u32>,
@@ -78,6 +82,7 @@ pub async fn run(args: DaemonArgs) -> anyhow::Result<()> {
     } else {
         RebootHook::Disabled
     };
+    cfg.hypervisor = better_compute_daemon::hypervisor::open(&args.hypervisor, &args.state_dir)?;
     let backend = better_compute_daemon::backend::open(&args.gpus, &name)?;
     let daemon = Daemon::start(cfg, backend).await.context("the daemon could not start")?;
     println!("node {} (journal {}) connecting…", daemon.node_id(), daemon.journal_id());

@@ -7,10 +7,13 @@ pub mod agent;
 pub mod backend;
 pub mod converge;
 pub mod fake;
+pub mod hypervisor;
 pub mod identity;
+pub mod instances;
 pub mod journal;
 pub mod logs;
 pub mod nvml;
+pub mod qemu;
 pub mod sim;
 
 use std::collections::BTreeMap;
@@ -108,6 +111,9 @@ pub struct DaemonConfig {
     /// catches a command that ran twice. It takes effect only in test builds (feature
     /// `fault-injection`); elsewhere the journal is always honoured.
     pub broken_rerun_journaled_commands: bool,
+    /// What runs instances as VMs on a vps-host node (none: the node runs no instances, and says
+    /// so in the `instances` section's status).
+    pub hypervisor: Option<Arc<dyn hypervisor::Hypervisor>>,
 }
 
 /// Whether this build carries the deliberately broken variants (feature `fault-injection`, test
@@ -131,6 +137,7 @@ impl DaemonConfig {
             backoff_min: Duration::from_millis(500),
             backoff_max: Duration::from_secs(30),
             broken_rerun_journaled_commands: false,
+            hypervisor: None,
         }
     }
 }

@@ -85,6 +85,8 @@ struct State {
     /// XIDs taken from the backend while no session was open, for the next report.
     unsent_xids: HashMap<String, Vec<u32>>,
     inventory_sent: bool,
+    /// What the hypervisor last said of the instances (vps-host nodes), sent with every spec status.
+    instances: Vec<better_compute_proto::v1::InstanceObserved>,
 }
 
 /// The node agent.
@@ -430,7 +432,8 @@ impl Daemon {
             return;
         }
         let (generation, sections) = sections.unwrap_or((applied, Vec::new()));
-        self.send(daemon_message::Msg::SpecStatus(SpecStatus { generation, sections, observed_generation: applied, instances: Vec::new() })).await;
+        let instances = self.state.lock().expect("state").instances.clone();
+        self.send(daemon_message::Msg::SpecStatus(SpecStatus { generation, sections, observed_generation: applied, instances })).await;
     }
 
     /// Converges `spec`; the generation counts as applied only when no section is pending.
@@ -446,7 +449,21 @@ impl Daemon {
         let backend = self.backend.clone();
         let s = spec.clone();
         let layouts_before = held.layouts.clone();
-        let Ok(c) = tokio::task::spawn_blocking(move || converge::converge(&s, backend.as_ref(), &held)).await else { return };
+        let hv = self.cfg.hypervisor.clone();
+        let Ok((c, instances)) = tokio::task::spawn_blocking(move || {
+            let mut c = converge::converge(&s, backend.as_ref(), &held);
+            // Instances after allocations: a VM runs only on an allocation now held.
+            let instances = crate::instances::converge(&s, hv.as_deref(), &c.applied);
+            if let Some((section, _)) = &instances {
+                c.done &= section.state != better_compute_proto::v1::SectionState::Pending as i32;
+                c.sections.push(section.clone());
+            }
+            (c, instances.map(|(_, observed)| observed))
+        })
+        .await
+        else {
+            return;
+        };
         if c.applied.layouts != layouts_before {
             let section = GpusSection { gpus: c.applied.layouts.values().cloned().collect() };
             if let Err(e) = self.journal.set_gpu_layouts(&section.encode_to_vec()) {
@@ -456,6 +473,9 @@ impl Daemon {
         {
             let mut st = self.state.lock().expect("state");
             st.applied = Some(c.applied.clone());
+            if let Some(observed) = instances {
+                st.instances = observed;
+            }
             if c.done {
                 st.applied_generation = st.applied_generation.max(generation);
                 st.pending = None;

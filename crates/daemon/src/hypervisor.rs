@@ -1,0 +1,222 @@
+//! The hypervisor contract: what a vps-host's daemon asks of the machine to run instances as VMs,
+//! and the fake one `dev`, the simulator and tests use. Every call is idempotent and every answer
+//! is read back from the machine (processes, sockets, disks), never from the daemon's memory, so a
+//! daemon that restarted mid-way converges to exactly the VMs its desired state names.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+/// Why the hypervisor could not do something.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HypervisorError {
+    /// The hypervisor is not there (no `/dev/kvm`, no QEMU).
+    #[error("hypervisor unavailable: {0}")]
+    Unavailable(String),
+    /// This VM cannot run here, and trying again will not help (a MIG or slot atom without a
+    /// vGPU backend, an image the host does not have).
+    #[error("{0}")]
+    Refused(String),
+    /// A call failed; the daemon tries again.
+    #[error("hypervisor: {0}")]
+    Failed(String),
+}
+
+/// A VM as the daemon asks for it: the instance, with its allocation's resources.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VmSpec {
+    /// `ins_…`.
+    pub instance_id: String,
+    /// The allocation it runs on.
+    pub allocation_id: String,
+    /// vCPUs.
+    pub vcpu: u32,
+    /// Memory.
+    pub memory_mib: u64,
+    /// Disk.
+    pub disk_gib: u64,
+    /// The base image's name.
+    pub image: String,
+    /// SSH keys for the guest.
+    pub ssh_public_keys: Vec<String>,
+    /// cloud-init user data.
+    pub user_data: String,
+    /// The atoms passed through: whole GPUs (`<uuid>`), MIG instances (`<uuid>/mig<k>`) or slots.
+    pub atoms: Vec<String>,
+}
+
+/// A VM's power, as the machine says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VmPower {
+    /// Its process runs.
+    Running,
+    /// Its disk is there and no process runs.
+    Stopped,
+}
+
+/// A VM the machine has.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Vm {
+    /// `ins_…`.
+    pub instance_id: String,
+    /// Running or stopped.
+    pub power: VmPower,
+    /// The guest's address, once known.
+    pub address: String,
+    /// The guest's SSH host key fingerprint (`SHA256:…`), once read from its console.
+    pub host_key_fingerprint: String,
+    /// The reboot count it has applied.
+    pub reboot_count: u32,
+}
+
+/// A hypervisor backend. Calls may block; the daemon runs them off its async threads.
+pub trait Hypervisor: Send + Sync + std::fmt::Debug + 'static {
+    /// `qemu` or `fake`.
+    fn name(&self) -> &'static str;
+
+    /// Every VM the machine has, running or stopped.
+    fn list(&self) -> Result<Vec<Vm>, HypervisorError>;
+
+    /// Makes the VM exist (its disk made from the image if it has none) and run or not as asked;
+    /// a running VM whose applied reboot count is below `reboot_count` is restarted once.
+    fn ensure(&self, vm: &VmSpec, running: bool, reboot_count: u32) -> Result<(), HypervisorError>;
+
+    /// Stops the VM if it runs and removes it, disk and all; nothing when there is none.
+    fn delete(&self, instance_id: &str) -> Result<(), HypervisorError>;
+}
+
+/// Opens the hypervisor a `--hypervisor` value names: `none`, `fake` (its VMs kept in
+/// `state_dir`), or `qemu`.
+pub fn open(value: &str, state_dir: &std::path::Path) -> Result<Option<std::sync::Arc<dyn Hypervisor>>, HypervisorError> {
+    match value {
+        "none" => Ok(None),
+        "fake" => Ok(Some(std::sync::Arc::new(FakeHypervisor::new(Some(state_dir.join("fake-vms.tsv")))))),
+        "qemu" => Ok(Some(std::sync::Arc::new(crate::qemu::Qemu::open(state_dir.join("vms"))?))),
+        other => Err(HypervisorError::Unavailable(format!("unknown hypervisor {other:?}: expected none, fake or qemu"))),
+    }
+}
+
+/// A hypervisor in memory (kept in a file under the daemon's state directory when given, so VMs
+/// outlive a daemon restart as real ones do): VMs boot at once, with an address from a /24 and a
+/// fingerprint derived from the instance id. MIG and slot atoms are refused, as a host without a
+/// vGPU backend refuses them.
+#[derive(Debug, Default)]
+pub struct FakeHypervisor {
+    file: Option<PathBuf>,
+    vms: Mutex<BTreeMap<String, Vm>>,
+}
+
+impl FakeHypervisor {
+    /// A fake whose VMs live in `file` (none: in memory only).
+    pub fn new(file: Option<PathBuf>) -> FakeHypervisor {
+        let vms = file
+            .as_ref()
+            .and_then(|f| std::fs::read_to_string(f).ok())
+            .map(|text| {
+                text.lines()
+                    .filter_map(|l| {
+                        let mut f = l.split('\t');
+                        let (id, power, address, fp, reboots) = (f.next()?, f.next()?, f.next()?, f.next()?, f.next()?.parse().ok()?);
+                        let power = if power == "running" { VmPower::Running } else { VmPower::Stopped };
+                        Some((id.to_owned(), Vm { instance_id: id.to_owned(), power, address: address.to_owned(), host_key_fingerprint: fp.to_owned(), reboot_count: reboots }))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        FakeHypervisor { file, vms: Mutex::new(vms) }
+    }
+
+    fn save(&self, vms: &BTreeMap<String, Vm>) -> Result<(), HypervisorError> {
+        let Some(file) = &self.file else { return Ok(()) };
+        let text: String = vms
+            .values()
+            .map(|v| format!("{}\t{}\t{}\t{}\t{}\n", v.instance_id, if v.power == VmPower::Running { "running" } else { "stopped" }, v.address, v.host_key_fingerprint, v.reboot_count))
+            .collect();
+        let tmp = file.with_extension("tmp");
+        std::fs::write(&tmp, text).and_then(|_| std::fs::rename(&tmp, file)).map_err(|e| HypervisorError::Failed(format!("cannot save the fake VMs: {e}")))
+    }
+}
+
+/// A stable small number from an instance id, for the fake's addresses and fingerprints.
+fn hash_of(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+}
+
+impl Hypervisor for FakeHypervisor {
+    fn name(&self) -> &'static str {
+        "fake"
+    }
+
+    fn list(&self) -> Result<Vec<Vm>, HypervisorError> {
+        Ok(self.vms.lock().expect("fake VMs").values().cloned().collect())
+    }
+
+    fn ensure(&self, vm: &VmSpec, running: bool, reboot_count: u32) -> Result<(), HypervisorError> {
+        if let Some(a) = vm.atoms.iter().find(|a| a.contains('/')) {
+            return Err(HypervisorError::Refused(format!("atom {a} is a MIG instance or shared slot, and this host has no vGPU backend to expose it")));
+        }
+        if vm.image.is_empty() {
+            return Err(HypervisorError::Refused("no image".into()));
+        }
+        let mut vms = self.vms.lock().expect("fake VMs");
+        let h = hash_of(&vm.instance_id);
+        let v = vms.entry(vm.instance_id.clone()).or_insert_with(|| Vm {
+            instance_id: vm.instance_id.clone(),
+            power: VmPower::Stopped,
+            address: format!("10.88.{}.{}", (h >> 8) % 250 + 1, h % 250 + 2),
+            host_key_fingerprint: format!("SHA256:fake{h:016x}"),
+            reboot_count,
+        });
+        v.power = if running { VmPower::Running } else { VmPower::Stopped };
+        // A restart of the fake is instant: only the count moves.
+        v.reboot_count = v.reboot_count.max(reboot_count);
+        self.save(&vms)
+    }
+
+    fn delete(&self, instance_id: &str) -> Result<(), HypervisorError> {
+        let mut vms = self.vms.lock().expect("fake VMs");
+        if vms.remove(instance_id).is_some() {
+            self.save(&vms)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(id: &str, atoms: &[&str]) -> VmSpec {
+        VmSpec {
+            instance_id: id.into(),
+            allocation_id: "res_1".into(),
+            vcpu: 2,
+            memory_mib: 2048,
+            disk_gib: 10,
+            image: "debian-12".into(),
+            ssh_public_keys: vec!["ssh-ed25519 AAAA me".into()],
+            user_data: String::new(),
+            atoms: atoms.iter().map(|a| a.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn the_fakes_vms_outlive_a_restart_through_its_file_and_mig_atoms_are_refused() {
+        let dir = std::env::temp_dir().join(format!("bc-fake-hv-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("vms.tsv");
+        let hv = FakeHypervisor::new(Some(file.clone()));
+        hv.ensure(&spec("ins_a", &["GPU-1"]), true, 0).unwrap();
+        hv.ensure(&spec("ins_b", &["GPU-2"]), false, 0).unwrap();
+        hv.ensure(&spec("ins_a", &["GPU-1"]), true, 2).unwrap();
+        assert!(matches!(hv.ensure(&spec("ins_c", &["GPU-3/mig0"]), true, 0), Err(HypervisorError::Refused(_))));
+        let again = FakeHypervisor::new(Some(file));
+        let vms = again.list().unwrap();
+        assert_eq!(vms.len(), 2, "{vms:?}");
+        assert_eq!((vms[0].power.clone(), vms[0].reboot_count, vms[1].power.clone()), (VmPower::Running, 2, VmPower::Stopped));
+        again.delete("ins_a").unwrap();
+        again.delete("ins_a").unwrap();
+        assert_eq!(again.list().unwrap().len(), 1);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}

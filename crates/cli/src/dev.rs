@@ -97,7 +97,7 @@ async fn serve(cluster: &Cluster, root: &Path, args: &DevArgs) -> anyhow::Result
     let admin = admin_credentials(&mut db, root).await?;
     let first_start = seed_demo_fleet(&mut db, &admin.tenant_id).await?;
     if first_start {
-        println!("created site dev, pools gpus (bare metal) and burst (a provider's, lost after 1 h unreachable), and a quota for tenant dev");
+        println!("created site dev, pools gpus (bare metal), burst (a provider's, lost after 1 h unreachable) and vms (a vps-host, fake VMs), and a quota for tenant dev");
     }
     let pool = better_compute_db::pool::connect_pool(&conn, 32)?;
     better_compute_runtime::work_queue::Poker::install(pool.clone());
@@ -136,10 +136,15 @@ async fn serve(cluster: &Cluster, root: &Path, args: &DevArgs) -> anyhow::Result
     println!("  export BETTER_COMPUTE_URL={api_url} BETTER_COMPUTE_TENANT={} BETTER_COMPUTE_TOKEN={}", admin.tenant_id, admin.secret);
     println!("  cargo run -- api --list");
     println!("  cargo run -- api nodes.list");
-    if let Some(pool) = demo_pool(&conn).await {
+    if let Some(pool) = pool_named(&conn, "gpus").await {
         println!("  cargo run -- api reservations.create poolId={pool} gpu.kind=gpu gpu.model=H100-80GB gpu.count:=2 vcpu:=16 memoryMib:=65536 durationS:=3600 idempotencyKey=first --wait");
     }
     println!("  cargo run -- api reservations.list");
+    if let Some(vms) = pool_named(&conn, "vms").await {
+        println!("A VM with a GPU on the vps host (fake VMs in dev; `daemon --hypervisor qemu` on a KVM host runs real ones), then where to SSH:");
+        println!("  cargo run -- api instances.create poolId={vms} gpu.kind=gpu gpu.model=H100-80GB gpu.count:=1 vcpu:=4 memoryMib:=8192 diskGib:=20 durationS:=3600 image=debian-12 sshPublicKeys:=\"[\\\"$(cat ~/.ssh/id_ed25519.pub)\\\"]\" idempotencyKey=vm-1");
+        println!("  cargo run -- api instances.get instanceId=<ins_…>   (address, hostKeyFingerprint; then: ssh debian@<address>)");
+    }
     println!("  cargo run -- api watch        (your events, live; Ctrl-C stops)");
     println!("  cargo run -- api commands.run nodeId=<node> kind=diag.nvml idempotencyKey=diag-1   (runs on the simulated daemon)");
     if let Some(node) = fleet.node_ids.last() {
@@ -278,6 +283,19 @@ async fn seed_demo_fleet(db: &mut tokio_postgres::Client, tenant_id: &str) -> an
         },
     )
     .await?;
+    inventory::create_pool(
+        &tx,
+        &NewPool {
+            site_id: tx.query_one("SELECT id FROM sites WHERE name = 'dev'", &[]).await?.get(0),
+            name: "vms".into(),
+            kind: "vps-host".into(),
+            vcpu_ratio: 1.0,
+            memory_ratio: 1.0,
+            disk_ratio: 1.0,
+            lost_after_s: None,
+        },
+    )
+    .await?;
     for (resource, max) in [("gpus", 24), ("mig_instances", 4), ("gpu_slots", 8), ("vcpu", 256), ("memory_mib", 2_097_152), ("disk_gib", 10_000)] {
         better_compute_capacity::quota::set(&tx, tenant_id, resource, max).await?;
     }
@@ -285,9 +303,9 @@ async fn seed_demo_fleet(db: &mut tokio_postgres::Client, tenant_id: &str) -> an
     Ok(true)
 }
 
-async fn demo_pool(conn: &str) -> Option<String> {
+async fn pool_named(conn: &str, name: &str) -> Option<String> {
     let c = better_compute_db::pool::connect(conn).await.ok()?;
-    c.query_opt("SELECT p.id FROM pools p JOIN sites s ON s.id = p.site_id WHERE s.name = 'dev' AND p.name = 'gpus'", &[])
+    c.query_opt("SELECT p.id FROM pools p JOIN sites s ON s.id = p.site_id WHERE s.name = 'dev' AND p.name = $1", &[&name])
         .await
         .ok()?
         .map(|r| r.get(0))

@@ -150,14 +150,14 @@ async fn dev_refuses_a_second_copy_stops_on_ctrl_c_and_keeps_data_across_restart
     let mut rolled = false;
     for _ in 0..600 {
         let c = better_compute_db::pool::connect(&url).await.unwrap();
-        if c.query_one("SELECT count(*) FROM pool_capacity_rollup", &[]).await.unwrap().get::<_, i64>(0) == 2 {
+        if c.query_one("SELECT count(*) FROM pool_capacity_rollup", &[]).await.unwrap().get::<_, i64>(0) == 3 {
             rolled = true;
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(rolled, "the rollup never ran");
-    // Two pools: gpus (bare metal; GPU 7 of its first node in MIG, of its second time-sliced) and
+    // Three pools: vms (a vps-host), gpus (bare metal; GPU 7 of its first node in MIG, of its second time-sliced) and
     // burst (a provider's). The mode changes and the rollup are jobs of their own, running side by
     // side, so the rollup may first show the pools before the changes: wait for them.
     let mut text = String::new();
@@ -174,7 +174,7 @@ async fn dev_refuses_a_second_copy_stops_on_ctrl_c_and_keeps_data_across_restart
     // Every demo node joined through the gateway and applied its desired state.
     let nodes = Command::new(BIN).args(["nodes", "list", "--database-url", &url]).output().unwrap();
     let text = String::from_utf8_lossy(&nodes.stdout);
-    assert!(text.contains("GENERATION") && text.matches("dev-node-").count() == 4, "{text}");
+    assert!(text.contains("GENERATION") && text.matches("dev-node-").count() == 4 && text.matches("dev-vps-").count() == 1, "{text}");
     // A command through the API client: queued for the node, a retry with the same key is the same
     // command, and the node's daemon runs it.
     let node = text.lines().find_map(|l| l.split_whitespace().next().filter(|w| w.starts_with("node_"))).unwrap().to_owned();
@@ -298,6 +298,28 @@ async fn dev_refuses_a_second_copy_stops_on_ctrl_c_and_keeps_data_across_restart
     let text = String::from_utf8_lossy(&export.stdout);
     assert!(export.status.success() && text.starts_with("key,reservationId,tenantId,"), "{text}{}", String::from_utf8_lossy(&export.stderr));
     assert!(String::from_utf8_lossy(&export.stderr).contains("exported"), "progress on stderr");
+    // An instance on the vps host, as dev's line shows it (with a key of the test's): the fake
+    // hypervisor runs it, and instances.get shows where to SSH.
+    let line = first_line_with(&first.seen, "api instances.create").expect("dev printed an instances.create line");
+    let vms_arg = line.split_whitespace().find(|w| w.starts_with("poolId=")).unwrap().to_owned();
+    let (ok, out, err) = api(&[
+        "instances.create", &vms_arg, "gpu.kind=gpu", "gpu.model=H100-80GB", "gpu.count:=1", "vcpu:=4", "memoryMib:=8192", "diskGib:=20", "durationS:=3600",
+        "image=debian-12", r#"sshPublicKeys:=["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5 dev@test"]"#, "idempotencyKey=vm-1", "-o", "json",
+    ]);
+    assert!(ok, "{err}");
+    let ins: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let id_arg = format!("instanceId={}", ins["id"].as_str().unwrap());
+    let mut seen = serde_json::Value::Null;
+    for _ in 0..600 {
+        let (ok, out, err) = api(&["instances.get", &id_arg, "-o", "json"]);
+        assert!(ok, "{err}");
+        seen = serde_json::from_str(&out).unwrap();
+        if seen["state"] == "running" {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(seen["state"] == "running" && seen["address"].as_str().is_some_and(|a| a.starts_with("10.88.")), "{seen}");
     let (ok, _, err) = api(&["commands.run", &node_arg, "kind=disk.wipe", "idempotencyKey=x"]);
     assert!(!ok && err.contains("UNSUPPORTED"), "{err}");
     let (ok, _, err) = api(&["reservations.create", &pool_arg, "nonsense=1"]);

@@ -15,7 +15,7 @@ const FLAKY_AFTER: Duration = Duration::from_secs(60);
 
 /// The running simulated nodes.
 pub struct DevFleet {
-    /// Their node ids, in name order.
+    /// Their node ids, in name order (the vps host last).
     pub node_ids: Vec<String>,
     /// The fake GPU that throws a transient XID a minute after start (the health demo): its
     /// node's id and its uuid.
@@ -62,12 +62,16 @@ pub async fn start(
     // The first half of the nodes join `gpus`, the rest `burst` (a data folder from before
     // `burst` existed puts them all in `gpus`).
     let burst_pool = pool_id("burst").await?.unwrap_or_else(|| gpus_pool.clone());
+    // One more node, `dev-vps-0`, hosts instances in `vms` (a vps-host pool), where there is one.
+    let vms_pool = pool_id("vms").await?;
+    let vps_hosts = usize::from(vms_pool.is_some());
     let boot = random_hex(4);
     let mut node_ids = Vec::new();
     let mut tasks = Vec::new();
     let mut flaky: Option<String> = None;
-    for i in 0..count {
-        let name = format!("dev-node-{i}");
+    for i in 0..count + vps_hosts {
+        let vps = i >= count;
+        let name = if vps { format!("dev-vps-{}", i - count) } else { format!("dev-node-{i}") };
         let state = root.join("daemons").join(&name);
         let mut cfg = DaemonConfig::new(gateway_url, &state, &name);
         cfg.ca_pem = Some(ca_pem.clone());
@@ -76,7 +80,11 @@ pub async fn start(
         cfg.boot_id = format!("dev-{boot}-1");
         if !state.join("node.json").exists() {
             let tx = db.transaction().await?;
-            let pool = if i < count.div_ceil(2) { &gpus_pool } else { &burst_pool };
+            let pool = match &vms_pool {
+                Some(vms) if vps => vms,
+                _ if i < count.div_ceil(2) => &gpus_pool,
+                _ => &burst_pool,
+            };
             let t = better_compute_nodes::listing::create_join_token(&tx, pool, Some(600), "dev").await?;
             tx.commit().await?;
             cfg.join_token = Some(t.secret);
@@ -97,6 +105,10 @@ pub async fn start(
         } else {
             better_compute_daemon::backend::open(gpus, &name)?
         };
+        if vps {
+            // Fake VMs (kept in the node's state folder): dev needs no KVM and no images.
+            cfg.hypervisor = Some(Arc::new(better_compute_daemon::hypervisor::FakeHypervisor::new(Some(state.join("fake-vms.tsv")))));
+        }
         let (reboot_tx, reboot_rx) = mpsc::channel(1);
         cfg.reboot = RebootHook::Callback(Arc::new(move |_| {
             let _ = reboot_tx.try_send(Crash::Reboot);

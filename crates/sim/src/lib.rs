@@ -31,6 +31,7 @@ use better_compute_nodes::commands::{self, NewCommand};
 use better_compute_nodes::drain;
 use better_compute_nodes::layout::GpuMode;
 use better_compute_runtime::workflow;
+use better_compute_vps::instances::{self, Action, CreateInstance};
 use tokio::sync::watch;
 
 use crate::procs::{start_node, Crash, NodeSetup, Proxy, RebootLog, ServerProc, SimNode};
@@ -227,6 +228,8 @@ struct Tally {
     workflows: AtomicU64,
     /// Of them, those that held after the faults and were cancelled (as an operator would).
     workflows_held: AtomicU64,
+    /// Instances created.
+    instances: AtomicU64,
 }
 
 struct Sim {
@@ -332,14 +335,15 @@ END $$;";
 /// The sim pool's disruption budget (`maxUnavailable`), which the checker holds drains to.
 const SIM_DRAIN_BUDGET: i32 = 1;
 
-/// A site, a bare-metal pool with a disruption budget, and quotas for the tenants.
+/// A site, a vps-host pool (reservations, and instances on some of them) with a disruption
+/// budget, and quotas for the tenants.
 async fn seed_inventory(db: &mut tokio_postgres::Client) -> anyhow::Result<String> {
     use better_compute_nodes::inventory::{self, NewPool};
     let tx = db.transaction().await?;
     let site = inventory::create_site(&tx, "sim").await?;
     let pool = inventory::create_pool(
         &tx,
-        &NewPool { site_id: site, name: "sim".into(), kind: "bare-metal".into(), vcpu_ratio: 2.0, memory_ratio: 1.0, disk_ratio: 1.0, lost_after_s: None },
+        &NewPool { site_id: site, name: "sim".into(), kind: "vps-host".into(), vcpu_ratio: 2.0, memory_ratio: 1.0, disk_ratio: 1.0, lost_after_s: None },
     )
     .await?;
     // Usage windows of a minute, so that runs of seconds close some and check their sums.
@@ -425,6 +429,9 @@ impl Sim {
             violations.extend(self.converge(db, &fleet_nodes).await?);
         }
         if violations.is_empty() {
+            violations.extend(self.settle_instances(db).await?);
+        }
+        if violations.is_empty() {
             violations.extend(self.check(db, &initial_modes).await?);
         }
         if !violations.is_empty() {
@@ -451,7 +458,7 @@ impl Sim {
         Ok(SeedReport {
             violations,
             summary: format!(
-                "{} operations ({} placed, {} creates and releases in batches, {} commands, {} refused, {} failed while the database was away); faults: {}; {} reboots; {} maintenance workflows ({}; {} held and cancelled at the end); {} usage windows metered; {idle_intervals} intervals without a placement",
+                "{} operations ({} placed, {} creates and releases in batches, {} commands, {} refused, {} failed while the database was away); faults: {}; {} reboots; {} maintenance workflows ({}; {} held and cancelled at the end); {} usage windows metered; {} instances created; {idle_intervals} intervals without a placement",
                 t.ops.load(Ordering::SeqCst),
                 t.placed.load(Ordering::SeqCst),
                 t.batched.load(Ordering::SeqCst),
@@ -464,6 +471,7 @@ impl Sim {
                 ended.join(", "),
                 t.workflows_held.load(Ordering::SeqCst),
                 metered,
+                t.instances.load(Ordering::SeqCst),
             ),
         })
     }
@@ -935,6 +943,38 @@ impl Sim {
                 }
                 tx.commit().await.map_err(db)?;
             }
+            84..=89 if !live.is_empty() => {
+                // An instance on one of this client's reservations: created, or stopped, started,
+                // rebooted or deleted.
+                let (t, res) = live[rng.below(live.len() as u64) as usize].clone();
+                let caller = Caller { tenant_id: TENANTS[t], identity_id: "idn_sim" };
+                let existing: Option<String> =
+                    c.query_opt("SELECT id FROM instances WHERE allocation_id = $1 AND state <> 'deleted'", &[&res]).await.map_err(db)?.map(|r| r.get(0));
+                match (existing, rng.below(4)) {
+                    (None, _) => {
+                        let req = CreateInstance {
+                            tenant_id: None,
+                            reservation_id: Some(res),
+                            pool_id: None,
+                            gpu: None,
+                            vcpu: 0,
+                            memory_mib: 0,
+                            disk_gib: 0,
+                            duration_s: None,
+                            image: "sim".into(),
+                            ssh_public_keys: vec!["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5 sim@sim".into()],
+                            user_data: String::new(),
+                            idempotency_key: format!("sim-{}-{tag}", self.seed),
+                        };
+                        instances::create(c, caller, &req).await?;
+                        self.tally.instances.fetch_add(1, Ordering::Relaxed);
+                    }
+                    (Some(id), k) => {
+                        let action = [Action::Stop, Action::Start, Action::Reboot, Action::Delete][k as usize];
+                        instances::act(c, caller, &id, action).await?;
+                    }
+                }
+            }
             _ => {
                 let (kind, payload) = match rng.below(8) {
                     0 | 1 => ("diag.nvml", serde_json::json!({"level": 1})),
@@ -1163,6 +1203,7 @@ impl Sim {
         {
             v.push(format!("workflow {} rebooted its node {} times ({} reboots sent)", r.get::<_, String>(0), r.get::<_, i64>(1), r.get::<_, i64>(2)));
         }
+        v.extend(instance_violations(&tx).await?);
         tx.commit().await?;
         // No command that is not retry-safe ran twice.
         for (reason, runs) in self.reboots.lock().expect("reboots").iter() {
@@ -1171,6 +1212,81 @@ impl Sim {
             }
         }
         Ok(v)
+    }
+}
+
+/// What must hold of instances at every moment: one live instance per reservation; an instance
+/// on a host is on its reservation's node; no reservation runs in two VMs, whatever the hosts say.
+async fn instance_violations(tx: &impl tokio_postgres::GenericClient) -> anyhow::Result<Vec<String>> {
+    let mut v = Vec::new();
+    for r in tx.query("SELECT allocation_id, count(*) FROM instances WHERE state <> 'deleted' GROUP BY 1 HAVING count(*) > 1", &[]).await? {
+        v.push(format!("reservation {} has {} live instances", r.get::<_, String>(0), r.get::<_, i64>(1)));
+    }
+    for r in tx
+        .query(
+            "SELECT i.id, i.node_id, r.node_id FROM instances i JOIN reservations r ON r.id = i.allocation_id
+              WHERE i.state NOT IN ('requested', 'deleted') AND i.node_id IS DISTINCT FROM r.node_id",
+            &[],
+        )
+        .await?
+    {
+        v.push(format!("instance {} is on node {:?}, its reservation on {:?}", r.get::<_, String>(0), r.get::<_, Option<String>>(1), r.get::<_, Option<String>>(2)));
+    }
+    for r in tx
+        .query(
+            "SELECT i.allocation_id, count(*) FROM nodes n, jsonb_array_elements(coalesce(n.spec_status->'instances', '[]')) o
+               JOIN instances i ON i.id = o->>'instanceId' WHERE o->>'state' = 'running' GROUP BY 1 HAVING count(*) > 1",
+            &[],
+        )
+        .await?
+    {
+        v.push(format!("reservation {} runs in {} VMs", r.get::<_, String>(0), r.get::<_, i64>(1)));
+    }
+    Ok(v)
+}
+
+/// Ways the instances differ from what the hosts have, once everything healed (empty: settled).
+async fn instance_differences(db: &tokio_postgres::Client) -> anyhow::Result<Vec<String>> {
+    let rows = db
+        .query(
+            "WITH vms AS (SELECT n.id AS node_id, o->>'instanceId' AS id, o->>'state' AS state FROM nodes n,
+                            jsonb_array_elements(coalesce(n.spec_status->'instances', '[]')) o WHERE o->>'state' IN ('running', 'stopped'))
+             SELECT format('VM %s on %s leaked: its instance is %s', v.id, v.node_id, coalesce(i.state, 'unknown'))
+               FROM vms v LEFT JOIN instances i ON i.id = v.id WHERE i.id IS NULL OR i.state IN ('deleted', 'requested') OR i.node_id <> v.node_id
+             UNION ALL
+             SELECT format('instance %s is %s but its host %s has no VM for it', i.id, i.state, i.node_id)
+               FROM instances i WHERE i.state IN ('running', 'stopping', 'stopped') AND NOT EXISTS (SELECT 1 FROM vms v WHERE v.id = i.id AND v.node_id = i.node_id)
+             UNION ALL
+             SELECT format('instance %s is still %s although its host reports it %s', i.id, i.state, v.state)
+               FROM instances i JOIN vms v ON v.id = i.id
+              WHERE (i.state = 'provisioning' AND v.state = 'running') OR (i.state = 'stopping' AND v.state = 'stopped')
+             UNION ALL
+             SELECT format('instance %s is %s although its reservation %s is %s', i.id, i.state, r.id, r.state)
+               FROM instances i JOIN reservations r ON r.id = i.allocation_id
+              WHERE (i.state <> 'deleted' AND r.state NOT IN ('pending', 'placed', 'active')) OR (i.state = 'requested' AND r.state IN ('placed', 'active'))
+             ORDER BY 1 LIMIT 10",
+            &[],
+        )
+        .await?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
+impl Sim {
+    /// After the heal: the instances settle on what the hosts have (nothing leaked, nothing
+    /// missing, none outliving its reservation), within the heal timeout.
+    async fn settle_instances(&self, db: &mut tokio_postgres::Client) -> anyhow::Result<Vec<String>> {
+        let deadline = Instant::now() + Duration::from_secs(self.args.heal_timeout_s);
+        loop {
+            self.reconnect(db).await?;
+            let found = instance_differences(db).await?;
+            if found.is_empty() {
+                return Ok(found);
+            }
+            if Instant::now() > deadline {
+                return Ok(found.into_iter().map(|d| format!("after the heal, {d}")).collect());
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 }
 

@@ -237,6 +237,8 @@ pub async fn start_node(
     cfg.backoff_min = Duration::from_millis(200);
     cfg.backoff_max = Duration::from_secs(3);
     cfg.broken_rerun_journaled_commands = setup.broken_rerun_journaled_commands;
+    // Fake VMs, kept in the node's folder so they outlive a daemon crash as real ones would.
+    cfg.hypervisor = Some(Arc::new(better_compute_daemon::hypervisor::FakeHypervisor::new(Some(dir.join("fake-vms.tsv")))));
     let (crash_tx, crash_rx) = mpsc::channel(4);
     let reboots = setup.reboots.clone();
     let crash_on_reboot = crash_tx.clone();

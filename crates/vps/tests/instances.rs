@@ -188,3 +188,73 @@ async fn bad_instance_requests_are_refused_with_stable_codes_and_change_nothing(
     let rows: i64 = c.query_one("SELECT (SELECT count(*) FROM instances) + (SELECT count(*) FROM reservations)", &[]).await.unwrap().get(0);
     assert_eq!(rows, 0, "nothing was written");
 }
+
+#[tokio::test]
+async fn the_tenant_hears_once_that_its_instances_reservation_ends_in_fifteen_minutes() {
+    let h = Harness::new(vec![Arc::new(NodesModule), Arc::new(CapacityModule), Arc::new(VpsModule)]).await;
+    let (pool, _) = host(&h).await;
+    let mut c = h.db().client().await;
+    let v = instances::create(&mut c, ME, &request(&pool, "e-1")).await.unwrap();
+    h.job("vps.instances").drain(10).await;
+    let expiring = async || -> i64 {
+        settle(&h).await;
+        h.db().client().await.query_one("SELECT count(*) FROM outbox WHERE type = 'instance.expiring' AND subject = $1", &[&v.id]).await.unwrap().get(0)
+    };
+    assert_eq!(expiring().await, 0, "an hour left");
+    // 44 minutes in: 16 left, still quiet; 46 minutes in: 14 left, told once.
+    h.db().advance(std::time::Duration::from_secs(44 * 60)).await;
+    h.job("vps.instances").drain(10).await;
+    assert_eq!(expiring().await, 0);
+    h.db().advance(std::time::Duration::from_secs(2 * 60)).await;
+    h.job("vps.instances").drain(10).await;
+    assert_eq!(expiring().await, 1);
+    h.db().advance(std::time::Duration::from_secs(60)).await;
+    h.job("vps.instances").drain(10).await;
+    assert_eq!(expiring().await, 1, "once");
+    let data: serde_json::Value = c.query_one("SELECT data FROM outbox WHERE type = 'instance.expiring'", &[]).await.unwrap().get(0);
+    assert_eq!(data["reservationId"], v.reservation_id.as_str(), "{data}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn racing_creates_on_one_reservation_make_exactly_one_instance() {
+    let h = Harness::new(vec![Arc::new(NodesModule), Arc::new(CapacityModule), Arc::new(VpsModule)]).await;
+    let (pool, _) = host(&h).await;
+    let mut c = h.db().client().await;
+    let gpu = GpuRequest { kind: "gpu".into(), model: "H100-80GB".into(), profile: None, count: 1 };
+    let r = better_compute_capacity::reservations::CreateReservation {
+        tenant_id: None,
+        pool_id: pool.clone(),
+        gpu,
+        vcpu: 4,
+        memory_mib: 4096,
+        disk_gib: 10,
+        starts_at: None,
+        ends_at: None,
+        duration_s: Some(3600),
+        node_selector: Default::default(),
+        tolerations: vec![],
+        idempotency_key: None,
+    };
+    let res = reservations::create(&mut c, ME, &r).await.unwrap();
+    // Eight creates with eight keys on the same reservation, at once.
+    let on_it = |k: usize| CreateInstance { reservation_id: Some(res.id.clone()), pool_id: None, gpu: None, duration_s: None, ..request(&pool, &format!("r-{}", k + 1)) };
+    let tasks: Vec<_> = (0..8)
+        .map(|k| {
+            let (conn, req) = (h.db().connection_string().to_owned(), on_it(k));
+            tokio::spawn(async move {
+                let mut c = better_compute_db::pool::connect(&conn).await.unwrap();
+                instances::create(&mut c, ME, &req).await
+            })
+        })
+        .collect();
+    let mut outcomes = Vec::new();
+    for t in tasks {
+        outcomes.push(tokio::time::timeout(std::time::Duration::from_secs(30), t).await.expect("no deadlock").unwrap());
+    }
+    assert_eq!(outcomes.len(), 8);
+    let made = outcomes.iter().filter(|o| o.is_ok()).count();
+    assert_eq!(made, 1, "{outcomes:?}");
+    assert!(outcomes.iter().filter_map(|o| o.as_ref().err()).all(|e| e.code == ErrorCode::Conflict), "{outcomes:?}");
+    let live: i64 = h.db().client().await.query_one("SELECT count(*) FROM instances WHERE allocation_id = $1 AND state <> 'deleted'", &[&res.id]).await.unwrap().get(0);
+    assert_eq!(live, 1);
+}

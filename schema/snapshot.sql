@@ -672,6 +672,28 @@ CREATE TABLE usage_windows (
   CONSTRAINT usage_windows_pkey PRIMARY KEY (id)
 );
 
+CREATE TABLE vps_hosts (
+  node_id text NOT NULL,
+  state text NOT NULL,
+  reasons text[] DEFAULT '{}'::text[] NOT NULL,
+  bootstrap_command_id text,
+  bootstrap_attempts integer DEFAULT 0 NOT NULL,
+  report jsonb,
+  free jsonb DEFAULT '{}'::jsonb NOT NULL,
+  version bigint DEFAULT 1 NOT NULL,
+  updated_at timestamp with time zone DEFAULT compute_now() NOT NULL,
+  CONSTRAINT vps_hosts_node_id_fkey FOREIGN KEY (node_id) REFERENCES nodes(id),
+  CONSTRAINT vps_hosts_pkey PRIMARY KEY (node_id),
+  CONSTRAINT vps_hosts_state_check CHECK ((state = ANY (ARRAY['new'::text, 'bootstrapping'::text, 'ready'::text, 'degraded'::text, 'draining'::text])))
+);
+
+CREATE TABLE vps_settings (
+  singleton boolean DEFAULT true NOT NULL,
+  required_images text[] DEFAULT '{}'::text[] NOT NULL,
+  CONSTRAINT vps_settings_pkey PRIMARY KEY (singleton),
+  CONSTRAINT vps_settings_singleton_check CHECK (singleton)
+);
+
 CREATE TABLE webhook_deliveries (
   id text NOT NULL,
   webhook_id text NOT NULL,

@@ -260,6 +260,7 @@ fn bodies() -> Vec<(&'static str, Value)> {
         ("instances.start", json!({"tenantId": "{ten}", "instanceId": "{ins}"})),
         ("instances.reboot", json!({"tenantId": "{ten}", "instanceId": "{ins}"})),
         ("instances.delete", json!({"tenantId": "{ten}", "instanceId": "{ins}"})),
+        ("vpsHosts.list", json!({})),
     ]
 }
 

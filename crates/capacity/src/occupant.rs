@@ -4,6 +4,7 @@
 use better_compute_db::DbError;
 use better_compute_runtime::occupancy::{NodeOccupant, Occupancy};
 use better_compute_runtime::outbox::{self, NewEvent};
+use serde::Serialize;
 use tokio_postgres::Transaction;
 
 /// The reservations on a node.
@@ -122,4 +123,39 @@ pub async fn on_node(db: &impl tokio_postgres::GenericClient, node_id: &str, lim
             atoms: r.get(8),
         })
         .collect())
+}
+
+/// What a node has left for new reservations: scalars (within their overcommit ratios) and idle
+/// atoms, by class (`kind/model[/profile]`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeFree {
+    /// vCPUs.
+    pub vcpu: i64,
+    /// Memory.
+    pub memory_mib: i64,
+    /// Disk.
+    pub disk_gib: i64,
+    /// Idle atoms by class.
+    pub atoms: std::collections::BTreeMap<String, i32>,
+}
+
+/// [`NodeFree`] of a node (all zero when capacity does not know it).
+pub async fn node_free(db: &impl tokio_postgres::GenericClient, node_id: &str) -> Result<NodeFree, DbError> {
+    let mut free = NodeFree::default();
+    if let Some(r) = db
+        .query_opt(
+            "SELECT (floor(vcpu_allocatable * vcpu_ratio) - vcpu_allocated)::int8, (floor(memory_mib_allocatable * memory_ratio) - memory_mib_allocated)::int8,
+                    (floor(disk_gib_allocatable * disk_ratio) - disk_gib_allocated)::int8
+               FROM node_resources WHERE node_id = $1",
+            &[&node_id],
+        )
+        .await?
+    {
+        (free.vcpu, free.memory_mib, free.disk_gib) = (r.get(0), r.get(1), r.get(2));
+    }
+    for r in db.query("SELECT kind || '/' || model || coalesce(nullif('/' || profile, '/'), ''), idle FROM node_atom_counts WHERE node_id = $1 ORDER BY 1", &[&node_id]).await? {
+        free.atoms.insert(r.get(0), r.get(1));
+    }
+    Ok(free)
 }

@@ -83,6 +83,16 @@ pub trait Hypervisor: Send + Sync + std::fmt::Debug + 'static {
 
     /// Stops the VM if it runs and removes it, disk and all; nothing when there is none.
     fn delete(&self, instance_id: &str) -> Result<(), HypervisorError>;
+
+    /// What the host has for running VMs (`vps.bootstrap`'s report): `problems` lists what keeps
+    /// it from running them, empty when it can; `images` says, for each name asked, whether the
+    /// cache has it and its sha256.
+    fn check(&self, images: &[String]) -> serde_json::Value;
+}
+
+/// `vps.bootstrap` on a daemon with no hypervisor.
+pub fn check_without_hypervisor() -> serde_json::Value {
+    serde_json::json!({"hypervisor": "none", "problems": ["this daemon runs no hypervisor: start it with --hypervisor qemu"], "images": {}})
 }
 
 /// Opens the hypervisor a `--hypervisor` value names: `none`, `fake` (its VMs kept in
@@ -104,6 +114,8 @@ pub fn open(value: &str, state_dir: &std::path::Path) -> Result<Option<std::sync
 pub struct FakeHypervisor {
     file: Option<PathBuf>,
     vms: Mutex<BTreeMap<String, Vm>>,
+    /// Test only: deletes nothing (`sim --broken keep-deleted-vms` proves the checks catch it).
+    leaks: bool,
 }
 
 impl FakeHypervisor {
@@ -123,7 +135,12 @@ impl FakeHypervisor {
                     .collect()
             })
             .unwrap_or_default();
-        FakeHypervisor { file, vms: Mutex::new(vms) }
+        FakeHypervisor { file, vms: Mutex::new(vms), leaks: false }
+    }
+
+    /// Test only: a broken fake that never deletes a VM, so that leaked VMs can be shown caught.
+    pub fn leaking(file: Option<PathBuf>) -> FakeHypervisor {
+        FakeHypervisor { leaks: true, ..FakeHypervisor::new(file) }
     }
 
     fn save(&self, vms: &BTreeMap<String, Vm>) -> Result<(), HypervisorError> {
@@ -173,9 +190,15 @@ impl Hypervisor for FakeHypervisor {
         self.save(&vms)
     }
 
+    fn check(&self, images: &[String]) -> serde_json::Value {
+        let images: serde_json::Map<String, serde_json::Value> =
+            images.iter().map(|i| (i.clone(), serde_json::json!({"present": true, "sha256": format!("{:064x}", hash_of(i))}))).collect();
+        serde_json::json!({"hypervisor": "fake", "kvm": true, "iommuGroups": 0, "problems": [], "images": images})
+    }
+
     fn delete(&self, instance_id: &str) -> Result<(), HypervisorError> {
         let mut vms = self.vms.lock().expect("fake VMs");
-        if vms.remove(instance_id).is_some() {
+        if !self.leaks && vms.remove(instance_id).is_some() {
             self.save(&vms)?;
         }
         Ok(())

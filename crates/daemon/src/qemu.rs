@@ -337,6 +337,39 @@ impl Hypervisor for Qemu {
         Ok(())
     }
 
+    fn check(&self, images: &[String]) -> serde_json::Value {
+        let mut problems = Vec::new();
+        let kvm = std::fs::OpenOptions::new().read(true).write(true).open("/dev/kvm");
+        if let Err(e) = &kvm {
+            problems.push(format!("/dev/kvm: {e}"));
+        }
+        let qemu = Command::new(QEMU).arg("--version").output().ok().filter(|o| o.status.success()).map(|o| String::from_utf8_lossy(&o.stdout).lines().next().unwrap_or("").to_owned());
+        if qemu.is_none() {
+            problems.push(format!("{QEMU} does not run (install Debian's qemu-system-x86)"));
+        }
+        // Without an IOMMU no GPU can be passed through.
+        let iommu_groups = std::fs::read_dir("/sys/kernel/iommu_groups").map(|d| d.count()).unwrap_or(0);
+        if iommu_groups == 0 {
+            problems.push("no IOMMU groups: enable VT-d/AMD-Vi and boot with intel_iommu=on (or amd_iommu=on)".into());
+        }
+        let mut found = serde_json::Map::new();
+        for name in images {
+            let dir = self.images.join(name);
+            let file = ["disk.qcow2", "vmlinuz"].iter().map(|f| dir.join(f)).find(|f| f.exists());
+            let sha256 = file.as_ref().and_then(|f| {
+                let mut h = sha2::Sha256::new();
+                let mut r = std::fs::File::open(f).ok()?;
+                std::io::copy(&mut r, &mut h).ok()?;
+                Some(format!("{:x}", h.finalize()))
+            });
+            if sha256.is_none() {
+                problems.push(format!("image {name} is not in the cache ({})", dir.display()));
+            }
+            found.insert(name.clone(), serde_json::json!({"present": sha256.is_some(), "sha256": sha256}));
+        }
+        serde_json::json!({"hypervisor": "qemu", "accel": format!("{:?}", self.accel).to_lowercase(), "kvm": kvm.is_ok(), "qemu": qemu, "iommuGroups": iommu_groups, "problems": problems, "images": found})
+    }
+
     fn delete(&self, instance_id: &str) -> Result<(), HypervisorError> {
         let _one = self.lock.lock().expect("qemu lock");
         self.stop(instance_id)?;

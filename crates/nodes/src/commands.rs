@@ -219,6 +219,7 @@ impl Serialize for CommandBodyJson<'_> {
             InventoryRefresh(m) => m.serialize(s),
             LogsCollect(m) => m.serialize(s),
             NodeReboot(m) => m.serialize(s),
+            VpsBootstrap(m) => m.serialize(s),
         }
     }
 }

@@ -122,6 +122,8 @@ pub enum Broken {
     RerunJournaledCommands,
     /// Workers skip the lease fence of their transactions (`BETTER_COMPUTE_TEST_BROKEN_FENCE`).
     SkipFence,
+    /// The hosts' fake hypervisor never deletes a VM: deleted instances leak.
+    KeepDeletedVms,
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -535,6 +537,7 @@ impl Sim {
             reboots: self.reboots.clone(),
             reboot_crash_percent: self.args.reboot_crash_percent,
             broken_rerun_journaled_commands: self.args.broken == Some(Broken::RerunJournaledCommands),
+            broken_keep_deleted_vms: self.args.broken == Some(Broken::KeepDeletedVms),
         };
         let mut nodes = Vec::new();
         for i in 0..self.args.nodes {

@@ -217,6 +217,8 @@ pub struct NodeSetup {
     pub reboot_crash_percent: u64,
     /// Test only: the broken daemon (see [`DaemonConfig::broken_rerun_journaled_commands`]).
     pub broken_rerun_journaled_commands: bool,
+    /// Test only: hosts whose fake hypervisor never deletes a VM.
+    pub broken_keep_deleted_vms: bool,
 }
 
 /// Starts node `name` with its state in `dir`, joining with `join_token` through `gateway_url`.
@@ -238,7 +240,12 @@ pub async fn start_node(
     cfg.backoff_max = Duration::from_secs(3);
     cfg.broken_rerun_journaled_commands = setup.broken_rerun_journaled_commands;
     // Fake VMs, kept in the node's folder so they outlive a daemon crash as real ones would.
-    cfg.hypervisor = Some(Arc::new(better_compute_daemon::hypervisor::FakeHypervisor::new(Some(dir.join("fake-vms.tsv")))));
+    let vms = Some(dir.join("fake-vms.tsv"));
+    cfg.hypervisor = Some(Arc::new(if setup.broken_keep_deleted_vms {
+        better_compute_daemon::hypervisor::FakeHypervisor::leaking(vms)
+    } else {
+        better_compute_daemon::hypervisor::FakeHypervisor::new(vms)
+    }));
     let (crash_tx, crash_rx) = mpsc::channel(4);
     let reboots = setup.reboots.clone();
     let crash_on_reboot = crash_tx.clone();

@@ -8,6 +8,7 @@
 //! reservation is a unique index, so no reservation's atoms are passed to two VMs; a reservation
 //! that ends takes its instance with it.
 
+pub mod hosts;
 pub mod instances;
 pub mod reconciler;
 pub mod spec;
@@ -18,7 +19,10 @@ use better_compute_db::Migration;
 use better_compute_runtime::{Kind, Reconciler, Sink};
 
 /// The vps module's migrations.
-pub const VPS_MIGRATIONS: &[Migration] = &[Migration::numbered("vps", "0001_instances", include_str!("migrations/vps/0001_instances.sql"))];
+pub const VPS_MIGRATIONS: &[Migration] = &[
+    Migration::numbered("vps", "0001_instances", include_str!("migrations/vps/0001_instances.sql")),
+    Migration::numbered("vps", "0002_hosts", include_str!("migrations/vps/0002_hosts.sql")),
+];
 
 /// `vps.instances`: one key per node, moving its instances through their states. The nodes
 /// module's report path wakes it when a host's instances read differently.
@@ -37,11 +41,15 @@ impl better_compute_runtime::Module for VpsModule {
     }
 
     fn reconcilers(&self) -> Vec<Arc<dyn Reconciler>> {
-        vec![Arc::new(reconciler::InstancesJob)]
+        vec![Arc::new(reconciler::InstancesJob), Arc::new(hosts::BootstrapsJob), Arc::new(hosts::HostsJob)]
     }
 
     fn subscribers(&self) -> Vec<Arc<dyn Sink>> {
         vec![Arc::new(reconciler::ReservationWatcher)]
+    }
+
+    fn command_kinds(&self) -> Vec<better_compute_runtime::commands::CommandKind> {
+        hosts::command_kinds()
     }
 
     fn node_spec_parts(&self) -> Vec<Arc<dyn better_compute_runtime::nodespec::NodeSpecPart>> {
@@ -67,7 +75,12 @@ impl better_compute_runtime::Module for VpsModule {
             ("version", "the instance's version"),
         ];
         let e = |name, description| EventType { name, version: 1, audience: "tenant", description, data: INSTANCE };
+        let h = |name, description| EventType { name, version: 1, audience: "fleet", description, data: &[("state", "the host's state"), ("reasons", "why it is not ready")] };
         vec![
+            h("vps.host.bootstrapping", "A vps host waits for its vps.bootstrap report; it is tainted vps/not-ready."),
+            h("vps.host.ready", "A vps host can run instances."),
+            h("vps.host.degraded", "A vps host cannot run instances (the reasons say why); it is tainted vps/not-ready."),
+            h("vps.host.draining", "A vps host's node is cordoned or drained: no new instances."),
             e("instance.requested", "An instance was created; it waits for its reservation's placement and its host."),
             e("instance.provisioning", "An instance is in its host's desired state, to run; the host has not reported it running yet."),
             e("instance.running", "The host reports the instance running."),

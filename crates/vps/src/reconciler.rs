@@ -133,8 +133,9 @@ impl Reconciler for InstancesJob {
     }
 }
 
-/// Watches reservations: a placement gives a requested instance its host, and a placement or an
-/// end wakes the host's `vps.instances` key.
+/// Watches reservations and nodes: a placement gives a requested instance its host, and a
+/// placement or an end wakes the host's `vps.instances` key; a vps-host node's events wake its
+/// `vps.hosts` key, and its registration its `vps.bootstraps` key.
 pub struct ReservationWatcher;
 
 #[async_trait::async_trait]
@@ -144,6 +145,16 @@ impl Sink for ReservationWatcher {
     }
 
     async fn deliver(&self, tx: &Transaction<'_>, events: &[Event]) -> Result<(), RunError> {
+        let mut touched: Vec<String> = events.iter().filter(|e| e.event_type.starts_with("node.")).map(|e| e.subject.clone()).collect();
+        touched.sort();
+        touched.dedup();
+        if !touched.is_empty() {
+            let hosts = better_compute_nodes::inventory::vps_hosts(tx, &touched).await?;
+            let joined: Vec<String> =
+                events.iter().filter(|e| e.event_type == "node.registered" && hosts.contains(&e.subject)).map(|e| e.subject.clone()).collect();
+            work_queue::enqueue_many(tx, &crate::hosts::HOSTS_KIND, &hosts).await?;
+            work_queue::enqueue_many(tx, &crate::hosts::BOOTSTRAPS_KIND, &joined).await?;
+        }
         let ids: Vec<String> = events
             .iter()
             .filter(|e| matches!(e.event_type.as_str(), "reservation.placed" | "reservation.released" | "reservation.expired"))
@@ -182,6 +193,12 @@ impl Sink for ReservationWatcher {
         if !nodes.is_empty() {
             work_queue::enqueue_many(tx, &INSTANCES_KIND, &nodes).await?;
         }
+        // What a host has left changed with its reservations.
+        let mut placed_on: Vec<String> = facts.iter().filter_map(|f| f.node_id.clone()).collect();
+        placed_on.sort();
+        placed_on.dedup();
+        let hosts = better_compute_nodes::inventory::vps_hosts(tx, &placed_on).await?;
+        work_queue::enqueue_many(tx, &crate::hosts::HOSTS_KIND, &hosts).await?;
         Ok(())
     }
 }

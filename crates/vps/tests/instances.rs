@@ -3,55 +3,20 @@
 //! host reports (through the nodes module's report path, which wakes `vps.instances`); stopped and
 //! deleted as desired state; and deleted when their reservation ends.
 
+mod common;
+
 use std::sync::Arc;
 
 use better_compute_capacity::reservations::{self, GpuRequest};
-use better_compute_capacity::{quota, CapacityModule};
+use better_compute_capacity::CapacityModule;
 use better_compute_core::{Caller, ErrorCode};
-use better_compute_nodes::inventory::{self, NewGpu, NewNode, NewPool};
-use better_compute_nodes::layout::GpuMode;
-use better_compute_nodes::reports::{self, NodeLocks, Report, SessionReports};
-use better_compute_nodes::session::{self, Hello};
+use better_compute_nodes::reports::Report;
 use better_compute_nodes::NodesModule;
 use better_compute_proto::v1::{InstanceObserved, SpecStatus};
 use better_compute_runtime::harness::Harness;
 use better_compute_vps::instances::{self, Action, CreateInstance};
 use better_compute_vps::VpsModule;
-
-const ME: Caller<'static> = Caller { tenant_id: "ten_a", identity_id: "idn_a" };
-
-/// A vps-host pool with one adopted node of two GPUs, and room in the tenant's quota.
-async fn host(h: &Harness) -> (String, String) {
-    let mut c = h.db().client().await;
-    let tx = c.transaction().await.unwrap();
-    let site = inventory::create_site(&*tx, "site-a").await.unwrap();
-    let pool = NewPool { site_id: site, name: "vms".into(), kind: "vps-host".into(), vcpu_ratio: 1.0, memory_ratio: 1.0, disk_ratio: 1.0, lost_after_s: None };
-    let pool_id = inventory::create_pool(&*tx, &pool).await.unwrap();
-    let gpus = (0..2).map(|g| NewGpu { uuid: format!("GPU-0-{g}"), model: "H100-80GB".into(), memory_mib: 81_920, mode: GpuMode::Exclusive }).collect();
-    let node = NewNode { pool_id: pool_id.clone(), name: "host-0".into(), labels: Default::default(), vcpu: 64, memory_mib: 524_288, disk_gib: 4_000, gpus };
-    let node_id = inventory::register_node(&*tx, &node).await.unwrap();
-    inventory::adopt(&*tx, &node_id).await.unwrap();
-    inventory::report_observed_generation(&*tx, &node_id, 1).await.unwrap();
-    for r in quota::RESOURCES {
-        quota::set(&*tx, ME.tenant_id, r, 1_000_000_000).await.unwrap();
-    }
-    tx.commit().await.unwrap();
-    settle(h).await;
-    h.job("event-subscribers").drain(20).await;
-    (pool_id, node_id)
-}
-
-async fn settle(h: &Harness) {
-    let c = h.db().client().await;
-    for _ in 0..6000 {
-        let settled: bool = c.query_one("SELECT coalesce(max(txid) < pg_snapshot_xmin(pg_current_snapshot()), true) FROM outbox", &[]).await.unwrap().get(0);
-        if settled {
-            return;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
-    panic!("outbox did not settle");
-}
+use common::*;
 
 fn request(pool: &str, key: &str) -> CreateInstance {
     CreateInstance {
@@ -72,10 +37,7 @@ fn request(pool: &str, key: &str) -> CreateInstance {
 
 /// The host's daemon reports its applied generation and these instances (id, state, address).
 async fn report(h: &Harness, node: &str, observed: &[(&str, &str)]) {
-    let mut c = h.db().client().await;
-    let tx = c.transaction().await.unwrap();
-    let opened = session::open(&*tx, &Hello { node_id: node, gateway_id: "gw_a", boot_id: "b1", journal_id: "j1", daemon_version: "t" }).await.unwrap();
-    let generation: i64 = tx.query_one("SELECT generation FROM nodes WHERE id = $1", &[&node]).await.unwrap().get(0);
+    let generation: i64 = h.db().client().await.query_one("SELECT generation FROM nodes WHERE id = $1", &[&node]).await.unwrap().get(0);
     let instances = observed
         .iter()
         .map(|(id, state)| InstanceObserved {
@@ -86,10 +48,7 @@ async fn report(h: &Harness, node: &str, observed: &[(&str, &str)]) {
             ..Default::default()
         })
         .collect();
-    let status = SpecStatus { generation, observed_generation: generation, instances, ..Default::default() };
-    let s = SessionReports { node_id: node.to_owned(), epoch: opened.session_epoch, reports: vec![Report::SpecStatus(status)] };
-    reports::apply(&*tx, "gw_a", &[&s], NodeLocks::Wait).await.unwrap();
-    tx.commit().await.unwrap();
+    apply(h, node, vec![Report::SpecStatus(SpecStatus { generation, observed_generation: generation, instances, ..Default::default() })]).await;
 }
 
 async fn state(h: &Harness, id: &str) -> String {
@@ -220,21 +179,7 @@ async fn racing_creates_on_one_reservation_make_exactly_one_instance() {
     let h = Harness::new(vec![Arc::new(NodesModule), Arc::new(CapacityModule), Arc::new(VpsModule)]).await;
     let (pool, _) = host(&h).await;
     let mut c = h.db().client().await;
-    let gpu = GpuRequest { kind: "gpu".into(), model: "H100-80GB".into(), profile: None, count: 1 };
-    let r = better_compute_capacity::reservations::CreateReservation {
-        tenant_id: None,
-        pool_id: pool.clone(),
-        gpu,
-        vcpu: 4,
-        memory_mib: 4096,
-        disk_gib: 10,
-        starts_at: None,
-        ends_at: None,
-        duration_s: Some(3600),
-        node_selector: Default::default(),
-        tolerations: vec![],
-        idempotency_key: None,
-    };
+    let r = one_gpu(&pool);
     let res = reservations::create(&mut c, ME, &r).await.unwrap();
     // Eight creates with eight keys on the same reservation, at once.
     let on_it = |k: usize| CreateInstance { reservation_id: Some(res.id.clone()), pool_id: None, gpu: None, duration_s: None, ..request(&pool, &format!("r-{}", k + 1)) };

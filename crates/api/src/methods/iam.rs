@@ -9,7 +9,7 @@ use better_compute_iam::{BINDINGS_READ, BINDINGS_WRITE, IDENTITIES_READ, IDENTIT
 use better_compute_runtime::authz::Resource;
 use serde::{Deserialize, Serialize};
 
-use super::{page, TenantPage};
+use super::{page, Empty, TenantPage};
 use crate::method::{method, Ctx};
 use crate::Method;
 
@@ -138,10 +138,6 @@ struct Roles {
     /// Every role.
     items: Vec<RoleView>,
 }
-
-#[derive(Debug, Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-struct Empty {}
 
 pub(super) fn methods() -> Vec<Method> {
     vec![

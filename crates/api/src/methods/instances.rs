@@ -1,4 +1,5 @@
-//! instances.*: VMs on the tenant's reservations in vps-host pools.
+//! instances.*: VMs on the tenant's reservations in vps-host pools; vpsHosts.list: the hosts, for
+//! operators.
 
 use better_compute_core::page::Page;
 use better_compute_vps::instances::{self, Action, CreateInstance, InstanceView};
@@ -32,6 +33,13 @@ struct ListInstances {
     /// `nextPageToken` of the previous page.
     #[serde(default)]
     page_token: Option<String>,
+}
+
+#[derive(Debug, serde::Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+struct HostList {
+    /// The hosts, by node.
+    items: Vec<better_compute_vps::hosts::HostView>,
 }
 
 fn action(name: &'static str, summary: &'static str, a: Action) -> Method {
@@ -71,5 +79,14 @@ pub(super) fn methods() -> Vec<Method> {
         action("instances.start", "Start a stopped instance (a running one stays running).", Action::Start),
         action("instances.reboot", "Restart a running instance once.", Action::Reboot),
         action("instances.delete", "Delete an instance and its disk; its reservation stays yours.", Action::Delete),
+        method(
+            "vpsHosts.list",
+            "List the vps hosts: each one's state (bootstrapping, ready, degraded, draining) with the reasons, its last vps.bootstrap report and what it has left for new instances.",
+            "compute:nodes:read at fleet scope",
+            |ctx: Ctx, _r: super::Empty| async move {
+                ctx.check("compute:nodes:read", better_compute_runtime::authz::Resource::Fleet).await?;
+                Ok(HostList { items: better_compute_vps::hosts::list(&**ctx.db().await?).await? })
+            },
+        ),
     ]
 }

@@ -33,6 +33,11 @@ pub(crate) fn all() -> Vec<Method> {
     v
 }
 
+/// A request with no fields.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Empty {}
+
 /// A request with only the optional tenant and a page.
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]

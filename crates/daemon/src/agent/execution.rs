@@ -78,6 +78,13 @@ impl Daemon {
                 ok(serde_json::json!({"rescanned": req.rescan, "backend": inv.backend, "sections": report}))
             }
             Payload::LogsCollect(req) => ok(crate::logs::collect(&self.logs, &req).await),
+            Payload::VpsBootstrap(req) => {
+                let hv = self.cfg.hypervisor.clone();
+                match tokio::task::spawn_blocking(move || hv.map_or_else(crate::hypervisor::check_without_hypervisor, |h| h.check(&req.images))).await {
+                    Ok(report) => ok(report),
+                    Err(e) => fail(format!("the check crashed: {e}")),
+                }
+            }
             Payload::NodeReboot(req) => {
                 self.logs.line(format!("rebooting in {} s: {}", req.grace_seconds, req.reason));
                 tokio::time::sleep(Duration::from_secs(req.grace_seconds as u64)).await;

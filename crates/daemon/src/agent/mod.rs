@@ -29,7 +29,7 @@ use crate::logs::LogRing;
 use crate::{daemon_msg, DaemonConfig, DaemonError, RebootHook};
 
 /// The kinds this daemon runs.
-pub const KINDS: &[&str] = &["diag.nvml", "inventory.refresh", "logs.collect", "node.reboot"];
+pub const KINDS: &[&str] = &["diag.nvml", "inventory.refresh", "logs.collect", "node.reboot", "vps.bootstrap"];
 /// Messages queued to the gateway.
 const OUTBOUND_QUEUE: usize = 256;
 
@@ -119,6 +119,7 @@ fn kind_of(p: &Payload) -> &'static str {
         Payload::InventoryRefresh(_) => "inventory.refresh",
         Payload::LogsCollect(_) => "logs.collect",
         Payload::NodeReboot(_) => "node.reboot",
+        Payload::VpsBootstrap(_) => "vps.bootstrap",
     }
 }
 

@@ -25,7 +25,7 @@ fn text(o: &Output) -> String {
 
 #[test]
 fn two_seeds_of_faults_keep_every_invariant_and_the_fleet_converges_after() {
-    let o = sim(&["--seeds", "1-2", "--duration", "32s", "--nodes", "6", "--heal-timeout-s", "90"]);
+    let o = sim(&["--seeds", "1-2", "--duration", "32s", "--nodes", "6", "--heal-timeout-s", "150"]);
     let out = text(&o);
     assert!(o.status.success(), "the simulator found a violation:\n{out}");
     assert_eq!(out.matches(": passed in ").count(), 2, "both seeds ran to the end:\n{out}");
@@ -42,7 +42,7 @@ fn two_seeds_of_faults_keep_every_invariant_and_the_fleet_converges_after() {
 
 #[test]
 fn a_seed_passes_through_pgbouncer_in_transaction_pooling_mode() {
-    let o = sim(&["--seeds", "5", "--duration", "24s", "--nodes", "4", "--pgbouncer", "--heal-timeout-s", "90"]);
+    let o = sim(&["--seeds", "5", "--duration", "24s", "--nodes", "4", "--pgbouncer", "--heal-timeout-s", "150"]);
     let out = text(&o);
     assert!(o.status.success(), "the simulator found a violation behind PgBouncer:\n{out}");
     assert!(out.contains("through PgBouncer") && out.contains(": passed in "), "{out}");

@@ -429,8 +429,7 @@ impl Sim {
         if violations.is_empty() {
             self.reconnect(db).await?;
             violations.extend(self.converge(db, &fleet_nodes).await?);
-        }
-        if violations.is_empty() {
+            // Whatever the fleet's convergence found, the instances are checked too (it only reads).
             violations.extend(self.settle_instances(db).await?);
         }
         if violations.is_empty() {

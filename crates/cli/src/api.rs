@@ -10,19 +10,26 @@ use anyhow::{bail, Context};
 use better_compute_api::openapi::resolve;
 use serde_json::{Map, Value};
 
+/// Where the API is and who calls it: the options every command that calls the API shares.
+#[derive(Debug, clap::Args)]
+pub struct ServerArgs {
+    /// The server.
+    #[arg(long, env = "BETTER_COMPUTE_URL", default_value = "http://127.0.0.1:8080")]
+    pub url: String,
+    /// A bearer token (`bct_…`).
+    #[arg(long, env = "BETTER_COMPUTE_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// Your tenant, sent as `tenantId` to methods that take one.
+    #[arg(long, env = "BETTER_COMPUTE_TENANT")]
+    pub tenant: Option<String>,
+}
+
 /// Options of `better-compute api`.
 #[derive(Debug, clap::Args)]
 #[command(disable_help_flag = true)]
 pub struct ApiArgs {
-    /// The server.
-    #[arg(long, env = "BETTER_COMPUTE_URL", default_value = "http://127.0.0.1:8080")]
-    url: String,
-    /// A bearer token (`bct_…`).
-    #[arg(long, env = "BETTER_COMPUTE_TOKEN", hide_env_values = true)]
-    token: Option<String>,
-    /// Your tenant, sent as `tenantId` to methods that take one.
-    #[arg(long, env = "BETTER_COMPUTE_TENANT")]
-    tenant: Option<String>,
+    #[command(flatten)]
+    server: ServerArgs,
     /// `table` (for people) or `json` (for scripts).
     #[arg(long, short = 'o', default_value = "table", value_parser = ["table", "json"])]
     output: String,
@@ -111,7 +118,7 @@ impl Client {
     }
 }
 
-fn unreachable_hint(url: &str) -> String {
+pub fn unreachable_hint(url: &str) -> String {
     format!("cannot reach the API at {url}; is `better-compute dev` running? (set BETTER_COMPUTE_URL)")
 }
 
@@ -201,7 +208,7 @@ pub async fn run(mut args: ApiArgs) -> anyhow::Result<()> {
         bail!("--output takes table or json");
     }
     args.fields = fields;
-    let client = Client { http: better_compute_client::http().timeout(Duration::from_secs(60)).build()?, url: args.url.trim_end_matches('/').to_owned(), token: args.token.clone() };
+    let client = Client { http: better_compute_client::http().timeout(Duration::from_secs(60)).build()?, url: args.server.url.trim_end_matches('/').to_owned(), token: args.server.token.clone() };
     if args.list {
         let doc = client.openapi().await?;
         let mut out = String::new();
@@ -227,7 +234,7 @@ pub async fn run(mut args: ApiArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let mut body = body_of(&args.fields)?;
-    if let Some(t) = &args.tenant && !body.contains_key("tenantId") {
+    if let Some(t) = &args.server.tenant && !body.contains_key("tenantId") {
         let doc = client.openapi().await?;
         if request_schema(&doc, &method).is_some_and(|s| s["properties"].get("tenantId").is_some()) {
             body.insert("tenantId".into(), Value::String(t.clone()));
@@ -264,7 +271,7 @@ async fn wait(client: &Client, args: &ApiArgs, method: &str, mut v: Value) -> an
         }
         eprint!("\rwaiting for {id}: {} ({} s)   ", v["state"].as_str().unwrap_or(""), started.elapsed().as_secs());
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let tenant_id = args.tenant.clone();
+        let tenant_id = args.server.tenant.clone();
         v = if get == "reservations.get" {
             serde_json::to_value(typed.reservations_get(&types::ReservationRef { tenant_id, reservation_id: id.clone() }).await.map_err(refusal)?.into_inner())?
         } else {
@@ -303,7 +310,7 @@ async fn wait_workflow(client: &Client, args: &ApiArgs, mut v: Value) -> anyhow:
             bail!("{id} is still {} after {} s; read it later with `better-compute api workflows.get workflowId={id}`", v["state"], args.wait_timeout_s);
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
-        let r = typed.workflows_get(&better_compute_client::types::WorkflowRef { tenant_id: args.tenant.clone(), workflow_id: id.clone() }).await.map_err(refusal)?;
+        let r = typed.workflows_get(&better_compute_client::types::WorkflowRef { tenant_id: args.server.tenant.clone(), workflow_id: id.clone() }).await.map_err(refusal)?;
         v = serde_json::to_value(r.into_inner())?;
     }
 }

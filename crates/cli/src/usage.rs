@@ -18,15 +18,9 @@ enum UsageCmd {
     /// Export usage windows (and adjustments) whose window starts in [--from, --to): one row each,
     /// keyed `cmp:<reservationId>:<windowStart>[:<adjustment>]`, for a billing system to load.
     Export {
-        /// The server.
-        #[arg(long, env = "BETTER_COMPUTE_URL", default_value = "http://127.0.0.1:8080")]
-        url: String,
-        /// A bearer token (`bct_…`) with compute:usage:read.
-        #[arg(long, env = "BETTER_COMPUTE_TOKEN", hide_env_values = true)]
-        token: Option<String>,
-        /// Your tenant.
-        #[arg(long, env = "BETTER_COMPUTE_TENANT")]
-        tenant: Option<String>,
+        /// The server, a token with compute:usage:read, your tenant.
+        #[command(flatten)]
+        server: crate::api::ServerArgs,
         /// RFC 3339: windows starting at or after it.
         #[arg(long)]
         from: String,
@@ -44,7 +38,7 @@ enum UsageCmd {
 
 /// Runs `usage …`.
 pub async fn run(args: UsageArgs) -> anyhow::Result<()> {
-    let UsageCmd::Export { url, token, tenant, from, to, all_tenants, format } = args.cmd;
+    let UsageCmd::Export { server: crate::api::ServerArgs { url, token, tenant }, from, to, all_tenants, format } = args.cmd;
     let token = token.context("no token: set BETTER_COMPUTE_TOKEN (dev prints one)")?;
     let http = better_compute_client::http().build()?;
     let mut query = vec![("from", from), ("to", to), ("format", format.clone()), ("allTenants", all_tenants.to_string())];
@@ -57,7 +51,7 @@ pub async fn run(args: UsageArgs) -> anyhow::Result<()> {
         .query(&query)
         .send()
         .await
-        .with_context(|| format!("cannot reach the API at {url}; is `better-compute dev` running? (set BETTER_COMPUTE_URL)"))?;
+        .with_context(|| crate::api::unreachable_hint(&url))?;
     if !r.status().is_success() {
         let v: Value = r.json().await.context("usage.export answered an error without JSON")?;
         bail!("{}: {}", v["code"].as_str().unwrap_or("ERROR"), v["message"].as_str().unwrap_or(""));

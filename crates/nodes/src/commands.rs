@@ -51,8 +51,7 @@ pub struct CommandView {
     pub node_id: String,
     /// Its place in the node's order.
     pub seq: i64,
-    /// Its kind.
-    #[schemars(extend("enum" = ["diag.nvml", "inventory.refresh", "logs.collect", "node.reboot"]))]
+    /// Its kind (every module's kinds: docs/command-kinds.md).
     pub kind: String,
     /// Its payload, proto3 JSON.
     pub payload: serde_json::Value,

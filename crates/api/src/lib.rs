@@ -262,9 +262,9 @@ async fn openapi_json(State(state): State<Arc<ApiState>>) -> Response {
 /// (`clock.skew`): `{ready, checks: [{name, ok, detail}]}`, 503 when not.
 async fn readyz(State(state): State<Arc<ApiState>>) -> Response {
     let checks = async {
-        let db = state.pool.get().await.map_err(|e| e.to_string())?;
-        let clock = state.clock.get_or_try_init(|| better_compute_db::Clock::start(&**db)).await.map_err(|e| e.to_string())?;
-        clock.sample(&**db).await.map_err(|e| e.to_string())?;
+        let db = better_compute_db::pool::read_tx(&state.pool).await.map_err(|e| e.to_string())?;
+        let clock = state.clock.get_or_try_init(|| better_compute_db::Clock::start(&*db)).await.map_err(|e| e.to_string())?;
+        clock.sample(&*db).await.map_err(|e| e.to_string())?;
         Ok::<_, String>(clock.self_check())
     }
     .await;

@@ -30,9 +30,15 @@ impl Ctx {
         self.principal.caller()
     }
 
-    /// A pooled connection.
+    /// A pooled connection, for a handler that opens its own transaction (every statement runs
+    /// in one: `better_compute_db::pool`).
     pub async fn db(&self) -> Result<deadpool_postgres::Object, Error> {
         Ok(self.state.pool.get().await.map_err(DbError::from)?)
+    }
+
+    /// A pooled connection in a read-only transaction of its own, for a handler that only reads.
+    pub async fn read(&self) -> Result<better_compute_db::pool::ReadTx, Error> {
+        Ok(better_compute_db::pool::read_tx(&self.state.pool).await?)
     }
 
     /// Runs `f` in a transaction on a pooled connection, committing when it succeeds.

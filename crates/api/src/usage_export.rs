@@ -16,7 +16,6 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use better_compute_capacity::usage::{self, UsageWindowView};
 use better_compute_core::Error;
-use better_compute_db::DbError;
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -117,7 +116,7 @@ async fn open(state: &Arc<ApiState>, headers: &HeaderMap, query: Result<Query<Ex
     // database is an error answer, not a cut stream.
     let mut after = q.after.clone().unwrap_or_default();
     let rows = state.usage_export_page_rows.max(1);
-    let first = usage::export_page(&**ctx.db().await?, tenant.as_deref(), &q.from, &q.to, &after, rows).await?;
+    let first = usage::export_page(&*ctx.read().await?, tenant.as_deref(), &q.from, &q.to, &after, rows).await?;
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(PAGES_AHEAD);
     let (pool, patience, format) = (state.pool.clone(), state.watch_slow_client_timeout, q.format);
     tokio::spawn(async move {
@@ -144,9 +143,9 @@ async fn open(state: &Arc<ApiState>, headers: &HeaderMap, query: Result<Query<Ex
             if !more {
                 return;
             }
-            let next = match pool.get().await {
-                Ok(db) => usage::export_page(&**db, tenant.as_deref(), &q.from, &q.to, &after, rows).await,
-                Err(e) => Err(DbError::from(e)),
+            let next = match better_compute_db::pool::read_tx(&pool).await {
+                Ok(db) => usage::export_page(&*db, tenant.as_deref(), &q.from, &q.to, &after, rows).await,
+                Err(e) => Err(e),
             };
             match next {
                 Ok(p) => page = p,

@@ -26,7 +26,6 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use better_compute_core::{Error, ErrorCode};
 use better_compute_iam::Principal;
-use better_compute_db::DbError;
 use better_compute_runtime::authz::{Authorizer, Resource};
 use better_compute_runtime::outbox::{self, Cursor, EventFilter};
 use serde::Deserialize;
@@ -93,16 +92,16 @@ pub(crate) async fn tail_outbox(state: std::sync::Weak<ApiState>) {
             // Nobody watches: read nothing, and start from the present when someone does (a new
             // stream catches up from its own position, so nothing is lost).
             cursor = None;
-        } else if let Ok(db) = s.pool.get().await {
+        } else if let Ok(db) = better_compute_db::pool::read_tx(&s.pool).await {
             let start = match cursor {
                 Some(c) => Ok(c),
-                None => outbox::visible_head(&**db).await.inspect(|&at| {
+                None => outbox::visible_head(&*db).await.inspect(|&at| {
                     let _ = s.feed.send(Arc::new(FeedItem { prev: at, event: None }));
                 }),
             };
             if let Ok(at) = start {
                 cursor = Some(at);
-                if let Ok(events) = outbox::read_after(&**db, at, BATCH).await {
+                if let Ok(events) = outbox::read_after(&*db, at, BATCH).await {
                     more = events.len() as i64 == BATCH;
                     found = !events.is_empty();
                     if found {
@@ -182,7 +181,7 @@ async fn open(
     };
     let last = header.or(q.last_event_id);
     let mut feed = state.feed.subscribe();
-    let head = outbox::visible_head(&**state.pool.get().await.map_err(DbError::from)?).await?;
+    let head = outbox::visible_head(&*better_compute_db::pool::read_tx(&state.pool).await?).await?;
     let start = match last {
         Some(id) => {
             let at = id.parse::<Cursor>()?;
@@ -210,9 +209,9 @@ async fn open(
         // outbox has been read to (rows up to it can no longer appear).
         let catch_up = async |cursor: &mut Cursor, upto: Cursor, filter: &EventFilter| -> bool {
             loop {
-                let events = match pool.get().await {
-                    Ok(db) => outbox::read_matching(&**db, *cursor, BATCH, filter).await,
-                    Err(e) => Err(e.into()),
+                let events = match better_compute_db::pool::read_tx(&pool).await {
+                    Ok(db) => outbox::read_matching(&*db, *cursor, BATCH, filter).await,
+                    Err(e) => Err(e),
                 };
                 // On a failure the client reconnects with its Last-Event-ID and loses nothing.
                 let Ok(events) = events else { return false };

@@ -69,7 +69,7 @@ impl Api {
         inventory::report_observed_generation(&tx, &node, 1).await.unwrap();
         better_compute_capacity::reconcilers::refresh_nodes(&tx, std::slice::from_ref(&node)).await.unwrap();
         tx.commit().await.unwrap();
-        let pg = better_compute_db::pool::connect_pool(h.db().connection_string(), 8).unwrap();
+        let pg = better_compute_db::pool::connect_pool(&h.db().pgbouncer_connection_string().await, 8).unwrap();
         let iam = Arc::new(Iam::new(pg.clone()));
         iam.start_tail().await.unwrap();
         let mut state = ApiState::new(pg, iam, h.registry().clone());
@@ -553,7 +553,7 @@ async fn a_revoked_token_stops_working_and_no_secret_is_ever_returned_again() {
 async fn another_process_drops_a_revoked_token_on_its_next_tail_or_after_the_30_s_cache_at_most() {
     let api = Api::start().await;
     let b = api.tenant("tenant-b").await;
-    let pg = better_compute_db::pool::connect_pool(api.h.db().connection_string(), 4).unwrap();
+    let pg = better_compute_db::pool::connect_pool(&api.h.db().pgbouncer_connection_string().await, 4).unwrap();
     let now_ms = Arc::new(AtomicU64::new(0));
     let clock = now_ms.clone();
     // Two other API processes: one tails authz_changes, one never does.
@@ -798,7 +798,7 @@ async fn a_token_expires_on_the_database_clock_and_bootstrap_happens_once() {
     let idn = api.ok(&b.token, "identities.create", json!({"name": "short", "kind": "service"})).await;
     let issued = api.ok(&b.token, "tokens.create", json!({"identityId": idn["id"], "ttlSeconds": 60})).await;
     let secret = issued["secret"].as_str().unwrap().to_owned();
-    let pg = better_compute_db::pool::connect_pool(api.h.db().connection_string(), 2).unwrap();
+    let pg = better_compute_db::pool::connect_pool(&api.h.db().pgbouncer_connection_string().await, 2).unwrap();
     let fresh = || Iam::with_clock(pg.clone(), Arc::new(|| 0));
     assert!(fresh().authenticate(&secret).await.is_ok());
     api.h.db().advance(Duration::from_secs(61)).await;
@@ -1244,7 +1244,7 @@ async fn a_watch_stream_ends_when_its_token_is_revoked_or_expires_and_narrows_wh
         r
     };
     // A second API process over the same database, learning changes only from its tail.
-    let pg = better_compute_db::pool::connect_pool(api.h.db().connection_string(), 4).unwrap();
+    let pg = better_compute_db::pool::connect_pool(&api.h.db().pgbouncer_connection_string().await, 4).unwrap();
     let iam2 = Arc::new(Iam::new(pg.clone()));
     iam2.start_tail().await.unwrap();
     let (stop2, mut stopped2) = tokio::sync::watch::channel(false);

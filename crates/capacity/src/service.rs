@@ -33,6 +33,10 @@ impl Reservations {
         Ok(self.pool.get().await.map_err(DbError::from)?)
     }
 
+    async fn read(&self) -> Result<better_compute_db::pool::ReadTx, Error> {
+        Ok(better_compute_db::pool::read_tx(&self.pool).await?)
+    }
+
     /// `reservations.create` (see [`reservations::create`]). A connection is taken only if the
     /// request runs alone: waiting for a batcher while holding one could starve the batchers.
     pub async fn create(&self, caller: Caller<'_>, req: &CreateReservation) -> Result<ReservationView, Error> {
@@ -66,11 +70,11 @@ impl Reservations {
 
     /// `reservations.get` (see [`reservations::get`]).
     pub async fn get(&self, caller: Caller<'_>, id: &str) -> Result<ReservationView, Error> {
-        reservations::get(&**self.client().await?, caller, id).await
+        reservations::get(&*self.read().await?, caller, id).await
     }
 
     /// `reservations.list` (see [`reservations::list`]).
     pub async fn list(&self, caller: Caller<'_>, state: Option<&str>, cursor: Option<&str>, limit: i64) -> Result<ReservationPage, Error> {
-        reservations::list(&**self.client().await?, caller, state, cursor, limit).await
+        reservations::list(&*self.read().await?, caller, state, cursor, limit).await
     }
 }

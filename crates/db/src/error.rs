@@ -102,7 +102,12 @@ impl From<DbError> for Error {
                 Some(c) if *c == SqlState::DATETIME_FIELD_OVERFLOW || *c == SqlState::INVALID_DATETIME_FORMAT => {
                     Error::invalid_argument("a timestamp is out of the range the database can store")
                 }
+                // No SQLSTATE (the connection broke), a connection exception (class 08), the
+                // server shutting down or starting (57P01-57P03), or out of connections.
                 None => Error::new(ErrorCode::Unavailable, "the database is unavailable; retry shortly"),
+                Some(c) if c.code().starts_with("08") || c.code().starts_with("57P0") || *c == SqlState::TOO_MANY_CONNECTIONS => {
+                    Error::new(ErrorCode::Unavailable, "the database is unavailable; retry shortly")
+                }
                 Some(_) => Error::internal("unexpected database error"),
             },
             DbError::MigrationChanged { .. } | DbError::MigrationFailed { .. } => Error::internal(e.to_string()),

@@ -1,7 +1,10 @@
 //! PgBouncer in transaction pooling mode in front of a [`Cluster`]: the proof that the system needs
 //! no session state. Consecutive transactions of one client land on different server connections
-//! (the pool is smaller than the clients), so a named prepared statement, a session variable, an
-//! advisory lock or a LISTEN that outlived its transaction would break at once.
+//! (the pool is smaller than the clients, and `server_round_robin` hands out the server idle
+//! longest rather than the one just used), so a named prepared statement, a session variable, an
+//! advisory lock or a LISTEN that outlived its transaction breaks at once. So does a statement with
+//! parameters sent outside a transaction: tokio-postgres prepares it and executes it in two
+//! exchanges, which PgBouncer may give to two servers; such statements run in a transaction.
 //!
 //! The test support and `better-compute sim --pgbouncer` start one. It runs as the cluster's user
 //! (PgBouncer refuses root), listens only on a Unix socket in its own folder, and dies with the
@@ -57,6 +60,7 @@ impl PgBouncer {
              auth_type = any\n\
              pool_mode = transaction\n\
              default_pool_size = {pool_size}\n\
+             server_round_robin = 1\n\
              max_client_conn = 2000\n\
              ignore_startup_parameters = extra_float_digits,options\n\
              server_login_retry = 1\n\

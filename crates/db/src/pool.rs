@@ -1,5 +1,8 @@
 //! The connection pool. Plain connections, no session state, so it works behind PgBouncer in
-//! transaction pooling mode.
+//! transaction pooling mode, on one condition: every statement runs in a transaction. tokio-postgres
+//! prepares a statement and executes it in two exchanges, and outside a transaction PgBouncer may
+//! hand each to another server, where the prepared statement does not exist. Writes take a
+//! transaction anyway; reads take a [`ReadTx`].
 
 use std::str::FromStr;
 
@@ -34,4 +37,48 @@ pub async fn connect(conn: &str) -> Result<tokio_postgres::Client, DbError> {
         }
     });
     Ok(client)
+}
+
+/// A pooled connection inside a read-only transaction of its own: what a read takes instead of a
+/// bare pooled connection, so that it works behind PgBouncer (see the module's doc). It derefs to
+/// the connection's client (`&*read` is a `&tokio_postgres::Client`). A write through it
+/// fails (`READ ONLY`) rather than being lost. When dropped, it rolls back in a task of its own,
+/// and only then does the connection go back to the pool.
+pub struct ReadTx {
+    conn: Option<deadpool_postgres::Object>,
+}
+
+/// Takes a connection from `pool` and begins a read-only transaction on it (one round trip, over
+/// the simple query protocol).
+pub async fn read_tx(pool: &Pool) -> Result<ReadTx, DbError> {
+    let conn = pool.get().await?;
+    conn.batch_execute("BEGIN READ ONLY").await?;
+    Ok(ReadTx { conn: Some(conn) })
+}
+
+impl std::ops::Deref for ReadTx {
+    type Target = tokio_postgres::Client;
+
+    fn deref(&self) -> &tokio_postgres::Client {
+        self.conn.as_ref().expect("a ReadTx holds its connection until dropped")
+    }
+}
+
+impl Drop for ReadTx {
+    fn drop(&mut self) {
+        let Some(conn) = self.conn.take() else { return };
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                rt.spawn(async move {
+                    // A connection that cannot roll back leaves the pool rather than going back
+                    // inside a transaction.
+                    if conn.batch_execute("ROLLBACK").await.is_err() {
+                        let _ = deadpool_postgres::Object::take(conn);
+                    }
+                });
+            }
+            // No runtime to roll back on: the connection is closed, never reused.
+            Err(_) => drop(deadpool_postgres::Object::take(conn)),
+        }
+    }
 }

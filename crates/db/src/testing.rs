@@ -201,8 +201,11 @@ async fn ensure_template(rc: &RunCluster, sets: &[&[Migration]]) -> Result<Strin
 /// A test's own database, copied from the migrated template, with the simulated clock at
 /// [`clock::sim_epoch`].
 pub struct TestDb {
-    /// A pool of connections to this database.
+    /// A pool of connections to this database through PgBouncer, for the system under test.
     pub pool: Pool,
+    /// The test's own connections ([`TestDb::client`]): straight to PostgreSQL even when `pool`
+    /// goes through PgBouncer, so the audit finds the system's statements, not the tests'.
+    direct: Pool,
     name: String,
     conn: String,
 }
@@ -242,7 +245,13 @@ impl TestDb {
             }
         }
         let conn = rc.cluster.connection_string(&name);
-        Ok(TestDb { pool: connect_pool(&conn, TEST_POOL_SIZE)?, name, conn })
+        // The system's connections go through PgBouncer in transaction pooling mode, so every
+        // test also checks that nothing needs session state: a statement outside a transaction,
+        // say, fails at once there (`pgbouncer`'s module doc).
+        let n = name.clone();
+        let pooled = tokio::task::spawn_blocking(move || bouncer().connection_string(&n)).await.expect("bouncer task");
+        let direct = connect_pool(&conn, TEST_POOL_SIZE)?;
+        Ok(TestDb { pool: connect_pool(&pooled, TEST_POOL_SIZE)?, direct, name, conn })
     }
 
     /// The database's name.
@@ -255,9 +264,9 @@ impl TestDb {
         &self.conn
     }
 
-    /// A pooled connection.
+    /// A pooled connection for the test's own statements (always straight to PostgreSQL).
     pub async fn client(&self) -> deadpool_postgres::Client {
-        self.pool.get().await.expect("test pool connection")
+        self.direct.get().await.expect("test pool connection")
     }
 
     /// A dedicated connection, outside the pool.

@@ -476,8 +476,11 @@ async fn racing_transitions_from_one_version_let_exactly_one_win() {
     for to in [CommandState::Sent, CommandState::Cancelled, CommandState::Expired, CommandState::Sent] {
         let pool = db.pool.clone();
         tasks.push(tokio::spawn(async move {
-            let c = pool.get().await.unwrap();
-            COMMANDS.transition(&**c, "cmd_1", 1, to).await.map_err(code)
+            let mut c = pool.get().await.unwrap();
+            let tx = c.transaction().await.unwrap();
+            let r = COMMANDS.transition(&*tx, "cmd_1", 1, to).await.map_err(code);
+            tx.commit().await.unwrap();
+            r
         }));
     }
     let mut wins = 0;
@@ -583,4 +586,54 @@ async fn the_schema_snapshot_shows_every_kind_of_schema_change() {
         assert_ne!(was, now, "the snapshot missed: {change}");
         assert!(now.contains(shows) && !was.contains(shows), "{change}: {now}");
     }
+}
+
+#[tokio::test]
+async fn behind_pgbouncer_a_statement_outside_a_transaction_breaks_and_one_in_a_read_tx_does_not() {
+    let db = TestDb::core().await;
+    let pool = better_compute_db::pool::connect_pool(&db.pgbouncer_connection_string().await, 8).unwrap();
+    // Two idle server connections: two transactions held at once, then ended. PgBouncer hands
+    // out the one idle longest (`server_round_robin`), so a statement's prepare and its execution
+    // go to different servers whenever they are two exchanges.
+    {
+        let (mut a, mut b) = (pool.get().await.unwrap(), pool.get().await.unwrap());
+        let (ta, tb) = (a.transaction().await.unwrap(), b.transaction().await.unwrap());
+        ta.batch_execute("SELECT 1").await.unwrap();
+        tb.batch_execute("SELECT 1").await.unwrap();
+        ta.commit().await.unwrap();
+        tb.commit().await.unwrap();
+    }
+    let mut broken = 0;
+    for _ in 0..10 {
+        let c = pool.get().await.unwrap();
+        if let Err(e) = c.query_one("SELECT $1::int8", &[&7i64]).await {
+            assert_eq!(e.code(), Some(&tokio_postgres::error::SqlState::INVALID_SQL_STATEMENT_NAME), "{e:?}");
+            broken += 1;
+        }
+    }
+    assert!(broken > 0, "no statement outside a transaction landed on a server without its prepared statement");
+    for i in 0..10i64 {
+        let r = better_compute_db::pool::read_tx(&pool).await.unwrap();
+        let v: i64 = within("a read", r.query_one("SELECT $1::int8", &[&i])).await.unwrap().get(0);
+        assert_eq!(v, i);
+    }
+    // A write through a read is refused, not lost.
+    let r = better_compute_db::pool::read_tx(&pool).await.unwrap();
+    let e = r.execute("UPDATE compute_sim_clock SET ts = ts WHERE id = $1", &[&1i32]).await.unwrap_err();
+    assert_eq!(e.code(), Some(&tokio_postgres::error::SqlState::READ_ONLY_SQL_TRANSACTION));
+    drop(r);
+    // Its rollback ran before the connection went back: the next one is not in a failed transaction.
+    let v: i64 = better_compute_db::pool::read_tx(&pool).await.unwrap().query_one("SELECT $1::int8", &[&3i64]).await.unwrap().get(0);
+    assert_eq!(v, 3);
+}
+
+#[tokio::test]
+async fn a_connection_the_server_ends_is_unavailable_and_an_unexpected_error_internal() {
+    let db = TestDb::core().await;
+    let c = db.connect().await;
+    let e = c.query_one("SELECT pg_terminate_backend(pg_backend_pid())", &[]).await.unwrap_err();
+    assert_eq!(code(e.into()), ErrorCode::Unavailable);
+    let c = db.connect().await;
+    let e = c.query_one("SELECT 1 / 0", &[]).await.unwrap_err();
+    assert_eq!(code(e.into()), ErrorCode::Internal);
 }

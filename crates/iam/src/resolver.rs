@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use better_compute_core::{Caller, Error, ErrorCode};
+use better_compute_db::pool::read_tx;
 use better_compute_db::{DbError, Pool};
 use better_compute_runtime::authz::{Authorizer, Resource};
 
@@ -114,8 +115,8 @@ impl Iam {
         if let Some((p, until)) = self.caches().auth.get(&key) && now < *until {
             return Ok(p.clone());
         }
-        let db = self.pool.get().await.map_err(DbError::from)?;
-        let owner = tokens::authenticate(&**db, secret).await?;
+        let db = read_tx(&self.pool).await?;
+        let owner = tokens::authenticate(&*db, secret).await?;
         let p = Principal { token_id: owner.token_id, tenant_id: owner.tenant_id, identity_id: owner.identity_id };
         let ttl_ms = (AUTH_CACHE_TTL.as_millis() as u64).min((owner.expires_in_s.max(0.0) * 1000.0) as u64);
         let mut c = self.caches();
@@ -128,7 +129,7 @@ impl Iam {
 
     /// Whether `identity` holds `permission` on `(kind, id)`, and whether it holds anything there.
     async fn decide(&self, caller: Caller<'_>, permission: &str, kind: &str, id: &str) -> Result<(bool, bool), Error> {
-        let db = self.pool.get().await.map_err(DbError::from)?;
+        let db = read_tx(&self.pool).await?;
         let row = db
             .query_one(
                 &format!(
@@ -167,14 +168,14 @@ impl Iam {
     /// Asks the database, uncached, whether a token is still live: how long it has left on the
     /// database's clock, or UNAUTHENTICATED once it is revoked or expired.
     pub async fn token_time_left(&self, token_id: &str) -> Result<Duration, Error> {
-        let db = self.pool.get().await.map_err(DbError::from)?;
-        let left = tokens::time_left(&**db, token_id).await?;
+        let db = read_tx(&self.pool).await?;
+        let left = tokens::time_left(&*db, token_id).await?;
         Ok(Duration::from_secs_f64(left.max(0.0)))
     }
 
     /// Whether an identity holds any permission at any scope (uncached).
     pub async fn holds_anything(&self, identity_id: &str) -> Result<bool, Error> {
-        let db = self.pool.get().await.map_err(DbError::from)?;
+        let db = read_tx(&self.pool).await?;
         let row = db
             .query_one("SELECT EXISTS (SELECT 1 FROM authz_projection WHERE identity_id = $1)", &[&identity_id])
             .await
@@ -185,7 +186,7 @@ impl Iam {
     /// Reads `authz_changes` past the cursor and drops the cached entries they touch. Returns how
     /// many changes it applied.
     pub async fn apply_changes(&self) -> Result<usize, DbError> {
-        let db = self.pool.get().await?;
+        let db = read_tx(&self.pool).await?;
         let mut applied = 0;
         loop {
             let cursor = self.caches().cursor;
@@ -210,7 +211,7 @@ impl Iam {
 
     /// Starts the tail at the present: every change committed from now on will be applied.
     pub async fn start_tail(&self) -> Result<(), DbError> {
-        let db = self.pool.get().await?;
+        let db = read_tx(&self.pool).await?;
         let xmin: i64 = db.query_one("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::int8", &[]).await?.get(0);
         self.caches().cursor = (xmin - 1, i64::MAX);
         Ok(())
@@ -225,9 +226,16 @@ impl Iam {
                 tracing::warn!(error = %e, "authz_changes tail failed; cached decisions still expire on their TTLs");
             }
             polls += 1;
-            if polls.is_multiple_of(600) && let Ok(db) = self.pool.get().await {
+            if polls.is_multiple_of(600) && let Ok(mut db) = self.pool.get().await {
                 // One clock: the prune compares with compute_now().
-                let _ = db.execute("DELETE FROM authz_changes WHERE at < compute_now() - interval '1 day'", &[]).await;
+                let pruned = async {
+                    let tx = db.transaction().await?;
+                    tx.execute("DELETE FROM authz_changes WHERE at < compute_now() - interval '1 day'", &[]).await?;
+                    tx.commit().await
+                };
+                if let Err(e) = pruned.await {
+                    tracing::debug!(error = %e, "pruning authz_changes failed; the next prune takes what is left");
+                }
             }
             tokio::select! {
                 _ = tokio::time::sleep(interval) => {}

@@ -532,8 +532,9 @@ pub async fn run(
     let scope = IdempotencyScope { tenant_id: caller.tenant_id, identity_id: caller.identity_id, key };
     let request = serde_json::json!({"nodeId": req.node_id, "kind": req.kind, "payload": req.payload, "notAfterSeconds": not_after_s});
     if let Claim::Replay(v) = idempotency::claim(&tx, scope, "commands.run", &request).await? {
+        let view = get(&tx, v["nodeId"].as_str().unwrap_or_default(), v["id"].as_str().unwrap_or_default()).await?;
         tx.commit().await.map_err(DbError::from)?;
-        return get(&*client, v["nodeId"].as_str().unwrap_or_default(), v["id"].as_str().unwrap_or_default()).await.map_err(Into::into);
+        return Ok(view);
     }
     let command_key = format!("api:{}:{}:{key}", caller.tenant_id, caller.identity_id);
     let requested_by = format!("{}/{}", caller.tenant_id, caller.identity_id);

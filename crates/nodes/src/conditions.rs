@@ -119,7 +119,7 @@ impl Reconciler for NodeJob {
     /// fleet's nodes are none of these, so a resync of 10,000 nodes does not fill the work queue
     /// (that slowed every claim while a fleet converged: `bench gateway`).
     async fn keys(&self, ctx: &ReconcileContext, shards: &[i16]) -> Result<Vec<String>, RunError> {
-        let c = ctx.client().await?;
+        let c = ctx.read().await?;
         let rows = c
             .query(
                 "SELECT n.id FROM nodes n

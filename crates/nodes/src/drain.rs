@@ -471,14 +471,13 @@ impl Reconciler for DrainJob {
         // come before pools in the lock order, so it runs in transactions of its own below.
         let tx = ctx.begin_fenced(&mut c).await?;
         admit(&*tx, pool_id, &mut report).await?;
-        tx.commit().await?;
-
-        let draining: Vec<String> = c
+        let draining: Vec<String> = tx
             .query("SELECT id FROM node_drains WHERE pool_id = $1 AND state = 'draining' ORDER BY id LIMIT $2", &[&pool_id, &(DRAINS_PER_RUN as i64 + 1)])
             .await?
             .iter()
             .map(|r| r.get(0))
             .collect();
+        tx.commit().await?;
         report.more = draining.len() > DRAINS_PER_RUN;
         let mut next: Option<f64> = None;
         for id in draining.iter().take(DRAINS_PER_RUN) {
@@ -500,7 +499,7 @@ impl Reconciler for DrainJob {
     }
 
     async fn keys(&self, ctx: &ReconcileContext, shards: &[i16]) -> Result<Vec<String>, RunError> {
-        let c = ctx.client().await?;
+        let c = ctx.read().await?;
         let rows = c.query("SELECT DISTINCT pool_id FROM node_drains WHERE state IN ('queued', 'draining')", &[]).await?;
         Ok(rows.iter().map(|r| r.get::<_, String>(0)).filter(|p| shards.contains(&DRAIN_KIND.shard_of(p))).collect())
     }

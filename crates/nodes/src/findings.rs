@@ -215,7 +215,7 @@ impl Reconciler for HygieneJob {
     }
 
     async fn keys(&self, ctx: &ReconcileContext, shards: &[i16]) -> Result<Vec<String>, RunError> {
-        let c = ctx.client().await?;
+        let c = ctx.read().await?;
         let rows = c.query("SELECT id FROM pools ORDER BY id", &[]).await?;
         Ok(rows.iter().map(|r| r.get::<_, String>(0)).filter(|p| shards.contains(&HYGIENE_KIND.shard_of(p))).collect())
     }

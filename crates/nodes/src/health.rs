@@ -653,7 +653,7 @@ impl Reconciler for HealthJob {
     }
 
     async fn keys(&self, ctx: &ReconcileContext, shards: &[i16]) -> Result<Vec<String>, RunError> {
-        let c = ctx.client().await?;
+        let c = ctx.read().await?;
         let rows = c
             .query(
                 "SELECT DISTINCT n.id, n.shard FROM nodes n

@@ -234,15 +234,19 @@ async fn spec_statuses(tx: &impl GenericClient, specs: &BTreeMap<&str, &SpecStat
     let nodes: Vec<&str> = specs.keys().copied().collect();
     let json = specs.values().map(serde_json::to_value).collect::<Result<Vec<_>, _>>().map_err(|e| Error::internal(e.to_string()))?;
     let observed: Vec<i64> = specs.values().map(|s| s.observed_generation).collect();
-    // The nodes whose instances (vps-host nodes) read differently now: their job is woken.
+    // The vps-host nodes whose instances read differently now, or that applied a newer spec (an
+    // instance being deleted is done once the host applied the spec without it, whether or not
+    // the host ever ran it): their job is woken.
     let changed: Vec<String> = tx
         .query(
-            "WITH old AS (SELECT id, spec_status->'instances' AS instances FROM nodes WHERE id = ANY($1))
+            "WITH old AS (SELECT id, spec_status->'instances' AS instances, observed_generation FROM nodes WHERE id = ANY($1))
              UPDATE nodes n SET spec_status = u.status, observed_generation = GREATEST(n.observed_generation, u.observed),
                     version = n.version + CASE WHEN n.observed_generation < u.observed THEN 1 ELSE 0 END
                FROM unnest($1::text[], $2::jsonb[], $3::int8[]) AS u(id, status, observed), old
               WHERE n.id = u.id AND old.id = u.id
-             RETURNING n.id, old.instances IS DISTINCT FROM u.status->'instances'",
+             RETURNING n.id, old.instances IS DISTINCT FROM u.status->'instances'
+                             OR (coalesce(old.observed_generation, -1) < u.observed
+                                 AND EXISTS (SELECT 1 FROM pools p WHERE p.id = n.pool_id AND p.kind = 'vps-host'))",
             &[&nodes, &json, &observed],
         )
         .await?
@@ -257,6 +261,7 @@ async fn spec_statuses(tx: &impl GenericClient, specs: &BTreeMap<&str, &SpecStat
 }
 
 /// The job that owns what vps-host nodes report of their instances (the vps module's
-/// `vps.instances`): a report whose instances differ from the last one wakes it for the node.
+/// `vps.instances`): a report whose instances differ from the last one, or a vps host's report of
+/// a newer applied generation, wakes it for the node.
 pub const INSTANCES_OBSERVED: better_compute_runtime::Kind =
     better_compute_runtime::Kind { name: "vps.instances", shard_by: better_compute_runtime::ShardBy::Node };

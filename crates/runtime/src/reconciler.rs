@@ -126,9 +126,15 @@ impl ReconcileContext {
         }
     }
 
-    /// A pooled connection.
+    /// A pooled connection, for transactions (every statement runs in one: `better_compute_db::pool`).
     pub async fn client(&self) -> Result<deadpool_postgres::Client, DbError> {
         Ok(self.pool.get().await?)
+    }
+
+    /// A pooled connection in a read-only transaction of its own, for reads outside a fenced
+    /// transaction ([`Reconciler::keys`], say).
+    pub async fn read(&self) -> Result<better_compute_db::pool::ReadTx, DbError> {
+        better_compute_db::pool::read_tx(&self.pool).await
     }
 
     /// Opens a transaction fenced by the shard or singleton lease this run holds: it fails with

@@ -426,7 +426,7 @@ impl Worker {
         let ctx = self.context(r.kind().name, lease);
         let result = |o: Result<crate::Outcome, crate::RunError>| match o {
             Ok(o) => RunResult::Ok(o),
-            Err(e) => RunResult::Err(e.to_string()),
+            Err(e) => RunResult::Err(error_chain(&*e)),
         };
         // A panicking reconciler fails its keys, not the worker.
         if let [one] = keys.as_slice() {
@@ -681,9 +681,46 @@ impl Worker {
 }
 
 
+/// An error with its causes (`db error: prepared statement … does not exist`): a driver's error
+/// often says little by itself and keeps the database's message in its source.
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let more = s.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        source = s.source();
+    }
+    text
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failed_runs_error_names_its_causes_once_each() {
+        #[derive(Debug)]
+        struct Wrapper(std::io::Error);
+        impl std::fmt::Display for Wrapper {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("db error")
+            }
+        }
+        impl std::error::Error for Wrapper {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let e = Wrapper(std::io::Error::other("prepared statement \"s1\" does not exist"));
+        assert_eq!(error_chain(&e), "db error: prepared statement \"s1\" does not exist");
+        // A cause its wrapper already quotes is not repeated.
+        let io = std::io::Error::other("connection reset");
+        assert_eq!(error_chain(&io), "connection reset");
+    }
 
     fn claimed(key: &str, shard: i16) -> (Claimed, i16) {
         (Claimed { key: key.into(), generation: 1, shard, attempts: 0 }, shard)

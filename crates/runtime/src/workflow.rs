@@ -1052,7 +1052,7 @@ impl Reconciler for WorkflowJob {
 
     async fn keys(&self, ctx: &ReconcileContext, shards: &[i16]) -> Result<Vec<String>, RunError> {
         // Every open workflow of these shards: a lost wake-up delays it by one resync at most.
-        let client = ctx.client().await?;
+        let client = ctx.read().await?;
         let rows = client.query("SELECT id FROM workflows WHERE ended_at IS NULL AND state <> 'held' ORDER BY id", &[]).await?;
         Ok(rows.iter().map(|r| r.get::<_, String>(0)).filter(|k| shards.contains(&WORKFLOW.shard_of(k))).collect())
     }

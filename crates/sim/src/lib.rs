@@ -232,6 +232,10 @@ struct Tally {
     workflows_held: AtomicU64,
     /// Instances created.
     instances: AtomicU64,
+    /// Requests answered INTERNAL (a bug: the database being away is UNAVAILABLE), and the first
+    /// one's message.
+    internal: AtomicU64,
+    first_internal: Mutex<Option<String>>,
 }
 
 struct Sim {
@@ -434,6 +438,11 @@ impl Sim {
         }
         if violations.is_empty() {
             violations.extend(self.check(db, &initial_modes).await?);
+        }
+        let internal = self.tally.internal.load(Ordering::SeqCst);
+        if internal > 0 {
+            let first = self.tally.first_internal.lock().expect("tally").clone().unwrap_or_default();
+            violations.push(format!("{internal} workload request(s) failed with INTERNAL (the first: {first}); see postgres.log"));
         }
         if !violations.is_empty() {
             self.dump_activity(db).await;
@@ -811,10 +820,14 @@ impl Sim {
             let op = Op { reservations: &reservations, tag: format!("{k}-{i}"), nodes: &nodes, gpus: &gpus };
             match self.one_op(c, &mut rng, op, &mut live).await {
                 Ok(()) => {}
-                Err(e) if matches!(e.code, ErrorCode::Internal | ErrorCode::Unavailable) => {
+                Err(e) if e.code == ErrorCode::Unavailable => {
                     // The database went away mid-request (a fault): the outcome is in doubt, and the
                     // checks afterwards hold whichever way it went.
                     self.tally.unavailable.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(e) if e.code == ErrorCode::Internal => {
+                    self.tally.internal.fetch_add(1, Ordering::Relaxed);
+                    self.tally.first_internal.lock().expect("tally").get_or_insert_with(|| format!("{}", e.message));
                 }
                 Err(_) => {
                     self.tally.refused.fetch_add(1, Ordering::Relaxed);
@@ -950,8 +963,12 @@ impl Sim {
                 // rebooted or deleted.
                 let (t, res) = live[rng.below(live.len() as u64) as usize].clone();
                 let caller = Caller { tenant_id: TENANTS[t], identity_id: "idn_sim" };
-                let existing: Option<String> =
-                    c.query_opt("SELECT id FROM instances WHERE allocation_id = $1 AND state <> 'deleted'", &[&res]).await.map_err(db)?.map(|r| r.get(0));
+                let existing: Option<String> = {
+                    let tx = c.transaction().await.map_err(db)?;
+                    let found = tx.query_opt("SELECT id FROM instances WHERE allocation_id = $1 AND state <> 'deleted'", &[&res]).await.map_err(db)?;
+                    tx.commit().await.map_err(db)?;
+                    found.map(|r| r.get(0))
+                };
                 match (existing, rng.below(4)) {
                     (None, _) => {
                         let req = CreateInstance {

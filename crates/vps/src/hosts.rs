@@ -159,7 +159,7 @@ impl Reconciler for BootstrapsJob {
 
     async fn keys(&self, ctx: &ReconcileContext, shards: &[i16]) -> Result<Vec<String>, RunError> {
         // vps-host nodes whose bootstrap has not reported.
-        let c = ctx.client().await?;
+        let c = ctx.read().await?;
         let rows = c
             .query(
                 "SELECT n.id FROM nodes n JOIN pools p ON p.id = n.pool_id LEFT JOIN vps_hosts h ON h.node_id = n.id
@@ -226,7 +226,7 @@ impl Reconciler for HostsJob {
 
     async fn keys(&self, ctx: &ReconcileContext, shards: &[i16]) -> Result<Vec<String>, RunError> {
         // Every vps-host node: the resync refreshes what each has left.
-        let c = ctx.client().await?;
+        let c = ctx.read().await?;
         let rows = c.query("SELECT n.id FROM nodes n JOIN pools p ON p.id = n.pool_id WHERE p.kind = 'vps-host'", &[]).await?;
         Ok(rows.iter().map(|r| r.get::<_, String>(0)).filter(|n| shards.contains(&HOSTS_KIND.shard_of(n))).collect())
     }

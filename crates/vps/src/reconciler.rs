@@ -127,7 +127,7 @@ impl Reconciler for InstancesJob {
     }
 
     async fn keys(&self, ctx: &ReconcileContext, shards: &[i16]) -> Result<Vec<String>, RunError> {
-        let c = ctx.client().await?;
+        let c = ctx.read().await?;
         let rows = c.query("SELECT DISTINCT node_id FROM instances WHERE state <> 'deleted' AND node_id IS NOT NULL", &[]).await?;
         Ok(rows.iter().map(|r| r.get::<_, String>(0)).filter(|n| shards.contains(&INSTANCES_KIND.shard_of(n))).collect())
     }

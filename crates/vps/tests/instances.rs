@@ -126,6 +126,32 @@ async fn an_instance_runs_stops_and_is_deleted_as_desired_state_moved_by_its_hos
 }
 
 #[tokio::test]
+async fn an_instance_the_host_never_ran_is_deleted_once_the_host_applies_the_spec_without_it() {
+    let h = Harness::new(vec![Arc::new(NodesModule), Arc::new(CapacityModule), Arc::new(VpsModule)]).await;
+    let (pool, node) = host(&h).await;
+    let mut c = h.db().client().await;
+    let v = instances::create(&mut c, ME, &request(&pool, "i-1")).await.unwrap();
+    h.job("vps.instances").drain(10).await;
+    h.job("nodespec").drain(10).await;
+    // The host applied the spec but has not started the VM yet: it reports no instances.
+    report(&h, &node, &[]).await;
+    h.job("vps.instances").drain(10).await;
+    assert_eq!(state(&h, &v.id).await, "provisioning");
+    assert_eq!(instances::act(&mut c, ME, &v.id, Action::Delete).await.unwrap().state, "deleting");
+    h.job("nodespec").drain(10).await;
+    assert_eq!(spec_instances(&h, &node).await, serde_json::json!([]));
+    h.job("vps.instances").drain(10).await;
+    assert_eq!(state(&h, &v.id).await, "deleting", "the host has not applied the spec without it yet");
+    // Its next report reads as its last one (no instances), but of the newer generation: that
+    // alone wakes the job, which ends the instance.
+    report(&h, &node, &[]).await;
+    let woken: i64 = c.query_one("SELECT count(*) FROM work_queue WHERE kind = 'vps.instances' AND key = $1", &[&node]).await.unwrap().get(0);
+    assert_eq!(woken, 1, "the report of a newer generation wakes the node's vps.instances");
+    h.job("vps.instances").drain(10).await;
+    assert_eq!(state(&h, &v.id).await, "deleted");
+}
+
+#[tokio::test]
 async fn bad_instance_requests_are_refused_with_stable_codes_and_change_nothing() {
     let h = Harness::new(vec![Arc::new(NodesModule), Arc::new(CapacityModule), Arc::new(VpsModule)]).await;
     let (pool, _) = host(&h).await;

@@ -87,7 +87,7 @@ async fn quota_tenant(ctx: &Ctx, asked: Option<&str>, permission: &str) -> Resul
         Some(t) if t == ctx.principal.tenant_id && ctx.check(permission, Resource::Tenant).await.is_ok() => Ok(t.to_owned()),
         Some(t) => match ctx.check(permission, Resource::Fleet).await {
             Ok(()) => {
-                better_compute_iam::directory::get_tenant(&**ctx.db().await?, t).await?;
+                better_compute_iam::directory::get_tenant(&*ctx.read().await?, t).await?;
                 Ok(t.to_owned())
             }
             Err(_) if t != ctx.principal.tenant_id => Err(Error::not_found("tenant", t)),
@@ -111,7 +111,7 @@ pub(super) fn methods() -> Vec<Method> {
             if tenant == ctx.principal.tenant_id && r.tenant_id.is_none() {
                 ctx.check("compute:quotas:read", Resource::Tenant).await?;
             }
-            let items = quota::get(&**ctx.db().await?, &tenant).await?;
+            let items = quota::get(&*ctx.read().await?, &tenant).await?;
             Ok(Quotas { tenant_id: tenant, items })
         }),
         method("reservations.create", "Reserve GPUs (whole, MIG instances or shared slots) with vCPU, memory and disk for a time range.", "compute:reservations:create at tenant scope", |ctx: Ctx, mut r: CreateReservation| async move {

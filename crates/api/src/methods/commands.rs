@@ -40,7 +40,7 @@ struct ListCommands {
 /// A command is its requesting tenant's: anyone else gets NOT_FOUND, as for a command that does
 /// not exist.
 async fn own_command(ctx: &Ctx, node_id: &str, command_id: &str) -> Result<(), Error> {
-    if !listing::command_is_tenants(&**ctx.db().await?, node_id, command_id, &ctx.principal.tenant_id).await? {
+    if !listing::command_is_tenants(&*ctx.read().await?, node_id, command_id, &ctx.principal.tenant_id).await? {
         return Err(Error::not_found("command", command_id));
     }
     Ok(())
@@ -58,13 +58,13 @@ pub(super) fn methods() -> Vec<Method> {
             ctx.own_tenant(r.tenant_id.as_deref())?;
             ctx.check(READ, Resource::Node(&r.node_id)).await?;
             own_command(&ctx, &r.node_id, &r.command_id).await?;
-            Ok(commands::get(&**ctx.db().await?, &r.node_id, &r.command_id).await?)
+            Ok(commands::get(&*ctx.read().await?, &r.node_id, &r.command_id).await?)
         }),
         method("commands.list", "List the commands your tenant ran on a node.", "compute:nodes:read on the node", |ctx: Ctx, r: ListCommands| async move {
             ctx.own_tenant(r.tenant_id.as_deref())?;
             ctx.check(READ, Resource::Node(&r.node_id)).await?;
             let page = super::page(r.page_size, r.page_token);
-            listing::list_commands(&**ctx.db().await?, &r.node_id, &ctx.principal.tenant_id, &page).await
+            listing::list_commands(&*ctx.read().await?, &r.node_id, &ctx.principal.tenant_id, &page).await
         }),
         method("commands.cancel", "Cancel a command your tenant ran: pending ones never run, in-flight ones are told to stop.", "compute:nodes:exec on the node", |ctx: Ctx, r: CommandRef| async move {
             ctx.own_tenant(r.tenant_id.as_deref())?;

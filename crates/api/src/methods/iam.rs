@@ -150,11 +150,11 @@ pub(super) fn methods() -> Vec<Method> {
             if r.tenant_id != ctx.principal.tenant_id && ctx.check(TENANTS_READ, Resource::Fleet).await.is_err() {
                 return Err(Error::not_found("tenant", &r.tenant_id));
             }
-            directory::get_tenant(&**ctx.db().await?, &r.tenant_id).await
+            directory::get_tenant(&*ctx.read().await?, &r.tenant_id).await
         }),
         method("tenants.list", "List every tenant.", "iam:tenants:read at fleet scope", |ctx: Ctx, r: PageOnly| async move {
             ctx.check(TENANTS_READ, Resource::Fleet).await?;
-            directory::list_tenants(&**ctx.db().await?, &page(r.page_size, r.page_token)).await
+            directory::list_tenants(&*ctx.read().await?, &page(r.page_size, r.page_token)).await
         }),
         method("identities.create", "Create a person or service account in your tenant.", "iam:identities:write at tenant scope", |ctx: Ctx, r: CreateIdentity| async move {
             ctx.in_tenant(r.tenant_id.as_deref(), IDENTITIES_WRITE).await?;
@@ -162,11 +162,11 @@ pub(super) fn methods() -> Vec<Method> {
         }),
         method("identities.get", "Read an identity of your tenant.", "iam:identities:read at tenant scope", |ctx: Ctx, r: IdentityRef| async move {
             ctx.in_tenant(r.tenant_id.as_deref(), IDENTITIES_READ).await?;
-            directory::get_identity(&**ctx.db().await?, &ctx.principal.tenant_id, &r.identity_id).await
+            directory::get_identity(&*ctx.read().await?, &ctx.principal.tenant_id, &r.identity_id).await
         }),
         method("identities.list", "List your tenant's identities.", "iam:identities:read at tenant scope", |ctx: Ctx, r: TenantPage| async move {
             ctx.in_tenant(r.tenant_id.as_deref(), IDENTITIES_READ).await?;
-            directory::list_identities(&**ctx.db().await?, &ctx.principal.tenant_id, &r.page()).await
+            directory::list_identities(&*ctx.read().await?, &ctx.principal.tenant_id, &r.page()).await
         }),
         method("tokens.create", "Issue a bearer token for an identity of your tenant. The secret is in this response only.", "iam:identities:write at tenant scope, and every permission the identity holds, at every scope it holds it", |ctx: Ctx, r: CreateToken| async move {
             ctx.in_tenant(r.tenant_id.as_deref(), IDENTITIES_WRITE).await?;
@@ -174,7 +174,7 @@ pub(super) fn methods() -> Vec<Method> {
         }),
         method("tokens.list", "List your tenant's tokens (never their secrets).", "iam:identities:read at tenant scope", |ctx: Ctx, r: ListByIdentity| async move {
             ctx.in_tenant(r.tenant_id.as_deref(), IDENTITIES_READ).await?;
-            tokens::list(&**ctx.db().await?, &ctx.principal.tenant_id, r.identity_id.as_deref(), &page(r.page_size, r.page_token)).await
+            tokens::list(&*ctx.read().await?, &ctx.principal.tenant_id, r.identity_id.as_deref(), &page(r.page_size, r.page_token)).await
         }),
         method("tokens.revoke", "Revoke a token of your tenant; it stops working within a second (30 s at most), and its watch streams end.", "iam:identities:write at tenant scope, and every permission its identity holds, at every scope it holds it", |ctx: Ctx, r: TokenRef| async move {
             ctx.in_tenant(r.tenant_id.as_deref(), IDENTITIES_WRITE).await?;
@@ -206,7 +206,7 @@ pub(super) fn methods() -> Vec<Method> {
         }),
         method("roleBindings.list", "List your tenant's role bindings.", "iam:bindings:read at tenant scope", |ctx: Ctx, r: ListByIdentity| async move {
             ctx.in_tenant(r.tenant_id.as_deref(), BINDINGS_READ).await?;
-            bindings::list(&**ctx.db().await?, &ctx.principal.tenant_id, r.identity_id.as_deref(), &page(r.page_size, r.page_token)).await
+            bindings::list(&*ctx.read().await?, &ctx.principal.tenant_id, r.identity_id.as_deref(), &page(r.page_size, r.page_token)).await
         }),
         method("roleBindings.delete", "Remove a role binding of your tenant.", "iam:bindings:write at tenant scope, and every permission the identity bound holds, at every scope it holds it", |ctx: Ctx, r: BindingRef| async move {
             ctx.in_tenant(r.tenant_id.as_deref(), BINDINGS_WRITE).await?;
@@ -215,7 +215,7 @@ pub(super) fn methods() -> Vec<Method> {
             Ok(v)
         }),
         method("roles.list", "List the roles and their permissions.", "any authenticated identity", |ctx: Ctx, _r: Empty| async move {
-            Ok(Roles { items: bindings::list_roles(&**ctx.db().await?).await? })
+            Ok(Roles { items: bindings::list_roles(&*ctx.read().await?).await? })
         }),
     ]
 }

@@ -67,12 +67,12 @@ pub(super) fn methods() -> Vec<Method> {
         ),
         method("instances.get", "Read an instance of your tenant: its state, and once running the address to SSH to and the guest's host key fingerprint.", "compute:instances:read at tenant scope", |ctx: Ctx, r: InstanceRef| async move {
             ctx.in_tenant(r.tenant_id.as_deref(), "compute:instances:read").await?;
-            instances::get(&**ctx.db().await?, ctx.caller(), &r.instance_id).await
+            instances::get(&*ctx.read().await?, ctx.caller(), &r.instance_id).await
         }),
         method("instances.list", "List your tenant's instances (deleted ones with includeDeleted).", "compute:instances:read at tenant scope", |ctx: Ctx, r: ListInstances| async move {
             ctx.in_tenant(r.tenant_id.as_deref(), "compute:instances:read").await?;
             let (size, after) = super::page(r.page_size, r.page_token.clone()).bounds()?;
-            let items = instances::list(&**ctx.db().await?, ctx.caller(), &after, size, r.include_deleted).await?;
+            let items = instances::list(&*ctx.read().await?, ctx.caller(), &after, size, r.include_deleted).await?;
             Ok(Page::from_rows(items, size, |v: &InstanceView| v.id.clone()))
         }),
         action("instances.stop", "Stop an instance, keeping its disk (a stopped one stays stopped).", Action::Stop),
@@ -85,7 +85,7 @@ pub(super) fn methods() -> Vec<Method> {
             "compute:nodes:read at fleet scope",
             |ctx: Ctx, _r: super::Empty| async move {
                 ctx.check("compute:nodes:read", better_compute_runtime::authz::Resource::Fleet).await?;
-                Ok(HostList { items: better_compute_vps::hosts::list(&**ctx.db().await?).await? })
+                Ok(HostList { items: better_compute_vps::hosts::list(&*ctx.read().await?).await? })
             },
         ),
     ]

@@ -175,7 +175,7 @@ pub(super) fn methods() -> Vec<Method> {
         }),
         method("sites.get", "Read a site.", "compute:sites:read on the site", |ctx: Ctx, r: SiteRef| async move {
             ctx.check("compute:sites:read", Resource::Site(&r.site_id)).await?;
-            listing::get_site(&**ctx.db().await?, &r.site_id).await
+            listing::get_site(&*ctx.read().await?, &r.site_id).await
         }),
         method(
             "sites.boot",
@@ -207,7 +207,7 @@ pub(super) fn methods() -> Vec<Method> {
         }),
         method("sites.list", "List sites.", "compute:sites:read at fleet scope", |ctx: Ctx, r: ListSites| async move {
             ctx.check("compute:sites:read", Resource::Fleet).await?;
-            listing::list_sites(&**ctx.db().await?, &super::page(r.page_size, r.page_token)).await
+            listing::list_sites(&*ctx.read().await?, &super::page(r.page_size, r.page_token)).await
         }),
         method("pools.create", "Create a pool in a site.", "compute:pools:write on the site", |ctx: Ctx, r: CreatePool| async move {
             ctx.check("compute:pools:write", Resource::Site(&r.site_id)).await?;
@@ -229,7 +229,7 @@ pub(super) fn methods() -> Vec<Method> {
         }),
         method("pools.get", "Read a pool.", "compute:pools:read on the pool", |ctx: Ctx, r: PoolRef| async move {
             ctx.check("compute:pools:read", Resource::Pool(&r.pool_id)).await?;
-            listing::get_pool(&**ctx.db().await?, &r.pool_id).await
+            listing::get_pool(&*ctx.read().await?, &r.pool_id).await
         }),
         method("pools.update", "Change a pool's disruption budget (maxUnavailable).", "compute:pools:write on the pool", |ctx: Ctx, r: UpdatePool| async move {
             ctx.check("compute:pools:write", Resource::Pool(&r.pool_id)).await?;
@@ -261,7 +261,7 @@ pub(super) fn methods() -> Vec<Method> {
                 Some(s) => ctx.check("compute:pools:read", Resource::Site(s)).await?,
                 None => ctx.check("compute:pools:read", Resource::Fleet).await?,
             }
-            listing::list_pools(&**ctx.db().await?, r.site_id.as_deref(), &super::page(r.page_size, r.page_token)).await
+            listing::list_pools(&*ctx.read().await?, r.site_id.as_deref(), &super::page(r.page_size, r.page_token)).await
         }),
     ]
 }

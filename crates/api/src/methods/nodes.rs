@@ -191,7 +191,7 @@ fn hide_device(e: Error, device_id: &str) -> Error {
 }
 
 async fn change_device(ctx: &Ctx, device_id: &str, quarantined: bool, reason: &str) -> Result<DeviceChanged, Error> {
-    let node_id = listing::node_of_device(&**ctx.db().await?, device_id).await?;
+    let node_id = listing::node_of_device(&*ctx.read().await?, device_id).await?;
     ctx.check("compute:devices:write", Resource::Node(&node_id)).await.map_err(|e| hide_device(e, device_id))?;
     ctx.in_tx(async |tx| {
         if quarantined {
@@ -209,7 +209,7 @@ pub(super) fn methods() -> Vec<Method> {
     vec![
         method("nodes.get", "Read a node.", "compute:nodes:read on the node", |ctx: Ctx, r: NodeRef| async move {
             ctx.check("compute:nodes:read", Resource::Node(&r.node_id)).await?;
-            Ok(inventory::get_node(&**ctx.db().await?, &r.node_id).await?)
+            Ok(inventory::get_node(&*ctx.read().await?, &r.node_id).await?)
         }),
         method(
             "nodes.describe",
@@ -217,7 +217,7 @@ pub(super) fn methods() -> Vec<Method> {
             "compute:nodes:read on the node",
             |ctx: Ctx, r: NodeRef| async move {
                 ctx.check("compute:nodes:read", Resource::Node(&r.node_id)).await?;
-                crate::describe::node(&**ctx.db().await?, &r.node_id).await
+                crate::describe::node(&*ctx.read().await?, &r.node_id).await
             },
         ),
         method("nodes.list", "List nodes, of one pool or of the fleet, filtered.", "compute:nodes:read on the pool, or at fleet scope without poolId", |ctx: Ctx, r: ListNodes| async move {
@@ -230,7 +230,7 @@ pub(super) fn methods() -> Vec<Method> {
             }
             let labels = r.label_selector.as_deref().map(LabelSelector::parse).transpose()?;
             let f = NodeFilter { pool_id: r.pool_id.as_deref(), cordoned: r.cordoned, liveness: r.liveness.as_deref(), labels };
-            listing::list_nodes(&**ctx.db().await?, &f, &super::page(r.page_size, r.page_token)).await
+            listing::list_nodes(&*ctx.read().await?, &f, &super::page(r.page_size, r.page_token)).await
         }),
         method("nodes.cordon", "Cordon a node: nothing new is placed there.", "compute:nodes:write on the node", |ctx: Ctx, r: NodeRef| async move {
             change_node(&ctx, &r.node_id, async |tx| actions::cordon(tx, &r.node_id).await.map(|_| ())).await
@@ -266,14 +266,14 @@ pub(super) fn methods() -> Vec<Method> {
         }),
         method("drains.list", "List a pool's open drains, in the order its disruption budget admits them.", "compute:nodes:read on the pool", |ctx: Ctx, r: PoolRef| async move {
             ctx.check("compute:nodes:read", Resource::Pool(&r.pool_id)).await?;
-            let db = ctx.db().await?;
-            listing::get_pool(&**db, &r.pool_id).await?;
-            Ok(DrainList { items: drain::pool_drains(&**db, &r.pool_id).await? })
+            let db = ctx.read().await?;
+            listing::get_pool(&*db, &r.pool_id).await?;
+            Ok(DrainList { items: drain::pool_drains(&*db, &r.pool_id).await? })
         }),
         method("devices.get", "Read a GPU: its mode, layout, atoms, health and quarantine.", "compute:nodes:read on its node", |ctx: Ctx, r: DeviceRef| async move {
-            let node_id = listing::node_of_device(&**ctx.db().await?, &r.device_id).await?;
+            let node_id = listing::node_of_device(&*ctx.read().await?, &r.device_id).await?;
             ctx.check("compute:nodes:read", Resource::Node(&node_id)).await.map_err(|e| hide_device(e, &r.device_id))?;
-            devices::get_device(&**ctx.db().await?, &r.device_id).await
+            devices::get_device(&*ctx.read().await?, &r.device_id).await
         }),
         method("devices.list", "List the GPUs of a node or of a pool.", "compute:nodes:read on the node or pool", |ctx: Ctx, r: ListDevices| async move {
             match (&r.node_id, &r.pool_id) {
@@ -282,7 +282,7 @@ pub(super) fn methods() -> Vec<Method> {
                 _ => return Err(Error::invalid_argument("give exactly one of nodeId and poolId")),
             }
             let page = super::page(r.page_size, r.page_token);
-            devices::list_devices(&**ctx.db().await?, r.node_id.as_deref(), r.pool_id.as_deref(), &page).await
+            devices::list_devices(&*ctx.read().await?, r.node_id.as_deref(), r.pool_id.as_deref(), &page).await
         }),
         method(
             "inventory.findings",
@@ -295,7 +295,7 @@ pub(super) fn methods() -> Vec<Method> {
                     _ => return Err(Error::invalid_argument("give exactly one of poolId and nodeId")),
                 }
                 let page = super::page(r.page_size, r.page_token);
-                better_compute_nodes::findings::list(&**ctx.db().await?, r.pool_id.as_deref(), r.node_id.as_deref(), r.include_resolved, &page).await
+                better_compute_nodes::findings::list(&*ctx.read().await?, r.pool_id.as_deref(), r.node_id.as_deref(), r.include_resolved, &page).await
             },
         ),
         method("nodes.createJoinToken", "Issue a single-use join token for a pool. The secret is in this response only.", "compute:nodes:write on the pool", |ctx: Ctx, r: CreateJoinToken| async move {

@@ -85,9 +85,9 @@ pub(super) fn methods() -> Vec<Method> {
             if !(1..=10_000).contains(&limit) {
                 return Err(Error::invalid_argument("limit must be between 1 and 10000"));
             }
-            let db = ctx.db().await?;
-            let items = usage::list(&**db, tenant.as_deref(), &r.from, &r.to, r.group_by, limit).await?;
-            Ok(UsageList { items, window_s: usage::window_s(&**db).await? })
+            let db = ctx.read().await?;
+            let items = usage::list(&*db, tenant.as_deref(), &r.from, &r.to, r.group_by, limit).await?;
+            Ok(UsageList { items, window_s: usage::window_s(&*db).await? })
         },
     ),
     method(
@@ -97,7 +97,7 @@ pub(super) fn methods() -> Vec<Method> {
         |ctx: Ctx, r: ExportUsage| async move {
             let tenant = scope(&ctx, r.tenant_id.as_deref(), r.all_tenants).await?;
             let (size, after) = super::page(r.page_size, r.page_token.clone()).bounds()?;
-            let items = usage::export_page(&**ctx.db().await?, tenant.as_deref(), &r.from, &r.to, &after, size).await?;
+            let items = usage::export_page(&*ctx.read().await?, tenant.as_deref(), &r.from, &r.to, &after, size).await?;
             Ok(Page::from_rows(items, size, |w: &UsageWindowView| w.key.clone()))
         },
     )]

@@ -124,11 +124,11 @@ pub(super) fn methods() -> Vec<Method> {
         }),
         method("webhooks.get", "Read a webhook endpoint.", "compute:webhooks:read at tenant scope", |ctx: Ctx, r: WebhookRef| async move {
             ctx.in_tenant(r.tenant_id.as_deref(), WEBHOOKS_READ).await?;
-            webhooks::get(&**ctx.db().await?, &ctx.principal.tenant_id, &r.webhook_id).await
+            webhooks::get(&*ctx.read().await?, &ctx.principal.tenant_id, &r.webhook_id).await
         }),
         method("webhooks.list", "List your tenant's webhook endpoints.", "compute:webhooks:read at tenant scope", |ctx: Ctx, r: TenantPage| async move {
             ctx.in_tenant(r.tenant_id.as_deref(), WEBHOOKS_READ).await?;
-            webhooks::list(&**ctx.db().await?, &ctx.principal.tenant_id, &r.page()).await
+            webhooks::list(&*ctx.read().await?, &ctx.principal.tenant_id, &r.page()).await
         }),
         method("webhooks.update", "Change a webhook endpoint's URL, event types or note; enable or disable it.", "compute:webhooks:write at tenant scope", |ctx: Ctx, r: UpdateWebhook| async move {
             let (policy, types) = (EgressPolicy::from_env(), catalogue(&ctx));
@@ -154,7 +154,7 @@ pub(super) fn methods() -> Vec<Method> {
         }),
         method("webhooks.deadLetters.list", "List deliveries that exhausted their retries (or met a disabled endpoint).", "compute:webhooks:read at tenant scope", |ctx: Ctx, r: ListDeadLetters| async move {
             ctx.in_tenant(r.tenant_id.as_deref(), WEBHOOKS_READ).await?;
-            webhooks::dead_letters(&**ctx.db().await?, &ctx.principal.tenant_id, r.webhook_id.as_deref(), &page(r.page_size, r.page_token)).await
+            webhooks::dead_letters(&*ctx.read().await?, &ctx.principal.tenant_id, r.webhook_id.as_deref(), &page(r.page_size, r.page_token)).await
         }),
         method("webhooks.deadLetters.replay", "Send a dead letter again, from the start of the retry schedule.", "compute:webhooks:write at tenant scope", |ctx: Ctx, r: DeliveryRef| async move {
             let d = write(&ctx, r.tenant_id.as_deref(), async |tx| webhooks::replay(tx, &ctx.principal.tenant_id, &r.delivery_id).await).await?;

@@ -89,7 +89,7 @@ struct ListWorkflows {
 /// Reads the workflow and checks `permission` where it is authorized; a caller without it learns
 /// nothing (NOT_FOUND or PERMISSION_DENIED, as IAM decides).
 async fn visible(ctx: &Ctx, id: &str, permission: &str) -> Result<WorkflowView, Error> {
-    let w = workflow::get(&**ctx.db().await?, id).await?;
+    let w = workflow::get(&*ctx.read().await?, id).await?;
     let (n, p) = (w.node_id.clone(), w.pool_id.clone());
     check_at(ctx, permission, n.as_deref(), p.as_deref()).await?;
     Ok(w)
@@ -126,8 +126,9 @@ pub(super) fn methods() -> Vec<Method> {
                 let mut db = ctx.db().await?;
                 let tx = (**db).transaction().await.map_err(DbError::from)?;
                 if let Claim::Replay(v) = idempotency::claim(&tx, scope, "workflows.start", &request).await? {
+                    let w = workflow::get(&tx, v["id"].as_str().unwrap_or_default()).await?;
                     tx.commit().await.map_err(DbError::from)?;
-                    return Ok(workflow::get(&**db, v["id"].as_str().unwrap_or_default()).await?);
+                    return Ok(w);
                 }
                 let w = NewWorkflow { definition: &r.definition, target: &r.target, params: &params, requested_by: &by };
                 let v = workflow::start(&tx, &registry, &w).await?;
@@ -150,7 +151,7 @@ pub(super) fn methods() -> Vec<Method> {
                 check_at(&ctx, READ, r.node_id.as_deref(), r.pool_id.as_deref()).await?;
                 let (size, after) = super::page(r.page_size, r.page_token.clone()).bounds()?;
                 let filter = ListFilter { node_id: r.node_id, pool_id: r.pool_id, parent_id: r.parent_id, states: r.states, definition: r.definition };
-                let items = workflow::list(&**ctx.db().await?, &filter, &after, size).await?;
+                let items = workflow::list(&*ctx.read().await?, &filter, &after, size).await?;
                 Ok(Page::from_rows(items, size, |w: &WorkflowView| w.id.clone()))
             },
         ),

@@ -50,7 +50,7 @@ impl Reconciler for UsageJob {
     async fn keys(&self, ctx: &ReconcileContext, shards: &[i16]) -> Result<Vec<String>, RunError> {
         // Every pool with reservations that held or hold atoms: a pool's key arms itself for each
         // window's end, and the resync starts the pools that had none.
-        let c = ctx.client().await?;
+        let c = ctx.read().await?;
         let rows = c.query("SELECT DISTINCT p.id FROM pools p WHERE EXISTS (SELECT 1 FROM reservations r WHERE r.pool_id = p.id AND r.state <> 'pending')", &[]).await?;
         Ok(rows.iter().map(|r| r.get::<_, String>(0)).filter(|p| shards.contains(&USAGE_KIND.shard_of(p))).collect())
     }

@@ -197,6 +197,32 @@ CREATE TABLE identities (
   CONSTRAINT identities_tenant_id_name_key UNIQUE (tenant_id, name)
 );
 
+CREATE TABLE instance_runs (
+  instance_id text NOT NULL,
+  during tstzrange NOT NULL,
+  CONSTRAINT instance_runs_during_check CHECK (((NOT isempty(during)) AND (NOT lower_inf(during)))),
+  CONSTRAINT instance_runs_instance_id_during_excl EXCLUDE USING gist (instance_id WITH =, during WITH &&),
+  CONSTRAINT instance_runs_instance_id_fkey FOREIGN KEY (instance_id) REFERENCES instances(id)
+);
+
+CREATE TABLE instance_usage_windows (
+  id text NOT NULL,
+  instance_id text NOT NULL,
+  tenant_id text NOT NULL,
+  pool_id text NOT NULL,
+  node_id text,
+  flavour text NOT NULL,
+  window_start timestamp with time zone NOT NULL,
+  window_end timestamp with time zone NOT NULL,
+  instance_seconds numeric NOT NULL,
+  closed_at timestamp with time zone DEFAULT compute_now() NOT NULL,
+  CONSTRAINT instance_usage_windows_check CHECK ((window_end > window_start)),
+  CONSTRAINT instance_usage_windows_instance_id_fkey FOREIGN KEY (instance_id) REFERENCES instances(id),
+  CONSTRAINT instance_usage_windows_instance_id_tstzrange_excl EXCLUDE USING gist (instance_id WITH =, tstzrange(window_start, window_end) WITH &&),
+  CONSTRAINT instance_usage_windows_instance_seconds_check CHECK ((instance_seconds > (0)::numeric)),
+  CONSTRAINT instance_usage_windows_pkey PRIMARY KEY (id)
+);
+
 CREATE TABLE instances (
   id text NOT NULL,
   tenant_id text NOT NULL,
@@ -216,6 +242,8 @@ CREATE TABLE instances (
   created_by text NOT NULL,
   created_at timestamp with time zone DEFAULT compute_now() NOT NULL,
   updated_at timestamp with time zone DEFAULT compute_now() NOT NULL,
+  flavour text DEFAULT ''::text NOT NULL,
+  usage_closed_until timestamp with time zone,
   CONSTRAINT instances_allocation_id_fkey FOREIGN KEY (allocation_id) REFERENCES reservations(id),
   CONSTRAINT instances_check CHECK (((state = 'requested'::text) OR (state = 'deleted'::text) OR (node_id IS NOT NULL))),
   CONSTRAINT instances_node_id_fkey FOREIGN KEY (node_id) REFERENCES nodes(id),
@@ -829,6 +857,8 @@ CREATE INDEX gpu_health_history_pool ON public.gpu_health_history USING btree (p
 CREATE INDEX gpu_health_signals_device ON public.gpu_health_signals USING btree (device_id, observed_at);
 CREATE INDEX gpu_health_signals_pending ON public.gpu_health_signals USING btree (node_id, id) WHERE (processed_at IS NULL);
 CREATE INDEX idempotency_keys_expires_at ON public.idempotency_keys USING btree (expires_at);
+CREATE INDEX instance_runs_open ON public.instance_runs USING btree (instance_id) WHERE upper_inf(during);
+CREATE INDEX instance_usage_windows_tenant ON public.instance_usage_windows USING btree (tenant_id, window_start);
 CREATE INDEX instances_node ON public.instances USING btree (node_id) WHERE (state <> 'deleted'::text);
 CREATE UNIQUE INDEX instances_one_per_allocation ON public.instances USING btree (allocation_id) WHERE (state <> 'deleted'::text);
 CREATE INDEX instances_tenant ON public.instances USING btree (tenant_id, id);
@@ -896,6 +926,7 @@ FUNCTION capacity_usable(registered bigint, reported jsonb) RETURNS bigint LANGU
 FUNCTION capacity_usage_close(p_pool text, p_limit integer) RETURNS TABLE(id text, tenant_id text, data jsonb) LANGUAGE plpgsql VOLATILE;
 FUNCTION capacity_usage_closed_until() RETURNS timestamp with time zone LANGUAGE sql STABLE;
 FUNCTION capacity_usage_is_due(r reservations, p_closed timestamp with time zone) RETURNS boolean LANGUAGE sql STABLE;
+FUNCTION capacity_usage_window_s() RETURNS integer LANGUAGE sql STABLE;
 FUNCTION capacity_view(r reservations) RETURNS jsonb LANGUAGE plpgsql STABLE;
 FUNCTION capacity_view_of(r reservations, p_atoms jsonb) RETURNS jsonb LANGUAGE sql STABLE;
 FUNCTION compute_now() RETURNS timestamp with time zone LANGUAGE sql STABLE;
@@ -915,4 +946,5 @@ FUNCTION nodes_ts(t timestamp with time zone) RETURNS text LANGUAGE sql STABLE;
 FUNCTION outbox_emit(p_id text, p_type text, p_tenant_id text, p_subject text, p_data jsonb) RETURNS text LANGUAGE plpgsql VOLATILE;
 FUNCTION outbox_emit_many(p_ids text[], p_types text[], p_tenant_ids text[], p_subjects text[], p_data jsonb[]) RETURNS integer LANGUAGE plpgsql VOLATILE;
 FUNCTION outbox_withdraw(p_ids text[]) RETURNS integer LANGUAGE plpgsql VOLATILE;
+FUNCTION vps_usage_close(p_pool text, p_limit integer) RETURNS TABLE(id text, tenant_id text, data jsonb) LANGUAGE plpgsql VOLATILE;
 FUNCTION work_queue_enqueue(p_kinds text[], p_keys text[], p_shards smallint[], p_after_s double precision) RETURNS integer LANGUAGE plpgsql VOLATILE;

@@ -640,6 +640,9 @@ pub struct ReservationFacts {
     pub node_id: Option<String>,
     /// Seconds from now until its end (negative once past).
     pub ends_in_s: f64,
+    /// What it holds, as one stable name: `<count>x<kind>:<model>[/<profile>],<vcpu>vcpu,<MiB>mib,<GiB>gib`
+    /// (`2xgpu:H100-80GB,16vcpu,65536mib,100gib`): what an instance on it is metered as.
+    pub flavour: String,
 }
 
 impl ReservationFacts {
@@ -655,7 +658,8 @@ pub async fn facts(db: &impl GenericClient, ids: &[String], lock: bool) -> Resul
     let rows = db
         .query(
             &format!(
-                "SELECT id, tenant_id, pool_id, state, node_id, extract(epoch FROM upper(during) - compute_now())::float8
+                "SELECT id, tenant_id, pool_id, state, node_id, extract(epoch FROM upper(during) - compute_now())::float8,
+                        format('%sx%s:%s%s,%svcpu,%smib,%sgib', gpu_count, gpu_kind, gpu_model, '/' || mig_profile, vcpu, memory_mib, disk_gib)
                    FROM reservations WHERE id = ANY($1) ORDER BY id{}",
                 if lock { " FOR SHARE" } else { "" }
             ),
@@ -672,6 +676,7 @@ pub async fn facts(db: &impl GenericClient, ids: &[String], lock: bool) -> Resul
                 state: ReservationState::parse(&state).ok_or_else(|| Error::internal(format!("unknown reservation state {state}")))?,
                 node_id: r.get(4),
                 ends_in_s: r.get(5),
+                flavour: r.get(6),
             })
         })
         .collect()

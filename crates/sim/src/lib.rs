@@ -1261,6 +1261,7 @@ async fn instance_violations(tx: &impl tokio_postgres::GenericClient) -> anyhow:
     {
         v.push(format!("reservation {} runs in {} VMs", r.get::<_, String>(0), r.get::<_, i64>(1)));
     }
+    v.extend(better_compute_vps::usage::violations(tx).await?);
     Ok(v)
 }
 

@@ -93,10 +93,13 @@ pub struct InstanceView {
     pub version: i64,
     /// RFC 3339.
     pub created_at: String,
+    /// What it is metered as (`vps.usage`): its reservation's GPUs, vCPUs, memory and disk, as
+    /// `2xgpu:H100-80GB,16vcpu,65536mib,100gib`.
+    pub flavour: String,
 }
 
 const VIEW_COLUMNS: &str = "id, tenant_id, allocation_id, pool_id, node_id, state, image, reboot_count, address, host_key_fingerprint, reason, version,
-                            to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')";
+                            to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), flavour";
 
 fn view_of(r: &tokio_postgres::Row) -> InstanceView {
     InstanceView {
@@ -113,6 +116,7 @@ fn view_of(r: &tokio_postgres::Row) -> InstanceView {
         reason: r.get(10),
         version: r.get(11),
         created_at: r.get(12),
+        flavour: r.get(13),
     }
 }
 
@@ -222,12 +226,12 @@ async fn insert(tx: &Transaction<'_>, caller: Caller<'_>, req: &CreateInstance) 
     let row = tx
         .query_opt(
             &format!(
-                "INSERT INTO instances (id, tenant_id, allocation_id, pool_id, node_id, state, image, ssh_public_keys, user_data, created_by)
-                 VALUES ($1, $2, $3, $4, $5, 'requested', $6, $7, $8, $9)
+                "INSERT INTO instances (id, tenant_id, allocation_id, pool_id, node_id, state, image, ssh_public_keys, user_data, created_by, flavour)
+                 VALUES ($1, $2, $3, $4, $5, 'requested', $6, $7, $8, $9, $10)
                  ON CONFLICT (allocation_id) WHERE state <> 'deleted' DO NOTHING
                  RETURNING {VIEW_COLUMNS}"
             ),
-            &[&id, &r.tenant_id, &r.id, &r.pool_id, &r.node_id, &req.image, &req.ssh_public_keys, &req.user_data, &caller.identity_id],
+            &[&id, &r.tenant_id, &r.id, &r.pool_id, &r.node_id, &req.image, &req.ssh_public_keys, &req.user_data, &caller.identity_id, &r.flavour],
         )
         .await
         .map_err(DbError::from)?;
@@ -321,6 +325,7 @@ pub async fn act(client: &mut Client, caller: Caller<'_>, id: &str, action: Acti
     let v = view_of(&row);
     if to != from {
         event(&tx, &v).await?;
+        crate::usage::follow(&tx, id, &v.pool_id, from, to).await?;
     }
     if let Some(node) = &v.node_id {
         better_compute_runtime::desired::invalidate(&tx, node).await?;

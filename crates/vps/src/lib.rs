@@ -12,6 +12,7 @@ pub mod hosts;
 pub mod instances;
 pub mod reconciler;
 pub mod spec;
+pub mod usage;
 
 use std::sync::Arc;
 
@@ -22,6 +23,8 @@ use better_compute_runtime::{Kind, Reconciler, Sink};
 pub const VPS_MIGRATIONS: &[Migration] = &[
     Migration::numbered("vps", "0001_instances", include_str!("migrations/vps/0001_instances.sql")),
     Migration::numbered("vps", "0002_hosts", include_str!("migrations/vps/0002_hosts.sql")),
+    Migration::numbered("vps", "0003_usage", include_str!("migrations/vps/0003_usage.sql")),
+    Migration::repeatable("vps", "usage", include_str!("sql/usage.sql")),
 ];
 
 /// `vps.instances`: one key per node, moving its instances through their states. The nodes
@@ -41,7 +44,7 @@ impl better_compute_runtime::Module for VpsModule {
     }
 
     fn reconcilers(&self) -> Vec<Arc<dyn Reconciler>> {
-        vec![Arc::new(reconciler::InstancesJob), Arc::new(hosts::BootstrapsJob), Arc::new(hosts::HostsJob)]
+        vec![Arc::new(reconciler::InstancesJob), Arc::new(hosts::BootstrapsJob), Arc::new(hosts::HostsJob), Arc::new(usage::UsageJob)]
     }
 
     fn subscribers(&self) -> Vec<Arc<dyn Sink>> {
@@ -89,6 +92,22 @@ impl better_compute_runtime::Module for VpsModule {
             e("instance.deleting", "An instance is being deleted (asked for, or its reservation ended)."),
             e("instance.deleted", "The host no longer has the instance or its disk."),
             e("instance.failed", "The host could not run the instance; the reason says why. Delete it."),
+            EventType {
+                name: "instance.usageWindow",
+                version: 1,
+                audience: "tenant",
+                description: "An instance's usage in one closed usage window: the seconds its VM was up (running or stopping), under the billing key cmp:<instanceId>:<windowStart> (the event's subject; deduplicate on it). Written once.",
+                data: &[
+                    ("key", "the billing key"),
+                    ("instanceId", "the instance"),
+                    ("poolId", "its pool"),
+                    ("nodeId", "its host"),
+                    ("flavour", "what it is metered as: its reservation's GPUs, vCPUs, memory and disk"),
+                    ("windowStart", "RFC 3339"),
+                    ("windowEnd", "RFC 3339"),
+                    ("instanceSeconds", "seconds the VM was up in the window, to the microsecond"),
+                ],
+            },
             EventType {
                 name: "instance.expiring",
                 version: 1,

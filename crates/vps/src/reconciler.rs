@@ -88,6 +88,7 @@ impl Reconciler for InstancesJob {
                     )
                     .await?;
                 let version: i64 = v.get(0);
+                crate::usage::follow(&*tx, &row.id, &r.pool_id, row.state, to).await?;
                 let data = serde_json::json!({"state": to.as_str(), "reservationId": row.allocation_id, "nodeId": node, "reason": reason, "version": version});
                 ctx.emit(&tx, NewEvent { event_type: &format!("instance.{}", to.as_str()), tenant_id: Some(&row.tenant_id), subject: &row.id, data }).await?;
                 moved += 1;

@@ -229,3 +229,94 @@ async fn racing_creates_on_one_reservation_make_exactly_one_instance() {
     let live: i64 = h.db().client().await.query_one("SELECT count(*) FROM instances WHERE allocation_id = $1 AND state <> 'deleted'", &[&res.id]).await.unwrap().get(0);
     assert_eq!(live, 1);
 }
+
+/// The instance usage windows of an instance, as (window start, instance-seconds).
+async fn usage_windows(h: &Harness, id: &str) -> Vec<(String, f64)> {
+    h.db()
+        .client()
+        .await
+        .query(
+            "SELECT to_char(window_start AT TIME ZONE 'UTC', 'HH24:MI'), instance_seconds::float8 FROM instance_usage_windows
+              WHERE instance_id = $1 ORDER BY window_start",
+            &[&id],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_instance_is_metered_once_per_closed_window_for_the_seconds_its_vm_was_up() {
+    let h = Harness::new(vec![Arc::new(NodesModule), Arc::new(CapacityModule), Arc::new(VpsModule)]).await;
+    let (pool, node) = host(&h).await;
+    let mut c = h.db().client().await;
+    let min = |m: u64| std::time::Duration::from_secs(m * 60);
+    let v = instances::create(&mut c, ME, &CreateInstance { duration_s: Some(6 * 3600), ..request(&pool, "u-1") }).await.unwrap();
+    assert_eq!(v.flavour, "1xgpu:H100-80GB,8vcpu,16384mib,50gib");
+    h.job("vps.instances").drain(10).await;
+    h.job("nodespec").drain(10).await;
+    // Up from 00:10 (the host's report) to 01:35 (stopping counts: the VM runs until it stops).
+    h.db().advance(min(10)).await;
+    report(&h, &node, &[(&v.id, "running")]).await;
+    h.job("vps.instances").drain(10).await;
+    h.db().advance(min(80)).await;
+    assert_eq!(instances::act(&mut c, ME, &v.id, Action::Stop).await.unwrap().state, "stopping");
+    h.db().advance(min(5)).await;
+    h.job("nodespec").drain(10).await;
+    report(&h, &node, &[(&v.id, "stopped")]).await;
+    h.job("vps.instances").drain(10).await;
+    assert_eq!(state(&h, &v.id).await, "stopped");
+    // Up again from 02:10, and still up at 03:01.
+    h.db().advance(min(35)).await;
+    assert_eq!(instances::act(&mut c, ME, &v.id, Action::Start).await.unwrap().state, "provisioning");
+    h.job("nodespec").drain(10).await;
+    report(&h, &node, &[(&v.id, "running")]).await;
+    h.job("vps.instances").drain(10).await;
+    h.db().advance(min(51)).await;
+    // Four meterings of the pool at once, as a zombie worker and its successor would run them:
+    // each closed window is written once.
+    let mut racers = Vec::new();
+    for _ in 0..4 {
+        let pool_id = pool.clone();
+        let conn = h.db().pool.clone();
+        racers.push(tokio::spawn(async move {
+            let mut c = conn.get().await.unwrap();
+            let tx = c.transaction().await.unwrap();
+            let n = tx.query("SELECT id FROM vps_usage_close($1, 256)", &[&pool_id]).await.unwrap().len();
+            tx.commit().await.unwrap();
+            n
+        }));
+    }
+    let mut written = 0;
+    for r in racers {
+        written += tokio::time::timeout(std::time::Duration::from_secs(30), r).await.expect("a metering hung").unwrap();
+    }
+    assert_eq!(written, 3, "three closed windows, each written by exactly one metering");
+    assert_eq!(usage_windows(&h, &v.id).await, [("00:00".to_owned(), 3000.0), ("01:00".to_owned(), 2100.0), ("02:00".to_owned(), 3000.0)]);
+    // The job finds nothing more, and is armed for the end of the window the VM is up in.
+    h.job("vps.usage").drain(10).await;
+    assert_eq!(usage_windows(&h, &v.id).await.len(), 3);
+    let armed: f64 = c
+        .query_one("SELECT extract(epoch FROM not_before - compute_now())::float8 FROM work_queue WHERE kind = 'vps.usage' AND key = $1", &[&pool])
+        .await
+        .unwrap()
+        .get(0);
+    assert!((59.0 * 60.0..=59.0 * 60.0 + 2.0).contains(&armed), "armed {armed} s ahead");
+    // At 04:01 the job writes 03:00 whole, with its event under the billing key.
+    h.db().advance(min(60)).await;
+    h.job("vps.usage").drain(10).await;
+    assert_eq!(usage_windows(&h, &v.id).await.last(), Some(&("03:00".to_owned(), 3600.0)));
+    settle(&h).await;
+    let key = format!("cmp:{}:2030-01-01T03:00:00Z", v.id);
+    let data: serde_json::Value =
+        c.query_one("SELECT data FROM outbox WHERE type = 'instance.usageWindow' AND subject = $1", &[&key]).await.unwrap().get(0);
+    assert_eq!((data["flavour"].as_str(), data["instanceSeconds"].as_f64()), (Some(v.flavour.as_str()), Some(3600.0)), "{data}");
+    assert_eq!(better_compute_vps::usage::violations(&**c).await.unwrap(), Vec::<String>::new());
+    // The check can fail: a window billed twice over is caught.
+    c.execute("UPDATE instance_usage_windows SET instance_seconds = instance_seconds * 2 WHERE id = $1", &[&key]).await.unwrap();
+    let wrong = better_compute_vps::usage::violations(&**c).await.unwrap();
+    assert_eq!(wrong.len(), 1, "{wrong:?}");
+    assert!(wrong[0].contains("billed 15300.000000 s but was up 11700.000000 s"), "{wrong:?}");
+}

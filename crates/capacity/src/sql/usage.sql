@@ -9,6 +9,10 @@ LANGUAGE sql STABLE AS $$
   SELECT to_timestamp(floor(extract(epoch FROM compute_now()) / s.window_s) * s.window_s) FROM usage_settings s
 $$;
 
+-- The fleet's usage window, in seconds (the vps module's instance usage uses the same windows).
+CREATE OR REPLACE FUNCTION capacity_usage_window_s() RETURNS int
+LANGUAGE sql STABLE AS $$ SELECT s.window_s FROM usage_settings s $$;
+
 -- Whether a reservation has a closed window not looked at yet, or changed (extended, released)
 -- since it was metered. An ended reservation is metered up to its end (a release cut its bookings
 -- at the release instant, updated_at).

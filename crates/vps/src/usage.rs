@@ -1,0 +1,125 @@
+//! `vps.usage`: instance-seconds, per flavour and usage window. An instance is metered while its
+//! VM is up (running, or stopping until the host reports it stopped), from the stretches recorded
+//! as it moves (`instance_runs`); each closed window it was up in gets one row,
+//! `cmp:<instanceId>:<windowStart>`, with its `instance.usageWindow` event, in capacity's windows
+//! (`usage_settings`). One key per pool; SQL in `src/sql/usage.sql`.
+
+use std::time::Duration;
+
+use better_compute_core::state::InstanceState;
+use better_compute_db::DbError;
+use better_compute_runtime::{work_queue, Kind, NewEvent, Outcome, ReconcileContext, Reconciler, RunError, ShardBy};
+use tokio_postgres::GenericClient;
+
+/// The job's kind: one key per pool.
+pub const USAGE_KIND: Kind = Kind { name: "vps.usage", shard_by: ShardBy::Pool };
+/// Instances metered per run; more makes it run again.
+const INSTANCES_PER_RUN: i32 = 256;
+
+/// Whether an instance's VM is up in `state`, and so metered.
+fn up(state: InstanceState) -> bool {
+    matches!(state, InstanceState::Running | InstanceState::Stopping)
+}
+
+/// Records an instance's move from `from` to `to` in its runs, in the caller's transaction (the one
+/// that moves it): a VM coming up opens a run and wakes its pool's metering, one going down
+/// closes it.
+pub(crate) async fn follow(tx: &impl GenericClient, id: &str, pool_id: &str, from: InstanceState, to: InstanceState) -> Result<(), DbError> {
+    match (up(from), up(to)) {
+        (false, true) => {
+            tx.execute("INSERT INTO instance_runs (instance_id, during) VALUES ($1, tstzrange(compute_now(), NULL))", &[&id]).await?;
+            work_queue::enqueue(tx, &USAGE_KIND, pool_id).await?;
+        }
+        (true, false) => {
+            // A run that began this very instant was never up: it goes rather than being empty.
+            tx.execute(
+                "WITH closed AS (UPDATE instance_runs SET during = tstzrange(lower(during), compute_now())
+                                  WHERE instance_id = $1 AND upper_inf(during) AND lower(during) < compute_now() RETURNING 1)
+                 DELETE FROM instance_runs WHERE instance_id = $1 AND upper_inf(during) AND lower(during) >= compute_now()",
+                &[&id],
+            )
+            .await?;
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// The metering invariant, for the simulator and tests: every instance's windows sum to exactly
+/// the seconds its VM was up before the end of the last window it was metered to, and an instance
+/// has at most one open run. Returns what is wrong (empty: holds).
+pub async fn violations(db: &impl GenericClient) -> Result<Vec<String>, DbError> {
+    let mut wrong = Vec::new();
+    for r in db
+        .query(
+            "WITH m AS (
+               SELECT i.id,
+                      coalesce((SELECT sum(w.instance_seconds) FROM instance_usage_windows w WHERE w.instance_id = i.id), 0) AS billed,
+                      coalesce((SELECT sum(extract(epoch FROM upper(x.up) - lower(x.up)))
+                                  FROM instance_runs r, LATERAL (SELECT r.during * tstzrange(NULL, i.usage_closed_until) AS up) x
+                                 WHERE r.instance_id = i.id AND NOT isempty(x.up)), 0) AS up
+                 FROM instances i WHERE i.usage_closed_until IS NOT NULL)
+             SELECT id, billed::text, up::text FROM m WHERE billed <> up ORDER BY id",
+            &[],
+        )
+        .await?
+    {
+        wrong.push(format!("instance {} is billed {} s but was up {} s in its metered windows", r.get::<_, String>(0), r.get::<_, String>(1), r.get::<_, String>(2)));
+    }
+    for r in db.query("SELECT instance_id FROM instance_runs WHERE upper_inf(during) GROUP BY 1 HAVING count(*) > 1 ORDER BY 1", &[]).await? {
+        wrong.push(format!("instance {} has more than one open run", r.get::<_, String>(0)));
+    }
+    Ok(wrong)
+}
+
+/// The `vps.usage` job.
+pub struct UsageJob;
+
+#[async_trait::async_trait]
+impl Reconciler for UsageJob {
+    fn kind(&self) -> Kind {
+        USAGE_KIND
+    }
+
+    async fn run(&self, ctx: &ReconcileContext, pool: &str) -> Result<Outcome, RunError> {
+        let mut c = ctx.client().await?;
+        let tx = ctx.begin_fenced(&mut c).await?;
+        let rows = tx.query("SELECT id, tenant_id, data FROM vps_usage_close($1, $2)", &[&pool, &INSTANCES_PER_RUN]).await?;
+        for r in &rows {
+            let (key, tenant, data): (String, String, serde_json::Value) = (r.get(0), r.get(1), r.get(2));
+            ctx.emit(&tx, NewEvent { event_type: "instance.usageWindow", tenant_id: Some(&tenant), subject: &key, data }).await?;
+        }
+        // More due now (more than a run takes, or some locked)? And while a VM of the pool is up,
+        // the current window's end.
+        let r = tx
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM instances i JOIN instance_runs r ON r.instance_id = i.id
+                                 WHERE i.pool_id = $1 AND r.during && tstzrange(coalesce(i.usage_closed_until, '-infinity'), capacity_usage_closed_until())),
+                        EXISTS (SELECT 1 FROM instances i JOIN instance_runs r ON r.instance_id = i.id
+                                 WHERE i.pool_id = $1 AND upper_inf(r.during)),
+                        (capacity_usage_window_s() - mod(extract(epoch FROM compute_now()), capacity_usage_window_s()))::float8",
+                &[&pool],
+            )
+            .await?;
+        let (more, up_now, next_s): (bool, bool, f64) = (r.get(0), r.get(1), r.get(2));
+        if up_now {
+            work_queue::enqueue_after(&*tx, &USAGE_KIND, pool, Duration::from_secs_f64(next_s.max(0.0) + 1.0)).await?;
+        }
+        tx.commit().await?;
+        ctx.count("instance usage windows written", rows.len() as u64);
+        Ok(if more { Outcome::SyncAgain } else { Outcome::Done })
+    }
+
+    async fn keys(&self, ctx: &ReconcileContext, shards: &[i16]) -> Result<Vec<String>, RunError> {
+        // Every pool with an instance up now or up in time not metered yet.
+        let c = ctx.read().await?;
+        let rows = c
+            .query(
+                "SELECT DISTINCT i.pool_id FROM instances i JOIN instance_runs r ON r.instance_id = i.id
+                  WHERE upper_inf(r.during) OR upper(r.during) > coalesce(i.usage_closed_until, '-infinity')",
+                &[],
+            )
+            .await?;
+        Ok(rows.iter().map(|r| r.get::<_, String>(0)).filter(|p| shards.contains(&USAGE_KIND.shard_of(p))).collect())
+    }
+}

@@ -458,17 +458,19 @@ impl Sim {
             Ok(rows) => rows.iter().map(|r| r.get(0)).collect(),
             Err(_) => vec!["unknown".into()],
         };
-        let metered: i64 = match db.query_one("SELECT count(*) FROM usage_windows", &[]).await {
-            Ok(r) => r.get(0),
+        let count = async |sql: &str| match db.query_one(sql, &[]).await {
+            Ok(r) => r.get::<_, i64>(0),
             Err(_) => -1,
         };
+        let metered = count("SELECT count(*) FROM usage_windows").await;
+        let instances_metered = count("SELECT count(*) FROM instance_usage_windows").await;
         let faults = t.faults.lock().expect("faults");
         let mut faults: Vec<String> = faults.iter().map(|(k, n)| format!("{k} {n}")).collect();
         faults.sort();
         Ok(SeedReport {
             violations,
             summary: format!(
-                "{} operations ({} placed, {} creates and releases in batches, {} commands, {} refused, {} failed while the database was away); faults: {}; {} reboots; {} maintenance workflows ({}; {} held and cancelled at the end); {} usage windows metered; {} instances created; {idle_intervals} intervals without a placement",
+                "{} operations ({} placed, {} creates and releases in batches, {} commands, {} refused, {} failed while the database was away); faults: {}; {} reboots; {} maintenance workflows ({}; {} held and cancelled at the end); {} usage windows metered; {} instances created, {} of their usage windows metered; {idle_intervals} intervals without a placement",
                 t.ops.load(Ordering::SeqCst),
                 t.placed.load(Ordering::SeqCst),
                 t.batched.load(Ordering::SeqCst),
@@ -482,6 +484,7 @@ impl Sim {
                 t.workflows_held.load(Ordering::SeqCst),
                 metered,
                 t.instances.load(Ordering::SeqCst),
+                instances_metered,
             ),
         })
     }

@@ -830,7 +830,7 @@ impl Sim {
                 }
                 Err(e) if e.code == ErrorCode::Internal => {
                     self.tally.internal.fetch_add(1, Ordering::Relaxed);
-                    self.tally.first_internal.lock().expect("tally").get_or_insert_with(|| format!("{}", e.message));
+                    self.tally.first_internal.lock().expect("tally").get_or_insert_with(|| e.message.clone());
                 }
                 Err(_) => {
                     self.tally.refused.fetch_add(1, Ordering::Relaxed);

@@ -6,6 +6,26 @@ use better_compute_db::DbError;
 use serde::Serialize;
 use tokio_postgres::GenericClient;
 
+/// Runs a metering function of the shape `f(pool text, limit int) RETURNS TABLE (id text,
+/// tenant_id text, data jsonb)` (`capacity_usage_close`, the vps module's `vps_usage_close`) in a
+/// metering job's fenced transaction, and writes each closed window's `event_type` event, subject
+/// its billing key, in the same transaction. Returns how many windows it wrote.
+pub async fn close_windows(
+    ctx: &better_compute_runtime::ReconcileContext,
+    tx: &tokio_postgres::Transaction<'_>,
+    function: &'static str,
+    pool: &str,
+    limit: i32,
+    event_type: &'static str,
+) -> Result<u64, DbError> {
+    let rows = tx.query(&format!("SELECT id, tenant_id, data FROM {function}($1, $2)"), &[&pool, &limit]).await?;
+    for r in &rows {
+        let (key, tenant, data): (String, String, serde_json::Value) = (r.get(0), r.get(1), r.get(2));
+        ctx.emit(tx, better_compute_runtime::NewEvent { event_type, tenant_id: Some(&tenant), subject: &key, data }).await?;
+    }
+    Ok(rows.len() as u64)
+}
+
 /// The fleet's usage window in seconds (default 3600).
 pub async fn window_s(db: &impl GenericClient) -> Result<i32, DbError> {
     Ok(db.query_one("SELECT window_s FROM usage_settings", &[]).await?.get(0))

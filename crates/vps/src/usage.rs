@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use better_compute_core::state::InstanceState;
 use better_compute_db::DbError;
-use better_compute_runtime::{work_queue, Kind, NewEvent, Outcome, ReconcileContext, Reconciler, RunError, ShardBy};
+use better_compute_runtime::{work_queue, Kind, Outcome, ReconcileContext, Reconciler, RunError, ShardBy};
 use tokio_postgres::GenericClient;
 
 /// The job's kind: one key per pool.
@@ -84,11 +84,7 @@ impl Reconciler for UsageJob {
     async fn run(&self, ctx: &ReconcileContext, pool: &str) -> Result<Outcome, RunError> {
         let mut c = ctx.client().await?;
         let tx = ctx.begin_fenced(&mut c).await?;
-        let rows = tx.query("SELECT id, tenant_id, data FROM vps_usage_close($1, $2)", &[&pool, &INSTANCES_PER_RUN]).await?;
-        for r in &rows {
-            let (key, tenant, data): (String, String, serde_json::Value) = (r.get(0), r.get(1), r.get(2));
-            ctx.emit(&tx, NewEvent { event_type: "instance.usageWindow", tenant_id: Some(&tenant), subject: &key, data }).await?;
-        }
+        let written = better_compute_capacity::usage::close_windows(ctx, &tx, "vps_usage_close", pool, INSTANCES_PER_RUN, "instance.usageWindow").await?;
         // More due now (more than a run takes, or some locked)? And while a VM of the pool is up,
         // the current window's end.
         let r = tx
@@ -106,7 +102,7 @@ impl Reconciler for UsageJob {
             work_queue::enqueue_after(&*tx, &USAGE_KIND, pool, Duration::from_secs_f64(next_s.max(0.0) + 1.0)).await?;
         }
         tx.commit().await?;
-        ctx.count("instance usage windows written", rows.len() as u64);
+        ctx.count("instance usage windows written", written);
         Ok(if more { Outcome::SyncAgain } else { Outcome::Done })
     }
 

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use better_compute_runtime::{work_queue, Kind, NewEvent, Outcome, ReconcileContext, Reconciler, RunError};
+use better_compute_runtime::{work_queue, Kind, Outcome, ReconcileContext, Reconciler, RunError};
 
 use crate::USAGE_KIND;
 
@@ -25,11 +25,7 @@ impl Reconciler for UsageJob {
     async fn run(&self, ctx: &ReconcileContext, pool: &str) -> Result<Outcome, RunError> {
         let mut c = ctx.client().await?;
         let tx = ctx.begin_fenced(&mut c).await?;
-        let rows = tx.query("SELECT id, tenant_id, data FROM capacity_usage_close($1, $2)", &[&pool, &RESERVATIONS_PER_RUN]).await?;
-        for r in &rows {
-            let (key, tenant, data): (String, String, serde_json::Value) = (r.get(0), r.get(1), r.get(2));
-            ctx.emit(&tx, NewEvent { event_type: "usage.window", tenant_id: Some(&tenant), subject: &key, data }).await?;
-        }
+        let written = crate::usage::close_windows(ctx, &tx, "capacity_usage_close", pool, RESERVATIONS_PER_RUN, "usage.window").await?;
         // Whether more are due now (more than a run takes, or some locked), and when the current
         // window closes.
         let r = tx
@@ -43,7 +39,7 @@ impl Reconciler for UsageJob {
         let (more, next_s): (bool, f64) = (r.get(0), r.get(1));
         work_queue::enqueue_after(&*tx, &USAGE_KIND, pool, Duration::from_secs_f64(next_s.max(0.0) + 1.0)).await?;
         tx.commit().await?;
-        ctx.count("usage windows written", rows.len() as u64);
+        ctx.count("usage windows written", written);
         Ok(if more { Outcome::SyncAgain } else { Outcome::Done })
     }
 

@@ -82,10 +82,15 @@ fn a_worker_that_skips_its_lease_fence_is_caught_writing_under_a_stale_epoch() {
 fn hosts_that_keep_deleted_vms_are_caught_leaking_them_after_the_heal() {
     // The broken fake hypervisor deletes nothing: every instance deleted during the run (its
     // tenant's, or its reservation's end) leaves its VM behind.
-    let o = sim(&["--seeds", "8", "--duration", "16s", "--nodes", "3", "--broken", "keep-deleted-vms", "--heal-timeout-s", "45"]);
+    // No database crash: one early in the run left too few placed reservations, and so too few
+    // VMs on hosts to leak, for the seed to be sure to delete one.
+    let o = sim(&[
+        "--seeds", "8", "--duration", "24s", "--nodes", "3", "--faults", "partition,gateway-kill", "--broken", "keep-deleted-vms",
+        "--heal-timeout-s", "45",
+    ]);
     let out = text(&o);
     assert!(!o.status.success(), "the checker missed leaked VMs:\n{out}");
     // Its instances never reach deleted (their VMs stay), or reach it with the VM still there.
-    let named = out.contains("leaked: its instance is deleted") || out.contains("is deleting although its reservation");
+    let named = out.contains("leaked: its instance is") || out.contains("is deleting although its reservation");
     assert!(out.contains("seed 8:") && named, "the violation names the instance whose VM stayed:\n{out}");
 }

@@ -1284,6 +1284,11 @@ async fn instance_differences(db: &tokio_postgres::Client) -> anyhow::Result<Vec
                FROM instances i JOIN vms v ON v.id = i.id
               WHERE (i.state = 'provisioning' AND v.state = 'running') OR (i.state = 'stopping' AND v.state = 'stopped')
              UNION ALL
+             SELECT CASE WHEN EXISTS (SELECT 1 FROM vms v WHERE v.id = i.id)
+                         THEN format('VM %s on %s leaked: its instance is still deleting', i.id, i.node_id)
+                         ELSE format('instance %s is still deleting although its host %s has no VM for it', i.id, i.node_id) END
+               FROM instances i WHERE i.state = 'deleting'
+             UNION ALL
              SELECT format('instance %s is %s although its reservation %s is %s', i.id, i.state, r.id, r.state)
                FROM instances i JOIN reservations r ON r.id = i.allocation_id
               WHERE (i.state <> 'deleted' AND r.state NOT IN ('pending', 'placed', 'active')) OR (i.state = 'requested' AND r.state IN ('placed', 'active'))

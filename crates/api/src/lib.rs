@@ -16,6 +16,7 @@ pub mod openapi;
 pub mod rate_limit;
 pub mod usage_export;
 pub mod watch;
+pub mod console;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -109,6 +110,7 @@ pub fn router(state: Arc<ApiState>) -> Router {
     Router::new()
         .route("/v1/openapi.json", get(openapi_json))
         .route("/v1/watch", get(watch::watch))
+        .route("/v1/instances.console", get(console::console).post(|s, h, b| call(s, Path("instances.console".to_owned()), h, b)))
         .route("/v1/usage.export", get(usage_export::export).post(|s, h, b| call(s, Path("usage.export".to_owned()), h, b)))
         .route("/v1/{method}", post(call))
         .route("/healthz", get(|| async { "ok\n" }))

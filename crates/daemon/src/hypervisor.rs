@@ -69,6 +69,26 @@ pub struct Vm {
     pub reboot_count: u32,
 }
 
+/// Bytes read from a VM's serial console.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ConsoleRead {
+    /// Where `data` starts.
+    pub offset: u64,
+    /// The bytes.
+    pub data: Vec<u8>,
+    /// The console's length now.
+    pub size: u64,
+}
+
+impl ConsoleRead {
+    /// The part of `console` from `from`, at most `max_bytes`.
+    pub fn of(console: &[u8], from: u64, max_bytes: usize) -> ConsoleRead {
+        let start = (from.min(console.len() as u64)) as usize;
+        let end = console.len().min(start.saturating_add(max_bytes));
+        ConsoleRead { offset: start as u64, data: console[start..end].to_vec(), size: console.len() as u64 }
+    }
+}
+
 /// A hypervisor backend. Calls may block; the daemon runs them off its async threads.
 pub trait Hypervisor: Send + Sync + std::fmt::Debug + 'static {
     /// `qemu` or `fake`.
@@ -83,6 +103,10 @@ pub trait Hypervisor: Send + Sync + std::fmt::Debug + 'static {
 
     /// Stops the VM if it runs and removes it, disk and all; nothing when there is none.
     fn delete(&self, instance_id: &str) -> Result<(), HypervisorError>;
+
+    /// The VM's serial console from byte `from` (clamped to its end), at most `max_bytes` of it,
+    /// and how long the console is now. The console only grows while the VM exists.
+    fn console(&self, instance_id: &str, from: u64, max_bytes: usize) -> Result<ConsoleRead, HypervisorError>;
 
     /// What the host has for running VMs (`vps.bootstrap`'s report): `problems` lists what keeps
     /// it from running them, empty when it can; `images` says, for each name asked, whether the
@@ -188,6 +212,16 @@ impl Hypervisor for FakeHypervisor {
         // A restart of the fake is instant: only the count moves.
         v.reboot_count = v.reboot_count.max(reboot_count);
         self.save(&vms)
+    }
+
+    fn console(&self, instance_id: &str, from: u64, max_bytes: usize) -> Result<ConsoleRead, HypervisorError> {
+        let vms = self.vms.lock().expect("fake VMs");
+        let v = vms.get(instance_id).ok_or_else(|| HypervisorError::Failed(format!("no VM {instance_id}")))?;
+        // One boot's lines per applied reboot count: the console grows as a real one does.
+        let text: String = (0..=v.reboot_count)
+            .map(|k| format!("[fake] {} boot {k}\nSSH host key: {}\n{} login: \n", v.instance_id, v.host_key_fingerprint, v.instance_id))
+            .collect();
+        Ok(ConsoleRead::of(text.as_bytes(), from, max_bytes))
     }
 
     fn check(&self, images: &[String]) -> serde_json::Value {

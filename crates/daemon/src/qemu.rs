@@ -25,7 +25,7 @@ use base64::Engine;
 use serde::{Deserialize, Serialize};
 use sha2::Digest;
 
-use crate::hypervisor::{Hypervisor, HypervisorError, Vm, VmPower, VmSpec};
+use crate::hypervisor::{ConsoleRead, Hypervisor, HypervisorError, Vm, VmPower, VmSpec};
 
 /// The QEMU binary.
 pub const QEMU: &str = "qemu-system-x86_64";
@@ -194,8 +194,11 @@ impl Qemu {
             .arg(dir.join("pid"))
             .arg("-qmp")
             .arg(format!("unix:{},server=on,wait=off", dir.join("qmp.sock").display()))
-            .arg("-serial")
-            .arg(format!("file:{}", dir.join("console.log").display()))
+            // Appended to, so the console only grows while the VM exists (offsets stay valid across
+            // restarts of the VM).
+            .arg("-chardev")
+            .arg(format!("file,id=console,append=on,path={}", dir.join("console.log").display()))
+            .args(["-serial", "chardev:console"])
             .args(["-nic", &format!("user,model=virtio-net-pci,hostfwd=tcp::{}-:22", a.ssh_port)]);
         if dir.join("disk.qcow2").exists() {
             cmd.arg("-drive").arg(format!("file={},if=virtio,format=qcow2", dir.join("disk.qcow2").display()));
@@ -288,6 +291,22 @@ pub fn host_key_fingerprint(console: &str) -> Option<String> {
 impl Hypervisor for Qemu {
     fn name(&self) -> &'static str {
         "qemu"
+    }
+
+    fn console(&self, instance_id: &str, from: u64, max_bytes: usize) -> Result<ConsoleRead, HypervisorError> {
+        use std::io::{Read, Seek, SeekFrom};
+        let path = self.dir(instance_id).join("console.log");
+        let mut f = match std::fs::File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && self.applied(instance_id).is_some() => return Ok(ConsoleRead::default()),
+            Err(e) => return Err(failed("cannot read the console", e)),
+        };
+        let size = f.metadata().map_err(|e| failed("cannot read the console", e))?.len();
+        let offset = from.min(size);
+        f.seek(SeekFrom::Start(offset)).map_err(|e| failed("cannot read the console", e))?;
+        let mut data = Vec::with_capacity(max_bytes.min((size - offset) as usize));
+        f.take(max_bytes as u64).read_to_end(&mut data).map_err(|e| failed("cannot read the console", e))?;
+        Ok(ConsoleRead { offset, data, size })
     }
 
     fn list(&self) -> Result<Vec<Vm>, HypervisorError> {

@@ -313,6 +313,7 @@ fn reports_of(batch: Vec<DaemonMessage>) -> Result<Vec<Report>, Error> {
             Msg::SpecStatus(st) => Report::SpecStatus(st),
             Msg::Inventory(inv) => Report::Inventory(inv),
             Msg::Health(h) => Report::Health(h),
+            Msg::ConsoleOutput(c) => Report::Console { instance_id: c.instance_id, offset: c.offset, data: c.data },
         });
     }
     Ok(out)

@@ -7,6 +7,7 @@ pub mod actions;
 pub mod command_keys;
 pub mod commands;
 pub mod conditions;
+pub mod consoles;
 pub mod devices;
 pub mod drain;
 pub mod findings;
@@ -38,10 +39,12 @@ pub const NODES_MIGRATIONS: &[Migration] = &[
     Migration::numbered("nodes", "0007_health_counters", include_str!("migrations/nodes/0007_health_counters.sql")),
     Migration::numbered("nodes", "0008_command_signatures", include_str!("migrations/nodes/0008_command_signatures.sql")),
     Migration::numbered("nodes", "0009_command_keys", include_str!("migrations/nodes/0009_command_keys.sql")),
+    Migration::numbered("nodes", "0010_vm_consoles", include_str!("migrations/nodes/0010_vm_consoles.sql")),
     Migration::repeatable("nodes", "scope", include_str!("sql/scope.sql")),
     Migration::repeatable("nodes", "drain", include_str!("sql/drain.sql")),
     Migration::repeatable("nodes", "conditions", include_str!("sql/conditions.sql")),
     Migration::repeatable("nodes", "findings", include_str!("sql/findings.sql")),
+    Migration::repeatable("nodes", "consoles", include_str!("sql/consoles.sql")),
 ];
 
 /// The nodes module, for the registry.

@@ -48,6 +48,15 @@ pub enum Report {
     Inventory(Inventory),
     /// Its GPUs' health.
     Health(Health),
+    /// What a VM on it wrote to its serial console.
+    Console {
+        /// The instance the VM is.
+        instance_id: String,
+        /// Where `data` starts in the console.
+        offset: u64,
+        /// The bytes.
+        data: Vec<u8>,
+    },
 }
 
 impl Report {
@@ -127,7 +136,7 @@ pub async fn apply(tx: &impl GenericClient, gateway_id: &str, sessions: &[&Sessi
     let (mut acks, mut results, mut rejects) = (Vec::new(), Vec::new(), Vec::new());
     // The last spec status and inventory of each node: the newest says all.
     let (mut specs, mut inventories) = (BTreeMap::new(), BTreeMap::new());
-    let mut health = Vec::new();
+    let (mut health, mut consoles) = (Vec::new(), Vec::new());
     for s in live {
         let node = s.node_id.as_str();
         for r in &s.reports {
@@ -142,6 +151,7 @@ pub async fn apply(tx: &impl GenericClient, gateway_id: &str, sessions: &[&Sessi
                     inventories.insert(node, inv);
                 }
                 Report::Health(h) => health.push((node, h)),
+                Report::Console { instance_id, offset, data } => consoles.push((node, instance_id.as_str(), *offset, data.as_slice())),
             }
         }
     }
@@ -165,6 +175,7 @@ pub async fn apply(tx: &impl GenericClient, gateway_id: &str, sessions: &[&Sessi
     for (node, h) in health {
         crate::health::record(tx, node, h).await?;
     }
+    crate::consoles::append(tx, &consoles).await?;
     Ok(applied)
 }
 
@@ -174,6 +185,7 @@ fn check(r: &Report) -> Result<(), Error> {
         Report::Ack { command_id } | Report::Reject { command_id, .. } | Report::Result { command_id, .. } if command_id.len() > 64 => {
             Err(Error::invalid_argument("a command id is at most 64 characters"))
         }
+        Report::Console { instance_id, offset, data } => crate::consoles::check(instance_id, *offset, data),
         _ => Ok(()),
     }
 }
@@ -255,6 +267,8 @@ async fn spec_statuses(tx: &impl GenericClient, specs: &BTreeMap<&str, &SpecStat
         .map(|r| r.get(0))
         .collect();
     if !changed.is_empty() {
+        let nodes: Vec<&str> = changed.iter().map(String::as_str).collect();
+        crate::consoles::forget_unreported(tx, &nodes).await?;
         better_compute_runtime::work_queue::enqueue_many(tx, &INSTANCES_OBSERVED, &changed).await?;
     }
     Ok(())

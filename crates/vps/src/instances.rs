@@ -259,6 +259,25 @@ pub async fn get(db: &impl GenericClient, caller: Caller<'_>, id: &str) -> Resul
     row.as_ref().map(view_of).ok_or_else(|| Error::not_found("instance", id))
 }
 
+/// Console bytes one `instances.console` answer carries at most.
+pub const CONSOLE_PAGE_BYTES: usize = 64 << 10;
+
+/// `instances.console`: what is kept of the instance's serial console (the last 64 KiB its host
+/// sent) from byte `from`, or all of it. An instance with nothing kept (not yet on a host, or
+/// deleted) answers an empty tail at `from`.
+pub async fn console(db: &impl GenericClient, caller: Caller<'_>, id: &str, from: Option<i64>) -> Result<better_compute_nodes::consoles::ConsoleTail, Error> {
+    if from.is_some_and(|f| f < 0) {
+        return Err(Error::invalid_argument("offset must not be negative"));
+    }
+    let v = get(db, caller, id).await?;
+    let kept = match &v.node_id {
+        Some(node) => better_compute_nodes::consoles::read(db, node, id, from, CONSOLE_PAGE_BYTES).await?,
+        None => None,
+    };
+    let at = from.unwrap_or(0);
+    Ok(kept.unwrap_or(better_compute_nodes::consoles::ConsoleTail { offset: at, next_offset: at, text: String::new(), truncated: false }))
+}
+
 /// `instances.list`: the caller's tenant's instances after `after` in id order, at most `limit + 1`
 /// (for the page's next token); deleted ones only with `include_deleted`.
 pub async fn list(db: &impl GenericClient, caller: Caller<'_>, after: &str, limit: i64, include_deleted: bool) -> Result<Vec<InstanceView>, Error> {

@@ -65,6 +65,7 @@ impl better_compute_runtime::Module for VpsModule {
             Permission { name: "compute:instances:create", description: "Create instances (VMs) on the tenant's reservations." },
             Permission { name: "compute:instances:read", description: "Read the tenant's instances." },
             Permission { name: "compute:instances:write", description: "Stop, start, reboot and delete the tenant's instances." },
+            Permission { name: "compute:instances:console", description: "Read the serial consoles of the tenant's instances (what the guest prints there; not part of read)." },
         ]
     }
 

@@ -320,3 +320,50 @@ async fn an_instance_is_metered_once_per_closed_window_for_the_seconds_its_vm_wa
     assert_eq!(wrong.len(), 1, "{wrong:?}");
     assert!(wrong[0].contains("billed 15300.000000 s but was up 11700.000000 s"), "{wrong:?}");
 }
+
+fn console(id: &str, offset: u64, data: &[u8]) -> Report {
+    Report::Console { instance_id: id.into(), offset, data: data.to_vec() }
+}
+
+#[tokio::test]
+async fn an_instances_console_keeps_each_byte_once_and_the_last_64_kib_while_its_host_reports_the_vm() {
+    let h = Harness::new(vec![Arc::new(NodesModule), Arc::new(CapacityModule), Arc::new(VpsModule)]).await;
+    let (pool, node) = host(&h).await;
+    let mut c = h.db().client().await;
+    let v = instances::create(&mut c, ME, &request(&pool, "c-1")).await.unwrap();
+    h.job("vps.instances").drain(10).await;
+    h.job("nodespec").drain(10).await;
+    let read = async |from: Option<i64>| instances::console(&**h.db().client().await, ME, &v.id, from).await.unwrap();
+    // Nothing before the host reports the VM: a console of a VM the host does not report is not kept.
+    apply(&h, &node, vec![console(&v.id, 0, b"early")]).await;
+    assert_eq!((read(None).await.text, read(None).await.next_offset), (String::new(), 0));
+    report(&h, &node, &[(&v.id, "running")]).await;
+    // Repeats and overlaps keep each byte once; a chunk in the same report as others applies in order.
+    apply(&h, &node, vec![console(&v.id, 0, b"boot 1\n"), console(&v.id, 0, b"boot 1\n"), console(&v.id, 3, b"t 1\nlogin: ")]).await;
+    let t = read(None).await;
+    assert_eq!((t.offset, t.next_offset, t.text.as_str(), t.truncated), (0, 14, "boot 1\nlogin: ", false));
+    let t = read(Some(7)).await;
+    assert_eq!((t.offset, t.text.as_str()), (7, "login: "));
+    // Another tenant sees no such instance.
+    let other = Caller { tenant_id: "ten_b", identity_id: "idn_b" };
+    assert_eq!(instances::console(&**c, other, &v.id, None).await.unwrap_err().code, ErrorCode::NotFound);
+    assert_eq!(instances::console(&**c, ME, &v.id, Some(-1)).await.unwrap_err().code, ErrorCode::InvalidArgument);
+    // Past 64 KiB the oldest bytes go; a reader from before them is told so.
+    let big = vec![b'x'; 35_000];
+    apply(&h, &node, vec![console(&v.id, 14, &big), console(&v.id, 35_014, &big)]).await;
+    let t = read(Some(0)).await;
+    assert_eq!((t.offset, t.next_offset, t.truncated, t.text.len()), (70_014 - 65_536, 70_014, true, 65_536));
+    // Bytes that never came (a gap) start the tail again where the host now is.
+    apply(&h, &node, vec![console(&v.id, 80_000, b"after a gap")]).await;
+    let t = read(Some(70_014)).await;
+    assert_eq!((t.offset, t.text.as_str(), t.truncated), (80_000, "after a gap", true));
+    // A host may not write a console of an instance that is not its VM.
+    let kept: i64 = c.query_one("SELECT count(*) FROM vm_consoles", &[]).await.unwrap().get(0);
+    apply(&h, &node, vec![console("ins_not_there", 0, b"x")]).await;
+    assert_eq!(c.query_one("SELECT count(*) FROM vm_consoles", &[]).await.unwrap().get::<_, i64>(0), kept);
+    assert_eq!(kept, 1);
+    // Once the host no longer reports the VM, its console is gone.
+    report(&h, &node, &[]).await;
+    assert_eq!(c.query_one("SELECT count(*) FROM vm_consoles", &[]).await.unwrap().get::<_, i64>(0), 0);
+    assert_eq!(read(Some(5)).await, better_compute_nodes::consoles::ConsoleTail { offset: 5, next_offset: 5, text: String::new(), truncated: false });
+}

@@ -20,6 +20,19 @@ struct InstanceRef {
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct ConsoleRef {
+    /// The caller's tenant; when given it must be the token's.
+    #[serde(default)]
+    tenant_id: Option<String>,
+    /// `ins_…`.
+    instance_id: String,
+    /// The byte to start from (a previous answer's `nextOffset`); all that is kept when absent.
+    #[serde(default)]
+    offset: Option<i64>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct ListInstances {
     /// The caller's tenant; when given it must be the token's.
     #[serde(default)]
@@ -75,6 +88,15 @@ pub(super) fn methods() -> Vec<Method> {
             let items = instances::list(&*ctx.read().await?, ctx.caller(), &after, size, r.include_deleted).await?;
             Ok(Page::from_rows(items, size, |v: &InstanceView| v.id.clone()))
         }),
+        method(
+            "instances.console",
+            "Read an instance's serial console: what is kept of it (the last 64 KiB its host sent) from offset, or all of it. GET /v1/instances.console?instanceId=… streams it as Server-Sent Events.",
+            "compute:instances:console at tenant scope",
+            |ctx: Ctx, r: ConsoleRef| async move {
+                ctx.in_tenant(r.tenant_id.as_deref(), crate::console::CONSOLE).await?;
+                instances::console(&*ctx.read().await?, ctx.caller(), &r.instance_id, r.offset).await
+            },
+        ),
         action("instances.stop", "Stop an instance, keeping its disk (a stopped one stays stopped).", Action::Stop),
         action("instances.start", "Start a stopped instance (a running one stays running).", Action::Start),
         action("instances.reboot", "Restart a running instance once.", Action::Reboot),

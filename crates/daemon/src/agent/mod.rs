@@ -14,7 +14,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use better_compute_proto::v1::gateway_client::GatewayClient;
 use better_compute_proto::v1::{
-    command_body::Payload, daemon_message, gateway_message, Command, CommandAck, CommandReject, CommandResult, DaemonMessage, GatewayMessage, GpusSection,
+    command_body::Payload, daemon_message, gateway_message, Command, CommandAck, CommandReject, CommandResult, ConsoleOutput, DaemonMessage, GatewayMessage, GpusSection,
     Health, Heartbeat, Hello, JoinRequest, NodeSpec, RejectReason, RotateCertificateRequest, SpecStatus,
 };
 use prost::Message;
@@ -32,6 +32,14 @@ use crate::{daemon_msg, DaemonConfig, DaemonError, RebootHook};
 pub const KINDS: &[&str] = &["diag.nvml", "inventory.refresh", "logs.collect", "node.reboot", "vps.bootstrap"];
 /// Messages queued to the gateway.
 const OUTBOUND_QUEUE: usize = 256;
+/// Heartbeats between two convergences of a vps host's VMs on the spec it applied.
+pub const RECHECK_BEATS: u64 = 6;
+/// How often a vps host sends what its VMs wrote to their consoles.
+pub const CONSOLE_INTERVAL: Duration = Duration::from_secs(1);
+/// Console bytes sent per VM per [`CONSOLE_INTERVAL`] at most.
+pub const CONSOLE_CHUNK_BYTES: usize = 16 << 10;
+/// How far back a new session starts each VM's console: what the control plane keeps of it.
+pub const CONSOLE_CATCH_UP_BYTES: u64 = 64 << 10;
 
 struct Waiting {
     cmd: Command,
@@ -87,6 +95,13 @@ struct State {
     inventory_sent: bool,
     /// What the hypervisor last said of the instances (vps-host nodes), sent with every spec status.
     instances: Vec<better_compute_proto::v1::InstanceObserved>,
+    /// The spec last applied in full, converged again every [`RECHECK_BEATS`] heartbeats on a
+    /// vps host (a VM that died is started again, one nobody asked for is deleted).
+    last_spec: Option<(i64, NodeSpec)>,
+    /// Heartbeats this daemon has sent.
+    beats: u64,
+    /// How much of each VM's console this session has sent.
+    console_sent: HashMap<String, u64>,
 }
 
 /// The node agent.
@@ -305,6 +320,9 @@ impl Daemon {
         let heartbeat_ms = self.state.lock().expect("state").applied.as_ref().map(|a| a.heartbeat_ms).unwrap_or(5_000);
         let mut beat = tokio::time::interval(Duration::from_millis(heartbeat_ms as u64));
         beat.tick().await;
+        let mut console = tokio::time::interval(CONSOLE_INTERVAL);
+        console.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let hypervisor = self.cfg.hypervisor.is_some();
         let result = loop {
             tokio::select! {
                 _ = stopped(shutdown) => break Ok(welcomed),
@@ -319,6 +337,7 @@ impl Daemon {
                     Err(s) => break Err(DaemonError::Transport(format!("{}: {}", s.code(), s.message()))),
                 },
                 _ = beat.tick() => self.tick(&tx).await,
+                _ = console.tick(), if welcomed && hypervisor => self.send_consoles().await,
                 // An XID is reported as it happens, not at the next heartbeat.
                 _ = self.health_events.notified(), if welcomed => self.report_health(false).await,
             }
@@ -342,9 +361,16 @@ impl Daemon {
     async fn tick(self: &Arc<Self>, tx: &mpsc::Sender<DaemonMessage>) {
         let _ = tx.send(daemon_msg(daemon_message::Msg::Heartbeat(Heartbeat {}))).await;
         self.report_health(false).await;
-        let pending = self.state.lock().expect("state").pending.clone();
+        let (pending, recheck) = {
+            let mut st = self.state.lock().expect("state");
+            st.beats += 1;
+            let recheck = if st.beats.is_multiple_of(RECHECK_BEATS) && self.cfg.hypervisor.is_some() { st.last_spec.clone() } else { None };
+            (st.pending.clone(), recheck)
+        };
         if let Some((generation, spec)) = pending {
             self.apply_spec(generation, spec).await;
+        } else if let Some((_, spec)) = recheck {
+            self.recheck_instances(spec).await;
         }
         let now = Instant::now();
         let expired: Vec<Command> = {
@@ -401,6 +427,8 @@ impl Daemon {
         match m {
             gateway_message::Msg::Welcome(w) => {
                 self.logs.line(format!("session {} open; generation {}", w.session_epoch, w.generation));
+                // The last session's console bytes may not have reached the database.
+                self.state.lock().expect("state").console_sent.clear();
                 let first = !std::mem::replace(&mut self.state.lock().expect("state").inventory_sent, true);
                 if first {
                     self.send_inventory().await;
@@ -480,6 +508,9 @@ impl Daemon {
             if c.done {
                 st.applied_generation = st.applied_generation.max(generation);
                 st.pending = None;
+                if st.last_spec.as_ref().is_none_or(|(g, _)| *g <= generation) {
+                    st.last_spec = Some((generation, spec.clone()));
+                }
             } else {
                 st.pending = Some((generation, spec.clone()));
             }
@@ -509,6 +540,62 @@ impl Daemon {
         }
     }
 
+    /// Converges the VMs on the spec applied last, as the kubelet re-syncs its pods: a VM that
+    /// died is started again, one nobody asked for is deleted. What the host then has is reported
+    /// when it differs from what was.
+    async fn recheck_instances(&self, spec: NodeSpec) {
+        let Some(held) = self.state.lock().expect("state").applied.clone() else { return };
+        let hv = self.cfg.hypervisor.clone();
+        let Ok(Some((_, observed))) = tokio::task::spawn_blocking(move || crate::instances::converge(&spec, hv.as_deref(), &held)).await else { return };
+        let changed = {
+            let mut st = self.state.lock().expect("state");
+            let changed = st.instances != observed;
+            st.instances = observed;
+            changed
+        };
+        if changed {
+            self.report_spec_status(None).await;
+        }
+    }
+
+    /// Sends what each VM wrote to its console since the last send (a new session starts
+    /// [`CONSOLE_CATCH_UP_BYTES`] back), at most [`CONSOLE_CHUNK_BYTES`] per VM.
+    async fn send_consoles(&self) {
+        let Some(hv) = self.cfg.hypervisor.clone() else { return };
+        let wanted: Vec<(String, Option<u64>)> = {
+            let mut st = self.state.lock().expect("state");
+            let ids: Vec<String> = st.instances.iter().filter(|i| i.state != "failed").map(|i| i.instance_id.clone()).collect();
+            st.console_sent.retain(|id, _| ids.contains(id));
+            ids.into_iter().map(|id| (id.clone(), st.console_sent.get(&id).copied())).collect()
+        };
+        if wanted.is_empty() {
+            return;
+        }
+        let Ok(reads) = tokio::task::spawn_blocking(move || {
+            wanted
+                .into_iter()
+                .filter_map(|(id, sent)| {
+                    let from = match sent {
+                        Some(n) => n,
+                        None => hv.console(&id, u64::MAX, 0).ok()?.size.saturating_sub(CONSOLE_CATCH_UP_BYTES),
+                    };
+                    Some((id.clone(), hv.console(&id, from, CONSOLE_CHUNK_BYTES).ok()?))
+                })
+                .collect::<Vec<_>>()
+        })
+        .await
+        else {
+            return;
+        };
+        for (id, read) in reads {
+            let end = read.offset + read.data.len() as u64;
+            let sent = read.data.is_empty()
+                || self.send(daemon_message::Msg::ConsoleOutput(ConsoleOutput { instance_id: id.clone(), offset: read.offset, data: read.data })).await;
+            if sent {
+                self.state.lock().expect("state").console_sent.insert(id, end);
+            }
+        }
+    }
 }
 
 async fn stopped(shutdown: &mut watch::Receiver<bool>) {

@@ -700,6 +700,18 @@ CREATE TABLE usage_windows (
   CONSTRAINT usage_windows_pkey PRIMARY KEY (id)
 );
 
+CREATE TABLE vm_consoles (
+  node_id text NOT NULL,
+  instance_id text NOT NULL,
+  start_offset bigint NOT NULL,
+  data bytea NOT NULL,
+  updated_at timestamp with time zone DEFAULT compute_now() NOT NULL,
+  CONSTRAINT vm_consoles_data_check CHECK ((octet_length(data) <= 65536)),
+  CONSTRAINT vm_consoles_node_id_fkey FOREIGN KEY (node_id) REFERENCES nodes(id) ON DELETE CASCADE,
+  CONSTRAINT vm_consoles_pkey PRIMARY KEY (node_id, instance_id),
+  CONSTRAINT vm_consoles_start_offset_check CHECK ((start_offset >= 0))
+);
+
 CREATE TABLE vps_hosts (
   node_id text NOT NULL,
   state text NOT NULL,
@@ -946,5 +958,6 @@ FUNCTION nodes_ts(t timestamp with time zone) RETURNS text LANGUAGE sql STABLE;
 FUNCTION outbox_emit(p_id text, p_type text, p_tenant_id text, p_subject text, p_data jsonb) RETURNS text LANGUAGE plpgsql VOLATILE;
 FUNCTION outbox_emit_many(p_ids text[], p_types text[], p_tenant_ids text[], p_subjects text[], p_data jsonb[]) RETURNS integer LANGUAGE plpgsql VOLATILE;
 FUNCTION outbox_withdraw(p_ids text[]) RETURNS integer LANGUAGE plpgsql VOLATILE;
+FUNCTION vm_console_append(p_node text, p_instance text, p_offset bigint, p_data bytea, p_keep integer) RETURNS void LANGUAGE plpgsql VOLATILE;
 FUNCTION vps_usage_close(p_pool text, p_limit integer) RETURNS TABLE(id text, tenant_id text, data jsonb) LANGUAGE plpgsql VOLATILE;
 FUNCTION work_queue_enqueue(p_kinds text[], p_keys text[], p_shards smallint[], p_after_s double precision) RETURNS integer LANGUAGE plpgsql VOLATILE;

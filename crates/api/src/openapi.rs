@@ -39,6 +39,9 @@ pub fn document<'a>(methods: impl IntoIterator<Item = &'a Method>) -> Value {
     if let Some(Value::Object(item)) = paths.get_mut("/v1/usage.export") {
         item.insert("get".into(), usage_export_get(&error));
     }
+    if let Some(Value::Object(item)) = paths.get_mut("/v1/instances.console") {
+        item.insert("get".into(), console_get(&error));
+    }
     let schemas = generator.take_definitions(true);
     json!({
         "openapi": "3.0.3",
@@ -109,6 +112,34 @@ fn usage_export_get(error: &schemars::Schema) -> Value {
             "404": {"description": "NOT_FOUND: another tenant", "content": {"application/json": {"schema": error}}},
             "429": {"description": "QUOTA_EXCEEDED: the token's request rate", "content": {"application/json": {"schema": error}}},
             "503": {"description": "UNAVAILABLE", "content": {"application/json": {"schema": error}}},
+        },
+    })
+}
+
+/// `GET /v1/instances.console`: the console as Server-Sent Events.
+fn console_get(error: &schemars::Schema) -> Value {
+    let query = |name: &str, required: bool, schema: Value, description: &str| {
+        json!({"name": name, "in": "query", "required": required, "description": description, "schema": schema})
+    };
+    json!({
+        "operationId": "instances.console.stream",
+        "summary": "Follow an instance's serial console as Server-Sent Events.",
+        "description": "Server-Sent Events (`text/event-stream`) of what the guest writes to its serial console: each `output` event's data is `{offset, nextOffset, text, truncated}` and its `id` the `nextOffset`, so a client reconnecting with `Last-Event-ID` resumes there. Starts with all that is kept (the last 64 KiB), or at `offset`. Ends with an `end` event: code OK when the instance was deleted, else the error (the token revoked or expired, the permission gone).\n\nPermission: compute:instances:console at tenant scope.",
+        "security": [{"bearer": []}],
+        "parameters": [
+            query("instanceId", true, json!({"type": "string"}), "`ins_…`."),
+            query("offset", false, json!({"type": "integer", "format": "int64"}), "The byte to start from (the Last-Event-ID header wins)."),
+            query("tenantId", false, json!({"type": "string"}), "The caller's tenant; when given it must be the token's."),
+            {"name": "Last-Event-ID", "in": "header", "required": false, "description": "Resume at this offset.", "schema": {"type": "string"}},
+        ],
+        "responses": {
+            "200": {"description": "The console stream.", "content": {"text/event-stream": {"schema": {"type": "string"}}}},
+            "400": {"description": "INVALID_ARGUMENT: an unknown query field or a bad offset", "content": {"application/json": {"schema": error}}},
+            "401": {"description": "UNAUTHENTICATED", "content": {"application/json": {"schema": error}}},
+            "403": {"description": "PERMISSION_DENIED: no compute:instances:console in the tenant", "content": {"application/json": {"schema": error}}},
+            "404": {"description": "NOT_FOUND: no such instance in the tenant", "content": {"application/json": {"schema": error}}},
+            "429": {"description": "QUOTA_EXCEEDED: the token's request rate", "content": {"application/json": {"schema": error}}},
+            "503": {"description": "UNAVAILABLE: too many console streams on this process, or the database", "content": {"application/json": {"schema": error}}},
         },
     })
 }

@@ -256,6 +256,7 @@ fn bodies() -> Vec<(&'static str, Value)> {
         ("instances.create", json!({"tenantId": "{ten}", "reservationId": "{res}", "image": "debian-12", "sshPublicKeys": ["ssh-ed25519 AAAA me"], "idempotencyKey": "k"})),
         ("instances.get", json!({"tenantId": "{ten}", "instanceId": "{ins}"})),
         ("instances.list", json!({"tenantId": "{ten}"})),
+        ("instances.console", json!({"tenantId": "{ten}", "instanceId": "{ins}"})),
         ("instances.stop", json!({"tenantId": "{ten}", "instanceId": "{ins}"})),
         ("instances.start", json!({"tenantId": "{ten}", "instanceId": "{ins}"})),
         ("instances.reboot", json!({"tenantId": "{ten}", "instanceId": "{ins}"})),
@@ -1652,7 +1653,33 @@ async fn instances_are_created_once_per_key_read_listed_and_deleted_through_the_
     // Not running yet: it cannot reboot; delete takes it off its host.
     let (s, e) = api.call(&b.token, "instances.reboot", json!({"instanceId": v["id"]})).await;
     assert_eq!((s, e["code"].as_str()), (412, Some("FAILED_PRECONDITION")), "{e}");
+    // Its console: empty until a host sends some; the GET streams it; only with the permission,
+    // only in its tenant.
+    let page = api.ok(&b.token, "instances.console", json!({"instanceId": v["id"]})).await;
+    assert_eq!((page["text"].as_str(), page["nextOffset"].as_i64()), (Some(""), Some(0)), "{page}");
+    let url = format!("{}/v1/instances.console?instanceId={}", api.url, v["id"].as_str().unwrap());
+    let mut stream = api.http.get(&url).bearer_auth(&b.token).send().await.unwrap();
+    assert_eq!(stream.status(), 200);
+    assert_eq!(stream.headers()["content-type"], "text/event-stream");
+    let c = api.tenant("tenant-c").await;
+    let r = api.http.get(&url).bearer_auth(&c.token).send().await.unwrap();
+    assert_eq!(r.status(), 404, "another tenant's instance is not found");
+    let idn = api.ok(&b.token, "identities.create", json!({"name": "looker", "kind": "service"})).await;
+    let tok = api.ok(&b.token, "tokens.create", json!({"identityId": idn["id"]})).await;
+    api.ok(&b.token, "roleBindings.create", json!({"identityId": idn["id"], "role": "tenant-viewer", "scopeKind": "tenant"})).await;
+    let viewer = tok["secret"].as_str().unwrap().to_owned();
+    assert!(api.ok(&viewer, "instances.get", json!({"instanceId": v["id"]})).await["id"] == v["id"], "a viewer reads the instance");
+    let (s, e) = api.call(&viewer, "instances.console", json!({"instanceId": v["id"]})).await;
+    assert_eq!((s, e["code"].as_str()), (403, Some("PERMISSION_DENIED")), "but not its console: {e}");
+    assert_eq!(api.http.get(&url).bearer_auth(&viewer).send().await.unwrap().status(), 403);
+    let r = api.http.get(format!("{url}&offset=-3")).bearer_auth(&b.token).send().await.unwrap();
+    assert_eq!(r.status(), 400);
     let d = api.ok(&b.token, "instances.delete", json!({"instanceId": v["id"]})).await;
     assert_eq!(d["state"], "deleting", "{d}");
+    // The stream ends (OK) once the instance is deleted.
+    api.h.db().client().await.execute("UPDATE instances SET state = 'deleted' WHERE id = $1", &[&v["id"].as_str().unwrap()]).await.unwrap();
+    let (events, ended) = sse_until_quiet(&mut stream, Duration::from_secs(10)).await;
+    assert!(ended, "{events:?}");
+    assert_eq!(events.iter().map(|(e, v)| (e.as_str(), v["code"].as_str())).collect::<Vec<_>>(), [("end", Some("OK"))]);
     assert_eq!(api.ok(&b.token, "instances.delete", json!({"instanceId": v["id"]})).await["version"], d["version"], "a repeat changes nothing");
 }

@@ -40,6 +40,10 @@ pub struct ApiArgs {
     /// holds for an operator), showing progress (a workflow's steps as a live table).
     #[arg(long)]
     wait: bool,
+    /// Follow: `instances.console` streams the console as the guest writes it, until Ctrl-C or
+    /// the instance is deleted (reconnecting after a cut, resuming where it stopped).
+    #[arg(long, short = 'f')]
+    follow: bool,
     /// The longest `--wait` waits, in seconds.
     #[arg(long, default_value_t = 600)]
     wait_timeout_s: u64,
@@ -198,6 +202,7 @@ pub async fn run(mut args: ApiArgs) -> anyhow::Result<()> {
     while let Some(f) = it.next() {
         match f.as_str() {
             "--wait" => args.wait = true,
+            "--follow" | "-f" => args.follow = true,
             "--help" | "-h" => args.help = true,
             "--output" | "-o" => args.output = it.next().context("--output takes table or json")?,
             _ if f.starts_with("--output=") => args.output = f["--output=".len()..].to_owned(),
@@ -240,7 +245,14 @@ pub async fn run(mut args: ApiArgs) -> anyhow::Result<()> {
             body.insert("tenantId".into(), Value::String(t.clone()));
         }
     }
+    if method == "instances.console" && args.follow {
+        return follow_console(&client, &body, &args.output).await;
+    }
     let mut v = client.call(&method, &Value::Object(body.clone())).await?;
+    if method == "instances.console" && args.output != "json" {
+        print_console(&v);
+        return Ok(());
+    }
     if args.wait && method.starts_with("workflows.") && v["steps"].is_array() {
         v = wait_workflow(&client, &args, v).await?;
     } else if args.wait && finished(&method, &v) == Some(false) {
@@ -345,23 +357,21 @@ fn refusal(e: better_compute_client::Error<better_compute_client::types::Error>)
     }
 }
 
-/// `api watch`: streams events, reconnecting with `Last-Event-ID` after a cut.
-async fn watch(client: &Client, fields: &[String], output: &str) -> anyhow::Result<()> {
+/// One Server-Sent Events stream, reconnecting after a cut (at most 10 failed connects in a row),
+/// resuming after the last `id` it saw: `show` gets each event's type and data and says whether
+/// the stream goes on. An `end` event ends it: an error, unless its code is `OK`.
+async fn follow_sse(
+    client: &Client,
+    path: &str,
+    query: &[(String, String)],
+    mut last: Option<String>,
+    mut show: impl FnMut(&str, &str),
+) -> anyhow::Result<()> {
     let token = client.token.as_deref().context("no token: set BETTER_COMPUTE_TOKEN")?;
-    let body = body_of(fields)?;
-    let mut last = body.get("lastEventId").and_then(Value::as_str).map(String::from);
-    let mut query: Vec<(String, String)> = Vec::new();
-    for (k, v) in &body {
-        match k.as_str() {
-            "types" | "subject" => query.push((k.clone(), v.as_str().map(String::from).unwrap_or_else(|| v.to_string()))),
-            "lastEventId" | "tenantId" => {}
-            other => bail!("watch takes types=, subject= and lastEventId=, not {other}"),
-        }
-    }
     let http = better_compute_client::http().build()?;
     let mut failures = 0u32;
     loop {
-        let mut req = http.get(format!("{}/v1/watch", client.url)).bearer_auth(token).query(&query);
+        let mut req = http.get(format!("{}/v1/{path}", client.url)).bearer_auth(token).query(query);
         if let Some(l) = &last {
             req = req.header("Last-Event-ID", l);
         }
@@ -373,7 +383,7 @@ async fn watch(client: &Client, fields: &[String], output: &str) -> anyhow::Resu
             }
             Err(e) if failures < 10 => {
                 failures += 1;
-                eprintln!("watch: {e}; reconnecting…");
+                eprintln!("{path}: {e}; reconnecting…");
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 continue;
             }
@@ -387,22 +397,76 @@ async fn watch(client: &Client, fields: &[String], output: &str) -> anyhow::Resu
                 let block: String = buf.drain(..end + 2).collect();
                 let field = |name: &str| block.lines().find_map(|l| l.strip_prefix(name)).map(|v| v.trim_start().to_owned());
                 if field("event:").as_deref() == Some("end") {
-                    // The server ended the stream: the token was revoked or expired, or the bindings went.
+                    // The server ended the stream: the token was revoked or expired, the bindings
+                    // went, or (a console) the instance was deleted.
                     let v: Value = serde_json::from_str(&field("data:").unwrap_or_default()).unwrap_or(Value::Null);
-                    bail!("{}: {}", v["code"].as_str().unwrap_or("ERROR"), v["message"].as_str().unwrap_or("the server ended the stream"));
+                    let message = v["message"].as_str().unwrap_or("the server ended the stream");
+                    if v["code"] == "OK" {
+                        eprintln!("{path}: {message}");
+                        return Ok(());
+                    }
+                    bail!("{}: {message}", v["code"].as_str().unwrap_or("ERROR"));
                 }
                 let (Some(id), Some(data)) = (field("id:"), field("data:")) else { continue };
-                last = Some(id.clone());
-                if output == "json" {
-                    println!("{data}");
-                } else {
-                    let v: Value = serde_json::from_str(&data).unwrap_or(Value::Null);
-                    println!("{}  {:<28} {:<34} {}", scalar(&v["time"]), scalar(&v["type"]), scalar(&v["subject"]), v["data"]);
-                }
+                last = Some(id);
+                show(field("event:").as_deref().unwrap_or("message"), &data);
             }
         }
-        eprintln!("watch: stream ended; resuming after {}", last.as_deref().unwrap_or("now"));
+        eprintln!("{path}: stream ended; resuming after {}", last.as_deref().unwrap_or("now"));
     }
+}
+
+/// `api watch`: streams events, reconnecting with `Last-Event-ID` after a cut.
+async fn watch(client: &Client, fields: &[String], output: &str) -> anyhow::Result<()> {
+    let body = body_of(fields)?;
+    let last = body.get("lastEventId").and_then(Value::as_str).map(String::from);
+    let mut query: Vec<(String, String)> = Vec::new();
+    for (k, v) in &body {
+        match k.as_str() {
+            "types" | "subject" => query.push((k.clone(), v.as_str().map(String::from).unwrap_or_else(|| v.to_string()))),
+            "lastEventId" | "tenantId" => {}
+            other => bail!("watch takes types=, subject= and lastEventId=, not {other}"),
+        }
+    }
+    follow_sse(client, "watch", &query, last, |_, data| {
+        if output == "json" {
+            println!("{data}");
+        } else {
+            let v: Value = serde_json::from_str(data).unwrap_or(Value::Null);
+            println!("{}  {:<28} {:<34} {}", scalar(&v["time"]), scalar(&v["type"]), scalar(&v["subject"]), v["data"]);
+        }
+    })
+    .await
+}
+
+/// Prints a console page's text as the guest wrote it, saying on stderr when older bytes are gone.
+fn print_console(page: &Value) {
+    use std::io::Write;
+    if page["truncated"] == true {
+        eprintln!("(console bytes before offset {} are no longer kept)", page["offset"]);
+    }
+    print!("{}", page["text"].as_str().unwrap_or(""));
+    let _ = std::io::stdout().flush();
+}
+
+/// `api instances.console … --follow`: the console as the guest writes it, until Ctrl-C or the
+/// instance is deleted.
+async fn follow_console(client: &Client, body: &Map<String, Value>, output: &str) -> anyhow::Result<()> {
+    let mut query: Vec<(String, String)> = Vec::new();
+    for (k, v) in body {
+        match k.as_str() {
+            "instanceId" | "tenantId" | "offset" => query.push((k.clone(), v.as_str().map(String::from).unwrap_or_else(|| v.to_string()))),
+            other => bail!("instances.console takes instanceId=, offset:= and tenantId=, not {other}"),
+        }
+    }
+    follow_sse(client, "instances.console", &query, None, |_, data| {
+        if output == "json" {
+            println!("{data}");
+        } else {
+            print_console(&serde_json::from_str(data).unwrap_or(Value::Null));
+        }
+    })
+    .await
 }
 
 #[cfg(test)]

@@ -320,6 +320,35 @@ async fn dev_refuses_a_second_copy_stops_on_ctrl_c_and_keeps_data_across_restart
         std::thread::sleep(Duration::from_millis(100));
     }
     assert!(seen["state"] == "running" && seen["address"].as_str().is_some_and(|a| a.starts_with("10.88.")), "{seen}");
+    // Its serial console, as the host sent it: a page, then followed as Server-Sent Events.
+    let mut page = serde_json::Value::Null;
+    for _ in 0..300 {
+        let (ok, out, err) = api(&["instances.console", &id_arg, "-o", "json"]);
+        assert!(ok, "{err}");
+        page = serde_json::from_str(&out).unwrap();
+        if page["text"].as_str().is_some_and(|t| t.contains("login:")) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(page["text"].as_str().is_some_and(|t| t.contains("boot 0") && t.contains("login:")) && page["offset"] == 0, "{page}");
+    let mut follow = Command::new(BIN)
+        .args(["api", "instances.console", &id_arg, "--follow"])
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = follow.stdout.take().unwrap();
+    let (lines_tx, lines_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for l in std::io::BufRead::lines(std::io::BufReader::new(stdout)).map_while(Result::ok) {
+            let _ = lines_tx.send(l);
+        }
+    });
+    let streamed: Vec<String> = std::iter::from_fn(|| lines_rx.recv_timeout(Duration::from_secs(30)).ok()).take(2).collect();
+    follow.kill().unwrap();
+    let _ = follow.wait();
+    assert!(streamed.len() == 2 && streamed[0].contains("boot 0") && streamed[1].starts_with("SSH host key: SHA256:fake"), "{streamed:?}");
     let (ok, _, err) = api(&["commands.run", &node_arg, "kind=disk.wipe", "idempotencyKey=x"]);
     assert!(!ok && err.contains("UNSUPPORTED"), "{err}");
     let (ok, _, err) = api(&["reservations.create", &pool_arg, "nonsense=1"]);

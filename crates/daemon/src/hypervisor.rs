@@ -23,7 +23,7 @@ pub enum HypervisorError {
 }
 
 /// A VM as the daemon asks for it: the instance, with its allocation's resources.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct VmSpec {
     /// `ins_…`.
     pub instance_id: String,
@@ -165,6 +165,13 @@ impl FakeHypervisor {
     /// Test only: a broken fake that never deletes a VM, so that leaked VMs can be shown caught.
     pub fn leaking(file: Option<PathBuf>) -> FakeHypervisor {
         FakeHypervisor { leaks: true, ..FakeHypervisor::new(file) }
+    }
+
+    /// Test only: the VM's process dies (a crash, an OOM kill), its disk kept.
+    pub fn crash(&self, instance_id: &str) {
+        if let Some(v) = self.vms.lock().expect("fake VMs").get_mut(instance_id) {
+            v.power = VmPower::Stopped;
+        }
     }
 
     fn save(&self, vms: &BTreeMap<String, Vm>) -> Result<(), HypervisorError> {

@@ -164,13 +164,23 @@ fn a_tiny_guest_boots_survives_a_daemon_restart_as_one_vm_stops_reboots_and_leav
     // Stopped: no process, the folder (its disk) kept.
     again.ensure(&vm(&id), false, 0).unwrap();
     assert_eq!((processes(&id), again.list().unwrap()[0].power.clone()), (0, VmPower::Stopped));
-    // Started again, then rebooted once (the count is recorded).
-    std::fs::remove_file(&console).unwrap();
+    // The console the daemon sends: the same bytes, from any offset.
+    let first_boot = again.console(&id, 0, 1 << 20).unwrap();
+    assert_eq!(first_boot.offset, 0);
+    assert!(String::from_utf8_lossy(&first_boot.data).contains("BETTER-COMPUTE-READY"));
+    let size = first_boot.size;
+    assert_eq!(again.console(&id, size - 5, 100).unwrap().data, first_boot.data[first_boot.data.len() - 5..]);
+    // Started again, then rebooted once (the count is recorded); the console only grows, so the
+    // offsets sent before stay valid.
+    let readies = || std::fs::read_to_string(&console).map(|c| c.matches("BETTER-COMPUTE-READY").count()).unwrap_or(0);
     again.ensure(&vm(&id), true, 0).unwrap();
-    wait_for("the guest's ready line after a start", || std::fs::read_to_string(&console).is_ok_and(|c| c.contains("BETTER-COMPUTE-READY")));
+    wait_for("the guest's ready line after a start", || readies() >= 2);
+    let after = again.console(&id, size, 1 << 20).unwrap();
+    assert_eq!(after.offset, size);
+    assert!(String::from_utf8_lossy(&after.data).contains("BETTER-COMPUTE-READY"), "the second boot appends to the console");
     again.ensure(&vm(&id), true, 1).unwrap();
     assert_eq!((processes(&id), again.list().unwrap()[0].reboot_count), (1, 1));
-    wait_for("the guest's ready line after the reset", || std::fs::read_to_string(&console).is_ok_and(|c| c.matches("BETTER-COMPUTE-READY").count() >= 2));
+    wait_for("the guest's ready line after the reset", || readies() >= 3);
     // Deleted: no process, no folder.
     again.delete(&id).unwrap();
     again.delete(&id).unwrap();

@@ -615,6 +615,69 @@ pub fn backoff(min: Duration, max: Duration, attempt: u32) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::hypervisor::{FakeHypervisor, Hypervisor, VmPower};
+    use better_compute_proto::v1::{Allocation, AllocationsSection, Instance, InstancesSection};
+
+    /// A daemon with no session (what it sends goes nowhere) over fake GPUs and a fake hypervisor.
+    fn offline_daemon(dir: &std::path::Path, hv: Arc<FakeHypervisor>) -> Arc<Daemon> {
+        let mut cfg = DaemonConfig::new("https://127.0.0.1:1", dir, "n1");
+        cfg.hypervisor = Some(hv);
+        let identity = Identity {
+            node_id: "node_1".into(),
+            cert_pem: String::new(),
+            key_pem: String::new(),
+            ca_pem: String::new(),
+            not_before_unix_s: 0,
+            not_after_unix_s: i64::MAX,
+            command_keys: Vec::new(),
+        };
+        Arc::new(Daemon {
+            cfg,
+            backend: Arc::new(crate::fake::FakeGpus::parse("fake:1xH100-80GB", "n1").unwrap()),
+            journal: Arc::new(Journal::open(&dir.join("journal.redb")).unwrap()),
+            logs: Arc::new(LogRing::default()),
+            identity: Mutex::new(identity),
+            run_id: "r".into(),
+            state: Mutex::new(State::default()),
+            out: Mutex::new(None),
+            health_events: Arc::new(tokio::sync::Notify::new()),
+        })
+    }
+
+    #[tokio::test]
+    async fn a_vm_that_died_is_started_again_within_the_recheck_interval_of_heartbeats() {
+        let dir = tempfile::tempdir().unwrap();
+        let hv = Arc::new(FakeHypervisor::new(None));
+        let d = offline_daemon(dir.path(), hv.clone());
+        let gpu = d.backend.inventory().unwrap().gpus[0].uuid.clone();
+        let spec = NodeSpec {
+            allocations: Some(AllocationsSection {
+                allocations: vec![Allocation { allocation_id: "res_a".into(), atoms: vec![gpu], vcpu: 4, memory_mib: 4096, disk_gib: 20, ..Default::default() }],
+            }),
+            instances: Some(InstancesSection {
+                instances: vec![Instance { instance_id: "ins_1".into(), allocation_id: "res_a".into(), running: true, image: "debian-12".into(), ..Default::default() }],
+            }),
+            ..Default::default()
+        };
+        d.apply_spec(1, spec).await;
+        let power = || hv.list().unwrap().iter().map(|v| v.power.clone()).collect::<Vec<_>>();
+        assert_eq!((d.applied_generation(), power()), (1, vec![VmPower::Running]));
+        hv.crash("ins_1");
+        let (tx, _rx) = mpsc::channel(64);
+        for _ in 1..RECHECK_BEATS {
+            d.tick(&tx).await;
+        }
+        assert_eq!(power(), [VmPower::Stopped], "not before the recheck's heartbeat");
+        d.tick(&tx).await;
+        assert_eq!(power(), [VmPower::Running], "the recheck started it again");
+        // What it then has is what the next spec status says; a VM nobody asked for goes.
+        assert_eq!(d.state.lock().unwrap().instances.iter().map(|i| i.state.as_str()).collect::<Vec<_>>(), ["running"]);
+        hv.ensure(&crate::hypervisor::VmSpec { instance_id: "ins_stray".into(), image: "debian-12".into(), ..Default::default() }, true, 0).unwrap();
+        for _ in 0..RECHECK_BEATS {
+            d.tick(&tx).await;
+        }
+        assert_eq!(hv.list().unwrap().iter().map(|v| v.instance_id.as_str()).collect::<Vec<_>>(), ["ins_1"]);
+    }
 
     #[test]
     fn backoff_doubles_up_to_its_cap_with_jitter_in_the_upper_half() {

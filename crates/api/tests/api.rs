@@ -248,6 +248,8 @@ fn bodies() -> Vec<(&'static str, Value)> {
         ("webhooks.deadLetters.replay", json!({"tenantId": "{ten}", "deliveryId": "{dlv}"})),
         ("usage.list", json!({"tenantId": "{ten}", "from": "2020-01-01T00:00:00Z", "to": "2040-01-01T00:00:00Z", "groupBy": "reservation"})),
         ("usage.export", json!({"tenantId": "{ten}", "from": "2020-01-01T00:00:00Z", "to": "2040-01-01T00:00:00Z"})),
+        ("instanceUsage.list", json!({"tenantId": "{ten}", "from": "2020-01-01T00:00:00Z", "to": "2040-01-01T00:00:00Z", "groupBy": "flavour"})),
+        ("instanceUsage.export", json!({"tenantId": "{ten}", "from": "2020-01-01T00:00:00Z", "to": "2040-01-01T00:00:00Z"})),
         ("workflows.start", json!({"tenantId": "{ten}", "definition": "node.maintenance", "target": {"nodeId": "{node}"}, "idempotencyKey": "k"})),
         ("workflows.get", json!({"tenantId": "{ten}", "workflowId": "{wf}"})),
         ("workflows.list", json!({"tenantId": "{ten}", "nodeId": "{node}"})),
@@ -484,6 +486,15 @@ async fn usage_list_sums_a_tenants_own_windows_and_every_tenants_only_at_fleet_s
     let (s, _, _) = stream("bct_nope", period).await;
     assert_eq!(s, 401);
     let (_, v) = api.call(&b.token, "usage.list", json!({"from": "yesterday", "to": "2100-01-01T00:00:00Z", "groupBy": "pool"})).await;
+    assert_eq!(v["code"], "INVALID_ARGUMENT", "{v}");
+    // Instance usage reads the same way (no instance ran here: its windows are the vps tests').
+    let ins = api.ok(&b.token, "instanceUsage.list", json!({"from": "2000-01-01T00:00:00Z", "to": "2100-01-01T00:00:00Z", "groupBy": "flavour"})).await;
+    assert_eq!((ins["items"].clone(), ins["windowS"].as_i64()), (json!([]), Some(60)), "{ins}");
+    let page = api.ok(&api.op, "instanceUsage.export", json!({"from": "2000-01-01T00:00:00Z", "to": "2100-01-01T00:00:00Z", "allTenants": true})).await;
+    assert_eq!(page["items"], json!([]), "{page}");
+    let (s, v) = api.call(&c.token, "instanceUsage.export", json!({"from": "2000-01-01T00:00:00Z", "to": "2100-01-01T00:00:00Z", "allTenants": true})).await;
+    assert!(s == 403 || s == 404, "{v}");
+    let (_, v) = api.call(&b.token, "instanceUsage.list", json!({"from": "2000-01-01T00:00:00Z", "to": "2100-01-01T00:00:00Z", "groupBy": "model"})).await;
     assert_eq!(v["code"], "INVALID_ARGUMENT", "{v}");
 }
 

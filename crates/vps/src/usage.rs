@@ -45,6 +45,114 @@ pub(crate) async fn follow(tx: &impl GenericClient, id: &str, pool_id: &str, fro
     Ok(())
 }
 
+/// Instance-seconds summed over a group, for `instanceUsage.list`.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct InstanceUsageSum {
+    /// The group: an instance id, a pool id, a flavour, or a day (`YYYY-MM-DD`).
+    pub group: String,
+    /// The tenant.
+    pub tenant_id: String,
+    /// Windows summed.
+    pub windows: i64,
+    /// Seconds the VMs were up.
+    pub instance_seconds: f64,
+}
+
+/// How `instanceUsage.list` groups.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum InstanceGroupBy {
+    /// Per instance.
+    Instance,
+    /// Per pool.
+    Pool,
+    /// Per flavour (`2xgpu:H100-80GB,16vcpu,65536mib,100gib`).
+    Flavour,
+    /// Per UTC day of the window's start.
+    Day,
+}
+
+/// Sums the instance windows that start in `[from, to)` (RFC 3339), of one tenant or of every
+/// tenant (`None`), grouped; at most `limit` groups, in tenant then group order.
+pub async fn list(db: &impl GenericClient, tenant: Option<&str>, from: &str, to: &str, group_by: InstanceGroupBy, limit: i64) -> Result<Vec<InstanceUsageSum>, DbError> {
+    better_compute_core::time::check_rfc3339("from", from)?;
+    better_compute_core::time::check_rfc3339("to", to)?;
+    let group = match group_by {
+        InstanceGroupBy::Instance => "instance_id",
+        InstanceGroupBy::Pool => "pool_id",
+        InstanceGroupBy::Flavour => "flavour",
+        InstanceGroupBy::Day => "to_char(window_start AT TIME ZONE 'UTC', 'YYYY-MM-DD')",
+    };
+    let rows = db
+        .query(
+            &format!(
+                "SELECT {group}, tenant_id, count(*), sum(instance_seconds)::float8 FROM instance_usage_windows
+                  WHERE ($1::text IS NULL OR tenant_id = $1) AND window_start >= $2::text::timestamptz AND window_start < $3::text::timestamptz
+                  GROUP BY 1, 2 ORDER BY 2, 1 LIMIT $4"
+            ),
+            &[&tenant, &from, &to, &limit],
+        )
+        .await?;
+    Ok(rows.iter().map(|r| InstanceUsageSum { group: r.get(0), tenant_id: r.get(1), windows: r.get(2), instance_seconds: r.get(3) }).collect())
+}
+
+/// One instance's usage window as exported.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct InstanceUsageWindowView {
+    /// The billing key, unique: `cmp:<instanceId>:<windowStart>`.
+    pub key: String,
+    /// The instance.
+    pub instance_id: String,
+    /// Its tenant.
+    pub tenant_id: String,
+    /// Its pool.
+    pub pool_id: String,
+    /// Its host.
+    pub node_id: Option<String>,
+    /// What it is metered as: its reservation's GPUs, vCPUs, memory and disk.
+    pub flavour: String,
+    /// RFC 3339.
+    pub window_start: String,
+    /// RFC 3339.
+    pub window_end: String,
+    /// Seconds its VM was up in the window.
+    pub instance_seconds: f64,
+}
+
+/// The instance windows that start in `[from, to)`, of one tenant or every tenant, in key order
+/// after `after`: one page of an export (at most `size + 1` rows, for `Page::from_rows`).
+pub async fn export_page(db: &impl GenericClient, tenant: Option<&str>, from: &str, to: &str, after: &str, size: i64) -> Result<Vec<InstanceUsageWindowView>, DbError> {
+    better_compute_core::time::check_rfc3339("from", from)?;
+    better_compute_core::time::check_rfc3339("to", to)?;
+    let rows = db
+        .query(
+            "SELECT id, instance_id, tenant_id, pool_id, node_id, flavour,
+                    to_char(window_start AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'),
+                    to_char(window_end AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'), instance_seconds::float8
+               FROM instance_usage_windows
+              WHERE ($1::text IS NULL OR tenant_id = $1) AND window_start >= $2::text::timestamptz AND window_start < $3::text::timestamptz AND id > $4
+              ORDER BY id LIMIT $5",
+            &[&tenant, &from, &to, &after, &(size + 1)],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| InstanceUsageWindowView {
+            key: r.get(0),
+            instance_id: r.get(1),
+            tenant_id: r.get(2),
+            pool_id: r.get(3),
+            node_id: r.get(4),
+            flavour: r.get(5),
+            window_start: r.get(6),
+            window_end: r.get(7),
+            instance_seconds: r.get(8),
+        })
+        .collect())
+}
+
 /// The metering invariant, for the simulator and tests: every instance's windows sum to exactly
 /// the seconds its VM was up before the end of the last window it was metered to, and an instance
 /// has at most one open run. Returns what is wrong (empty: holds).

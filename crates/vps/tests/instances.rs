@@ -314,6 +314,19 @@ async fn an_instance_is_metered_once_per_closed_window_for_the_seconds_its_vm_wa
         c.query_one("SELECT data FROM outbox WHERE type = 'instance.usageWindow' AND subject = $1", &[&key]).await.unwrap().get(0);
     assert_eq!((data["flavour"].as_str(), data["instanceSeconds"].as_f64()), (Some(v.flavour.as_str()), Some(3600.0)), "{data}");
     assert_eq!(better_compute_vps::usage::violations(&**c).await.unwrap(), Vec::<String>::new());
+    // What instanceUsage.list and instanceUsage.export answer: the same windows, summed and one by one.
+    use better_compute_vps::usage::{export_page, list, InstanceGroupBy};
+    let (from, to) = ("2030-01-01T00:00:00Z", "2030-01-02T00:00:00Z");
+    let sums = list(&**c, Some(ME.tenant_id), from, to, InstanceGroupBy::Flavour, 10).await.unwrap();
+    assert_eq!(sums.len(), 1, "{sums:?}");
+    assert_eq!((sums[0].group.as_str(), sums[0].windows, sums[0].instance_seconds), (v.flavour.as_str(), 4, 11_700.0));
+    assert_eq!(list(&**c, Some("ten_other"), from, to, InstanceGroupBy::Day, 10).await.unwrap().len(), 0, "another tenant has none");
+    let first = export_page(&**c, None, from, to, "", 2).await.unwrap();
+    assert_eq!(first.len(), 3, "a page of two, and one more to say there is a next page");
+    let rest = export_page(&**c, None, from, to, &first[1].key, 2).await.unwrap();
+    assert_eq!(rest.iter().map(|w| w.window_start.as_str()).collect::<Vec<_>>(), ["2030-01-01T02:00:00Z", "2030-01-01T03:00:00Z"]);
+    assert_eq!((rest[1].key.as_str(), rest[1].instance_seconds, rest[1].window_end.as_str()), (key.as_str(), 3600.0, "2030-01-01T04:00:00Z"));
+    assert!(export_page(&**c, None, "yesterday", to, "", 2).await.is_err(), "a bad period is refused");
     // The check can fail: a window billed twice over is caught.
     c.execute("UPDATE instance_usage_windows SET instance_seconds = instance_seconds * 2 WHERE id = $1", &[&key]).await.unwrap();
     let wrong = better_compute_vps::usage::violations(&**c).await.unwrap();

@@ -1,6 +1,7 @@
 //! usage.*: metered usage, read by tenants (their own) and operators (every tenant's).
 
 use better_compute_capacity::usage::{self, GroupBy, UsageSum, UsageWindowView};
+use better_compute_vps::usage::{self as instance_usage, InstanceGroupBy, InstanceUsageSum, InstanceUsageWindowView};
 use better_compute_core::page::Page;
 use better_compute_core::Error;
 use better_compute_runtime::authz::Resource;
@@ -53,6 +54,43 @@ struct ExportUsage {
     page_token: Option<String>,
 }
 
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct ListInstanceUsage {
+    /// The caller's tenant; when given it must be the token's.
+    #[serde(default)]
+    tenant_id: Option<String>,
+    /// Every tenant's usage (needs compute:usage:read at fleet scope).
+    #[serde(default)]
+    all_tenants: bool,
+    /// RFC 3339: windows starting at or after it.
+    from: String,
+    /// RFC 3339: windows starting before it.
+    to: String,
+    /// How to sum: per instance, pool, flavour or UTC day.
+    group_by: InstanceGroupBy,
+    /// The most groups to answer, 1 to 10000 (default 1000).
+    #[serde(default)]
+    limit: Option<i64>,
+}
+
+#[derive(Debug, Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+struct InstanceUsageList {
+    /// The sums, by tenant then group.
+    items: Vec<InstanceUsageSum>,
+    /// The fleet's window size in seconds.
+    window_s: i32,
+}
+
+fn limit_of(limit: Option<i64>) -> Result<i64, Error> {
+    let limit = limit.unwrap_or(1000);
+    if !(1..=10_000).contains(&limit) {
+        return Err(Error::invalid_argument("limit must be between 1 and 10000"));
+    }
+    Ok(limit)
+}
+
 #[derive(Debug, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 struct UsageList {
@@ -81,10 +119,7 @@ pub(super) fn methods() -> Vec<Method> {
         "compute:usage:read at the tenant (at fleet scope with allTenants)",
         |ctx: Ctx, r: ListUsage| async move {
             let tenant = scope(&ctx, r.tenant_id.as_deref(), r.all_tenants).await?;
-            let limit = r.limit.unwrap_or(1000);
-            if !(1..=10_000).contains(&limit) {
-                return Err(Error::invalid_argument("limit must be between 1 and 10000"));
-            }
+            let limit = limit_of(r.limit)?;
             let db = ctx.read().await?;
             let items = usage::list(&*db, tenant.as_deref(), &r.from, &r.to, r.group_by, limit).await?;
             Ok(UsageList { items, window_s: usage::window_s(&*db).await? })
@@ -99,6 +134,29 @@ pub(super) fn methods() -> Vec<Method> {
             let (size, after) = super::page(r.page_size, r.page_token.clone()).bounds()?;
             let items = usage::export_page(&*ctx.read().await?, tenant.as_deref(), &r.from, &r.to, &after, size).await?;
             Ok(Page::from_rows(items, size, |w: &UsageWindowView| w.key.clone()))
+        },
+    ),
+    method(
+        "instanceUsage.list",
+        "Sum instance usage windows (the seconds instances' VMs were up) of your tenant, or of every tenant, by instance, pool, flavour or day.",
+        "compute:usage:read at the tenant (at fleet scope with allTenants)",
+        |ctx: Ctx, r: ListInstanceUsage| async move {
+            let tenant = scope(&ctx, r.tenant_id.as_deref(), r.all_tenants).await?;
+            let limit = limit_of(r.limit)?;
+            let db = ctx.read().await?;
+            let items = instance_usage::list(&*db, tenant.as_deref(), &r.from, &r.to, r.group_by, limit).await?;
+            Ok(InstanceUsageList { items, window_s: usage::window_s(&*db).await? })
+        },
+    ),
+    method(
+        "instanceUsage.export",
+        "Export instance usage windows one by one (`cmp:<instanceId>:<windowStart>`, with the instance's flavour and its seconds up), in billing-key order, a page at a time.",
+        "compute:usage:read at the tenant (at fleet scope with allTenants)",
+        |ctx: Ctx, r: ExportUsage| async move {
+            let tenant = scope(&ctx, r.tenant_id.as_deref(), r.all_tenants).await?;
+            let (size, after) = super::page(r.page_size, r.page_token.clone()).bounds()?;
+            let items = instance_usage::export_page(&*ctx.read().await?, tenant.as_deref(), &r.from, &r.to, &after, size).await?;
+            Ok(Page::from_rows(items, size, |w: &InstanceUsageWindowView| w.key.clone()))
         },
     )]
 }

@@ -722,14 +722,29 @@ CREATE TABLE vps_hosts (
   free jsonb DEFAULT '{}'::jsonb NOT NULL,
   version bigint DEFAULT 1 NOT NULL,
   updated_at timestamp with time zone DEFAULT compute_now() NOT NULL,
+  bootstrap_generation bigint DEFAULT 0 NOT NULL,
+  report_generation bigint DEFAULT 0 NOT NULL,
   CONSTRAINT vps_hosts_node_id_fkey FOREIGN KEY (node_id) REFERENCES nodes(id),
   CONSTRAINT vps_hosts_pkey PRIMARY KEY (node_id),
   CONSTRAINT vps_hosts_state_check CHECK ((state = ANY (ARRAY['new'::text, 'bootstrapping'::text, 'ready'::text, 'degraded'::text, 'draining'::text])))
 );
 
+CREATE TABLE vps_images (
+  name text NOT NULL,
+  url text NOT NULL,
+  sha256 text NOT NULL,
+  version bigint DEFAULT 1 NOT NULL,
+  created_at timestamp with time zone DEFAULT compute_now() NOT NULL,
+  updated_at timestamp with time zone DEFAULT compute_now() NOT NULL,
+  CONSTRAINT vps_images_name_check CHECK ((name ~ '^[a-z0-9][a-z0-9._-]{0,63}$'::text)),
+  CONSTRAINT vps_images_pkey PRIMARY KEY (name),
+  CONSTRAINT vps_images_sha256_check CHECK ((sha256 ~ '^[0-9a-f]{64}$'::text)),
+  CONSTRAINT vps_images_url_check CHECK (((url ~ '^(https?|file)://'::text) AND (length(url) <= 2048)))
+);
+
 CREATE TABLE vps_settings (
   singleton boolean DEFAULT true NOT NULL,
-  required_images text[] DEFAULT '{}'::text[] NOT NULL,
+  catalogue_generation bigint DEFAULT 1 NOT NULL,
   CONSTRAINT vps_settings_pkey PRIMARY KEY (singleton),
   CONSTRAINT vps_settings_singleton_check CHECK (singleton)
 );

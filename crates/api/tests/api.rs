@@ -264,6 +264,8 @@ fn bodies() -> Vec<(&'static str, Value)> {
         ("instances.reboot", json!({"tenantId": "{ten}", "instanceId": "{ins}"})),
         ("instances.delete", json!({"tenantId": "{ten}", "instanceId": "{ins}"})),
         ("vpsHosts.list", json!({})),
+        ("vpsImages.set", json!({"name": "debian-12", "url": "https://images.example/d.qcow2", "sha256": "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"})),
+        ("vpsImages.delete", json!({"name": "debian-12"})),
     ]
 }
 
@@ -371,7 +373,8 @@ async fn another_tenant_can_neither_read_nor_change_nor_learn_of_anything_of_a_t
     assert!(methods.len() >= 40, "{methods:?}");
     let bodies = bodies();
     for m in &methods {
-        assert!(m == "roles.list" || bodies.iter().any(|(n, _)| n == m), "the isolation sweep misses {m}");
+        // Every tenant reads the same role list and image catalogue.
+        assert!(m == "roles.list" || m == "vpsImages.list" || bodies.iter().any(|(n, _)| n == m), "the isolation sweep misses {m}");
     }
     for (method, template) in &bodies {
         let (status, v) = api.call(&c.token, method, fill(template, &real)).await;
@@ -1664,6 +1667,18 @@ async fn instances_are_created_once_per_key_read_listed_and_deleted_through_the_
     // Not running yet: it cannot reboot; delete takes it off its host.
     let (s, e) = api.call(&b.token, "instances.reboot", json!({"instanceId": v["id"]})).await;
     assert_eq!((s, e["code"].as_str()), (412, Some("FAILED_PRECONDITION")), "{e}");
+    // The image catalogue: operators keep it, tenants read it.
+    let img = json!({"name": "debian-12", "url": "https://images.example/debian-12.qcow2", "sha256": "ab".repeat(32)});
+    assert_eq!(api.ok(&api.op, "vpsImages.set", img.clone()).await["version"], 1);
+    let (s, e) = api.call(&b.token, "vpsImages.set", img.clone()).await;
+    assert!(s == 403 || s == 404, "a tenant does not change the catalogue: {e}");
+    let listed = api.ok(&b.token, "vpsImages.list", json!({})).await;
+    assert_eq!((listed["items"].as_array().map(Vec::len), listed["items"][0]["sha256"].as_str()), (Some(1), img["sha256"].as_str()), "{listed}");
+    let (s, e) = api.call(&api.op, "vpsImages.set", json!({"name": "debian-12", "url": "ftp://x", "sha256": "ab".repeat(32)})).await;
+    assert_eq!((s, e["code"].as_str()), (400, Some("INVALID_ARGUMENT")), "{e}");
+    assert_eq!(api.ok(&api.op, "vpsImages.delete", json!({"name": "debian-12"})).await["name"], "debian-12");
+    let (s, e) = api.call(&api.op, "vpsImages.delete", json!({"name": "debian-12"})).await;
+    assert_eq!((s, e["code"].as_str()), (404, Some("NOT_FOUND")), "{e}");
     // Its console: empty until a host sends some; the GET streams it; only with the permission,
     // only in its tenant.
     let page = api.ok(&b.token, "instances.console", json!({"instanceId": v["id"]})).await;

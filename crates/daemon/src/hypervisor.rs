@@ -7,6 +7,8 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Mutex;
 
+pub use better_compute_proto::v1::ImageSource;
+
 /// Why the hypervisor could not do something.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum HypervisorError {
@@ -109,9 +111,15 @@ pub trait Hypervisor: Send + Sync + std::fmt::Debug + 'static {
     fn console(&self, instance_id: &str, from: u64, max_bytes: usize) -> Result<ConsoleRead, HypervisorError>;
 
     /// What the host has for running VMs (`vps.bootstrap`'s report): `problems` lists what keeps
-    /// it from running them, empty when it can; `images` says, for each name asked, whether the
-    /// cache has it and its sha256.
-    fn check(&self, images: &[String]) -> serde_json::Value;
+    /// it from running them, empty when it can; `images` says, for each image asked, whether the
+    /// cache has it and its sha256 (a problem when it is not the one asked for).
+    fn check(&self, images: &[ImageSource]) -> serde_json::Value;
+
+    /// Where base images are cached, for `vps.bootstrap` to fetch them into (none: this backend
+    /// needs no images).
+    fn images_dir(&self) -> Option<PathBuf> {
+        None
+    }
 }
 
 /// `vps.bootstrap` on a daemon with no hypervisor.
@@ -231,9 +239,15 @@ impl Hypervisor for FakeHypervisor {
         Ok(ConsoleRead::of(text.as_bytes(), from, max_bytes))
     }
 
-    fn check(&self, images: &[String]) -> serde_json::Value {
-        let images: serde_json::Map<String, serde_json::Value> =
-            images.iter().map(|i| (i.clone(), serde_json::json!({"present": true, "sha256": format!("{:064x}", hash_of(i))}))).collect();
+    fn check(&self, images: &[ImageSource]) -> serde_json::Value {
+        // The fake has every image, with the digest asked for.
+        let images: serde_json::Map<String, serde_json::Value> = images
+            .iter()
+            .map(|i| {
+                let sha256 = if i.sha256.is_empty() { format!("{:064x}", hash_of(&i.name)) } else { i.sha256.clone() };
+                (i.name.clone(), serde_json::json!({"present": true, "sha256": sha256}))
+            })
+            .collect();
         serde_json::json!({"hypervisor": "fake", "kvm": true, "iommuGroups": 0, "problems": [], "images": images})
     }
 

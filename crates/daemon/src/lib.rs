@@ -9,6 +9,7 @@ pub mod converge;
 pub mod fake;
 pub mod hypervisor;
 pub mod identity;
+pub mod images;
 pub mod instances;
 pub mod journal;
 pub mod logs;

@@ -25,7 +25,7 @@ use base64::Engine;
 use serde::{Deserialize, Serialize};
 use sha2::Digest;
 
-use crate::hypervisor::{ConsoleRead, Hypervisor, HypervisorError, Vm, VmPower, VmSpec};
+use crate::hypervisor::{ConsoleRead, Hypervisor, HypervisorError, ImageSource, Vm, VmPower, VmSpec};
 
 /// The QEMU binary.
 pub const QEMU: &str = "qemu-system-x86_64";
@@ -356,7 +356,11 @@ impl Hypervisor for Qemu {
         Ok(())
     }
 
-    fn check(&self, images: &[String]) -> serde_json::Value {
+    fn images_dir(&self) -> Option<PathBuf> {
+        Some(self.images.clone())
+    }
+
+    fn check(&self, images: &[ImageSource]) -> serde_json::Value {
         let mut problems = Vec::new();
         let kvm = std::fs::OpenOptions::new().read(true).write(true).open("/dev/kvm");
         if let Err(e) = &kvm {
@@ -372,17 +376,17 @@ impl Hypervisor for Qemu {
             problems.push("no IOMMU groups: enable VT-d/AMD-Vi and boot with intel_iommu=on (or amd_iommu=on)".into());
         }
         let mut found = serde_json::Map::new();
-        for name in images {
+        for image in images {
+            let name = &image.name;
             let dir = self.images.join(name);
             let file = ["disk.qcow2", "vmlinuz"].iter().map(|f| dir.join(f)).find(|f| f.exists());
-            let sha256 = file.as_ref().and_then(|f| {
-                let mut h = sha2::Sha256::new();
-                let mut r = std::fs::File::open(f).ok()?;
-                std::io::copy(&mut r, &mut h).ok()?;
-                Some(format!("{:x}", h.finalize()))
-            });
-            if sha256.is_none() {
-                problems.push(format!("image {name} is not in the cache ({})", dir.display()));
+            let sha256 = file.as_deref().and_then(crate::images::sha256_of);
+            match &sha256 {
+                None => problems.push(format!("image {name} is not in the cache ({})", dir.display())),
+                Some(s) if !image.sha256.is_empty() && *s != image.sha256 => {
+                    problems.push(format!("image {name} in the cache has sha256 {s}, not the catalogue's {}", image.sha256))
+                }
+                Some(_) => {}
             }
             found.insert(name.clone(), serde_json::json!({"present": sha256.is_some(), "sha256": sha256}));
         }

@@ -68,8 +68,8 @@ impl better_compute_runtime::Module for NodesModule {
             Permission { name: "compute:devices:write", description: "Quarantine GPUs and release them from quarantine." },
             Permission { name: "compute:sites:read", description: "Read sites." },
             Permission { name: "compute:sites:write", description: "Create sites, boot them and change their boot settings." },
-            Permission { name: "compute:pools:read", description: "Read pools." },
-            Permission { name: "compute:pools:write", description: "Create pools and change their disruption budgets." },
+            Permission { name: "compute:pools:read", description: "Read pools and the vps hosts' base image catalogue." },
+            Permission { name: "compute:pools:write", description: "Create pools, change their disruption budgets, and keep the vps hosts' base image catalogue." },
         ]
     }
 

@@ -1,8 +1,10 @@
 //! vps hosts: what each vps-host node can do for instances.
 //!
 //! `vps.bootstraps` (one key per node) runs the `vps.bootstrap` command on a newly joined vps-host
-//! node (checking the hypervisor, KVM, the IOMMU groups and the required base images) and keeps its
-//! report, trying up to [`BOOTSTRAP_ATTEMPTS`] times. `vps.hosts` (one key per node) derives the
+//! node, and on every host again when the image catalogue changes (`images.rs`): the daemon fetches
+//! the catalogue's images its cache lacks, checks the hypervisor, KVM, the IOMMU groups and the
+//! images' digests, and reports. The job keeps the report, trying up to [`BOOTSTRAP_ATTEMPTS`] times
+//! per catalogue generation. `vps.hosts` (one key per node) derives the
 //! host's state from that report and its node: `bootstrapping` until the report, `degraded` with
 //! the report's problems, `draining` while its node is cordoned or drained, else `ready`; records
 //! what the node has left for new instances; and keeps the `vps/not-ready` taint on every host that
@@ -37,9 +39,10 @@ fn vps_bootstrap(p: &serde_json::Value) -> Result<CommandBody, Error> {
 pub fn command_kinds() -> Vec<CommandKind> {
     vec![CommandKind {
         name: "vps.bootstrap",
-        summary: "Checks what a vps-host needs to run VMs (the hypervisor, KVM, IOMMU groups, the listed base images with their sha256) and reports it; `vps.bootstraps` runs it on every new vps-host node.",
+        summary: "Fetches the base image catalogue's images (`sources`: name, url, sha256) the host's cache lacks, each used only if its bytes hash to its sha256, then checks what a vps-host needs to run VMs (the hypervisor, KVM, IOMMU groups, the images) and reports it, with what was fetched; `vps.bootstraps` runs it on every new vps-host node and on every host when the catalogue changes.",
         lane: "default",
-        timeout: Duration::from_secs(300),
+        // Fetching images takes as long as they are big (one hour at most each, on the daemon).
+        timeout: Duration::from_secs(7200),
         retry_safe: true,
         self_terminating: false,
         destructive: false,
@@ -76,12 +79,6 @@ pub async fn list(db: &impl GenericClient) -> Result<Vec<HostView>, DbError> {
         .collect())
 }
 
-/// The base images every host must have to be ready.
-pub async fn set_required_images(db: &impl GenericClient, images: &[String]) -> Result<(), DbError> {
-    db.execute("UPDATE vps_settings SET required_images = $1", &[&images]).await?;
-    Ok(())
-}
-
 /// Makes the node's record (state `new`) if it has none; false when the node is not a vps host.
 async fn host_record(db: &impl GenericClient, node: &str) -> Result<bool, DbError> {
     if better_compute_nodes::inventory::vps_hosts(db, &[node.to_owned()]).await?.is_empty() {
@@ -106,10 +103,22 @@ impl Reconciler for BootstrapsJob {
         if !host_record(&*tx, node).await? {
             return Ok(Outcome::Done);
         }
-        let r = tx.query_one("SELECT bootstrap_command_id, bootstrap_attempts, report IS NOT NULL FROM vps_hosts WHERE node_id = $1 FOR UPDATE", &[&node]).await?;
-        let (command, attempts, reported): (Option<String>, i32, bool) = (r.get(0), r.get(1), r.get(2));
-        if reported {
+        let (generation, payload) = crate::images::catalogue(&*tx).await?;
+        let r = tx
+            .query_one(
+                "SELECT bootstrap_command_id, bootstrap_attempts, report IS NOT NULL, report_generation, bootstrap_generation FROM vps_hosts WHERE node_id = $1 FOR UPDATE",
+                &[&node],
+            )
+            .await?;
+        let (mut command, mut attempts, reported, report_generation, bootstrap_generation): (Option<String>, i32, bool, i64, i64) =
+            (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4));
+        if reported && report_generation >= generation {
             return Ok(Outcome::Done);
+        }
+        if bootstrap_generation < generation {
+            // The bootstrap in hand checked an older catalogue: start over against this one. The
+            // host keeps its report, and state, until the new one comes.
+            (command, attempts) = (None, 0);
         }
         let last = match &command {
             Some(id) => Some(commands::get(&*tx, node, id).await?),
@@ -125,14 +134,16 @@ impl Reconciler for BootstrapsJob {
         };
         match report {
             Some(report) => {
-                tx.execute("UPDATE vps_hosts SET report = $2, version = version + 1, updated_at = compute_now() WHERE node_id = $1", &[&node, &report]).await?;
+                tx.execute(
+                    "UPDATE vps_hosts SET report = $2, report_generation = bootstrap_generation, version = version + 1, updated_at = compute_now() WHERE node_id = $1",
+                    &[&node, &report],
+                )
+                .await?;
                 ctx.count("hosts bootstrapped", 1);
             }
             None => {
-                let images: Vec<String> = tx.query_one("SELECT required_images FROM vps_settings", &[]).await?.get(0);
                 let kind = command_kinds().into_iter().next().expect("vps.bootstrap");
-                let key = format!("vps.bootstrap:{node}:{}", attempts + 1);
-                let payload = serde_json::json!({"images": images});
+                let key = format!("vps.bootstrap:{node}:{generation}:{}", attempts + 1);
                 let cmd = NewCommand {
                     node_id: node,
                     kind: kind.name,
@@ -145,8 +156,8 @@ impl Reconciler for BootstrapsJob {
                 };
                 let v = commands::enqueue_kind(&*tx, &kind, cmd).await?;
                 tx.execute(
-                    "UPDATE vps_hosts SET bootstrap_command_id = $2, bootstrap_attempts = bootstrap_attempts + 1, updated_at = compute_now() WHERE node_id = $1",
-                    &[&node, &v.id],
+                    "UPDATE vps_hosts SET bootstrap_command_id = $2, bootstrap_attempts = $3, bootstrap_generation = $4, updated_at = compute_now() WHERE node_id = $1",
+                    &[&node, &v.id, &(attempts + 1), &generation],
                 )
                 .await?;
                 ctx.count("bootstraps sent", 1);
@@ -158,12 +169,12 @@ impl Reconciler for BootstrapsJob {
     }
 
     async fn keys(&self, ctx: &ReconcileContext, shards: &[i16]) -> Result<Vec<String>, RunError> {
-        // vps-host nodes whose bootstrap has not reported.
+        // vps-host nodes with no report against the catalogue as it is.
         let c = ctx.read().await?;
         let rows = c
             .query(
-                "SELECT n.id FROM nodes n JOIN pools p ON p.id = n.pool_id LEFT JOIN vps_hosts h ON h.node_id = n.id
-                  WHERE p.kind = 'vps-host' AND h.report IS NULL",
+                "SELECT n.id FROM nodes n JOIN pools p ON p.id = n.pool_id LEFT JOIN vps_hosts h ON h.node_id = n.id, vps_settings s
+                  WHERE p.kind = 'vps-host' AND (h.report IS NULL OR h.report_generation < s.catalogue_generation)",
                 &[],
             )
             .await?;

@@ -120,14 +120,21 @@ fn view_of(r: &tokio_postgres::Row) -> InstanceView {
     }
 }
 
-fn check(req: &CreateInstance) -> Result<(), Error> {
-    let image_ok = !req.image.is_empty()
-        && req.image.len() <= 64
-        && req.image.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b))
-        && req.image.as_bytes()[0].is_ascii_alphanumeric();
-    if !image_ok {
+/// An image name: 1 to 64 lowercase letters, digits, `.`, `_` and `-`, starting with a letter or
+/// digit (a folder in each host's image cache).
+pub(crate) fn check_image_name(image: &str) -> Result<(), Error> {
+    let ok = !image.is_empty()
+        && image.len() <= 64
+        && image.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b))
+        && image.as_bytes()[0].is_ascii_alphanumeric();
+    if !ok {
         return Err(Error::invalid_argument("image must be an image name like debian-12 (lowercase letters, digits, '.', '_', '-'; at most 64)"));
     }
+    Ok(())
+}
+
+fn check(req: &CreateInstance) -> Result<(), Error> {
+    check_image_name(&req.image)?;
     if req.ssh_public_keys.is_empty() || req.ssh_public_keys.len() > MAX_SSH_KEYS {
         return Err(Error::invalid_argument(format!("sshPublicKeys must hold 1 to {MAX_SSH_KEYS} OpenSSH public keys")));
     }

@@ -9,6 +9,7 @@
 //! that ends takes its instance with it.
 
 pub mod hosts;
+pub mod images;
 pub mod instances;
 pub mod reconciler;
 pub mod spec;
@@ -24,6 +25,7 @@ pub const VPS_MIGRATIONS: &[Migration] = &[
     Migration::numbered("vps", "0001_instances", include_str!("migrations/vps/0001_instances.sql")),
     Migration::numbered("vps", "0002_hosts", include_str!("migrations/vps/0002_hosts.sql")),
     Migration::numbered("vps", "0003_usage", include_str!("migrations/vps/0003_usage.sql")),
+    Migration::numbered("vps", "0004_images", include_str!("migrations/vps/0004_images.sql")),
     Migration::repeatable("vps", "usage", include_str!("sql/usage.sql")),
 ];
 
@@ -85,6 +87,20 @@ impl better_compute_runtime::Module for VpsModule {
             h("vps.host.ready", "A vps host can run instances."),
             h("vps.host.degraded", "A vps host cannot run instances (the reasons say why); it is tainted vps/not-ready."),
             h("vps.host.draining", "A vps host's node is cordoned or drained: no new instances."),
+            EventType {
+                name: "vps.image.set",
+                version: 1,
+                audience: "fleet",
+                description: "An image was added to the base image catalogue, or its source or digest changed: every vps host is bootstrapped again (the subject is the image's name).",
+                data: &[("url", "where hosts fetch it"), ("sha256", "what its bytes hash to"), ("version", "the image record's version")],
+            },
+            EventType {
+                name: "vps.image.deleted",
+                version: 1,
+                audience: "fleet",
+                description: "An image left the base image catalogue: every vps host is bootstrapped again (hosts keep their cached copy).",
+                data: &[],
+            },
             e("instance.requested", "An instance was created; it waits for its reservation's placement and its host."),
             e("instance.provisioning", "An instance is in its host's desired state, to run; the host has not reported it running yet."),
             e("instance.running", "The host reports the instance running."),

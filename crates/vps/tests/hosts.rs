@@ -17,6 +17,19 @@ use better_compute_vps::VpsModule;
 use common::*;
 use serde_json::json;
 
+const DIGEST_A: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+const DIGEST_B: &str = "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
+
+/// Sets a catalogue image (from images.example) in a transaction of its own.
+async fn set_image(h: &Harness, name: &str, sha256: &str) -> better_compute_vps::images::ImageView {
+    let mut c = h.db().client().await;
+    let tx = c.transaction().await.unwrap();
+    let req = better_compute_vps::images::SetImage { name: name.into(), url: format!("https://images.example/{name}.qcow2"), sha256: sha256.into() };
+    let v = better_compute_vps::images::set(&*tx, &req).await.unwrap();
+    tx.commit().await.unwrap();
+    v
+}
+
 async fn harness() -> Harness {
     Harness::new(vec![Arc::new(NodesModule), Arc::new(CapacityModule), Arc::new(VpsModule)]).await
 }
@@ -61,11 +74,11 @@ async fn run_jobs(h: &Harness) {
 #[tokio::test]
 async fn a_new_host_stays_out_of_placement_until_its_bootstrap_says_it_can_run_vms() {
     let h = harness().await;
-    hosts::set_required_images(&**h.db().client().await, &["debian-12".to_owned()]).await.unwrap();
+    set_image(&h, "debian-12", DIGEST_A).await;
     let (pool, node) = host(&h).await;
     run_jobs(&h).await;
     let (id, kind, payload) = bootstrap_command(&h, &node).await;
-    assert_eq!((kind.as_str(), &payload), ("vps.bootstrap", &json!({"images": ["debian-12"]})));
+    assert_eq!((kind.as_str(), &payload), ("vps.bootstrap", &json!({"sources": [{"name": "debian-12", "url": "https://images.example/debian-12.qcow2", "sha256": DIGEST_A}]})));
     assert_eq!(host_state(&h, &node).await, ("bootstrapping".into(), vec!["waiting for vps.bootstrap's report".into()], true));
     // Nothing is placed on it meanwhile.
     let req = one_gpu(&pool);
@@ -124,4 +137,64 @@ async fn a_host_whose_report_names_problems_is_degraded_with_them_and_failing_bo
     assert_eq!((state.as_str(), reasons.len(), tainted), ("degraded", 1, true));
     assert!(reasons[0].contains("after 3 attempts") && reasons[0].contains("no hypervisor answered"), "{reasons:?}");
     assert_eq!(seen.len(), 3);
+}
+
+#[tokio::test]
+async fn a_change_of_the_image_catalogue_bootstraps_every_host_again_and_each_keeps_its_state_until_it_reports() {
+    let h = harness().await;
+    let (_, node) = host(&h).await;
+    run_jobs(&h).await;
+    let (first, _, payload) = bootstrap_command(&h, &node).await;
+    assert_eq!(payload, json!({}), "an empty catalogue (the payload as the proto has it: no sources)");
+    finish(&h, &node, &first, true, json!({"problems": [], "images": {}})).await;
+    run_jobs(&h).await;
+    assert_eq!(host_state(&h, &node).await.0, "ready");
+    // An image joins the catalogue: the host is asked again, with it, and stays ready meanwhile.
+    let v = set_image(&h, "debian-12", DIGEST_A).await;
+    assert_eq!(v.version, 1);
+    run_jobs(&h).await;
+    let (second, _, payload) = bootstrap_command(&h, &node).await;
+    assert_ne!(second, first);
+    assert_eq!(payload["sources"][0]["sha256"], DIGEST_A);
+    assert_eq!(host_state(&h, &node).await, ("ready".into(), vec![], false), "no disruption before the new report");
+    // Setting the same again changes nothing: no new generation, no new command.
+    assert_eq!(set_image(&h, "debian-12", DIGEST_A).await.version, 1);
+    run_jobs(&h).await;
+    assert_eq!(bootstrap_command(&h, &node).await.0, second);
+    // A new digest while the second runs: the second's report no longer counts, a third goes.
+    set_image(&h, "debian-12", DIGEST_B).await;
+    run_jobs(&h).await;
+    let (third, _, payload) = bootstrap_command(&h, &node).await;
+    assert!(third != second && payload["sources"][0]["sha256"] == DIGEST_B, "{payload}");
+    finish(&h, &node, &second, true, json!({"problems": []})).await;
+    run_jobs(&h).await;
+    assert_eq!(bootstrap_command(&h, &node).await.0, third, "the old report is not taken for the new catalogue");
+    // The host cannot fetch it: degraded, with the reason, out of placement.
+    let why = "image debian-12: https://images.example/debian-12.qcow2 answered 404 Not Found";
+    finish(&h, &node, &third, true, json!({"problems": [why]})).await;
+    run_jobs(&h).await;
+    assert_eq!(host_state(&h, &node).await, ("degraded".into(), vec![why.to_owned()], true));
+    // Taken out of the catalogue: asked again, and ready once it says so.
+    let mut c = h.db().client().await;
+    let tx = c.transaction().await.unwrap();
+    better_compute_vps::images::delete(&*tx, "debian-12").await.unwrap();
+    assert_eq!(better_compute_vps::images::delete(&*tx, "debian-12").await.unwrap_err().code, better_compute_core::ErrorCode::NotFound);
+    tx.commit().await.unwrap();
+    run_jobs(&h).await;
+    let (fourth, _, payload) = bootstrap_command(&h, &node).await;
+    assert_eq!(payload, json!({}));
+    finish(&h, &node, &fourth, true, json!({"problems": []})).await;
+    run_jobs(&h).await;
+    assert_eq!(host_state(&h, &node).await, ("ready".into(), vec![], false));
+    settle(&h).await;
+    let events: Vec<String> = c.query("SELECT type FROM outbox WHERE type LIKE 'vps.image.%' ORDER BY txid, seq", &[]).await.unwrap().iter().map(|r| r.get(0)).collect();
+    assert_eq!(events, ["vps.image.set", "vps.image.set", "vps.image.deleted"]);
+    // Bad input is refused with a clear code and writes nothing.
+    let tx = c.transaction().await.unwrap();
+    for (name, url, sha) in [("Debian 12", "https://x/y", DIGEST_A), ("d", "ftp://x/y", DIGEST_A), ("d", "https://x/y", "ABC")] {
+        let req = better_compute_vps::images::SetImage { name: name.into(), url: url.into(), sha256: sha.into() };
+        assert_eq!(better_compute_vps::images::set(&*tx, &req).await.unwrap_err().code, better_compute_core::ErrorCode::InvalidArgument, "{name} {url} {sha}");
+    }
+    drop(tx);
+    assert_eq!(better_compute_vps::images::list(&**c).await.unwrap().len(), 0);
 }

@@ -2,6 +2,7 @@
 //! operators.
 
 use better_compute_core::page::Page;
+use better_compute_runtime::authz::Resource;
 use better_compute_vps::instances::{self, Action, CreateInstance, InstanceView};
 use serde::Deserialize;
 
@@ -48,6 +49,27 @@ struct ListInstances {
     page_token: Option<String>,
 }
 
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct ImageRef {
+    /// The image's name.
+    name: String,
+}
+
+#[derive(Debug, serde::Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+struct ImageList {
+    /// The catalogue, by name.
+    items: Vec<better_compute_vps::images::ImageView>,
+}
+
+#[derive(Debug, serde::Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+struct Deleted {
+    /// The image's name.
+    name: String,
+}
+
 #[derive(Debug, serde::Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 struct HostList {
@@ -72,7 +94,7 @@ pub(super) fn methods() -> Vec<Method> {
             |ctx: Ctx, r: CreateInstance| async move {
                 ctx.in_tenant(r.tenant_id.as_deref(), "compute:instances:create").await?;
                 if r.reservation_id.is_none() {
-                    ctx.check("compute:reservations:create", better_compute_runtime::authz::Resource::Tenant).await?;
+                    ctx.check("compute:reservations:create", Resource::Tenant).await?;
                 }
                 let mut db = ctx.db().await?;
                 instances::create(&mut db, ctx.caller(), &r).await
@@ -102,11 +124,41 @@ pub(super) fn methods() -> Vec<Method> {
         action("instances.reboot", "Restart a running instance once.", Action::Reboot),
         action("instances.delete", "Delete an instance and its disk; its reservation stays yours.", Action::Delete),
         method(
+            "vpsImages.list",
+            "List the base image catalogue: the images instances may boot, with where hosts fetch them and their sha256.",
+            "compute:instances:create at tenant scope, or compute:pools:read at fleet scope",
+            |ctx: Ctx, _r: super::Empty| async move {
+                if ctx.check("compute:pools:read", Resource::Fleet).await.is_err() {
+                    ctx.check("compute:instances:create", Resource::Tenant).await?;
+                }
+                Ok(ImageList { items: better_compute_vps::images::list(&*ctx.read().await?).await? })
+            },
+        ),
+        method(
+            "vpsImages.set",
+            "Add an image to the base image catalogue, or change its url or sha256: every vps host fetches it (used only if its bytes hash to sha256) and is degraded until it has it. Setting what is there changes nothing.",
+            "compute:pools:write at fleet scope",
+            |ctx: Ctx, r: better_compute_vps::images::SetImage| async move {
+                ctx.check("compute:pools:write", Resource::Fleet).await?;
+                ctx.in_tx(async |tx| better_compute_vps::images::set(tx, &r).await).await
+            },
+        ),
+        method(
+            "vpsImages.delete",
+            "Take an image out of the catalogue: hosts are no longer held to have it (their cached copy stays, for the VMs made from it).",
+            "compute:pools:write at fleet scope",
+            |ctx: Ctx, r: ImageRef| async move {
+                ctx.check("compute:pools:write", Resource::Fleet).await?;
+                ctx.in_tx(async |tx| better_compute_vps::images::delete(tx, &r.name).await).await?;
+                Ok(Deleted { name: r.name })
+            },
+        ),
+        method(
             "vpsHosts.list",
             "List the vps hosts: each one's state (bootstrapping, ready, degraded, draining) with the reasons, its last vps.bootstrap report and what it has left for new instances.",
             "compute:nodes:read at fleet scope",
             |ctx: Ctx, _r: super::Empty| async move {
-                ctx.check("compute:nodes:read", better_compute_runtime::authz::Resource::Fleet).await?;
+                ctx.check("compute:nodes:read", Resource::Fleet).await?;
                 Ok(HostList { items: better_compute_vps::hosts::list(&*ctx.read().await?).await? })
             },
         ),

@@ -1,6 +1,7 @@
 //! Command execution: what each kind does on the node.
 
 use super::*;
+use crate::hypervisor::ImageSource;
 
 impl Daemon {
     /// Runs a command. `cancellable` is taken back (true to false) at a point of no return; when
@@ -80,8 +81,32 @@ impl Daemon {
             Payload::LogsCollect(req) => ok(crate::logs::collect(&self.logs, &req).await),
             Payload::VpsBootstrap(req) => {
                 let hv = self.cfg.hypervisor.clone();
-                match tokio::task::spawn_blocking(move || hv.map_or_else(crate::hypervisor::check_without_hypervisor, |h| h.check(&req.images))).await {
-                    Ok(report) => ok(report),
+                // The catalogue's images first, so the check sees what was fetched.
+                let (mut fetched, mut fetch_problems) = (serde_json::Map::new(), Vec::new());
+                if let Some(dir) = hv.as_ref().and_then(|h| h.images_dir()) {
+                    for src in &req.sources {
+                        let outcome = match crate::images::ensure(&dir, src).await {
+                            Ok(crate::images::Cached::Kept) => "kept".to_owned(),
+                            Ok(crate::images::Cached::Fetched(n)) => format!("fetched {n} bytes"),
+                            Err(e) => {
+                                fetch_problems.push(format!("image {}: {e}", src.name));
+                                format!("failed: {e}")
+                            }
+                        };
+                        self.logs.line(format!("image {}: {outcome}", src.name));
+                        fetched.insert(src.name.clone(), outcome.into());
+                    }
+                }
+                let mut images = req.sources.clone();
+                images.extend(req.images.iter().filter(|n| !req.sources.iter().any(|s| &s.name == *n)).map(|n| ImageSource { name: n.clone(), ..Default::default() }));
+                match tokio::task::spawn_blocking(move || hv.map_or_else(crate::hypervisor::check_without_hypervisor, |h| h.check(&images))).await {
+                    Ok(mut report) => {
+                        if let Some(p) = report["problems"].as_array_mut() {
+                            p.extend(fetch_problems.into_iter().map(serde_json::Value::from));
+                        }
+                        report["fetched"] = fetched.into();
+                        ok(report)
+                    }
                     Err(e) => fail(format!("the check crashed: {e}")),
                 }
             }

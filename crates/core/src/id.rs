@@ -191,6 +191,8 @@ id_kinds! {
     WorkflowId, WorkflowKind, "wf", "workflow";
     /// An instance: a VM on a reservation's atoms on a vps-host node.
     InstanceId, InstanceKind, "ins", "instance";
+    /// An entry of the audit log.
+    AuditEntryId, AuditEntryKind, "aud", "audit entry";
 }
 
 #[cfg(test)]

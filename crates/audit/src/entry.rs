@@ -1,0 +1,197 @@
+//! Audit entries: who did what to what, when, with which token, and how it ended. An entry is
+//! written with [`record`] in the transaction that makes the change, so a change that commits has
+//! its entry and one that rolls back has none; a refusal is recorded in a transaction of its own.
+//! Its place in the log and its chain hash come later (`checkpoint.rs`).
+
+use better_compute_core::id::AuditEntryId;
+use better_compute_db::DbError;
+use serde::Serialize;
+use sha2::Digest;
+use tokio_postgres::GenericClient;
+
+/// Who acted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Actor<'a> {
+    /// A person or service through the API, with the token it used.
+    Identity {
+        /// `idn_…`.
+        identity_id: &'a str,
+        /// `tok_…`.
+        token_id: &'a str,
+    },
+    /// A job of the control plane acting on its own (its kind, e.g. `health`).
+    Job(&'a str),
+}
+
+/// How it ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The change was made (the entry commits with it).
+    Ok,
+    /// The caller was not allowed: nothing changed.
+    Denied,
+}
+
+/// An entry to record.
+#[derive(Debug, Clone)]
+pub struct NewEntry<'a> {
+    /// Who.
+    pub actor: Actor<'a>,
+    /// The tenant acted in (none: the fleet).
+    pub tenant_id: Option<&'a str>,
+    /// What: an API method (`nodes.cordon`) or a job's decision (`health.quarantine`).
+    pub action: &'a str,
+    /// On what: an id, or what the request named.
+    pub target: &'a str,
+    /// The API request's id.
+    pub request_id: Option<&'a str>,
+    /// Where the request came from (the client's address).
+    pub source: Option<&'a str>,
+    /// How it ended.
+    pub outcome: Outcome,
+    /// The request's body, digested (sha256) into the entry.
+    pub request_body: Option<&'a [u8]>,
+}
+
+fn clip(s: &str, max: usize) -> &str {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+/// Appends `e` in the caller's transaction; returns its id.
+pub async fn record(tx: &impl GenericClient, e: &NewEntry<'_>) -> Result<String, DbError> {
+    let id = AuditEntryId::generate().to_string();
+    let (kind, actor_id, token_id) = match e.actor {
+        Actor::Identity { identity_id, token_id } => ("identity", identity_id, Some(token_id)),
+        Actor::Job(job) => ("job", job, None),
+    };
+    let outcome = match e.outcome {
+        Outcome::Ok => "ok",
+        Outcome::Denied => "denied",
+    };
+    let digest = e.request_body.map(|b| format!("{:x}", sha2::Sha256::digest(b)));
+    tx.execute(
+        "INSERT INTO audit_entries (id, actor_kind, actor_id, token_id, tenant_id, action, target, request_id, source, outcome, request_digest)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+        &[
+            &id,
+            &kind,
+            &clip(actor_id, 200),
+            &token_id.map(|t| clip(t, 64)),
+            &e.tenant_id.map(|t| clip(t, 64)),
+            &clip(e.action, 100),
+            &clip(e.target, 500),
+            &e.request_id.map(|r| clip(r, 64)),
+            &e.source.map(|s| clip(s, 100)),
+            &outcome,
+            &digest,
+        ],
+    )
+    .await?;
+    Ok(id)
+}
+
+/// An entry as the API shows it and the export carries it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Entry {
+    /// `aud_…`.
+    pub id: String,
+    /// Its place in the log; none until `audit.checkpoint` placed it.
+    pub log_index: Option<i64>,
+    /// RFC 3339, microseconds.
+    pub at: String,
+    /// identity or job.
+    pub actor_kind: String,
+    /// The identity, or the job's kind.
+    pub actor_id: String,
+    /// The token used.
+    pub token_id: Option<String>,
+    /// The tenant acted in.
+    pub tenant_id: Option<String>,
+    /// The method or decision.
+    pub action: String,
+    /// What it was about.
+    pub target: String,
+    /// The API request's id.
+    pub request_id: Option<String>,
+    /// The client's address.
+    pub source: Option<String>,
+    /// ok or denied.
+    pub outcome: String,
+    /// sha256 of the request's body.
+    pub request_digest: Option<String>,
+    /// `sha256(previous chain hash || canonical entry)`, hex; none until placed.
+    pub chain_hash: Option<String>,
+}
+
+/// The bytes an entry is hashed as: its fields but the chain hash, as JSON in a fixed order.
+pub fn canonical(e: &Entry) -> Vec<u8> {
+    #[derive(Serialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Canonical<'a> {
+        log_index: Option<i64>,
+        id: &'a str,
+        at: &'a str,
+        actor_kind: &'a str,
+        actor_id: &'a str,
+        token_id: Option<&'a str>,
+        tenant_id: Option<&'a str>,
+        action: &'a str,
+        target: &'a str,
+        request_id: Option<&'a str>,
+        source: Option<&'a str>,
+        outcome: &'a str,
+        request_digest: Option<&'a str>,
+    }
+    serde_json::to_vec(&Canonical {
+        log_index: e.log_index,
+        id: &e.id,
+        at: &e.at,
+        actor_kind: &e.actor_kind,
+        actor_id: &e.actor_id,
+        token_id: e.token_id.as_deref(),
+        tenant_id: e.tenant_id.as_deref(),
+        action: &e.action,
+        target: &e.target,
+        request_id: e.request_id.as_deref(),
+        source: e.source.as_deref(),
+        outcome: &e.outcome,
+        request_digest: e.request_digest.as_deref(),
+    })
+    .expect("an entry serialises")
+}
+
+/// The chain hash after `prev` of entry `e`.
+pub fn chain_hash(prev: &[u8; 32], e: &Entry) -> [u8; 32] {
+    let mut h = sha2::Sha256::new();
+    h.update(prev);
+    h.update(canonical(e));
+    h.finalize().into()
+}
+
+/// The columns [`entry_of`] reads.
+pub(crate) const COLUMNS: &str = "id, log_index, to_char(at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), actor_kind, actor_id, token_id,
+     tenant_id, action, target, request_id, source, outcome, request_digest, encode(chain_hash, 'hex')";
+
+pub(crate) fn entry_of(r: &tokio_postgres::Row) -> Entry {
+    Entry {
+        id: r.get(0),
+        log_index: r.get(1),
+        at: r.get(2),
+        actor_kind: r.get(3),
+        actor_id: r.get(4),
+        token_id: r.get(5),
+        tenant_id: r.get(6),
+        action: r.get(7),
+        target: r.get(8),
+        request_id: r.get(9),
+        source: r.get(10),
+        outcome: r.get(11),
+        request_digest: r.get(12),
+        chain_hash: r.get(13),
+    }
+}

@@ -3,6 +3,56 @@
 
 CREATE EXTENSION btree_gist;
 
+CREATE TABLE audit_checkpoints (
+  tree_size bigint NOT NULL,
+  root bytea NOT NULL,
+  chain_hash bytea NOT NULL,
+  frontier bytea[] NOT NULL,
+  public_key bytea,
+  signature bytea,
+  at timestamp with time zone DEFAULT compute_now() NOT NULL,
+  CONSTRAINT audit_checkpoints_chain_hash_check CHECK ((octet_length(chain_hash) = 32)),
+  CONSTRAINT audit_checkpoints_pkey PRIMARY KEY (tree_size),
+  CONSTRAINT audit_checkpoints_public_key_check CHECK ((octet_length(public_key) = 32)),
+  CONSTRAINT audit_checkpoints_root_check CHECK ((octet_length(root) = 32)),
+  CONSTRAINT audit_checkpoints_signature_check CHECK ((octet_length(signature) = 64)),
+  CONSTRAINT audit_checkpoints_tree_size_check CHECK ((tree_size > 0))
+);
+
+CREATE TABLE audit_entries (
+  id text NOT NULL,
+  txid xid8 DEFAULT pg_current_xact_id() NOT NULL,
+  position bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
+  at timestamp with time zone DEFAULT compute_now() NOT NULL,
+  actor_kind text NOT NULL,
+  actor_id text NOT NULL,
+  token_id text,
+  tenant_id text,
+  action text NOT NULL,
+  target text NOT NULL,
+  request_id text,
+  source text,
+  outcome text NOT NULL,
+  request_digest text,
+  log_index bigint,
+  chain_hash bytea,
+  CONSTRAINT audit_entries_action_check CHECK (((length(action) >= 1) AND (length(action) <= 100))),
+  CONSTRAINT audit_entries_actor_id_check CHECK (((length(actor_id) >= 1) AND (length(actor_id) <= 200))),
+  CONSTRAINT audit_entries_actor_kind_check CHECK ((actor_kind = ANY (ARRAY['identity'::text, 'job'::text, 'system'::text]))),
+  CONSTRAINT audit_entries_chain_hash_check CHECK ((octet_length(chain_hash) = 32)),
+  CONSTRAINT audit_entries_check CHECK (((log_index IS NULL) = (chain_hash IS NULL))),
+  CONSTRAINT audit_entries_log_index_check CHECK ((log_index >= 0)),
+  CONSTRAINT audit_entries_log_index_key UNIQUE (log_index),
+  CONSTRAINT audit_entries_outcome_check CHECK ((outcome = ANY (ARRAY['ok'::text, 'denied'::text]))),
+  CONSTRAINT audit_entries_pkey PRIMARY KEY (id),
+  CONSTRAINT audit_entries_request_digest_check CHECK ((request_digest ~ '^[0-9a-f]{64}$'::text)),
+  CONSTRAINT audit_entries_request_id_check CHECK ((length(request_id) <= 64)),
+  CONSTRAINT audit_entries_source_check CHECK ((length(source) <= 100)),
+  CONSTRAINT audit_entries_target_check CHECK ((length(target) <= 500)),
+  CONSTRAINT audit_entries_tenant_id_check CHECK ((length(tenant_id) <= 64)),
+  CONSTRAINT audit_entries_token_id_check CHECK ((length(token_id) <= 64))
+);
+
 CREATE TABLE authz_changes (
   seq bigint DEFAULT nextval('authz_changes_seq_seq'::regclass) NOT NULL,
   txid xid8 DEFAULT pg_current_xact_id() NOT NULL,
@@ -870,6 +920,8 @@ CREATE TABLE workflows (
   CONSTRAINT workflows_state_check CHECK ((state = ANY (ARRAY['running'::text, 'held'::text, 'cancelling'::text, 'succeeded'::text, 'failed'::text, 'cancelled'::text])))
 );
 
+CREATE INDEX audit_entries_tenant ON public.audit_entries USING btree (tenant_id, log_index);
+CREATE INDEX audit_entries_unplaced ON public.audit_entries USING btree (txid, "position") WHERE (log_index IS NULL);
 CREATE INDEX authz_changes_cursor ON public.authz_changes USING btree (txid, seq);
 CREATE INDEX commands_node_pending ON public.commands USING btree (node_id, seq) WHERE (state = 'pending'::text);
 CREATE INDEX commands_open ON public.commands USING btree (not_after) WHERE (state = ANY (ARRAY['pending'::text, 'sent'::text, 'running'::text]));
@@ -917,6 +969,7 @@ CREATE UNIQUE INDEX workflows_child ON public.workflows USING btree (parent_id, 
 CREATE INDEX workflows_node ON public.workflows USING btree (node_id, created_at) WHERE (node_id IS NOT NULL);
 CREATE INDEX workflows_open ON public.workflows USING btree (state) WHERE (ended_at IS NULL);
 
+CREATE TRIGGER audit_entries_append_only BEFORE DELETE OR UPDATE ON public.audit_entries FOR EACH ROW EXECUTE FUNCTION audit_entries_append_only();
 CREATE TRIGGER node_drains_state_guard BEFORE UPDATE OF state ON public.node_drains FOR EACH ROW WHEN ((old.state IS DISTINCT FROM new.state)) EXECUTE FUNCTION nodes_drain_state_guard();
 CREATE TRIGGER nodes_convergence_since BEFORE UPDATE OF generation, observed_generation ON public.nodes FOR EACH ROW WHEN (((old.observed_generation >= old.generation) IS DISTINCT FROM (new.observed_generation >= new.generation))) EXECUTE FUNCTION nodes_convergence_flipped();
 CREATE TRIGGER nodes_open_counts AFTER UPDATE OF observed_generation, no_schedule_reasons, taints ON public.nodes FOR EACH ROW WHEN ((capacity_node_open(old.observed_generation, old.no_schedule_reasons, old.taints) IS DISTINCT FROM capacity_node_open(new.observed_generation, new.no_schedule_reasons, new.taints))) EXECUTE FUNCTION capacity_node_open_changed();
@@ -924,6 +977,7 @@ CREATE TRIGGER nodes_resources AFTER INSERT ON public.nodes FOR EACH ROW EXECUTE
 CREATE TRIGGER nodes_usable_resources AFTER UPDATE OF reported_inventory, vcpu, memory_mib, disk_gib ON public.nodes FOR EACH ROW WHEN ((((old.reported_inventory -> 'vcpu'::text) IS DISTINCT FROM (new.reported_inventory -> 'vcpu'::text)) OR ((old.reported_inventory -> 'memoryMib'::text) IS DISTINCT FROM (new.reported_inventory -> 'memoryMib'::text)) OR ((old.reported_inventory -> 'diskGib'::text) IS DISTINCT FROM (new.reported_inventory -> 'diskGib'::text)) OR (((old.vcpu IS DISTINCT FROM new.vcpu) OR (old.memory_mib IS DISTINCT FROM new.memory_mib)) OR (old.disk_gib IS DISTINCT FROM new.disk_gib)))) EXECUTE FUNCTION capacity_node_inventory_changed();
 CREATE TRIGGER reservations_state_guard BEFORE UPDATE OF state ON public.reservations FOR EACH ROW WHEN ((old.state IS DISTINCT FROM new.state)) EXECUTE FUNCTION capacity_reservation_state_guard();
 
+FUNCTION audit_entries_append_only() RETURNS trigger LANGUAGE plpgsql VOLATILE;
 FUNCTION capacity_after_change(r reservations, p_event_type text, p_event_id text, p_shard smallint) RETURNS jsonb LANGUAGE plpgsql VOLATILE;
 FUNCTION capacity_allocatable_floor(allocated numeric, ratio double precision) RETURNS bigint LANGUAGE sql IMMUTABLE;
 FUNCTION capacity_candidates(p_pool text, p_kind text, p_model text, p_profile text, p_count integer, p_selector jsonb, p_tolerations jsonb, p_excluded text[], p_best_fit boolean, OUT nodes text[], OUT idles integer[]) RETURNS record LANGUAGE plpgsql STABLE SET plan_cache_mode=force_generic_plan SET enable_indexonlyscan=on;

@@ -2,6 +2,7 @@
 
 mod admin;
 mod api;
+mod audit;
 mod capacity;
 mod daemon;
 mod dev;
@@ -49,6 +50,9 @@ enum Command {
     Capacity(capacity::CapacityArgs),
     /// Export metered usage (usage windows) as CSV or JSON lines, through the API.
     Usage(usage::UsageArgs),
+    /// The audit log: `audit export` (from the database, as JSON lines) and `audit verify` (an
+    /// export, offline: the hash chain, each checkpoint's Merkle root and signature).
+    Audit(audit::AuditArgs),
     /// Run a benchmark and print its figures beside a pgbench baseline from the same run.
     Bench(better_compute_bench::BenchArgs),
     /// Run a simulated fleet against real gateway and worker processes with a seeded workload and
@@ -98,6 +102,7 @@ fn main() -> std::process::ExitCode {
             Command::Jobs(args) => jobs::run(args).await,
             Command::Capacity(args) => capacity::run(args).await,
             Command::Usage(args) => usage::run(args).await,
+            Command::Audit(args) => audit::run(args).await,
             Command::Nodes(args) => ops::nodes(args).await,
             Command::Api(args) => api::run(args).await,
             Command::Admin(args) => admin::run(args).await,

@@ -1,4 +1,5 @@
-//! The checked-in schema snapshot cannot drift from what the migrations make.
+//! The checked-in schema snapshot cannot drift from what the migrations make; the binary exports
+//! and verifies the audit log of a migrated database.
 
 use std::process::Command;
 
@@ -35,4 +36,65 @@ async fn the_migrated_schema_matches_the_checked_in_snapshot() {
         "schema/snapshot.sql differs from a freshly migrated database: if the migration is meant, rewrite it with \
          UPDATE_SCHEMA_SNAPSHOT=1 cargo nextest run -p better-compute the_migrated_schema and commit the diff"
     );
+}
+
+/// Runs the binary; its success, stdout and stderr.
+fn try_run(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(BIN).args(args).output().unwrap();
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_audit_export_verifies_offline_and_a_changed_entry_is_named() {
+    let db = TestDb::core().await;
+    let url = db.connection_string().to_owned();
+    let u = url.clone();
+    tokio::task::spawn_blocking(move || run(&["migrate", "--database-url", &u])).await.unwrap();
+    // Twelve entries, placed and checkpointed with a key of the test's.
+    let signer = better_compute_runtime::signing::CommandSigner::generate();
+    let mut c = db.client().await;
+    for i in 0..12 {
+        let tx = c.transaction().await.unwrap();
+        let target = format!("node_{i}");
+        let e = better_compute_audit::entry::NewEntry {
+            actor: better_compute_audit::entry::Actor::Job("health"),
+            tenant_id: None,
+            action: "health.quarantine",
+            target: &target,
+            request_id: None,
+            source: None,
+            outcome: better_compute_audit::entry::Outcome::Ok,
+            request_body: None,
+        };
+        better_compute_audit::entry::record(&*tx, &e).await.unwrap();
+        tx.commit().await.unwrap();
+    }
+    let tx = c.transaction().await.unwrap();
+    let placed = better_compute_audit::checkpoint::place(&*tx, 1000, Some(&signer)).await.unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(placed.tree_size, 12);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("audit.jsonl");
+    let key = hex::encode(signer.public_key());
+    let (f, k, u) = (file.to_str().unwrap().to_owned(), key.clone(), url.clone());
+    let (exported, verified, wrong_key) = tokio::task::spawn_blocking(move || {
+        (try_run(&["audit", "export", "--database-url", &u, "--out", &f]), try_run(&["audit", "verify", &f, "--public-key", &k]), try_run(&["audit", "verify", &f, "--public-key", &"00".repeat(32)]))
+    })
+    .await
+    .unwrap();
+    assert!(exported.0 && exported.2.contains("exported 12 entries"), "{exported:?}");
+    assert_eq!(std::fs::read_to_string(&file).unwrap().lines().count(), 13, "12 entries and their checkpoint");
+    assert!(verified.0 && verified.1.contains("ok: 12 entries chained, 1 checkpoints"), "{verified:?}");
+    assert!(!wrong_key.0 && wrong_key.2.contains("not the trusted key"), "{wrong_key:?}");
+    // An owner of the database edits an entry: the export no longer verifies, and says which.
+    c.batch_execute("ALTER TABLE audit_entries DISABLE TRIGGER audit_entries_append_only; UPDATE audit_entries SET target = 'node_x' WHERE log_index = 4").await.unwrap();
+    let id: String = c.query_one("SELECT id FROM audit_entries WHERE log_index = 4", &[]).await.unwrap().get(0);
+    let (f, u) = (file.to_str().unwrap().to_owned(), url.clone());
+    let tampered = tokio::task::spawn_blocking(move || {
+        assert!(try_run(&["audit", "export", "--database-url", &u, "--out", &f]).0);
+        try_run(&["audit", "verify", &f, "--public-key", &key])
+    })
+    .await
+    .unwrap();
+    assert!(!tampered.0 && tampered.2.contains(&id) && tampered.2.contains("4 entries and 0 checkpoints verified before it"), "{tampered:?}");
 }

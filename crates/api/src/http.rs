@@ -43,6 +43,10 @@ impl Default for HttpSettings {
     }
 }
 
+/// The address a request's connection came from.
+#[derive(Debug, Clone, Copy)]
+pub struct ClientAddr(pub std::net::SocketAddr);
+
 /// Serves `router` on `listener` until `shutdown` resolves, then lets the open connections finish
 /// for up to [`SHUTDOWN_GRACE`].
 pub async fn serve(
@@ -55,7 +59,7 @@ pub async fn serve(
     let mut shutdown = std::pin::pin!(shutdown);
     let mut connections = tokio::task::JoinSet::new();
     loop {
-        let (stream, _) = tokio::select! {
+        let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(a) => a,
                 Err(e) => {
@@ -68,7 +72,8 @@ pub async fn serve(
             _ = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
-        let service = TowerToHyperService::new(router.clone());
+        // The client's address, for the audit log.
+        let service = TowerToHyperService::new(router.clone().layer(axum::Extension(ClientAddr(peer))));
         let mut stopping = stopping.clone();
         // Finished connections leave the set as new ones come, so it holds only live ones.
         while connections.try_join_next().is_some() {}

@@ -110,8 +110,8 @@ pub fn router(state: Arc<ApiState>) -> Router {
     Router::new()
         .route("/v1/openapi.json", get(openapi_json))
         .route("/v1/watch", get(watch::watch))
-        .route("/v1/instances.console", get(console::console).post(|s, h, b| call(s, Path("instances.console".to_owned()), h, b)))
-        .route("/v1/usage.export", get(usage_export::export).post(|s, h, b| call(s, Path("usage.export".to_owned()), h, b)))
+        .route("/v1/instances.console", get(console::console).post(|s, c, h, b| call(s, Path("instances.console".to_owned()), c, h, b)))
+        .route("/v1/usage.export", get(usage_export::export).post(|s, c, h, b| call(s, Path("usage.export".to_owned()), c, h, b)))
         .route("/v1/{method}", post(call))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
@@ -194,12 +194,13 @@ fn bearer(headers: &HeaderMap) -> Result<&str, Error> {
     v.strip_prefix("Bearer ").map(str::trim).filter(|t| !t.is_empty()).ok_or_else(unauthenticated)
 }
 
-async fn call(State(state): State<Arc<ApiState>>, Path(name): Path<String>, headers: HeaderMap, body: Body) -> Response {
+async fn call(State(state): State<Arc<ApiState>>, Path(name): Path<String>, client: Option<axum::Extension<http::ClientAddr>>, headers: HeaderMap, body: Body) -> Response {
     let request_id = new_request_id();
+    let source = client.map(|c| c.0 .0.ip().to_string());
     let span = tracing::info_span!("request", request_id = %request_id, method = %name);
     let started = Instant::now();
     let (code, response) = async {
-        let result = handle(&state, &name, &headers, body).await;
+        let result = handle(&state, &name, &request_id, source, &headers, body).await;
         match result {
             Ok(v) => {
                 let mut r = (StatusCode::OK, axum::Json(v)).into_response();
@@ -223,7 +224,7 @@ async fn call(State(state): State<Arc<ApiState>>, Path(name): Path<String>, head
     response
 }
 
-async fn handle(state: &Arc<ApiState>, name: &str, headers: &HeaderMap, body: Body) -> Result<serde_json::Value, Error> {
+async fn handle(state: &Arc<ApiState>, name: &str, request_id: &str, source: Option<String>, headers: &HeaderMap, body: Body) -> Result<serde_json::Value, Error> {
     let m = state
         .methods
         .get(name)
@@ -244,11 +245,21 @@ async fn handle(state: &Arc<ApiState>, name: &str, headers: &HeaderMap, body: Bo
         .await
         .map_err(|_| Error::invalid_argument(format!("the body did not arrive within {} ms", state.body_read_timeout.as_millis())))?
         .map_err(|_| too_large())?;
-    let ctx = Ctx { state: state.clone(), principal };
-    match tokio::time::timeout(REQUEST_TIMEOUT, (m.call)(ctx, &bytes)).await {
+    let meta = Arc::new(method::RequestMeta { id: request_id.to_owned(), method: m.name, target: method::target_of(&bytes), source, body: bytes.clone() });
+    let ctx = Ctx { state: state.clone(), principal, request: Some(meta.clone()) };
+    let audit = Ctx { state: state.clone(), principal: ctx.principal.clone(), request: None };
+    let r = match tokio::time::timeout(REQUEST_TIMEOUT, (m.call)(ctx, &bytes)).await {
         Ok(r) => r,
         Err(_) => Err(Error::new(ErrorCode::Unavailable, format!("{name} took longer than {}s; retry (with the same idempotency key)", REQUEST_TIMEOUT.as_secs()))),
+    };
+    // A refusal changed nothing; its entry is written on its own.
+    if let Err(e) = &r
+        && e.code == ErrorCode::PermissionDenied
+        && let Err(failed) = audit.record_alone(&meta, better_compute_audit::entry::Outcome::Denied).await
+    {
+        tracing::warn!(error = %failed, "the refusal's audit entry could not be written");
     }
+    r
 }
 
 /// `application/json`, with parameters (`; charset=utf-8`) or without, in any case.

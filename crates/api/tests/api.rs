@@ -46,6 +46,7 @@ impl Api {
             Arc::new(better_compute_vps::VpsModule),
             Arc::new(better_compute_iam::IamModule),
             Arc::new(better_compute_events::EventsModule::default()),
+            Arc::new(better_compute_audit::AuditModule),
         ])
         .await;
         let mut c = h.db().connect().await;
@@ -266,6 +267,9 @@ fn bodies() -> Vec<(&'static str, Value)> {
         ("vpsHosts.list", json!({})),
         ("vpsImages.set", json!({"name": "debian-12", "url": "https://images.example/d.qcow2", "sha256": "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"})),
         ("vpsImages.delete", json!({"name": "debian-12"})),
+        ("audit.list", json!({"tenantId": "{ten}"})),
+        ("audit.get", json!({"tenantId": "{ten}", "entryId": "{aud}"})),
+        ("audit.proof", json!({"tenantId": "{ten}", "entryId": "{aud}", "treeSize": 1})),
     ]
 }
 
@@ -354,6 +358,7 @@ async fn another_tenant_can_neither_read_nor_change_nor_learn_of_anything_of_a_t
         ("dlv", dlv["id"].as_str().unwrap().to_owned()),
         ("wf", wf["id"].as_str().unwrap().to_owned()),
         ("ins", ins["id"].as_str().unwrap().to_owned()),
+        ("aud", api.h.db().client().await.query_one("SELECT id FROM audit_entries WHERE tenant_id = $1 LIMIT 1", &[&b.id]).await.unwrap().get(0)),
     ];
     // Ids of the same kinds that do not exist.
     let fake: Vec<(&str, String)> = real
@@ -373,8 +378,8 @@ async fn another_tenant_can_neither_read_nor_change_nor_learn_of_anything_of_a_t
     assert!(methods.len() >= 40, "{methods:?}");
     let bodies = bodies();
     for m in &methods {
-        // Every tenant reads the same role list and image catalogue.
-        assert!(m == "roles.list" || m == "vpsImages.list" || bodies.iter().any(|(n, _)| n == m), "the isolation sweep misses {m}");
+        // Every tenant reads the same role list, image catalogue and audit checkpoints.
+        assert!(["roles.list", "vpsImages.list", "audit.checkpoints.list"].contains(&m.as_str()) || bodies.iter().any(|(n, _)| n == m), "the isolation sweep misses {m}");
     }
     for (method, template) in &bodies {
         let (status, v) = api.call(&c.token, method, fill(template, &real)).await;
@@ -965,10 +970,11 @@ mod iam_model {
         ["compute:reservations:", "compute:instances:", "compute:webhooks:", "iam:identities:", "iam:bindings:"].iter().any(|x| p.starts_with(x))
             || p == "compute:quotas:read"
             || p == "compute:usage:read"
+            || p == "compute:audit:read"
     }
 
     fn applies(p: &str, kind: &str) -> bool {
-        if kind == "tenant" { tenant_perm(p) } else { !tenant_perm(p) || p == "compute:quotas:read" || p == "compute:usage:read" }
+        if kind == "tenant" { tenant_perm(p) } else { !tenant_perm(p) || p == "compute:quotas:read" || p == "compute:usage:read" || p == "compute:audit:read" }
     }
 
     pub struct World {
@@ -1708,4 +1714,95 @@ async fn instances_are_created_once_per_key_read_listed_and_deleted_through_the_
     assert!(ended, "{events:?}");
     assert_eq!(events.iter().map(|(e, v)| (e.as_str(), v["code"].as_str())).collect::<Vec<_>>(), [("end", Some("OK"))]);
     assert_eq!(api.ok(&b.token, "instances.delete", json!({"instanceId": v["id"]})).await["version"], d["version"], "a repeat changes nothing");
+}
+
+/// The mutating methods whose changes do not write their audit entry yet: their module functions
+/// open their own transactions (docs/audit.md, "Not built yet"). The sweep below fails on any
+/// other mutating method without a case, so a new method cannot slip in unaudited.
+const NOT_YET_AUDITED: &[&str] = &[
+    "reservations.create", "reservations.extend", "reservations.release", "commands.run", "commands.cancel", "instances.create", "instances.stop",
+    "instances.start", "instances.reboot", "instances.delete", "workflows.start", "workflows.cancel", "workflows.resume", "webhooks.test",
+    "webhooks.deadLetters.replay", "webhooks.update", "webhooks.delete", "webhooks.rotateSecret", "sites.create", "pools.create", "nodes.undrain",
+    "nodes.retire", "sites.boot", "sites.update", "pools.closeHealthCircuit", "nodes.drain",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_change_through_the_api_writes_one_audit_entry_with_it_and_a_refusal_one_denied() {
+    let api = Api::start().await;
+    let b = api.tenant("tenant-b").await;
+    let c = api.h.db().client().await;
+    let since: i64 = c.query_one("SELECT coalesce(max(position), 0) FROM audit_entries", &[]).await.unwrap().get(0);
+    let idn = api.ok(&b.token, "identities.create", json!({"name": "robot", "kind": "service"})).await;
+    let tok = api.ok(&b.token, "tokens.create", json!({"identityId": idn["id"]})).await;
+    let rb = api.ok(&b.token, "roleBindings.create", json!({"identityId": idn["id"], "role": "tenant-viewer", "scopeKind": "tenant"})).await;
+    let viewer = tok["secret"].as_str().unwrap().to_owned();
+    let image = json!({"name": "debian-12", "url": "https://images.example/d.qcow2", "sha256": "ab".repeat(32)});
+    let calls: Vec<(&str, &str, Value)> = vec![
+        (&api.op, "nodes.cordon", json!({"nodeId": api.node})),
+        (&api.op, "nodes.uncordon", json!({"nodeId": api.node})),
+        (&api.op, "nodes.taint", json!({"nodeId": api.node, "key": "k", "value": "v"})),
+        (&api.op, "nodes.untaint", json!({"nodeId": api.node, "key": "k"})),
+        (&api.op, "nodes.update", json!({"nodeId": api.node, "labels": {"rack": "r9"}})),
+        (&api.op, "nodes.createJoinToken", json!({"poolId": api.pool})),
+        (&api.op, "pools.update", json!({"poolId": api.pool, "maxUnavailable": "10%"})),
+        (&api.op, "devices.quarantine", json!({"deviceId": "GPU-0", "reason": "test"})),
+        (&api.op, "devices.releaseQuarantine", json!({"deviceId": "GPU-0"})),
+        (&api.op, "quotas.set", json!({"tenantId": b.id, "resource": "gpus", "max": 100})),
+        (&api.op, "tenants.create", json!({"name": "tenant-d"})),
+        (&api.op, "vpsImages.set", image.clone()),
+        (&api.op, "vpsImages.delete", json!({"name": "debian-12"})),
+        (&b.token, "tokens.revoke", json!({"tokenId": tok["token"]["id"]})),
+        (&b.token, "roleBindings.delete", json!({"roleBindingId": rb["id"]})),
+        (&b.token, "webhooks.create", json!({"url": "https://example.com/hook"})),
+    ];
+    for (token, method, body) in &calls {
+        api.ok(token, method, body.clone()).await;
+    }
+    // A change that fails inside its transaction leaves no entry.
+    let (s, _) = api.call(&api.op, "vpsImages.delete", json!({"name": "debian-12"})).await;
+    assert_eq!(s, 404);
+    // A refusal is recorded, denied; the viewer's token was revoked above, so use a fresh one.
+    let tok2 = api.ok(&b.token, "tokens.create", json!({"identityId": idn["id"]})).await;
+    api.ok(&b.token, "roleBindings.create", json!({"identityId": idn["id"], "role": "tenant-viewer", "scopeKind": "tenant"})).await;
+    let (s, e) = api.call(tok2["secret"].as_str().unwrap(), "webhooks.create", json!({"url": "https://example.com/x"})).await;
+    assert_eq!((s, e["code"].as_str()), (403, Some("PERMISSION_DENIED")), "{e}");
+    let _ = viewer;
+    let rows = c
+        .query("SELECT action, outcome, actor_id, token_id, tenant_id, target, request_id, source, request_digest FROM audit_entries WHERE position > $1 ORDER BY position", &[&since])
+        .await
+        .unwrap();
+    let seen: Vec<(String, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    // One entry per change (each method above ran once; the failed delete left none).
+    for (_, method, _) in &calls {
+        assert_eq!(seen.iter().filter(|(a, o)| a == method && o == "ok").count(), 1, "{method}: {seen:?}");
+    }
+    assert_eq!(seen.iter().filter(|(a, o)| a == "webhooks.create" && o == "denied").count(), 1, "{seen:?}");
+    assert!(!seen.iter().any(|(a, _)| a.ends_with(".get") || a.ends_with(".list")), "reads are not audited: {seen:?}");
+    // What an entry holds: the actor and its token, the tenant, the target, the request, the client.
+    let cordon = rows.iter().find(|r| r.get::<_, String>(0) == "nodes.cordon").unwrap();
+    let (target, request_id, source, digest): (String, String, String, String) = (cordon.get(5), cordon.get(6), cordon.get(7), cordon.get(8));
+    assert_eq!(target, api.node);
+    assert!(request_id.starts_with("req_") && source == "127.0.0.1" && digest.len() == 64, "{request_id} {source} {digest}");
+    assert!(cordon.get::<_, Option<String>>(3).is_some_and(|t| t.starts_with("tok_")));
+    // The sweep: every mutating method has a case above, or is named as not audited yet.
+    let methods: Vec<String> = api.openapi().await["paths"].as_object().unwrap().iter().filter(|(_, i)| i.get("post").is_some()).map(|(p, _)| p.trim_start_matches("/v1/").to_owned()).collect();
+    let mut covered: Vec<&str> = calls.iter().map(|c| c.1).collect();
+    covered.extend(["identities.create", "tokens.create", "roleBindings.create"]);
+    for m in &methods {
+        if better_compute_api::method::reads_only(m) || m == "audit.proof" {
+            continue;
+        }
+        assert!(covered.contains(&m.as_str()) || NOT_YET_AUDITED.contains(&m.as_str()), "{m} changes something and has no audit case");
+    }
+    for m in ["identities.create", "tokens.create", "roleBindings.create"] {
+        assert!(seen.iter().any(|(a, o)| a == m && o == "ok"), "{m}: {seen:?}");
+    }
+    assert!(seen.len() >= calls.len() + 3, "{seen:?}");
+    // Tenant B reads its own entries through the API; another tenant sees none of them.
+    let page = api.ok(&b.token, "audit.list", json!({"action": "tokens.revoke"})).await;
+    assert_eq!(page["items"].as_array().map(Vec::len), Some(1), "{page}");
+    let d = api.tenant("tenant-e").await;
+    assert_eq!(api.ok(&d.token, "audit.list", json!({"action": "tokens.revoke"})).await["items"], json!([]));
+    let fleet = api.ok(&api.op, "audit.list", json!({"allTenants": true, "action": "nodes.cordon"})).await;
+    assert_eq!(fleet["items"].as_array().map(Vec::len), Some(1), "{fleet}");
 }

@@ -30,22 +30,23 @@ pub const BUILTIN_ROLES: &[BuiltinRole] = &[
     BuiltinRole { name: "fleet-admin", description: "Everything, at the scope bound (bind at fleet scope for operators).", holds: |_| true },
     BuiltinRole {
         name: "operator",
-        description: "Run the fleet: sites, pools, nodes, devices, commands, workflows, quotas and tenants.",
+        description: "Run the fleet: sites, pools, nodes, devices, commands, workflows, quotas, usage, the audit log and tenants.",
         holds: |p| {
-            ["compute:sites:", "compute:pools:", "compute:nodes:", "compute:devices:", "compute:workflows:", "compute:quotas:", "compute:usage:", "iam:tenants:"]
+            ["compute:sites:", "compute:pools:", "compute:nodes:", "compute:devices:", "compute:workflows:", "compute:quotas:", "compute:usage:", "compute:audit:", "iam:tenants:"]
                 .iter()
                 .any(|prefix| p.starts_with(prefix))
         },
     },
     BuiltinRole {
         name: "admin",
-        description: "Administer a tenant: its reservations, instances, webhooks, usage, identities, tokens and role bindings.",
+        description: "Administer a tenant: its reservations, instances, webhooks, usage, audit log, identities, tokens and role bindings.",
         holds: |p| {
             p.starts_with("compute:reservations:")
                 || p.starts_with("compute:instances:")
                 || p.starts_with("compute:webhooks:")
                 || p == "compute:quotas:read"
                 || p == "compute:usage:read"
+                || p == "compute:audit:read"
                 || p.starts_with("iam:identities:")
                 || p.starts_with("iam:bindings:")
         },
@@ -69,6 +70,7 @@ pub fn tenant_permission(p: &str) -> bool {
     ["compute:reservations:", "compute:instances:", "compute:webhooks:", "iam:identities:", "iam:bindings:"].iter().any(|prefix| p.starts_with(prefix))
         || p == "compute:quotas:read"
         || p == "compute:usage:read"
+        || p == "compute:audit:read"
 }
 
 /// Makes the `roles` table hold the built-in roles over `catalog`, and re-projects every identity
@@ -106,7 +108,7 @@ pub async fn sync_roles(tx: &impl GenericClient, catalog: &[Permission]) -> Resu
 }
 
 /// Which permissions a binding at a scope kind confers, in SQL over `$perm` and `$kind`: a tenant
-/// binding confers the tenant's own permissions (reservations, webhooks, quotas and usage read,
+/// binding confers the tenant's own permissions (reservations, webhooks, quotas, usage and audit read,
 /// identities, bindings);
 /// a fleet, site, pool or node binding confers the others (quotas read at fleet scope too).
 fn applies_sql(perm: &str, kind: &str) -> String {
@@ -115,6 +117,7 @@ fn applies_sql(perm: &str, kind: &str) -> String {
                THEN {perm} LIKE 'compute:reservations:%' OR {perm} LIKE 'compute:instances:%' OR {perm} LIKE 'compute:webhooks:%'
                     OR {perm} = 'compute:quotas:read'
                     OR {perm} = 'compute:usage:read'
+                    OR {perm} = 'compute:audit:read'
                     OR {perm} LIKE 'iam:identities:%' OR {perm} LIKE 'iam:bindings:%'
                ELSE NOT ({perm} LIKE 'compute:reservations:%' OR {perm} LIKE 'compute:instances:%' OR {perm} LIKE 'compute:webhooks:%'
                          OR {perm} LIKE 'iam:identities:%'

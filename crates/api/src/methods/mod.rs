@@ -1,6 +1,7 @@
 //! Every method, one module per resource. Each handler checks the caller's permission, then calls
 //! the module that owns the logic; none holds business rules of its own.
 
+mod audit;
 mod capacity;
 mod commands;
 mod iam;
@@ -30,6 +31,7 @@ pub(crate) fn all() -> Vec<Method> {
     v.extend(usage::methods());
     v.extend(webhooks::methods());
     v.extend(workflows::methods());
+    v.extend(audit::methods());
     v
 }
 

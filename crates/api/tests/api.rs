@@ -1722,8 +1722,7 @@ async fn instances_are_created_once_per_key_read_listed_and_deleted_through_the_
 const NOT_YET_AUDITED: &[&str] = &[
     "reservations.create", "reservations.extend", "reservations.release", "commands.run", "commands.cancel", "instances.create", "instances.stop",
     "instances.start", "instances.reboot", "instances.delete", "workflows.start", "workflows.cancel", "workflows.resume", "webhooks.test",
-    "webhooks.deadLetters.replay", "webhooks.update", "webhooks.delete", "webhooks.rotateSecret", "sites.create", "pools.create", "nodes.undrain",
-    "nodes.retire", "sites.boot", "sites.update", "pools.closeHealthCircuit", "nodes.drain",
+    "webhooks.deadLetters.replay",
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1744,7 +1743,7 @@ async fn every_change_through_the_api_writes_one_audit_entry_with_it_and_a_refus
         (&api.op, "nodes.untaint", json!({"nodeId": api.node, "key": "k"})),
         (&api.op, "nodes.update", json!({"nodeId": api.node, "labels": {"rack": "r9"}})),
         (&api.op, "nodes.createJoinToken", json!({"poolId": api.pool})),
-        (&api.op, "pools.update", json!({"poolId": api.pool, "maxUnavailable": "10%"})),
+        (&api.op, "pools.update", json!({"poolId": api.pool, "maxUnavailable": "100%"})),
         (&api.op, "devices.quarantine", json!({"deviceId": "GPU-0", "reason": "test"})),
         (&api.op, "devices.releaseQuarantine", json!({"deviceId": "GPU-0"})),
         (&api.op, "quotas.set", json!({"tenantId": b.id, "resource": "gpus", "max": 100})),
@@ -1754,9 +1753,26 @@ async fn every_change_through_the_api_writes_one_audit_entry_with_it_and_a_refus
         (&b.token, "tokens.revoke", json!({"tokenId": tok["token"]["id"]})),
         (&b.token, "roleBindings.delete", json!({"roleBindingId": rb["id"]})),
         (&b.token, "webhooks.create", json!({"url": "https://example.com/hook"})),
+        (&api.op, "sites.create", json!({"name": "site-audit"})),
+        (&api.op, "sites.update", json!({"siteId": "{site}", "bootAdmitPerS": 5})),
+        (&api.op, "sites.boot", json!({"siteId": "{site}"})),
+        (&api.op, "pools.create", json!({"siteId": "{site}", "name": "pool-audit", "kind": "bare-metal"})),
+        (&api.op, "pools.closeHealthCircuit", json!({"poolId": api.pool})),
+        (&api.op, "nodes.drain", json!({"nodeId": api.node, "reason": "audit", "mode": "evict"})),
+        (&api.op, "nodes.undrain", json!({"nodeId": api.node})),
+        (&b.token, "webhooks.update", json!({"webhookId": "{wh}", "description": "mine"})),
+        (&b.token, "webhooks.rotateSecret", json!({"webhookId": "{wh}"})),
+        (&b.token, "webhooks.test", json!({"webhookId": "{wh}"})),
+        (&b.token, "webhooks.delete", json!({"webhookId": "{wh}"})),
     ];
+    let site = api.ok(&api.op, "pools.get", json!({"poolId": api.pool})).await["siteId"].as_str().unwrap().to_owned();
+    let mut wh = String::new();
     for (token, method, body) in &calls {
-        api.ok(token, method, body.clone()).await;
+        let body = fill(body, &[("site", site.clone()), ("wh", wh.clone())]);
+        let v = api.ok(token, method, body).await;
+        if *method == "webhooks.create" {
+            wh = v["webhook"]["id"].as_str().unwrap().to_owned();
+        }
     }
     // A change that fails inside its transaction leaves no entry.
     let (s, _) = api.call(&api.op, "vpsImages.delete", json!({"name": "debian-12"})).await;
@@ -1784,10 +1800,16 @@ async fn every_change_through_the_api_writes_one_audit_entry_with_it_and_a_refus
     assert_eq!(target, api.node);
     assert!(request_id.starts_with("req_") && source == "127.0.0.1" && digest.len() == 64, "{request_id} {source} {digest}");
     assert!(cordon.get::<_, Option<String>>(3).is_some_and(|t| t.starts_with("tok_")));
+    // A retire needs a drained node: drained again, then retired, with one entry.
+    api.ok(&api.op, "nodes.drain", json!({"nodeId": api.node, "reason": "audit again", "mode": "evict"})).await;
+    api.h.job("drain").drain(5).await;
+    api.ok(&api.op, "nodes.retire", json!({"nodeId": api.node})).await;
+    let retired: i64 = c.query_one("SELECT count(*) FROM audit_entries WHERE action = 'nodes.retire' AND outcome = 'ok'", &[]).await.unwrap().get(0);
+    assert_eq!(retired, 1);
     // The sweep: every mutating method has a case above, or is named as not audited yet.
     let methods: Vec<String> = api.openapi().await["paths"].as_object().unwrap().iter().filter(|(_, i)| i.get("post").is_some()).map(|(p, _)| p.trim_start_matches("/v1/").to_owned()).collect();
     let mut covered: Vec<&str> = calls.iter().map(|c| c.1).collect();
-    covered.extend(["identities.create", "tokens.create", "roleBindings.create"]);
+    covered.extend(["identities.create", "tokens.create", "roleBindings.create", "nodes.retire"]);
     for m in &methods {
         if better_compute_api::method::reads_only(m) || m == "audit.proof" {
             continue;

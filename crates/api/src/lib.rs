@@ -245,21 +245,38 @@ async fn handle(state: &Arc<ApiState>, name: &str, request_id: &str, source: Opt
         .await
         .map_err(|_| Error::invalid_argument(format!("the body did not arrive within {} ms", state.body_read_timeout.as_millis())))?
         .map_err(|_| too_large())?;
-    let meta = Arc::new(method::RequestMeta { id: request_id.to_owned(), method: m.name, target: method::target_of(&bytes), source, body: bytes.clone() });
-    let ctx = Ctx { state: state.clone(), principal, request: Some(meta.clone()) };
-    let audit = Ctx { state: state.clone(), principal: ctx.principal.clone(), request: None };
-    let r = match tokio::time::timeout(REQUEST_TIMEOUT, (m.call)(ctx, &bytes)).await {
-        Ok(r) => r,
-        Err(_) => Err(Error::new(ErrorCode::Unavailable, format!("{name} took longer than {}s; retry (with the same idempotency key)", REQUEST_TIMEOUT.as_secs()))),
+    let request = better_compute_audit::entry::Request {
+        identity_id: principal.identity_id.clone(),
+        token_id: principal.token_id.clone(),
+        tenant_id: principal.tenant_id.clone(),
+        action: m.name.to_owned(),
+        target: method::target_of(&bytes),
+        request_id: request_id.to_owned(),
+        source,
+        request_digest: better_compute_audit::entry::digest(&bytes),
     };
+    let ctx = Ctx { state: state.clone(), principal };
+    let call = tokio::time::timeout(REQUEST_TIMEOUT, (m.call)(ctx, &bytes));
+    // The changes a mutating method commits are recorded as this request's.
+    let r = if method::reads_only(m.name) { call.await } else { better_compute_audit::entry::serving(request.clone(), call).await };
+    let r = r.unwrap_or_else(|_| Err(Error::new(ErrorCode::Unavailable, format!("{name} took longer than {}s; retry (with the same idempotency key)", REQUEST_TIMEOUT.as_secs()))));
     // A refusal changed nothing; its entry is written on its own.
     if let Err(e) = &r
         && e.code == ErrorCode::PermissionDenied
-        && let Err(failed) = audit.record_alone(&meta, better_compute_audit::entry::Outcome::Denied).await
+        && let Err(failed) = record_refusal(state, &request).await
     {
         tracing::warn!(error = %failed, "the refusal's audit entry could not be written");
     }
     r
+}
+
+/// Writes a refused request's audit entry in a transaction of its own.
+async fn record_refusal(state: &ApiState, request: &better_compute_audit::entry::Request) -> Result<(), Error> {
+    let mut db = state.pool.get().await.map_err(better_compute_db::DbError::from)?;
+    let tx = (**db).transaction().await.map_err(better_compute_db::DbError::from)?;
+    better_compute_audit::entry::record(&tx, &request.entry(better_compute_audit::entry::Outcome::Denied)).await?;
+    tx.commit().await.map_err(better_compute_db::DbError::from)?;
+    Ok(())
 }
 
 /// `application/json`, with parameters (`; charset=utf-8`) or without, in any case.

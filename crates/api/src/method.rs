@@ -22,23 +22,6 @@ pub struct Ctx {
     pub state: Arc<ApiState>,
     /// The authenticated caller.
     pub principal: Principal,
-    /// The request, as the audit log records it (none: not a method call).
-    pub request: Option<Arc<RequestMeta>>,
-}
-
-/// What the audit log records of a method call.
-#[derive(Debug, Clone)]
-pub struct RequestMeta {
-    /// The request's id (`req_…`).
-    pub id: String,
-    /// The method.
-    pub method: &'static str,
-    /// What the request names: its first id field, or the method's resource.
-    pub target: String,
-    /// The client's address.
-    pub source: Option<String>,
-    /// The body.
-    pub body: axum::body::Bytes,
 }
 
 /// Whether a method only reads (its last word is a reading verb): reads are not audited.
@@ -59,31 +42,6 @@ pub fn target_of(body: &[u8]) -> String {
 }
 
 impl Ctx {
-    /// Writes the call's audit entry in a transaction of its own (a refusal's: nothing changed).
-    pub(crate) async fn record_alone(&self, m: &RequestMeta, outcome: better_compute_audit::entry::Outcome) -> Result<(), Error> {
-        let mut db = self.db().await?;
-        let tx = (**db).transaction().await.map_err(DbError::from)?;
-        better_compute_audit::entry::record(&tx, &self.audit_entry(m, outcome)).await?;
-        tx.commit().await.map_err(DbError::from)?;
-        Ok(())
-    }
-
-    /// The audit entry of this call with `outcome`.
-    pub(crate) fn audit_entry<'a>(&'a self, m: &'a RequestMeta, outcome: better_compute_audit::entry::Outcome) -> better_compute_audit::entry::NewEntry<'a> {
-        better_compute_audit::entry::NewEntry {
-            actor: better_compute_audit::entry::Actor::Identity { identity_id: &self.principal.identity_id, token_id: &self.principal.token_id },
-            tenant_id: Some(&self.principal.tenant_id),
-            action: m.method,
-            target: &m.target,
-            request_id: Some(&m.id),
-            source: m.source.as_deref(),
-            outcome,
-            request_body: Some(&m.body),
-        }
-    }
-}
-
-impl Ctx {
     /// The caller, as the modules take it.
     pub fn caller(&self) -> Caller<'_> {
         self.principal.caller()
@@ -100,15 +58,13 @@ impl Ctx {
         Ok(better_compute_db::pool::read_tx(&self.state.pool).await?)
     }
 
-    /// Runs `f` in a transaction on a pooled connection, committing when it succeeds; a method
-    /// that changes something has its audit entry written in the same transaction.
+    /// Runs `f` in a transaction on a pooled connection, committing when it succeeds; the change
+    /// is recorded in the audit log in the same transaction (`better_compute_audit::entry`).
     pub async fn in_tx<T>(&self, f: impl AsyncFnOnce(&tokio_postgres::Transaction<'_>) -> Result<T, Error>) -> Result<T, Error> {
         let mut db = self.db().await?;
         let tx = (**db).transaction().await.map_err(DbError::from)?;
         let v = f(&tx).await?;
-        if let Some(m) = self.request.as_ref().filter(|m| !reads_only(m.method)) {
-            better_compute_audit::entry::record(&tx, &self.audit_entry(m, better_compute_audit::entry::Outcome::Ok)).await?;
-        }
+        better_compute_audit::entry::record_change(&tx).await?;
         tx.commit().await.map_err(DbError::from)?;
         Ok(v)
     }

@@ -110,7 +110,7 @@ async fn open(state: &Arc<ApiState>, headers: &HeaderMap, query: Result<Query<Ex
     let principal = state.iam.authenticate(crate::bearer(headers)?).await?;
     state.rate_limiter.take(&principal.token_id, &principal.tenant_id)?;
     let Query(q) = query.map_err(|e| Error::invalid_argument(format!("bad usage.export query: {e}")))?;
-    let ctx = Ctx { state: state.clone(), principal, request: None };
+    let ctx = Ctx { state: state.clone(), principal };
     let tenant = crate::methods::usage_scope(&ctx, q.tenant_id.as_deref(), q.all_tenants).await?;
     // The first page is read before the answer starts, so a bad period or an unreachable
     // database is an error answer, not a cut stream.

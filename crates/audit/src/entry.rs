@@ -49,8 +49,73 @@ pub struct NewEntry<'a> {
     pub source: Option<&'a str>,
     /// How it ended.
     pub outcome: Outcome,
-    /// The request's body, digested (sha256) into the entry.
-    pub request_body: Option<&'a [u8]>,
+    /// The sha256 of the request's body, hex ([`digest`]).
+    pub request_digest: Option<&'a str>,
+}
+
+/// The sha256 of a request's body, hex, as an entry holds it.
+pub fn digest(body: &[u8]) -> String {
+    format!("{:x}", sha2::Sha256::digest(body))
+}
+
+/// The API request a task serves: who makes the changes it commits, and how it asked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    /// `idn_…`.
+    pub identity_id: String,
+    /// `tok_…`.
+    pub token_id: String,
+    /// The caller's tenant.
+    pub tenant_id: String,
+    /// The method.
+    pub action: String,
+    /// What the request names.
+    pub target: String,
+    /// `req_…`.
+    pub request_id: String,
+    /// The client's address.
+    pub source: Option<String>,
+    /// [`digest`] of the body.
+    pub request_digest: String,
+}
+
+impl Request {
+    /// The entry of this request with `outcome`.
+    pub fn entry(&self, outcome: Outcome) -> NewEntry<'_> {
+        NewEntry {
+            actor: Actor::Identity { identity_id: &self.identity_id, token_id: &self.token_id },
+            tenant_id: Some(&self.tenant_id),
+            action: &self.action,
+            target: &self.target,
+            request_id: Some(&self.request_id),
+            source: self.source.as_deref(),
+            outcome,
+            request_digest: Some(&self.request_digest),
+        }
+    }
+}
+
+tokio::task_local! {
+    static REQUEST: Request;
+}
+
+/// Runs `f` as serving `request`: each change it commits through [`record_change`] is recorded as
+/// the request's.
+pub async fn serving<F: std::future::Future>(request: Request, f: F) -> F::Output {
+    REQUEST.scope(request, f).await
+}
+
+/// Records, in `tx` (the transaction that makes the change), the change the request this task
+/// serves makes; nothing when it serves none (a job, a test). Call it once per committed change,
+/// not on a replayed answer.
+pub async fn record_change(tx: &impl GenericClient) -> Result<(), DbError> {
+    let Ok(request) = REQUEST.try_with(Request::clone) else { return Ok(()) };
+    record(tx, &request.entry(Outcome::Ok)).await.map(|_| ())
+}
+
+/// The request this task serves, if any (for work it hands to another task).
+pub fn current_request() -> Option<Request> {
+    REQUEST.try_with(Request::clone).ok()
 }
 
 fn clip(s: &str, max: usize) -> &str {
@@ -72,7 +137,6 @@ pub async fn record(tx: &impl GenericClient, e: &NewEntry<'_>) -> Result<String,
         Outcome::Ok => "ok",
         Outcome::Denied => "denied",
     };
-    let digest = e.request_body.map(|b| format!("{:x}", sha2::Sha256::digest(b)));
     tx.execute(
         "INSERT INTO audit_entries (id, actor_kind, actor_id, token_id, tenant_id, action, target, request_id, source, outcome, request_digest)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
@@ -87,7 +151,7 @@ pub async fn record(tx: &impl GenericClient, e: &NewEntry<'_>) -> Result<String,
             &e.request_id.map(|r| clip(r, 64)),
             &e.source.map(|s| clip(s, 100)),
             &outcome,
-            &digest,
+            &e.request_digest,
         ],
     )
     .await?;

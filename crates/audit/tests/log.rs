@@ -27,7 +27,7 @@ fn entry<'a>(target: &'a str) -> NewEntry<'a> {
         request_id: Some("req_1"),
         source: Some("127.0.0.1"),
         outcome: Outcome::Ok,
-        request_body: Some(b"{}"),
+        request_digest: Some("44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"),
     }
 }
 

@@ -64,7 +64,7 @@ async fn an_audit_export_verifies_offline_and_a_changed_entry_is_named() {
             request_id: None,
             source: None,
             outcome: better_compute_audit::entry::Outcome::Ok,
-            request_body: None,
+            request_digest: None,
         };
         better_compute_audit::entry::record(&*tx, &e).await.unwrap();
         tx.commit().await.unwrap();

@@ -554,6 +554,7 @@ pub async fn run(
     )
     .await?;
     idempotency::complete(&tx, scope, &serde_json::to_value(&v).expect("view serializes")).await?;
+    better_compute_audit::entry::record_change(&tx).await?;
     tx.commit().await.map_err(DbError::from)?;
     poke_gateway(&*client, &req.node_id).await;
     Ok(v)
@@ -570,6 +571,7 @@ pub async fn cancel_as(
     authz.check(caller, EXEC, Resource::Node(node_id)).await?;
     let tx = client.transaction().await.map_err(DbError::from)?;
     let v = cancel(&tx, node_id, command_id).await?;
+    better_compute_audit::entry::record_change(&tx).await?;
     tx.commit().await.map_err(DbError::from)?;
     poke_gateway(&*client, node_id).await;
     Ok(v)

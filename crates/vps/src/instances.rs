@@ -177,6 +177,7 @@ pub async fn create(client: &mut Client, caller: Caller<'_>, req: &CreateInstanc
         Ok(v) => {
             attempt.commit().await.map_err(DbError::from)?;
             idempotency::complete(&tx, scope, &serde_json::to_value(&v).map_err(|e| Error::internal(e.to_string()))?).await?;
+            better_compute_audit::entry::record_change(&tx).await?;
             tx.commit().await.map_err(DbError::from)?;
             work_queue::poke(&*client).await;
             Ok(v)
@@ -357,6 +358,7 @@ pub async fn act(client: &mut Client, caller: Caller<'_>, id: &str, action: Acti
         better_compute_runtime::desired::invalidate(&tx, node).await?;
         work_queue::enqueue(&tx, &INSTANCES_KIND, node).await?;
     }
+    better_compute_audit::entry::record_change(&tx).await?;
     tx.commit().await.map_err(DbError::from)?;
     work_queue::poke(&*client).await;
     Ok(v)

@@ -113,6 +113,13 @@ pub async fn record_change(tx: &impl GenericClient) -> Result<(), DbError> {
     record(tx, &request.entry(Outcome::Ok)).await.map(|_| ())
 }
 
+/// Records, in `tx`, a decision job `job` took on its own (a node found unreachable, a
+/// reservation ended by a drain, a command it sent).
+pub async fn record_job(tx: &impl GenericClient, job: &str, action: &str, target: &str, tenant_id: Option<&str>) -> Result<(), DbError> {
+    let e = NewEntry { actor: Actor::Job(job), tenant_id, action, target, request_id: None, source: None, outcome: Outcome::Ok, request_digest: None };
+    record(tx, &e).await.map(|_| ())
+}
+
 /// The request this task serves, if any (for work it hands to another task).
 pub fn current_request() -> Option<Request> {
     REQUEST.try_with(Request::clone).ok()

@@ -64,9 +64,10 @@ impl NodeOccupant for ReservationOccupant {
             .await?;
         let mut ids: Vec<(String, String)> = rows.iter().map(|r| (r.get(1), r.get(0))).collect();
         ids.sort();
-        for (_, id) in &ids {
+        for (tenant, id) in &ids {
             let (event_id, shard) = crate::reservations::change_ids(id);
             tx.query_one("SELECT capacity_end($1, NULL, 'released', $2, $3)", &[id, &event_id, &shard]).await?;
+            better_compute_audit::entry::record_job(tx, "drain", "reservations.evict", id, Some(tenant)).await?;
         }
         Ok(ids.len() as u64)
     }

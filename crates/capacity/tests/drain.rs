@@ -142,6 +142,13 @@ async fn an_evicting_drain_tells_each_tenant_at_once_and_releases_at_the_deadlin
         .unwrap()
         .get(0);
     assert_eq!(released["endReason"], "drained");
+    // The drain job's decision is in the audit log, as the job's.
+    let audited = c
+        .query("SELECT actor_kind, actor_id, tenant_id FROM audit_entries WHERE action = 'reservations.evict' AND target = $1", &[&held.id])
+        .await
+        .unwrap();
+    assert_eq!(audited.len(), 1);
+    assert_eq!((audited[0].get::<_, String>(0), audited[0].get::<_, String>(1), audited[0].get::<_, Option<String>>(2)), ("job".into(), "drain".into(), Some(TENANT.into())));
 }
 
 #[tokio::test]

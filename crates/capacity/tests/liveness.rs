@@ -94,6 +94,17 @@ async fn liveness_moves_through_each_grace_in_simulated_time_and_an_unreachable_
     assert_eq!(liveness_of(&h, &node).await.0, "disconnected", "inside the gateway-loss grace");
     run_for(&h, 5).await;
     assert_eq!(liveness_of(&h, &node).await.0, "unreachable");
+    let marked: Vec<String> = h
+        .db()
+        .client()
+        .await
+        .query("SELECT actor_id FROM audit_entries WHERE action = 'nodes.markUnreachable' AND target = $1", &[&node])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(marked, ["liveness", "liveness"], "each time the job found it unreachable, recorded as the job's");
 
     // A session that closes normally: 40 s, no extra grace.
     let epoch = open_session(&h, &node, "gw_1").await;

@@ -72,7 +72,7 @@ where
 
 impl Fleet {
     async fn new() -> Fleet {
-        let h = Harness::new(vec![Arc::new(NodesModule)]).await;
+        let h = Harness::new(vec![Arc::new(NodesModule), Arc::new(better_compute_audit::AuditModule)]).await;
         let mut c = h.db().client().await;
         let tx = c.transaction().await.unwrap();
         let site = inventory::create_site(&*tx, "s").await.unwrap();

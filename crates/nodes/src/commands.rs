@@ -199,7 +199,14 @@ async fn enqueue_signed(
         )
         .await?;
     match inserted {
-        Some(r) => Ok(to_view(&r)),
+        Some(r) => {
+            // A job's command is its own decision (an API caller's is recorded as its request).
+            if better_compute_audit::entry::current_request().is_none() {
+                let job = c.requested_by.or(owner_kind).unwrap_or("control-plane");
+                better_compute_audit::entry::record_job(tx, job, "commands.enqueue", &id, None).await?;
+            }
+            Ok(to_view(&r))
+        }
         // A concurrent enqueue with the same key won; return its command.
         None => Ok(to_view(
             &tx.query_one(&format!("{VIEW} WHERE node_id = $1 AND idempotency_key = $2"), &[&c.node_id, &c.idempotency_key]).await?,

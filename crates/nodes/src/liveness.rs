@@ -145,6 +145,7 @@ pub async fn evaluate(tx: &impl GenericClient) -> Result<LivenessReport, DbError
     .await?;
     for id in &unreachable {
         actions::set_liveness(tx, id, "unreachable").await?;
+        better_compute_audit::entry::record_job(tx, LIVENESS.name, "nodes.markUnreachable", id, None).await?;
     }
     report.unreachable = unreachable.len() as u64;
 
@@ -159,6 +160,7 @@ pub async fn evaluate(tx: &impl GenericClient) -> Result<LivenessReport, DbError
     .await?;
     for id in &lost {
         actions::set_liveness(tx, id, "lost").await?;
+        better_compute_audit::entry::record_job(tx, LIVENESS.name, "nodes.markLost", id, None).await?;
     }
     report.lost = lost.len() as u64;
     Ok(report)

@@ -239,6 +239,7 @@ impl Step for VerdictStep {
             let quarantined: Option<bool> = cx.tx.query_opt("SELECT quarantined FROM devices WHERE id = $1 AND node_id = $2", &[uuid, &cx.node_id]).await?.map(|r| r.get(0));
             if quarantined == Some(false) {
                 crate::actions::quarantine(cx.tx, uuid, &format!("failed diag.nvml in workflow {}", cx.workflow_id)).await?;
+                better_compute_audit::entry::record_job(cx.tx, "workflow", "devices.quarantine", uuid, None).await?;
             }
         }
         Ok(StepOutcome::Hold {

@@ -13,7 +13,7 @@ use better_compute_runtime::authz::{Authorizer, LocalOperator, Resource};
 use better_compute_runtime::harness::Harness;
 
 async fn setup() -> (Harness, String) {
-    let h = Harness::new(vec![Arc::new(NodesModule)]).await;
+    let h = Harness::new(vec![Arc::new(NodesModule), Arc::new(better_compute_audit::AuditModule)]).await;
     let mut c = h.db().client().await;
     let tx = c.transaction().await.unwrap();
     let site = inventory::create_site(&*tx, "s").await.unwrap();

@@ -31,7 +31,7 @@ async fn set_image(h: &Harness, name: &str, sha256: &str) -> better_compute_vps:
 }
 
 async fn harness() -> Harness {
-    Harness::new(vec![Arc::new(NodesModule), Arc::new(CapacityModule), Arc::new(VpsModule)]).await
+    Harness::new(vec![Arc::new(NodesModule), Arc::new(CapacityModule), Arc::new(VpsModule), Arc::new(better_compute_audit::AuditModule)]).await
 }
 
 /// The node's bootstrap command now: its id, kind and payload.
@@ -156,6 +156,8 @@ async fn a_change_of_the_image_catalogue_bootstraps_every_host_again_and_each_ke
     let (second, _, payload) = bootstrap_command(&h, &node).await;
     assert_ne!(second, first);
     assert_eq!(payload["sources"][0]["sha256"], DIGEST_A);
+    let sent: Vec<String> = h.db().client().await.query("SELECT actor_id FROM audit_entries WHERE action = 'commands.enqueue' ORDER BY position", &[]).await.unwrap().iter().map(|r| r.get(0)).collect();
+    assert_eq!(sent, ["vps.bootstraps", "vps.bootstraps"], "each bootstrap command is the job's decision");
     assert_eq!(host_state(&h, &node).await, ("ready".into(), vec![], false), "no disruption before the new report");
     // Setting the same again changes nothing: no new generation, no new command.
     assert_eq!(set_image(&h, "debian-12", DIGEST_A).await.version, 1);

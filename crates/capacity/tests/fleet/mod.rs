@@ -23,7 +23,7 @@ pub struct Fleet {
 }
 
 pub async fn harness() -> Harness {
-    Harness::new(vec![Arc::new(NodesModule), Arc::new(CapacityModule)]).await
+    Harness::new(vec![Arc::new(NodesModule), Arc::new(CapacityModule), Arc::new(better_compute_audit::AuditModule)]).await
 }
 
 /// `modes[i]` is the mode of every GPU of node i.

@@ -113,6 +113,13 @@ pub async fn record_change(tx: &impl GenericClient) -> Result<(), DbError> {
     record(tx, &request.entry(Outcome::Ok)).await.map(|_| ())
 }
 
+/// [`record_change`] with another target than the request named (the id a create made).
+pub async fn record_change_of(tx: &impl GenericClient, target: &str) -> Result<(), DbError> {
+    let Ok(mut request) = REQUEST.try_with(Request::clone) else { return Ok(()) };
+    request.target = target.to_owned();
+    record(tx, &request.entry(Outcome::Ok)).await.map(|_| ())
+}
+
 /// Records, in `tx`, a decision job `job` took on its own (a node found unreachable, a
 /// reservation ended by a drain, a command it sent).
 pub async fn record_job(tx: &impl GenericClient, job: &str, action: &str, target: &str, tenant_id: Option<&str>) -> Result<(), DbError> {

@@ -9,6 +9,7 @@
 
 use std::time::Duration;
 
+use better_compute_audit::entry as audit;
 use better_compute_core::bounds;
 use better_compute_core::id::{EventId, ReservationId};
 use better_compute_core::state::{ReservationState, State, RESERVATION_STATE_TABLE};
@@ -347,7 +348,16 @@ pub async fn create_run_alone(client: &mut Client, caller: Caller<'_>, req: &Cre
 /// transaction when there is one.
 async fn create_alone(client: &mut Client, caller: Caller<'_>, req: &CreateReservation, d: &Demand, id: &str) -> Result<ReservationView, Error> {
     let Some(key) = req.idempotency_key.as_deref() else {
-        return Ok(work_queue::poke_after(&*client, reserve(&*client, caller, req, d, id)).await?);
+        if audit::current_request().is_none() {
+            return Ok(work_queue::poke_after(&*client, reserve(&*client, caller, req, d, id)).await?);
+        }
+        // An API request: its audit entry commits with the reservation.
+        let tx = client.transaction().await.map_err(DbError::from)?;
+        let v = reserve(&tx, caller, req, d, id).await?;
+        audit::record_change_of(&tx, id).await?;
+        tx.commit().await.map_err(DbError::from)?;
+        work_queue::poke(&*client).await;
+        return Ok(v);
     };
     let tx = client.transaction().await.map_err(DbError::from)?;
     let request = serde_json::to_value(req).expect("request serializes");
@@ -374,6 +384,7 @@ async fn create_alone(client: &mut Client, caller: Caller<'_>, req: &CreateReser
         Err(e) => return Err(e),
     };
     idempotency::complete(&tx, scope, &serde_json::to_value(&v).expect("view serializes")).await?;
+    audit::record_change_of(&tx, id).await?;
     tx.commit().await.map_err(DbError::from)?;
     work_queue::poke(&*client).await;
     Ok(v)
@@ -472,6 +483,15 @@ async fn release_alone(client: &mut Client, caller: Caller<'_>, id: &str) -> Res
     let (event_id, shard) = change_ids(id);
     let params: [(&(dyn ToSql + Sync), Type); 4] =
         [(&id, Type::TEXT), (&caller.tenant_id, Type::TEXT), (&event_id, Type::TEXT), (&shard, Type::INT2)];
+    if audit::current_request().is_some() {
+        // An API request: its audit entry commits with the release.
+        let tx = client.transaction().await.map_err(DbError::from)?;
+        let row = tx.query_typed_one("SELECT capacity_end($1, $2, 'released', $3, $4)", &params).await.map_err(DbError::from)?;
+        audit::record_change_of(&tx, id).await?;
+        tx.commit().await.map_err(DbError::from)?;
+        work_queue::poke(&*client).await;
+        return Ok(from_json(row.get(0))?);
+    }
     let end = client.query_typed_one("SELECT capacity_end($1, $2, 'released', $3, $4)", &params);
     let row = work_queue::poke_after(&*client, end).await.map_err(DbError::from)?;
     Ok(from_json(row.get(0))?)
@@ -583,6 +603,7 @@ pub async fn extend(
     if let Some(scope) = scope {
         idempotency::complete(&tx, scope, &serde_json::to_value(&v).expect("view serializes")).await?;
     }
+    audit::record_change(&tx).await?;
     tx.commit().await.map_err(DbError::from)?;
     work_queue::poke(&*client).await;
     Ok(v)

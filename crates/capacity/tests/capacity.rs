@@ -1064,3 +1064,42 @@ async fn a_quarantined_or_unhealthy_gpu_leaves_a_request_pending_and_only_the_ha
     assert_eq!(v.state, "placed", "{v:?}");
     assert_eq!(count(&h, "SELECT count(*) FROM reservations").await, 3);
 }
+
+fn request(action: &str) -> better_compute_audit::entry::Request {
+    better_compute_audit::entry::Request {
+        identity_id: ME.identity_id.into(),
+        token_id: "tok_a".into(),
+        tenant_id: ME.tenant_id.into(),
+        action: action.into(),
+        target: String::new(),
+        request_id: "req_a".into(),
+        source: None,
+        request_digest: "0".repeat(64),
+    }
+}
+
+#[tokio::test]
+async fn a_reservation_changed_alone_for_an_api_request_commits_its_audit_entry_with_it_and_a_replay_none() {
+    use better_compute_audit::entry::serving;
+    let h = harness().await;
+    let f = fleet(&h, &exclusive(1), 8).await;
+    let mut c = h.db().connect().await;
+    let entries = async |action: &str| -> Vec<String> {
+        h.db().connect().await.query("SELECT target FROM audit_entries WHERE action = $1 ORDER BY position", &[&action]).await.unwrap().iter().map(|r| r.get(0)).collect()
+    };
+    // Without a key, with one, its replay, and one refused (nothing written, nothing recorded).
+    let a = serving(request("reservations.create"), reservations::create(&mut c, ME, &whole(&f.pool_id, 1))).await.unwrap();
+    let mut keyed = whole(&f.pool_id, 1);
+    keyed.idempotency_key = Some("audit-1".into());
+    let b = serving(request("reservations.create"), reservations::create(&mut c, ME, &keyed)).await.unwrap();
+    assert_eq!(serving(request("reservations.create"), reservations::create(&mut c, ME, &keyed)).await.unwrap(), b);
+    assert!(serving(request("reservations.create"), reservations::create(&mut c, ME, &whole("pool_none", 1))).await.is_err());
+    assert_eq!(entries("reservations.create").await, [a.id.clone(), b.id.clone()]);
+    serving(request("reservations.extend"), reservations::extend(&mut c, ME, &a.id, "2030-01-01T03:00:00Z", None)).await.unwrap();
+    serving(request("reservations.release"), reservations::release(&mut c, ME, &b.id)).await.unwrap();
+    assert_eq!(entries("reservations.extend").await.len(), 1);
+    assert_eq!(entries("reservations.release").await, [b.id.clone()]);
+    // Outside a request (a job, a test) nothing is recorded.
+    reservations::release(&mut c, ME, &a.id).await.unwrap();
+    assert_eq!(entries("reservations.release").await.len(), 1);
+}

@@ -131,9 +131,25 @@ struct BenchClient {
     reservations: Arc<Reservations>,
     tenant: String,
     held: std::collections::VecDeque<String>,
+    /// Each create and release as an API request's, recording its audit entry.
+    audited: bool,
 }
 
 impl BenchClient {
+    /// What an API request of this client's records in the audit log.
+    fn request(&self, action: &str, target: &str) -> better_compute_audit::entry::Request {
+        better_compute_audit::entry::Request {
+            identity_id: "idn_bench".into(),
+            token_id: "tok_bench".into(),
+            tenant_id: self.tenant.clone(),
+            action: action.into(),
+            target: target.into(),
+            request_id: "req_bench".into(),
+            source: Some("127.0.0.1".into()),
+            request_digest: "0".repeat(64),
+        }
+    }
+
     /// Creates one reservation (a fifth of them, by default, aimed at the hot nodes), then releases
     /// down to two held.
     async fn churn(&mut self, hot_percent: u64, outcomes: &Outcomes) {
@@ -161,7 +177,9 @@ impl BenchClient {
             req.node_selector.insert("hot".into(), serde_json::json!("yes"));
         }
         let me = Caller { tenant_id: &self.tenant, identity_id: "idn_bench" };
-        match self.reservations.create(me, &req).await {
+        let create = self.reservations.create(me, &req);
+        let created = if self.audited { better_compute_audit::entry::serving(self.request("reservations.create", ""), create).await } else { create.await };
+        match created {
             Ok(r) => {
                 if r.state == "pending" {
                     outcomes.pending.fetch_add(1, Ordering::Relaxed);
@@ -185,7 +203,9 @@ impl BenchClient {
         while self.held.len() > keep {
             let id = self.held.pop_front().expect("non-empty");
             let me = Caller { tenant_id: &self.tenant, identity_id: "idn_bench" };
-            if let Err(e) = self.reservations.release(me, &id).await {
+            let release = self.reservations.release(me, &id);
+            let released = if self.audited { better_compute_audit::entry::serving(self.request("reservations.release", &id), release).await } else { release.await };
+            if let Err(e) = released {
                 outcomes.release_failed.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(error = %e, "release failed");
             }
@@ -194,7 +214,7 @@ impl BenchClient {
 }
 
 /// One connected client per tenant, warmed up (see WARM_UP_PER_CLIENT) and holding nothing.
-async fn warm_clients(conn: &str, clients: usize, hot_percent: u64, batch: BatchSettings) -> anyhow::Result<Vec<BenchClient>> {
+async fn warm_clients(conn: &str, clients: usize, hot_percent: u64, batch: BatchSettings, audited: bool) -> anyhow::Result<Vec<BenchClient>> {
     // One service over one pool, as in a server's API process: a connection for each client's runs
     // alone and two for each batcher.
     let pool = better_compute_db::pool::connect_pool(conn, clients + 2 * batch.batchers)?;
@@ -203,7 +223,7 @@ async fn warm_clients(conn: &str, clients: usize, hot_percent: u64, batch: Batch
     // update holds them to commit), so one tenant measures that row, not the placer.
     let mut cold = Vec::new();
     for i in 0..clients {
-        cold.push(BenchClient { reservations: reservations.clone(), tenant: format!("ten_bench{i}"), held: Default::default() });
+        cold.push(BenchClient { reservations: reservations.clone(), tenant: format!("ten_bench{i}"), held: Default::default(), audited });
     }
     let warm_up = |clients| {
         timed(clients, |mut c: BenchClient| async move {
@@ -291,8 +311,8 @@ async fn timed_creates(
 /// Steady state: each client creates and releases all but its two newest, `total` creates in all.
 /// Placements per second, the CPU the machine spent per placement and its release (milliseconds,
 /// where known), and the outcomes.
-async fn placements_per_second(conn: &str, clients: usize, total: usize, hot_percent: u64, batch: BatchSettings) -> anyhow::Result<(f64, Option<f64>, Arc<Outcomes>)> {
-    let warm = warm_clients(conn, clients, hot_percent, batch).await?;
+async fn placements_per_second(conn: &str, clients: usize, total: usize, hot_percent: u64, batch: BatchSettings, audited: bool) -> anyhow::Result<(f64, Option<f64>, Arc<Outcomes>)> {
+    let warm = warm_clients(conn, clients, hot_percent, batch, audited).await?;
     let (_, elapsed_s, cpu_s, outcomes) = timed_creates(warm, total, hot_percent, true).await?;
     Ok((total as f64 / elapsed_s, cpu_s.map(|s| 1000.0 * s / total as f64), outcomes))
 }
@@ -301,7 +321,7 @@ async fn placements_per_second(conn: &str, clients: usize, total: usize, hot_per
 /// in a second timed window. Placed reservations per second and the CPU per create, releases per
 /// second and the CPU per release, and the creates' outcomes.
 async fn burst(conn: &str, clients: usize, total: usize, hot_percent: u64, batch: BatchSettings) -> anyhow::Result<(f64, Option<f64>, f64, Option<f64>, Arc<Outcomes>)> {
-    let warm = warm_clients(conn, clients, hot_percent, batch).await?;
+    let warm = warm_clients(conn, clients, hot_percent, batch, false).await?;
     let (held, place_s, place_cpu_s, outcomes) = timed_creates(warm, total, hot_percent, false).await?;
     let releases = held.iter().map(|c| c.held.len()).sum::<usize>().max(1);
     let (_, release_s, release_cpu_s) = timed(held, |mut c| {
@@ -391,7 +411,7 @@ pub async fn run(b: CapacityBench) -> anyhow::Result<()> {
     for nodes in &b.nodes {
         println!("seeding {nodes} nodes x 8 GPUs…");
         seed(&db, *nodes).await?;
-        let (rate, cpu_ms, o) = placements_per_second(&conn, b.clients, b.steady_placements, b.hot_percent, batch).await?;
+        let (rate, cpu_ms, o) = placements_per_second(&conn, b.clients, b.steady_placements, b.hot_percent, batch, false).await?;
         let failed = o.failed.load(Ordering::Relaxed);
         let lost = o.pending_on_conflicts.load(Ordering::Relaxed);
         println!(
@@ -424,6 +444,32 @@ pub async fn run(b: CapacityBench) -> anyhow::Result<()> {
         if let Some(f) = first {
             crate::report::figure("capacity", format!("placements at {nodes} nodes"), rate, "/s", Some((&format!("placements at {} nodes", b.nodes[0]), f)));
         }
+        if first.is_none() {
+            // The same again as API requests, each create and release writing its audit entry with it.
+            seed(&db, *nodes).await?;
+            let (audited, audited_cpu_ms, _) = placements_per_second(&conn, b.clients, b.steady_placements, b.hot_percent, batch, true).await?;
+            println!(
+                "{nodes} nodes, audited (each create and release records its audit entry): {audited:.0} placements/s ({:.2}x unaudited in this run){}",
+                audited / rate,
+                audited_cpu_ms.map(|ms| format!(", {ms:.2} ms of CPU per placement and its release")).unwrap_or_default()
+            );
+            crate::report::figure("capacity", format!("audited placements, {nodes} nodes x 8 GPUs"), audited, "/s", Some(("unaudited placements", rate)));
+            // What audit.checkpoint then does with those entries: placed, chained and checkpointed.
+            let signer = better_compute_runtime::signing::CommandSigner::generate();
+            let (started, mut placed) = (Instant::now(), 0usize);
+            loop {
+                let tx = db.transaction().await?;
+                let p = better_compute_audit::checkpoint::place(&tx, better_compute_audit::checkpoint::BATCH, Some(&signer)).await?;
+                tx.commit().await?;
+                placed += p.entries;
+                if p.entries == 0 {
+                    break;
+                }
+            }
+            let per_s = placed as f64 / started.elapsed().as_secs_f64();
+            println!("audit.checkpoint: {placed} entries placed, chained and checkpointed at {per_s:.0} entries/s ({:.1}x the audited writes)", per_s / (2.0 * audited));
+            crate::report::figure("capacity", "audit entries placed by audit.checkpoint".to_owned(), per_s, "/s", Some(("audited writes", 2.0 * audited)));
+        }
         first.get_or_insert(rate);
 
         seed(&db, *nodes).await?;
@@ -453,7 +499,7 @@ pub async fn run(b: CapacityBench) -> anyhow::Result<()> {
         let nodes = *b.nodes.last().unwrap_or(&1000);
         println!("seeding {nodes} nodes x 8 GPUs and placing {} reservations for metering…", b.metered);
         seed(&db, nodes).await?;
-        let warm = warm_clients(&conn, b.clients, 0, batch).await?;
+        let warm = warm_clients(&conn, b.clients, 0, batch, false).await?;
         let _held = timed_creates(warm, b.metered, 0, false).await?;
         let m = metering(&conn).await?;
         let rate = m.windows as f64 / m.seconds;

@@ -464,13 +464,15 @@ impl Sim {
         };
         let metered = count("SELECT count(*) FROM usage_windows").await;
         let instances_metered = count("SELECT count(*) FROM instance_usage_windows").await;
+        let audited = count("SELECT count(*) FROM audit_entries WHERE log_index IS NOT NULL").await;
+        let creates_audited = count("SELECT count(*) FROM audit_entries WHERE action = 'reservations.create'").await;
         let faults = t.faults.lock().expect("faults");
         let mut faults: Vec<String> = faults.iter().map(|(k, n)| format!("{k} {n}")).collect();
         faults.sort();
         Ok(SeedReport {
             violations,
             summary: format!(
-                "{} operations ({} placed, {} creates and releases in batches, {} commands, {} refused, {} failed while the database was away); faults: {}; {} reboots; {} maintenance workflows ({}; {} held and cancelled at the end); {} usage windows metered; {} instances created, {} of their usage windows metered; {idle_intervals} intervals without a placement",
+                "{} operations ({} placed, {} creates and releases in batches, {} commands, {} refused, {} failed while the database was away); faults: {}; {} reboots; {} maintenance workflows ({}; {} held and cancelled at the end); {} usage windows metered; {} instances created, {} of their usage windows metered; {audited} audit entries placed and verified ({creates_audited} reservation creates); {idle_intervals} intervals without a placement",
                 t.ops.load(Ordering::SeqCst),
                 t.placed.load(Ordering::SeqCst),
                 t.batched.load(Ordering::SeqCst),
@@ -872,7 +874,9 @@ impl Sim {
                     tolerations: vec![],
                     idempotency_key: Some(format!("sim-{}-{tag}", self.seed)),
                 };
-                let r = service.create(Caller { tenant_id: TENANTS[t], identity_id: "idn_sim" }, &req).await?;
+                // As an API request: its audit entry commits with it (checked in `check`).
+                let create = service.create(Caller { tenant_id: TENANTS[t], identity_id: "idn_sim" }, &req);
+                let r = better_compute_audit::entry::serving(sim_request(TENANTS[t], "reservations.create", &tag), create).await?;
                 if r.state == "placed" || r.state == "active" {
                     self.tally.placed.fetch_add(1, Ordering::Relaxed);
                     self.tally.interval_placed.fetch_add(1, Ordering::Relaxed);
@@ -1226,6 +1230,7 @@ impl Sim {
             v.push(format!("workflow {} rebooted its node {} times ({} reboots sent)", r.get::<_, String>(0), r.get::<_, i64>(1), r.get::<_, i64>(2)));
         }
         v.extend(instance_violations(&tx).await?);
+        v.extend(audit_violations(&tx).await?);
         tx.commit().await?;
         // No command that is not retry-safe ran twice.
         for (reason, runs) in self.reboots.lock().expect("reboots").iter() {
@@ -1235,6 +1240,56 @@ impl Sim {
         }
         Ok(v)
     }
+}
+
+/// The API request the workload's operation `tag` stands for, for the audit log.
+fn sim_request(tenant: &str, action: &str, tag: &str) -> better_compute_audit::entry::Request {
+    better_compute_audit::entry::Request {
+        identity_id: "idn_sim".into(),
+        token_id: "tok_sim".into(),
+        tenant_id: tenant.into(),
+        action: action.into(),
+        target: String::new(),
+        request_id: format!("req_sim{tag}"),
+        source: None,
+        request_digest: better_compute_audit::entry::digest(tag.as_bytes()),
+    }
+}
+
+/// What must hold of the audit log at every moment: its placed entries chain and match every
+/// checkpoint (as `better-compute audit verify` checks an export); a reservation the workload
+/// created has exactly one `reservations.create` entry, written with it (one made by
+/// `instances.create` has none of its own), and no such entry names a reservation that does not
+/// exist (its create rolled back).
+async fn audit_violations(tx: &impl tokio_postgres::GenericClient) -> anyhow::Result<Vec<String>> {
+    let mut v = Vec::new();
+    let mut lines = Vec::new();
+    loop {
+        let page = better_compute_audit::log::export_page(tx, lines.iter().filter(|l| matches!(l, better_compute_audit::verify::ExportLine::Entry(_))).count() as i64, 10_000).await?;
+        if page.is_empty() {
+            break;
+        }
+        lines.extend(page);
+    }
+    if let Some(problem) = better_compute_audit::verify::verify(&lines, None).problem {
+        v.push(format!("the audit log does not verify: {problem}"));
+    }
+    for r in tx
+        .query(
+            "SELECT r.id, (SELECT count(*) FROM audit_entries a WHERE a.action = 'reservations.create' AND a.target = r.id) AS n
+               FROM reservations r
+              WHERE NOT EXISTS (SELECT 1 FROM instances i WHERE i.allocation_id = r.id)
+                AND (SELECT count(*) FROM audit_entries a WHERE a.action = 'reservations.create' AND a.target = r.id) <> 1
+             UNION ALL
+             SELECT a.target, 0 FROM audit_entries a WHERE a.action = 'reservations.create' AND NOT EXISTS (SELECT 1 FROM reservations r WHERE r.id = a.target)
+             LIMIT 10",
+            &[],
+        )
+        .await?
+    {
+        v.push(format!("reservation {} has {} reservations.create audit entries (one is written with it)", r.get::<_, String>(0), r.get::<_, i64>(1)));
+    }
+    Ok(v)
 }
 
 /// What must hold of instances at every moment: one live instance per reservation; an instance

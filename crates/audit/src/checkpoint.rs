@@ -6,7 +6,8 @@
 //! gives each its log index and chain hash (`sha256(previous || canonical entry)`); extends the last
 //! checkpoint's Merkle frontier with them; and writes a checkpoint: the tree's size, root and last
 //! chain hash, signed with the control plane's Ed25519 key. Log indexes and checkpoint sizes are
-//! unique, so a zombie's run that raced this one cannot commit a second placement.
+//! unique, so a zombie's run that raced this one cannot commit a second placement. Then it prunes
+//! what is past the retention (`prune.rs`).
 
 use std::time::Duration;
 
@@ -144,8 +145,10 @@ impl Reconciler for CheckpointJob {
         let mut c = ctx.client().await?;
         let tx = ctx.begin_fenced(&mut c).await?;
         let placed = place(&*tx, BATCH, ctx.registry().command_signer()).await?;
+        let pruned = crate::prune::prune(&*tx).await?;
         tx.commit().await?;
         ctx.count("entries placed", placed.entries as u64);
+        ctx.count("entries pruned", pruned);
         ctx.count("checkpoints", u64::from(placed.entries > 0));
         Ok(if placed.entries as i64 == BATCH { Outcome::SyncAgain } else { Outcome::Done })
     }

@@ -11,6 +11,7 @@ pub mod checkpoint;
 pub mod entry;
 pub mod log;
 pub mod merkle;
+pub mod prune;
 pub mod verify;
 
 use std::sync::Arc;
@@ -21,6 +22,7 @@ use better_compute_runtime::Reconciler;
 /// The audit module's migrations.
 pub const AUDIT_MIGRATIONS: &[Migration] = &[
     Migration::numbered("audit", "0001_audit", include_str!("migrations/audit/0001_audit.sql")),
+    Migration::numbered("audit", "0002_retention", include_str!("migrations/audit/0002_retention.sql")),
     Migration::repeatable("audit", "audit", include_str!("sql/audit.sql")),
 ];
 

@@ -39,7 +39,7 @@ async fn record_one(h: &Harness, target: &str) {
 }
 
 async fn export(h: &Harness) -> Vec<ExportLine> {
-    log::export_page(&**h.db().client().await, 0, 10_000).await.unwrap()
+    log::export_all(&**h.db().client().await).await.unwrap()
 }
 
 /// Runs `audit.checkpoint` until `n` entries are placed (60 s at most: the xmin rule waits for
@@ -173,4 +173,42 @@ async fn verify_names_the_first_edited_deleted_or_reordered_entry() {
     c.execute("DELETE FROM audit_entries WHERE log_index = 7", &[]).await.unwrap();
     let found = verify(&export(&h).await, Some(&key)).problem.unwrap();
     assert!(found.contains(&at8) && found.contains("missing"), "{found}");
+}
+
+#[tokio::test]
+async fn pruning_keeps_the_log_verifiable_from_the_checkpoint_it_pruned_below() {
+    let (h, key) = harness().await;
+    for i in 0..10 {
+        record_one(&h, &format!("node_{i}")).await;
+    }
+    place_until(&h, 10).await;
+    h.db().advance(std::time::Duration::from_secs(7200)).await;
+    for i in 10..15 {
+        record_one(&h, &format!("node_{i}")).await;
+    }
+    place_until(&h, 15).await;
+    let c = h.db().client().await;
+    // Without a retention nothing goes; with one, what is below the checkpoint older than it.
+    let prune = async || {
+        let mut c = h.db().client().await;
+        let tx = c.transaction().await.unwrap();
+        let n = better_compute_audit::prune::prune(&*tx).await.unwrap();
+        tx.commit().await.unwrap();
+        n
+    };
+    assert_eq!(prune().await, 0);
+    assert!(better_compute_audit::prune::set_retention_s(&**c, Some(60)).await.is_err(), "an hour at least");
+    better_compute_audit::prune::set_retention_s(&**c, Some(3600)).await.unwrap();
+    assert_eq!(prune().await, 10, "the entries below the first checkpoint, two hours old");
+    assert_eq!(prune().await, 0, "the second checkpoint is newer than the retention");
+    let lines = export(&h).await;
+    assert!(matches!(&lines[0], ExportLine::Anchor(a) if a.checkpoint.tree_size == 10), "{:?}", lines[0]);
+    assert_eq!(lines.iter().filter(|l| matches!(l, ExportLine::Entry(_))).count(), 5);
+    let v = verify(&lines, Some(&key));
+    assert_eq!((v.entries, v.checkpoints, v.problem), (5, 2, None));
+    // What is left is as protected as before, and a change in it is still named.
+    assert!(c.execute("DELETE FROM audit_entries WHERE log_index = 12", &[]).await.is_err());
+    c.batch_execute("ALTER TABLE audit_entries DISABLE TRIGGER audit_entries_append_only; UPDATE audit_entries SET target = 'x' WHERE log_index = 12").await.unwrap();
+    let found = verify(&export(&h).await, Some(&key)).problem.unwrap();
+    assert!(found.contains("index 12"), "{found}");
 }

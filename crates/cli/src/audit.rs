@@ -54,6 +54,12 @@ async fn export(url: &str, out: Option<&std::path::Path>) -> anyhow::Result<()> 
         None => Box::new(std::io::BufWriter::new(std::io::stdout().lock())),
     };
     let (mut from, mut entries) = (0i64, 0u64);
+    // A pruned log starts at its anchor.
+    if let Some(a) = better_compute_audit::prune::anchor(&client.build_transaction().read_only(true).start().await?).await? {
+        from = a.checkpoint.tree_size;
+        serde_json::to_writer(&mut w, &ExportLine::Anchor(a))?;
+        w.write_all(b"\n")?;
+    }
     loop {
         // One snapshot per page; the log only grows, so pages join up.
         let tx = client.build_transaction().read_only(true).start().await?;

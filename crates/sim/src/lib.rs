@@ -1263,14 +1263,7 @@ fn sim_request(tenant: &str, action: &str, tag: &str) -> better_compute_audit::e
 /// exist (its create rolled back).
 async fn audit_violations(tx: &impl tokio_postgres::GenericClient) -> anyhow::Result<Vec<String>> {
     let mut v = Vec::new();
-    let mut lines = Vec::new();
-    loop {
-        let page = better_compute_audit::log::export_page(tx, lines.iter().filter(|l| matches!(l, better_compute_audit::verify::ExportLine::Entry(_))).count() as i64, 10_000).await?;
-        if page.is_empty() {
-            break;
-        }
-        lines.extend(page);
-    }
+    let lines = better_compute_audit::log::export_all(tx).await?;
     if let Some(problem) = better_compute_audit::verify::verify(&lines, None).problem {
         v.push(format!("the audit log does not verify: {problem}"));
     }

@@ -273,3 +273,49 @@ pub(crate) fn entry_of(r: &tokio_postgres::Row) -> Entry {
         chain_hash: r.get(13),
     }
 }
+
+/// The audit entries of a batch of requests as columns, the parameters of [`with_batch_entries`]:
+/// `(id, identity, token, tenant, action, target, request id, source, digest)`, the entry id NULL
+/// for a request that serves no API call.
+pub type BatchColumns = [Vec<Option<String>>; 9];
+
+/// [`BatchColumns`] of a batch's requests: each its target and the API request it serves, if any.
+pub fn batch_columns<'a>(jobs: impl Iterator<Item = (&'a str, Option<&'a Request>)>) -> BatchColumns {
+    let mut c: BatchColumns = Default::default();
+    for (target, r) in jobs {
+        let f: [Option<String>; 9] = match r {
+            Some(r) => [
+                Some(AuditEntryId::generate().to_string()),
+                Some(r.identity_id.clone()),
+                Some(r.token_id.clone()),
+                Some(r.tenant_id.clone()),
+                Some(r.action.clone()),
+                Some(target.to_owned()),
+                Some(r.request_id.clone()),
+                r.source.clone(),
+                Some(r.request_digest.clone()),
+            ],
+            None => Default::default(),
+        };
+        for (col, v) in c.iter_mut().zip(f) {
+            col.push(v);
+        }
+    }
+    c
+}
+
+/// Wraps a batch statement whose one column `v` holds a view per request (NULL where the request
+/// was not done) so that each done request's audit entry is written by the same statement; the
+/// entries' columns are parameters `$first` to `$first + 8`.
+pub fn with_batch_entries(statement: &str, first: usize) -> String {
+    let p: Vec<String> = (first..first + 9).map(|i| format!("${i}::text[]")).collect();
+    format!(
+        "WITH r AS ({statement}),
+              a AS (INSERT INTO audit_entries (id, actor_kind, actor_id, token_id, tenant_id, action, target, request_id, source, outcome, request_digest)
+                    SELECT u.aid, 'identity', u.idn, u.tok, u.ten, u.act, u.tgt, u.req, u.src, 'ok', u.dig
+                      FROM r, unnest({}) WITH ORDINALITY AS u(aid, idn, tok, ten, act, tgt, req, src, dig, n)
+                     WHERE u.aid IS NOT NULL AND r.v[u.n::int] IS NOT NULL)
+         SELECT v FROM r",
+        p.join(", ")
+    )
+}

@@ -22,6 +22,12 @@ pub async fn set_retention_s(db: &impl GenericClient, retention_s: Option<i32>) 
     Ok(())
 }
 
+/// The retention (`None`: for ever) and the log index below which entries were pruned.
+pub async fn retention(db: &impl GenericClient) -> Result<(Option<i32>, i64), DbError> {
+    let r = db.query_one("SELECT retention_s, pruned_below FROM audit_settings", &[]).await?;
+    Ok((r.get(0), r.get(1)))
+}
+
 /// Prunes, in the caller's transaction, the entries below the newest checkpoint that is older than
 /// the retention (and at most [`MAX_PRUNED_PER_RUN`] past what was pruned); how many went.
 pub async fn prune(tx: &impl GenericClient) -> Result<u64, DbError> {

@@ -93,50 +93,6 @@ struct ReleaseJob {
     audit: Option<Request>,
 }
 
-/// The audit entries of a batch's requests, as columns: `(id, identity, token, tenant, action,
-/// target, request id, source, digest)`, entry id NULL for a request that serves no API call.
-type AuditColumns = [Vec<Option<String>>; 9];
-
-fn audit_columns<'a>(jobs: impl Iterator<Item = (&'a str, Option<&'a Request>)>) -> AuditColumns {
-    let mut c: AuditColumns = Default::default();
-    for (target, r) in jobs {
-        let f: [Option<String>; 9] = match r {
-            Some(r) => [
-                Some(better_compute_core::id::AuditEntryId::generate().to_string()),
-                Some(r.identity_id.clone()),
-                Some(r.token_id.clone()),
-                Some(r.tenant_id.clone()),
-                Some(r.action.clone()),
-                Some(target.to_owned()),
-                Some(r.request_id.clone()),
-                r.source.clone(),
-                Some(r.request_digest.clone()),
-            ],
-            None => Default::default(),
-        };
-        for (col, v) in c.iter_mut().zip(f) {
-            col.push(v);
-        }
-    }
-    c
-}
-
-/// Wraps a batch statement whose one column `v` holds a view per request (NULL where the request
-/// was not done) so that each done request's audit entry is written by the same statement; the
-/// entries' columns are parameters `$first` to `$first + 8`.
-fn with_audit(statement: &str, first: usize) -> String {
-    let p: Vec<String> = (first..first + 9).map(|i| format!("${i}::text[]")).collect();
-    format!(
-        "WITH r AS ({statement}),
-              a AS (INSERT INTO audit_entries (id, actor_kind, actor_id, token_id, tenant_id, action, target, request_id, source, outcome, request_digest)
-                    SELECT u.aid, 'identity', u.idn, u.tok, u.ten, u.act, u.tgt, u.req, u.src, 'ok', u.dig
-                      FROM r, unnest({}) WITH ORDINALITY AS u(aid, idn, tok, ten, act, tgt, req, src, dig, n)
-                     WHERE u.aid IS NOT NULL AND r.v[u.n::int] IS NOT NULL)
-         SELECT v FROM r",
-        p.join(", ")
-    )
-}
-
 /// What the batch did with a request.
 pub(crate) enum Outcome {
     /// Done and committed: the reservation's view (boxed: it is most of the enum's size).
@@ -355,7 +311,7 @@ async fn reserve_batch(db: &tokio_postgres::Client, jobs: &[CreateJob], share: i
     let key_hashes: Vec<Option<&[u8]>> = jobs.iter().map(|j| j.key_hash.as_deref()).collect();
     let shards: Vec<i16> = jobs.iter().map(|j| j.shard).collect();
     let (ttl_s, max_duration_s) = (IDEMPOTENCY_KEY_TTL.as_secs_f64(), MAX_DURATION.as_secs_f64());
-    let audit = audit_columns(jobs.iter().map(|j| (j.id.as_str(), j.audit.as_ref())));
+    let audit = better_compute_audit::entry::batch_columns(jobs.iter().map(|j| (j.id.as_str(), j.audit.as_ref())));
     let params: [(&(dyn ToSql + Sync), Type); 29] = [
         (&ids, Type::TEXT_ARRAY),
         (&tenants, Type::TEXT_ARRAY),
@@ -387,7 +343,7 @@ async fn reserve_batch(db: &tokio_postgres::Client, jobs: &[CreateJob], share: i
         (&audit[7], Type::TEXT_ARRAY),
         (&audit[8], Type::TEXT_ARRAY),
     ];
-    let statement = with_audit(
+    let statement = better_compute_audit::entry::with_batch_entries(
         "SELECT capacity_reserve_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11::timestamptz[], $12, $13, $14, $15, $16,
                                        $17, $18, $19, $20) AS v",
         21,
@@ -403,7 +359,7 @@ async fn release_batch(db: &tokio_postgres::Client, jobs: &[ReleaseJob]) -> Resu
     let tenants: Vec<&str> = jobs.iter().map(|j| j.tenant.as_str()).collect();
     let event_ids: Vec<&str> = jobs.iter().map(|j| j.event_id.as_str()).collect();
     let shards: Vec<i16> = jobs.iter().map(|j| j.shard).collect();
-    let audit = audit_columns(jobs.iter().map(|j| (j.id.as_str(), j.audit.as_ref())));
+    let audit = better_compute_audit::entry::batch_columns(jobs.iter().map(|j| (j.id.as_str(), j.audit.as_ref())));
     let params: [(&(dyn ToSql + Sync), Type); 13] = [
         (&ids, Type::TEXT_ARRAY),
         (&tenants, Type::TEXT_ARRAY),
@@ -419,6 +375,6 @@ async fn release_batch(db: &tokio_postgres::Client, jobs: &[ReleaseJob]) -> Resu
         (&audit[7], Type::TEXT_ARRAY),
         (&audit[8], Type::TEXT_ARRAY),
     ];
-    let row = db.query_typed_one(&with_audit("SELECT capacity_release_batch($1, $2, $3, $4) AS v", 5), &params).await?;
+    let row = db.query_typed_one(&better_compute_audit::entry::with_batch_entries("SELECT capacity_release_batch($1, $2, $3, $4) AS v", 5), &params).await?;
     Ok(row.get(0))
 }

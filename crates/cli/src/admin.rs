@@ -35,6 +35,18 @@ enum AdminCmd {
         #[arg(long)]
         set_s: Option<i32>,
     },
+    /// Show or set how long the audit log keeps placed entries: they are pruned only below a
+    /// checkpoint older than this, which exports then start from (docs/audit.md).
+    AuditRetention {
+        #[command(flatten)]
+        db: better_compute_server::DatabaseArgs,
+        /// Keep entries this many seconds (at least 3600).
+        #[arg(long, conflicts_with = "forever")]
+        set_s: Option<i32>,
+        /// Keep every entry (the default).
+        #[arg(long)]
+        forever: bool,
+    },
 }
 
 /// `admin command-key`.
@@ -82,6 +94,17 @@ pub async fn run(args: AdminArgs) -> anyhow::Result<()> {
                 better_compute_capacity::usage::set_window_s(&client, s).await?;
             }
             println!("usage window: {} s", better_compute_capacity::usage::window_s(&client).await?);
+            Ok(())
+        }
+        AdminCmd::AuditRetention { db, set_s, forever } => {
+            let client = better_compute_db::pool::connect(&db.database_url).await?;
+            if set_s.is_some() || forever {
+                better_compute_audit::prune::set_retention_s(&client, set_s).await?;
+            }
+            match better_compute_audit::prune::retention(&client).await? {
+                (Some(s), below) => println!("audit retention: {s} s; entries below log index {below} pruned"),
+                (None, _) => println!("audit retention: for ever"),
+            }
             Ok(())
         }
         AdminCmd::CommandKey(CommandKeyCmd::RetirePrevious { db, ca_dir }) => {

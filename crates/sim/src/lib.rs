@@ -433,6 +433,11 @@ impl Sim {
         if violations.is_empty() {
             self.reconnect(db).await?;
             violations.extend(self.converge(db, &fleet_nodes).await?);
+            if self.args.broken == Some(Broken::KeepDeletedVms) {
+                // Whatever the run's timing left, instances whose VMs run are deleted now, so the
+                // broken hosts surely have VMs to leak.
+                self.delete_running_instances(db).await?;
+            }
             // Whatever the fleet's convergence found, the instances are checked too (it only reads).
             violations.extend(self.settle_instances(db).await?);
         }
@@ -489,6 +494,21 @@ impl Sim {
                 instances_metered,
             ),
         })
+    }
+
+    /// Deletes every running instance, as its tenant would (`--broken keep-deleted-vms`).
+    async fn delete_running_instances(&self, db: &mut tokio_postgres::Client) -> anyhow::Result<()> {
+        let running: Vec<(String, String)> = {
+            let tx = db.transaction().await?;
+            let rows = tx.query("SELECT id, tenant_id FROM instances WHERE state = 'running' ORDER BY id", &[]).await?;
+            tx.commit().await?;
+            rows.iter().map(|r| (r.get(0), r.get(1))).collect()
+        };
+        for (id, tenant) in &running {
+            instances::act(db, Caller { tenant_id: tenant, identity_id: "idn_sim" }, id, Action::Delete).await?;
+        }
+        println!("  [{:>5.1} s] {} running instances deleted at the heal", self.started.elapsed().as_secs_f64(), running.len());
+        Ok(())
     }
 
     /// A new direct connection for the checks when a fault (PostgreSQL restarted) closed the old one.

@@ -1098,7 +1098,7 @@ async fn a_reservation_changed_alone_for_an_api_request_commits_its_audit_entry_
     serving(request("reservations.extend"), reservations::extend(&mut c, ME, &a.id, "2030-01-01T03:00:00Z", None)).await.unwrap();
     serving(request("reservations.release"), reservations::release(&mut c, ME, &b.id)).await.unwrap();
     assert_eq!(entries("reservations.extend").await.len(), 1);
-    assert_eq!(entries("reservations.release").await, [b.id.clone()]);
+    assert_eq!(entries("reservations.release").await, std::slice::from_ref(&b.id));
     // Outside a request (a job, a test) nothing is recorded.
     reservations::release(&mut c, ME, &a.id).await.unwrap();
     assert_eq!(entries("reservations.release").await.len(), 1);

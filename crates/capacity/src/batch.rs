@@ -294,6 +294,11 @@ where
     }
 }
 
+/// The audit entries' columns as statement parameters (`better_compute_audit::entry::with_batch_entries`).
+fn audit_params(audit: &better_compute_audit::entry::BatchColumns) -> impl Iterator<Item = (&(dyn ToSql + Sync), Type)> {
+    audit.iter().map(|c| (c as &(dyn ToSql + Sync), Type::TEXT_ARRAY))
+}
+
 /// Runs `capacity_reserve_batch` over the jobs: one view per job placed (`None` for the others),
 /// in order.
 async fn reserve_batch(db: &tokio_postgres::Client, jobs: &[CreateJob], share: i32, shares: i32) -> Result<Vec<Option<serde_json::Value>>, DbError> {
@@ -312,7 +317,7 @@ async fn reserve_batch(db: &tokio_postgres::Client, jobs: &[CreateJob], share: i
     let shards: Vec<i16> = jobs.iter().map(|j| j.shard).collect();
     let (ttl_s, max_duration_s) = (IDEMPOTENCY_KEY_TTL.as_secs_f64(), MAX_DURATION.as_secs_f64());
     let audit = better_compute_audit::entry::batch_columns(jobs.iter().map(|j| (j.id.as_str(), j.audit.as_ref())));
-    let params: [(&(dyn ToSql + Sync), Type); 29] = [
+    let mut params: Vec<(&(dyn ToSql + Sync), Type)> = vec![
         (&ids, Type::TEXT_ARRAY),
         (&tenants, Type::TEXT_ARRAY),
         (&identities, Type::TEXT_ARRAY),
@@ -333,16 +338,8 @@ async fn reserve_batch(db: &tokio_postgres::Client, jobs: &[CreateJob], share: i
         (&share, Type::INT4),
         (&shares, Type::INT4),
         (&max_duration_s, Type::FLOAT8),
-        (&audit[0], Type::TEXT_ARRAY),
-        (&audit[1], Type::TEXT_ARRAY),
-        (&audit[2], Type::TEXT_ARRAY),
-        (&audit[3], Type::TEXT_ARRAY),
-        (&audit[4], Type::TEXT_ARRAY),
-        (&audit[5], Type::TEXT_ARRAY),
-        (&audit[6], Type::TEXT_ARRAY),
-        (&audit[7], Type::TEXT_ARRAY),
-        (&audit[8], Type::TEXT_ARRAY),
     ];
+    params.extend(audit_params(&audit));
     let statement = better_compute_audit::entry::with_batch_entries(
         "SELECT capacity_reserve_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11::timestamptz[], $12, $13, $14, $15, $16,
                                        $17, $18, $19, $20) AS v",
@@ -360,21 +357,13 @@ async fn release_batch(db: &tokio_postgres::Client, jobs: &[ReleaseJob]) -> Resu
     let event_ids: Vec<&str> = jobs.iter().map(|j| j.event_id.as_str()).collect();
     let shards: Vec<i16> = jobs.iter().map(|j| j.shard).collect();
     let audit = better_compute_audit::entry::batch_columns(jobs.iter().map(|j| (j.id.as_str(), j.audit.as_ref())));
-    let params: [(&(dyn ToSql + Sync), Type); 13] = [
+    let mut params: Vec<(&(dyn ToSql + Sync), Type)> = vec![
         (&ids, Type::TEXT_ARRAY),
         (&tenants, Type::TEXT_ARRAY),
         (&event_ids, Type::TEXT_ARRAY),
         (&shards, Type::INT2_ARRAY),
-        (&audit[0], Type::TEXT_ARRAY),
-        (&audit[1], Type::TEXT_ARRAY),
-        (&audit[2], Type::TEXT_ARRAY),
-        (&audit[3], Type::TEXT_ARRAY),
-        (&audit[4], Type::TEXT_ARRAY),
-        (&audit[5], Type::TEXT_ARRAY),
-        (&audit[6], Type::TEXT_ARRAY),
-        (&audit[7], Type::TEXT_ARRAY),
-        (&audit[8], Type::TEXT_ARRAY),
     ];
+    params.extend(audit_params(&audit));
     let row = db.query_typed_one(&better_compute_audit::entry::with_batch_entries("SELECT capacity_release_batch($1, $2, $3, $4) AS v", 5), &params).await?;
     Ok(row.get(0))
 }

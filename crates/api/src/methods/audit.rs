@@ -89,16 +89,9 @@ struct ListCheckpoints {
     page_token: Option<String>,
 }
 
-/// Whose entries the caller may read: its tenant's, or every one (`None`) at fleet scope.
+/// The tenant whose entries the caller may read: its own, or every one (`None`) at fleet scope.
 async fn scope(ctx: &Ctx, asked: Option<&str>, all_tenants: bool) -> Result<Option<String>, Error> {
-    if all_tenants {
-        ctx.own_tenant(asked)?;
-        ctx.check(READ, Resource::Fleet).await?;
-        Ok(None)
-    } else {
-        ctx.in_tenant(asked, READ).await?;
-        Ok(Some(ctx.principal.tenant_id.clone()))
-    }
+    super::tenant_or_fleet(ctx, asked, all_tenants, READ).await
 }
 
 pub(super) fn methods() -> Vec<Method> {

@@ -77,3 +77,16 @@ pub(crate) fn required_key<'a>(key: Option<&'a str>, method: &str) -> Result<&'a
 pub(crate) fn page(size: Option<i64>, token: Option<String>) -> PageRequest {
     PageRequest { page_size: size, page_token: token }
 }
+
+/// The tenant whose records (usage, audit entries) the caller may read with `permission`: its own,
+/// or every tenant's (`None`) with `allTenants` at fleet scope.
+pub(crate) async fn tenant_or_fleet(ctx: &crate::method::Ctx, asked: Option<&str>, all_tenants: bool, permission: &str) -> Result<Option<String>, better_compute_core::Error> {
+    if all_tenants {
+        ctx.own_tenant(asked)?;
+        ctx.check(permission, better_compute_runtime::authz::Resource::Fleet).await?;
+        Ok(None)
+    } else {
+        ctx.in_tenant(asked, permission).await?;
+        Ok(Some(ctx.principal.tenant_id.clone()))
+    }
+}

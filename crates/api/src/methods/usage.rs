@@ -4,7 +4,6 @@ use better_compute_capacity::usage::{self, GroupBy, UsageSum, UsageWindowView};
 use better_compute_vps::usage::{self as instance_usage, InstanceGroupBy, InstanceUsageSum, InstanceUsageWindowView};
 use better_compute_core::page::Page;
 use better_compute_core::Error;
-use better_compute_runtime::authz::Resource;
 use serde::{Deserialize, Serialize};
 
 use crate::method::{method, Ctx};
@@ -102,14 +101,7 @@ struct UsageList {
 
 /// The tenant whose usage the caller may read: its own, or every tenant's (`None`) at fleet scope.
 pub(crate) async fn scope(ctx: &Ctx, asked: Option<&str>, all_tenants: bool) -> Result<Option<String>, Error> {
-    if all_tenants {
-        ctx.own_tenant(asked)?;
-        ctx.check(READ, Resource::Fleet).await?;
-        Ok(None)
-    } else {
-        ctx.in_tenant(asked, READ).await?;
-        Ok(Some(ctx.principal.tenant_id.clone()))
-    }
+    super::tenant_or_fleet(ctx, asked, all_tenants, READ).await
 }
 
 pub(super) fn methods() -> Vec<Method> {

@@ -17,6 +17,7 @@ pub mod rate_limit;
 pub mod usage_export;
 pub mod watch;
 pub mod console;
+pub mod audit_export;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -110,6 +111,7 @@ pub fn router(state: Arc<ApiState>) -> Router {
     Router::new()
         .route("/v1/openapi.json", get(openapi_json))
         .route("/v1/watch", get(watch::watch))
+        .route("/v1/audit.export", get(audit_export::export))
         .route("/v1/instances.console", get(console::console).post(|s, c, h, b| call(s, Path("instances.console".to_owned()), c, h, b)))
         .route("/v1/usage.export", get(usage_export::export).post(|s, c, h, b| call(s, Path("usage.export".to_owned()), c, h, b)))
         .route("/v1/{method}", post(call))

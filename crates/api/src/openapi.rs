@@ -36,6 +36,7 @@ pub fn document<'a>(methods: impl IntoIterator<Item = &'a Method>) -> Value {
         );
     }
     paths.insert("/v1/watch".into(), watch_path(&error));
+    paths.insert("/v1/audit.export".into(), audit_export_path(&error));
     if let Some(Value::Object(item)) = paths.get_mut("/v1/usage.export") {
         item.insert("get".into(), usage_export_get(&error));
     }
@@ -114,6 +115,24 @@ fn usage_export_get(error: &schemars::Schema) -> Value {
             "503": {"description": "UNAVAILABLE", "content": {"application/json": {"schema": error}}},
         },
     })
+}
+
+/// `GET /v1/audit.export`: the whole audit log as JSON lines.
+fn audit_export_path(error: &schemars::Schema) -> Value {
+    json!({"get": {
+        "operationId": "audit.export",
+        "summary": "Export the audit log as JSON lines, for `better-compute audit verify`.",
+        "description": "The audit log as JSON lines (`application/x-ndjson`): the anchor first when older entries were pruned (`type: anchor`, the checkpoint they were pruned below with its frontier), then every placed entry in log order (`type: entry`), each checkpoint after the last entry it covers (`type: checkpoint`). A cut export ends without its last chunk, never as a shorter whole.\n\nPermission: compute:audit:read at fleet scope (a tenant proves its own entries with audit.proof).",
+        "security": [{"bearer": []}],
+        "responses": {
+            "200": {"description": "The log.", "content": {"application/x-ndjson": {"schema": {"type": "string"}}}},
+            "400": {"description": "INVALID_ARGUMENT: an unknown query field", "content": {"application/json": {"schema": error}}},
+            "401": {"description": "UNAUTHENTICATED", "content": {"application/json": {"schema": error}}},
+            "403": {"description": "PERMISSION_DENIED: no compute:audit:read at fleet scope", "content": {"application/json": {"schema": error}}},
+            "429": {"description": "QUOTA_EXCEEDED: the token's request rate", "content": {"application/json": {"schema": error}}},
+            "503": {"description": "UNAVAILABLE", "content": {"application/json": {"schema": error}}},
+        },
+    }})
 }
 
 /// `GET /v1/instances.console`: the console as Server-Sent Events.

@@ -1850,4 +1850,24 @@ async fn every_change_through_the_api_writes_one_audit_entry_with_it_and_a_refus
     assert_eq!(api.ok(&d.token, "audit.list", json!({"action": "tokens.revoke"})).await["items"], json!([]));
     let fleet = api.ok(&api.op, "audit.list", json!({"allTenants": true, "action": "nodes.cordon"})).await;
     assert_eq!(fleet["items"].as_array().map(Vec::len), Some(1), "{fleet}");
+    // The whole log as JSON lines, for `audit verify`: operators only.
+    let signer = Arc::new(better_compute_runtime::signing::CommandSigner::generate());
+    let key = signer.public_key();
+    assert!(api.h.registry().install_command_signer(signer));
+    let total: i64 = c.query_one("SELECT count(*) FROM audit_entries", &[]).await.unwrap().get(0);
+    for _ in 0..600 {
+        api.h.db().advance(Duration::from_secs(10)).await;
+        api.h.job("audit.checkpoint").drain(10).await;
+        let placed: i64 = c.query_one("SELECT count(*) FROM audit_entries WHERE log_index IS NOT NULL", &[]).await.unwrap().get(0);
+        if placed >= total {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let r = api.http.get(format!("{}/v1/audit.export", api.url)).bearer_auth(&api.op).send().await.unwrap();
+    assert_eq!((r.status().as_u16(), r.headers()["content-type"].to_str().unwrap().to_owned()), (200, "application/x-ndjson".to_owned()));
+    let lines: Vec<better_compute_audit::verify::ExportLine> = r.text().await.unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let v = better_compute_audit::verify::verify(&lines, Some(&key));
+    assert!(v.problem.is_none() && v.entries as i64 >= total && v.checkpoints >= 1, "{v:?}");
+    assert_eq!(api.http.get(format!("{}/v1/audit.export", api.url)).bearer_auth(&b.token).send().await.unwrap().status(), 403, "a tenant proves its entries instead");
 }

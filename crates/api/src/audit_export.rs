@@ -1,0 +1,100 @@
+//! `GET /v1/audit.export`: the audit log as JSON lines, for `better-compute audit verify` (the
+//! anchor first when the log was pruned, then the placed entries in log order, each checkpoint
+//! after the last entry it covers). The whole log's chain is needed to verify it, so only a caller
+//! with `compute:audit:read` at fleet scope exports it (a tenant proves its entries with
+//! `audit.proof`). Read a page at a time, each on a connection of its own; a client that takes
+//! nothing for [`crate::watch::SLOW_CLIENT_TIMEOUT`] is dropped, and a failure mid-stream aborts the
+//! response (no last chunk), so a cut export is never mistaken for a whole one.
+
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Query, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use better_compute_audit::verify::ExportLine;
+use better_compute_core::Error;
+use better_compute_runtime::authz::{Authorizer, Resource};
+use serde::Deserialize;
+
+use crate::ApiState;
+
+/// Entries read per page.
+pub const PAGE_ENTRIES: i64 = 5000;
+
+/// The query of `GET /v1/audit.export`: none.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ExportQuery {}
+
+pub(crate) async fn export(State(state): State<Arc<ApiState>>, headers: HeaderMap, query: Result<Query<ExportQuery>, axum::extract::rejection::QueryRejection>) -> Response {
+    let request_id = crate::new_request_id();
+    match open(&state, &headers, query).await {
+        Ok(r) => r,
+        Err(e) => crate::error_response(&e, &request_id),
+    }
+}
+
+fn entries(page: &[ExportLine]) -> i64 {
+    page.iter().filter(|l| matches!(l, ExportLine::Entry(_))).count() as i64
+}
+
+fn lines(page: &[ExportLine]) -> Result<String, Error> {
+    let mut out = String::new();
+    for l in page {
+        out.push_str(&serde_json::to_string(l).map_err(|e| Error::internal(e.to_string()))?);
+        out.push('\n');
+    }
+    Ok(out)
+}
+
+async fn open(state: &Arc<ApiState>, headers: &HeaderMap, query: Result<Query<ExportQuery>, axum::extract::rejection::QueryRejection>) -> Result<Response, Error> {
+    let principal = state.iam.authenticate(crate::bearer(headers)?).await?;
+    state.rate_limiter.take(&principal.token_id, &principal.tenant_id)?;
+    query.map_err(|e| Error::invalid_argument(format!("bad audit.export query: {e}")))?;
+    state.iam.check(principal.caller(), "compute:audit:read", Resource::Fleet).await?;
+    // The anchor and the first page before the answer starts: an unreachable database is an error
+    // answer, not a cut stream.
+    let (first, first_n, mut from) = {
+        let db = better_compute_db::pool::read_tx(&state.pool).await?;
+        let mut from = 0;
+        let mut first = String::new();
+        if let Some(a) = better_compute_audit::prune::anchor(&*db).await? {
+            from = a.checkpoint.tree_size;
+            first = lines(&[ExportLine::Anchor(a)])?;
+        }
+        let page = better_compute_audit::log::export_page(&*db, from, PAGE_ENTRIES).await?;
+        first.push_str(&lines(&page)?);
+        let n = entries(&page);
+        (first, n, from + n)
+    };
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(2);
+    let (pool, patience) = (state.pool.clone(), state.watch_slow_client_timeout);
+    tokio::spawn(async move {
+        let (mut chunk, mut n) = (first, first_n);
+        loop {
+            if tx.send_timeout(Ok(Bytes::from(std::mem::take(&mut chunk))), patience).await.is_err() || n < PAGE_ENTRIES {
+                return;
+            }
+            let next = match better_compute_db::pool::read_tx(&pool).await {
+                Ok(db) => better_compute_audit::log::export_page(&*db, from, PAGE_ENTRIES).await.map_err(Error::from),
+                Err(e) => Err(e.into()),
+            };
+            match next.and_then(|page| Ok((lines(&page)?, entries(&page)))) {
+                Ok((c, got)) => {
+                    (chunk, n) = (c, got);
+                    from += got;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, from, "audit export failed mid-stream; the response is aborted");
+                    let _ = tx.send(Err(std::io::Error::other(e.to_string()))).await;
+                    return;
+                }
+            }
+        }
+    });
+    let body = Body::from_stream(futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx)));
+    let mut r = (StatusCode::OK, body).into_response();
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/x-ndjson"));
+    Ok(r)
+}

@@ -53,6 +53,16 @@ CREATE TABLE audit_entries (
   CONSTRAINT audit_entries_token_id_check CHECK ((length(token_id) <= 64))
 );
 
+CREATE TABLE audit_settings (
+  singleton boolean DEFAULT true NOT NULL,
+  retention_s integer,
+  pruned_below bigint DEFAULT 0 NOT NULL,
+  CONSTRAINT audit_settings_pkey PRIMARY KEY (singleton),
+  CONSTRAINT audit_settings_pruned_below_check CHECK ((pruned_below >= 0)),
+  CONSTRAINT audit_settings_retention_s_check CHECK ((retention_s >= 3600)),
+  CONSTRAINT audit_settings_singleton_check CHECK (singleton)
+);
+
 CREATE TABLE authz_changes (
   seq bigint DEFAULT nextval('authz_changes_seq_seq'::regclass) NOT NULL,
   txid xid8 DEFAULT pg_current_xact_id() NOT NULL,

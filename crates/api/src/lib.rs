@@ -247,25 +247,29 @@ async fn handle(state: &Arc<ApiState>, name: &str, request_id: &str, source: Opt
         .await
         .map_err(|_| Error::invalid_argument(format!("the body did not arrive within {} ms", state.body_read_timeout.as_millis())))?
         .map_err(|_| too_large())?;
-    let request = better_compute_audit::entry::Request {
-        identity_id: principal.identity_id.clone(),
-        token_id: principal.token_id.clone(),
-        tenant_id: principal.tenant_id.clone(),
+    // What the audit log records of this request: made only for a change or a refusal, so a read
+    // spends no digest of its body.
+    let (identity_id, token_id, tenant_id) = (principal.identity_id.clone(), principal.token_id.clone(), principal.tenant_id.clone());
+    let body = bytes.clone();
+    let request = move || better_compute_audit::entry::Request {
+        identity_id: identity_id.clone(),
+        token_id: token_id.clone(),
+        tenant_id: tenant_id.clone(),
         action: m.name.to_owned(),
-        target: method::target_of(&bytes),
+        target: method::target_of(&body),
         request_id: request_id.to_owned(),
-        source,
-        request_digest: better_compute_audit::entry::digest(&bytes),
+        source: source.clone(),
+        request_digest: better_compute_audit::entry::digest(&body),
     };
     let ctx = Ctx { state: state.clone(), principal };
     let call = tokio::time::timeout(REQUEST_TIMEOUT, (m.call)(ctx, &bytes));
     // The changes a mutating method commits are recorded as this request's.
-    let r = if method::reads_only(m.name) { call.await } else { better_compute_audit::entry::serving(request.clone(), call).await };
+    let r = if method::reads_only(m.name) { call.await } else { better_compute_audit::entry::serving(request(), call).await };
     let r = r.unwrap_or_else(|_| Err(Error::new(ErrorCode::Unavailable, format!("{name} took longer than {}s; retry (with the same idempotency key)", REQUEST_TIMEOUT.as_secs()))));
     // A refusal changed nothing; its entry is written on its own.
     if let Err(e) = &r
         && e.code == ErrorCode::PermissionDenied
-        && let Err(failed) = record_refusal(state, &request).await
+        && let Err(failed) = record_refusal(state, &request()).await
     {
         tracing::warn!(error = %failed, "the refusal's audit entry could not be written");
     }

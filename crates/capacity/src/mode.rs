@@ -116,6 +116,8 @@ pub async fn change_gpu_mode(client: &mut Client, uuid: &str, mode: &GpuMode) ->
         },
     )
     .await?;
+    // Served for a request, its audit entry commits with the change.
+    better_compute_audit::entry::record_change_of(&tx, uuid).await?;
     tx.commit().await.map_err(DbError::from)?;
     work_queue::poke(&*client).await;
     Ok(())

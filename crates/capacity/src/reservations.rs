@@ -636,14 +636,20 @@ pub async fn step(tx: &mut Transaction<'_>, id: &str) -> Result<Step, DbError> {
             &[(&id, Type::TEXT), (&MAX_REPLANS, Type::INT4), (&retry_s, Type::FLOAT8), (&event_id, Type::TEXT), (&shard, Type::INT2)],
         )
         .await?;
-    match row.get::<_, &str>(0) {
-        "nothing" => Ok(Step::Nothing),
-        "activated" => Ok(Step::Activated),
-        "expired" => Ok(Step::Expired),
-        "placed" => Ok(Step::Placed),
-        "still_pending" => Ok(Step::StillPending),
-        other => Err(Error::internal(format!("capacity_step returned {other:?}")).into()),
+    let (step, action) = match row.get::<_, &str>(0) {
+        "nothing" => (Step::Nothing, None),
+        "activated" => (Step::Activated, Some("reservations.activate")),
+        "expired" => (Step::Expired, Some("reservations.expire")),
+        "placed" => (Step::Placed, Some("reservations.place")),
+        "still_pending" => (Step::StillPending, None),
+        other => return Err(Error::internal(format!("capacity_step returned {other:?}")).into()),
+    };
+    // The job's move of a reservation through time is its decision, in the tenant's audit log.
+    if let Some(action) = action {
+        let tenant: String = tx.query_one("SELECT tenant_id FROM reservations WHERE id = $1", &[&id]).await?.get(0);
+        audit::record_job(&*tx, crate::RESERVATIONS_KIND.name, action, id, Some(&tenant)).await?;
     }
+    Ok(step)
 }
 
 /// What a module that hangs something on a reservation (an instance) needs to know of it.

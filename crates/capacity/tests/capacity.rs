@@ -289,6 +289,9 @@ async fn reservations_become_active_at_their_start_and_expire_at_their_end_givin
         .map(|r| r.get(0))
         .collect();
     assert_eq!(events, ["reservation.placed", "reservation.active", "reservation.expired"]);
+    // The job's moves are in the tenant's audit log (its create, made by no request, has none).
+    let job = |action: &str| ("capacity.reservations".to_owned(), action.to_owned(), r.id.clone(), Some(TENANT.to_owned()));
+    assert_eq!(job_entries(&h, &r.id).await, [job("reservations.activate"), job("reservations.expire")]);
     // Its bookings left the live table whole, for the history.
     assert_eq!(count(&h, "SELECT count(*) FROM device_bookings").await, 0);
     let held = "SELECT count(*) FROM device_booking_history WHERE during = '[2030-01-01T01:00:00Z,2030-01-01T02:00:00Z)'";

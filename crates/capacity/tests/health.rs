@@ -82,6 +82,9 @@ async fn a_fatal_xid_quarantines_the_gpu_at_once_and_the_reservation_on_it_keeps
     // Every signal was acted on and recorded.
     let outcomes: Vec<String> = c.query("SELECT outcome FROM gpu_health_signals WHERE device_id = $1 ORDER BY id", &[&gpu]).await.unwrap().iter().map(|r| r.get(0)).collect();
     assert_eq!(outcomes, ["recorded", "moved → unhealthy"]);
+    // The health job's move and its quarantine are its decisions in the audit log.
+    let entries: Vec<(String, String)> = job_entries(&h, &gpu).await.into_iter().map(|(job, action, ..)| (job, action)).collect();
+    assert_eq!(entries, [("health".into(), "devices.markUnhealthy".into()), ("health".into(), "devices.quarantine".into())]);
 }
 
 #[tokio::test]

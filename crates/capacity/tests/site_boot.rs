@@ -94,4 +94,9 @@ async fn a_site_back_from_an_outage_admits_sessions_at_its_pace_and_holds_placem
         .map(|r| r.get(0))
         .collect();
     assert_eq!(events, ["site.bootStarted", "site.bootEnded"]);
+    let entries: Vec<(String, String)> = job_entries(&h, &site).await.into_iter().map(|(job, action, ..)| (job, action)).collect();
+    assert_eq!(entries, [("site-boot".into(), "sites.bootStart".into()), ("site-boot".into(), "sites.bootEnd".into())]);
+    // The pending reservation was placed by its job, in its tenant's log.
+    let moved = job_entries(&h, &held.id).await;
+    assert_eq!(moved.first(), Some(&("capacity.reservations".into(), "reservations.place".into(), held.id.clone(), Some(TENANT.into()))), "{moved:?}");
 }

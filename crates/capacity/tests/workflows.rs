@@ -161,6 +161,12 @@ async fn node_maintenance_drains_reboots_waits_for_the_new_boot_checks_and_uncor
     let ended: Vec<serde_json::Value> = c.query("SELECT data FROM outbox WHERE type = 'workflow.ended' AND subject = $1", &[&id]).await.unwrap().iter().map(|r| r.get(0)).collect();
     assert_eq!(ended.len(), 1);
     assert_eq!(ended[0]["state"], "succeeded");
+    // Each step's end and the workflow's are the workflow job's decisions in the audit log.
+    let entries = job_entries(&h, &id).await;
+    let mut want: Vec<(String, String, String, Option<String>)> =
+        w.steps.iter().map(|s| ("workflow".into(), "workflows.stepSucceeded".into(), format!("{id}/{}", s.name), None)).collect();
+    want.push(("workflow".into(), "workflows.succeeded".into(), id.clone(), None));
+    assert_eq!(entries, want);
 }
 
 /// What a crash must leave unchanged: the workflow's row and steps, its commands and its events.

@@ -94,3 +94,14 @@ fn hosts_that_keep_deleted_vms_are_caught_leaking_them_after_the_heal() {
     let named = out.contains("leaked: its instance is") || out.contains("is deleting although its reservation");
     assert!(out.contains("seed 8:") && named, "the violation names the instance whose VM stayed:\n{out}");
 }
+
+#[test]
+fn cordons_that_commit_without_their_audit_entry_are_caught_by_the_audit_check() {
+    // The broken workload cordons and uncordons without recording them; at 30 operations a
+    // second for 12 s, 3 of every 100 are cordons, so a run without one is out of the question.
+    let o = sim(&["--seeds", "3", "--duration", "12s", "--nodes", "3", "--faults", "clock-jump", "--broken", "unaudited-cordons", "--ops-per-s", "30"]);
+    let out = text(&o);
+    assert!(!o.status.success(), "the checker missed changes without audit entries:\n{out}");
+    let named = out.contains("nodes.cordon request req_sim") || out.contains("nodes.uncordon request req_sim");
+    assert!(out.contains("seed 3:") && named && out.contains("(Committed) has 0 audit entries"), "the violation names the request:\n{out}");
+}

@@ -271,7 +271,16 @@ impl Run<'_> {
         };
         outbox::emit(self.tx, NewEvent { event_type: event, tenant_id: None, subject: &gpu.id, data: serde_json::json!({"nodeId": self.node_id, "reason": reason}) })
             .await?;
+        // The job's decision, in the audit log: the move, and a quarantine it makes.
+        let action = match to {
+            Healthy => "devices.markHealthy",
+            Suspect => "devices.markSuspect",
+            Unhealthy => "devices.markUnhealthy",
+            Recovering => "devices.markRecovering",
+        };
+        better_compute_audit::entry::record_job(self.tx, HEALTH_KIND.name, action, &gpu.id, None).await?;
         if quarantine && !gpu.quarantined {
+            better_compute_audit::entry::record_job(self.tx, HEALTH_KIND.name, "devices.quarantine", &gpu.id, None).await?;
             outbox::emit(
                 self.tx,
                 NewEvent { event_type: "device.quarantined", tenant_id: None, subject: &gpu.id, data: serde_json::json!({"nodeId": self.node_id, "reason": format!("health: {reason}")}) },

@@ -161,6 +161,7 @@ pub async fn evaluate(tx: &impl GenericClient) -> Result<SiteBootReport, DbError
             "normal" if joined >= MIN_NODES && down * 100 >= joined * i64::from(outage_pct) => {
                 let why = format!("{down} of {joined} joined nodes unreachable");
                 if start(tx, &site, &why).await? {
+                    better_compute_audit::entry::record_job(tx, SITE_BOOT.name, "sites.bootStart", &site, None).await?;
                     report.started += 1;
                     report.booting += 1;
                 }
@@ -171,6 +172,7 @@ pub async fn evaluate(tx: &impl GenericClient) -> Result<SiteBootReport, DbError
                     .await?;
                 if ended == 1 {
                     hold(tx, &site, false).await?;
+                    better_compute_audit::entry::record_job(tx, SITE_BOOT.name, "sites.bootEnd", &site, None).await?;
                     let data = serde_json::json!({"converged": converged, "joined": joined});
                     outbox::emit(tx, NewEvent { event_type: "site.bootEnded", tenant_id: None, subject: &site, data }).await?;
                     report.ended += 1;

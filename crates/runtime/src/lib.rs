@@ -4,6 +4,7 @@
 
 pub mod authz;
 pub mod commands;
+pub mod decisions;
 pub mod desired;
 pub mod events;
 #[cfg(feature = "testing")]

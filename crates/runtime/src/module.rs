@@ -64,6 +64,12 @@ pub trait Module: Send + Sync + 'static {
     fn workflows(&self) -> Vec<Arc<dyn crate::workflow::WorkflowDefinition>> {
         Vec::new()
     }
+
+    /// The log the control plane's own decisions are recorded in (the audit module's); at most
+    /// one module has one.
+    fn decision_log(&self) -> Option<Arc<dyn crate::decisions::DecisionLog>> {
+        None
+    }
 }
 
 /// Why a set of modules cannot be assembled.
@@ -87,6 +93,9 @@ pub enum RegistryError {
     /// Two sinks share a name.
     #[error("outbox sink {0} is registered twice")]
     DuplicateSink(String),
+    /// Two modules give a decision log.
+    #[error("modules {0} and {1} both give a decision log")]
+    DuplicateDecisionLog(String, String),
     /// A module's migration is recorded under another module's name.
     #[error("module {module} contributes migration {migration} of another module")]
     ForeignMigration {
@@ -112,6 +121,7 @@ pub struct Registry {
     occupants: Arc<[Arc<dyn crate::occupancy::NodeOccupant>]>,
     command_signer: std::sync::OnceLock<Arc<crate::signing::CommandSigner>>,
     workflows: Vec<Arc<dyn crate::workflow::WorkflowDefinition>>,
+    decision_log: Option<Arc<dyn crate::decisions::DecisionLog>>,
 }
 
 impl Registry {
@@ -126,6 +136,15 @@ impl Registry {
         self.command_signer.get().map(|s| &**s)
     }
 
+    /// Records `d` in `tx` in the decision log, if a module gives one (a registry without the
+    /// audit module, in a test, records nothing).
+    pub async fn record_decision(&self, tx: &tokio_postgres::Transaction<'_>, d: &crate::decisions::Decision<'_>) -> Result<(), better_compute_db::DbError> {
+        match &self.decision_log {
+            Some(log) => log.record(tx, d).await,
+            None => Ok(()),
+        }
+    }
+
     /// Assembles modules in order, refusing duplicate names.
     pub fn new(modules: Vec<Arc<dyn Module>>) -> Result<Registry, RegistryError> {
         let mut names = HashSet::new();
@@ -136,6 +155,7 @@ impl Registry {
         let mut parts: Vec<Arc<dyn NodeSpecPart>> = Vec::new();
         let mut command_kinds: Vec<crate::commands::CommandKind> = Vec::new();
         let mut workflows: Vec<Arc<dyn crate::workflow::WorkflowDefinition>> = Vec::new();
+        let mut decision_log: Option<(&str, Arc<dyn crate::decisions::DecisionLog>)> = None;
         for m in &modules {
             if !names.insert(m.name()) {
                 return Err(RegistryError::DuplicateModule(m.name().to_owned()));
@@ -153,6 +173,12 @@ impl Registry {
                 reconcilers.push(r);
             }
             parts.extend(m.node_spec_parts());
+            if let Some(log) = m.decision_log() {
+                if let Some((first, _)) = &decision_log {
+                    return Err(RegistryError::DuplicateDecisionLog((*first).to_owned(), m.name().to_owned()));
+                }
+                decision_log = Some((m.name(), log));
+            }
             for w in m.workflows() {
                 if workflows.iter().any(|d| d.name() == w.name()) {
                     return Err(RegistryError::DuplicateWorkflow(w.name().to_owned()));
@@ -199,7 +225,7 @@ impl Registry {
         }
         reconcilers.push(Arc::new(crate::housekeeping::Housekeeping));
         let occupants = modules.iter().flat_map(|m| m.node_occupants()).collect();
-        Ok(Registry { modules, reconcilers, subscribers, outbox_sinks, command_kinds, occupants, command_signer: std::sync::OnceLock::new(), workflows })
+        Ok(Registry { modules, reconcilers, subscribers, outbox_sinks, command_kinds, occupants, command_signer: std::sync::OnceLock::new(), workflows, decision_log: decision_log.map(|(_, l)| l) })
     }
 
     /// Every migration set: the clock, core, the runtime, then each module's in registration order.
@@ -309,5 +335,31 @@ mod tests {
         assert_eq!(dup, Some(RegistryError::DuplicateEventType("x.one".into())));
         let dup = Registry::new(vec![Arc::new(Declares("a", "x.one")), Arc::new(Declares("a", "x.two"))]).err();
         assert_eq!(dup, Some(RegistryError::DuplicateModule("a".into())));
+    }
+
+    struct Logs(&'static str);
+
+    #[async_trait::async_trait]
+    impl crate::decisions::DecisionLog for Logs {
+        async fn record(&self, _: &tokio_postgres::Transaction<'_>, _: &crate::decisions::Decision<'_>) -> Result<(), better_compute_db::DbError> {
+            Ok(())
+        }
+    }
+
+    impl Module for Logs {
+        fn name(&self) -> &'static str {
+            self.0
+        }
+
+        fn decision_log(&self) -> Option<Arc<dyn crate::decisions::DecisionLog>> {
+            Some(Arc::new(Logs(self.0)))
+        }
+    }
+
+    #[test]
+    fn one_module_at_most_gives_the_decision_log() {
+        assert!(Registry::new(vec![Arc::new(Logs("audit")), Arc::new(Declares("b", "x.one"))]).is_ok());
+        let two = Registry::new(vec![Arc::new(Logs("audit")), Arc::new(Logs("other"))]).err();
+        assert_eq!(two, Some(RegistryError::DuplicateDecisionLog("audit".into(), "other".into())));
     }
 }

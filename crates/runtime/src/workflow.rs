@@ -26,6 +26,7 @@ use better_compute_db::DbError;
 use serde::{Deserialize, Serialize};
 use tokio_postgres::{GenericClient, Transaction};
 
+use crate::decisions::Decision;
 use crate::reconciler::{Kind, Outcome, ReconcileContext, Reconciler, RunError, ShardBy};
 use crate::{outbox, work_queue, NewEvent, Registry};
 
@@ -900,7 +901,7 @@ impl Reconciler for WorkflowJob {
                 }
             }
             move_workflow(&tx, key, WorkflowState::Cancelling, WorkflowState::Cancelled, Some("CANCELLED"), None).await?;
-            ended(&tx, key, &w, "cancelled", Some("CANCELLED"), None).await?;
+            ended(&tx, registry, key, &w, "cancelled", Some("CANCELLED"), None).await?;
             crash_point("before-commit")?;
             tx.commit().await?;
             ctx.count("cancelled", 1);
@@ -915,7 +916,7 @@ impl Reconciler for WorkflowJob {
                     Some(f) => (WorkflowState::Failed, f["reason"].as_str().map(String::from), f["message"].as_str().map(String::from)),
                 };
                 move_workflow(&tx, key, WorkflowState::Running, to, reason.as_deref(), message.as_deref()).await?;
-                ended(&tx, key, &w, to.as_str(), reason.as_deref(), message.as_deref()).await?;
+                ended(&tx, registry, key, &w, to.as_str(), reason.as_deref(), message.as_deref()).await?;
                 crash_point("before-commit")?;
                 tx.commit().await?;
                 ctx.count(if to == WorkflowState::Succeeded { "succeeded" } else { "failed" }, 1);
@@ -945,7 +946,7 @@ impl Reconciler for WorkflowJob {
                     s.attempts_this_run += 1;
                     s.memory = serde_json::json!({});
                     s.elapsed_s = 0.0;
-                    step_event(&tx, key, &w, &s.name, "running", s.attempts, None, None).await?;
+                    step_event(&tx, registry, key, &w, &s.name, "running", s.attempts, None, None).await?;
                 }
                 WorkflowStepState::Running => {}
                 other => return Err(format!("workflow {key}: its current step {} is {}", s.name, other.as_str()).into()),
@@ -968,7 +969,7 @@ impl Reconciler for WorkflowJob {
                     )
                     .await?;
                     crash_point("step-written")?;
-                    step_event(&tx, key, &w, &s.name, "succeeded", s.attempts, None, None).await?;
+                    step_event(&tx, registry, key, &w, &s.name, "succeeded", s.attempts, None, None).await?;
                     crash_point("events-emitted")?;
                     earlier.insert(s.name.clone(), memory);
                     w.current += 1;
@@ -995,7 +996,7 @@ impl Reconciler for WorkflowJob {
                     .await?;
                     WORKFLOW_STEP_STATE_TABLE.check(WorkflowStepState::Running, WorkflowStepState::Retrying)?;
                     crash_point("step-written")?;
-                    step_event(&tx, key, &w, &s.name, "retrying", s.attempts, Some(&reason), Some(&message)).await?;
+                    step_event(&tx, registry, key, &w, &s.name, "retrying", s.attempts, Some(&reason), Some(&message)).await?;
                     work_queue::enqueue_after(&*tx, &WORKFLOW, key, secs(backoff)).await?;
                     crash_point("before-commit")?;
                     tx.commit().await?;
@@ -1006,20 +1007,21 @@ impl Reconciler for WorkflowJob {
                     let s = &steps[w.current];
                     move_step(&tx, key, w.current, s, WorkflowStepState::Failed, Some(&reason), Some(&message)).await?;
                     crash_point("step-written")?;
-                    step_event(&tx, key, &w, &s.name, "failed", s.attempts, Some(&reason), Some(&message)).await?;
+                    step_event(&tx, registry, key, &w, &s.name, "failed", s.attempts, Some(&reason), Some(&message)).await?;
                     // A hold the step asked for, the policy's, or a failed compensation: wait
                     // for an operator.
                     let policy = if asked_hold || w.failure.is_some() { OnFailure::Hold } else { sd.on_failure };
                     match policy {
                         OnFailure::Hold => {
                             move_workflow(&tx, key, WorkflowState::Running, WorkflowState::Held, Some(&reason), Some(&message)).await?;
+                            registry.record_decision(&tx, &Decision { job: WORKFLOW.name, action: "workflows.held", target: key, tenant_id: None }).await?;
                             emit(&tx, "workflow.held", key, serde_json::json!({"definition": w.definition, "nodeId": w.node_id, "step": s.name, "reason": reason, "message": message})).await?;
                             wake_parent(&tx, &w).await?;
                             ctx.count("held", 1);
                         }
                         OnFailure::Fail => {
                             move_workflow(&tx, key, WorkflowState::Running, WorkflowState::Failed, Some(&reason), Some(&message)).await?;
-                            ended(&tx, key, &w, "failed", Some(&reason), Some(&message)).await?;
+                            ended(&tx, registry, key, &w, "failed", Some(&reason), Some(&message)).await?;
                             ctx.count("failed", 1);
                         }
                         OnFailure::Compensate(to) => {
@@ -1133,7 +1135,17 @@ async fn move_step(tx: &Transaction<'_>, id: &str, idx: usize, s: &StepRow, to: 
 }
 
 #[allow(clippy::too_many_arguments)]
-async fn step_event(tx: &Transaction<'_>, id: &str, w: &Loaded, step: &str, state: &str, attempt: i32, reason: Option<&str>, message: Option<&str>) -> Result<(), DbError> {
+async fn step_event(tx: &Transaction<'_>, registry: &Registry, id: &str, w: &Loaded, step: &str, state: &str, attempt: i32, reason: Option<&str>, message: Option<&str>) -> Result<(), DbError> {
+    // A step's end is the workflow's decision, recorded as the job's.
+    let action = match state {
+        "succeeded" => Some("workflows.stepSucceeded"),
+        "failed" => Some("workflows.stepFailed"),
+        _ => None,
+    };
+    if let Some(action) = action {
+        let target = format!("{id}/{step}");
+        registry.record_decision(tx, &Decision { job: WORKFLOW.name, action, target: &target, tenant_id: None }).await?;
+    }
     emit(
         tx,
         "workflow.stepChanged",
@@ -1152,7 +1164,13 @@ async fn wake_parent(tx: &Transaction<'_>, w: &Loaded) -> Result<(), DbError> {
     }
 }
 
-async fn ended(tx: &Transaction<'_>, id: &str, w: &Loaded, state: &str, reason: Option<&str>, message: Option<&str>) -> Result<(), DbError> {
+async fn ended(tx: &Transaction<'_>, registry: &Registry, id: &str, w: &Loaded, state: &str, reason: Option<&str>, message: Option<&str>) -> Result<(), DbError> {
+    let action = match state {
+        "succeeded" => "workflows.succeeded",
+        "cancelled" => "workflows.cancelled",
+        _ => "workflows.failed",
+    };
+    registry.record_decision(tx, &Decision { job: WORKFLOW.name, action, target: id, tenant_id: None }).await?;
     emit(
         tx,
         "workflow.ended",

@@ -22,6 +22,7 @@ use better_compute_capacity::batch::BatchSettings;
 use better_compute_capacity::service::Reservations;
 use better_compute_capacity::reservations::{self, CreateReservation, GpuRequest};
 use better_compute_capacity::{invariants, mode, quota, Caller};
+use better_compute_audit::entry::serving;
 use better_compute_core::ErrorCode;
 use better_compute_db::launcher::{Cluster, ClusterOptions};
 use better_compute_db::pgbouncer::PgBouncer;
@@ -124,6 +125,8 @@ pub enum Broken {
     SkipFence,
     /// The hosts' fake hypervisor never deletes a VM: deleted instances leak.
     KeepDeletedVms,
+    /// The workload's cordons and uncordons commit without their audit entry.
+    UnauditedCordons,
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -211,7 +214,31 @@ struct Op<'a> {
     tag: String,
     nodes: &'a [String],
     gpus: &'a [Vec<String>],
+    /// Set by the operation: the API method it stands for, and whether each commit of it writes
+    /// exactly one audit entry (else at most one: an instance action that changes nothing writes
+    /// none).
+    asked: &'a mut Option<(&'static str, bool)>,
 }
+
+/// One workload operation as the API request it stands for, and how it ended, until the next
+/// check compares it with the audit log.
+struct AskedOp {
+    request_id: String,
+    action: &'static str,
+    exact: bool,
+    ended: OpEnd,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OpEnd {
+    Committed,
+    Refused,
+    /// The database went away mid-request: it may or may not have committed.
+    InDoubt,
+}
+
+/// The most operations held for the next check; beyond, the oldest go unchecked.
+const MAX_ASKED_OPS: usize = 100_000;
 
 /// Counts of what happened, for the summary line.
 #[derive(Default)]
@@ -236,6 +263,10 @@ struct Tally {
     /// one's message.
     internal: AtomicU64,
     first_internal: Mutex<Option<String>>,
+    /// Operations ended since the last check, for the audit check.
+    asked: Mutex<std::collections::VecDeque<AskedOp>>,
+    /// Operations the audit check compared with the log.
+    asked_checked: AtomicU64,
 }
 
 struct Sim {
@@ -477,7 +508,7 @@ impl Sim {
         Ok(SeedReport {
             violations,
             summary: format!(
-                "{} operations ({} placed, {} creates and releases in batches, {} commands, {} refused, {} failed while the database was away); faults: {}; {} reboots; {} maintenance workflows ({}; {} held and cancelled at the end); {} usage windows metered; {} instances created, {} of their usage windows metered; {audited} audit entries placed and verified ({creates_audited} reservation creates); {idle_intervals} intervals without a placement",
+                "{} operations ({} placed, {} creates and releases in batches, {} commands, {} refused, {} failed while the database was away); faults: {}; {} reboots; {} maintenance workflows ({}; {} held and cancelled at the end); {} usage windows metered; {} instances created, {} of their usage windows metered; {audited} audit entries placed and verified ({creates_audited} reservation creates, {} requests checked against their entries); {idle_intervals} intervals without a placement",
                 t.ops.load(Ordering::SeqCst),
                 t.placed.load(Ordering::SeqCst),
                 t.batched.load(Ordering::SeqCst),
@@ -492,6 +523,7 @@ impl Sim {
                 metered,
                 t.instances.load(Ordering::SeqCst),
                 instances_metered,
+                t.asked_checked.load(Ordering::SeqCst),
             ),
         })
     }
@@ -842,8 +874,23 @@ impl Sim {
                 continue;
             };
             self.tally.ops.fetch_add(1, Ordering::Relaxed);
-            let op = Op { reservations: &reservations, tag: format!("{k}-{i}"), nodes: &nodes, gpus: &gpus };
-            match self.one_op(c, &mut rng, op, &mut live).await {
+            let tag = format!("{k}-{i}");
+            let mut asked = None;
+            let op = Op { reservations: &reservations, tag: tag.clone(), nodes: &nodes, gpus: &gpus, asked: &mut asked };
+            let result = self.one_op(c, &mut rng, op, &mut live).await;
+            if let Some((action, exact)) = asked {
+                let ended = match &result {
+                    Ok(()) => OpEnd::Committed,
+                    Err(e) if matches!(e.code, ErrorCode::Unavailable | ErrorCode::Internal) => OpEnd::InDoubt,
+                    Err(_) => OpEnd::Refused,
+                };
+                let mut q = self.tally.asked.lock().expect("asked");
+                if q.len() == MAX_ASKED_OPS {
+                    q.pop_front();
+                }
+                q.push_back(AskedOp { request_id: sim_request_id(&tag), action, exact, ended });
+            }
+            match result {
                 Ok(()) => {}
                 Err(e) if e.code == ErrorCode::Unavailable => {
                     // The database went away mid-request (a fault): the outcome is in doubt, and the
@@ -868,7 +915,7 @@ impl Sim {
         op: Op<'_>,
         live: &mut Vec<(usize, String)>,
     ) -> Result<(), better_compute_core::Error> {
-        let Op { reservations: service, tag, nodes, gpus } = op;
+        let Op { reservations: service, tag, nodes, gpus, asked } = op;
         let db = |e: tokio_postgres::Error| better_compute_core::Error::from(better_compute_db::DbError::from(e));
         let n = rng.below(nodes.len() as u64) as usize;
         let gpu = gpus[n][rng.below(gpus[n].len() as u64) as usize].clone();
@@ -895,8 +942,9 @@ impl Sim {
                     idempotency_key: Some(format!("sim-{}-{tag}", self.seed)),
                 };
                 // As an API request: its audit entry commits with it (checked in `check`).
+                *asked = Some(("reservations.create", true));
                 let create = service.create(Caller { tenant_id: TENANTS[t], identity_id: "idn_sim" }, &req);
-                let r = better_compute_audit::entry::serving(sim_request(TENANTS[t], "reservations.create", &tag), create).await?;
+                let r = serving(sim_request(TENANTS[t], "reservations.create", &tag), create).await?;
                 if r.state == "placed" || r.state == "active" {
                     self.tally.placed.fetch_add(1, Ordering::Relaxed);
                     self.tally.interval_placed.fetch_add(1, Ordering::Relaxed);
@@ -911,33 +959,48 @@ impl Sim {
                 tx.commit().await.map_err(db)?;
                 let end = better_compute_core::time::parse_rfc3339(&cur.ends_at).unwrap_or_else(std::time::SystemTime::now)
                     + Duration::from_secs(60 + rng.below(600));
-                service.extend(caller, &id, &better_compute_core::time::rfc3339(end), None).await?;
+                *asked = Some(("reservations.extend", true));
+                let end = better_compute_core::time::rfc3339(end);
+                let extend = service.extend(caller, &id, &end, None);
+                serving(sim_request(TENANTS[t], "reservations.extend", &tag), extend).await?;
             }
             48..=62 if !live.is_empty() => {
                 let (t, id) = live.swap_remove(rng.below(live.len() as u64) as usize);
-                service.release(Caller { tenant_id: TENANTS[t], identity_id: "idn_sim" }, &id).await?;
+                *asked = Some(("reservations.release", true));
+                let release = service.release(Caller { tenant_id: TENANTS[t], identity_id: "idn_sim" }, &id);
+                serving(sim_request(TENANTS[t], "reservations.release", &tag), release).await?;
             }
             63..=65 => {
-                let tx = c.transaction().await.map_err(db)?;
-                if rng.below(2) == 0 { actions::cordon(&tx, &nodes[n]).await } else { actions::uncordon(&tx, &nodes[n]).await }?;
-                tx.commit().await.map_err(db)?;
+                let on = rng.below(2) == 0;
+                let action = *asked.insert((if on { "nodes.cordon" } else { "nodes.uncordon" }, true));
+                let unaudited = self.args.broken == Some(Broken::UnauditedCordons);
+                let change = async |tx: &tokio_postgres::Transaction<'_>| Ok(if on { actions::cordon(tx, &nodes[n]).await } else { actions::uncordon(tx, &nodes[n]).await }?);
+                if unaudited {
+                    let tx = c.transaction().await.map_err(db)?;
+                    change(&tx).await?;
+                    tx.commit().await.map_err(db)?;
+                } else {
+                    operator_request(c, &tag, action.0, change).await?;
+                }
             }
             66..=68 => {
                 // Drains, waiting or evicting within seconds, and undrains; the drain job admits
                 // them within the pool's budget.
-                let tx = c.transaction().await.map_err(db)?;
-                match rng.below(3) {
+                let k = rng.below(3);
+                let secs = 5.0 + rng.below(30) as f64;
+                let action = *asked.insert((if k == 0 { "nodes.undrain" } else { "nodes.drain" }, true));
+                operator_request(c, &tag, action.0, async |tx| match k {
                     0 => {
                         // Its own drains: a maintenance workflow's drain is the workflow's to end.
-                        if drain::open_drain(&tx, &nodes[n]).await?.is_some_and(|d| d.requested_by == "sim/op") {
-                            drain::undrain(&tx, &nodes[n]).await?;
+                        if drain::open_drain(tx, &nodes[n]).await?.is_some_and(|d| d.requested_by == "sim/op") {
+                            drain::undrain(tx, &nodes[n]).await?;
                         }
+                        Ok(())
                     }
                     k => {
                         let deadline: Option<String> = if k == 1 {
                             None
                         } else {
-                            let secs = 5.0 + rng.below(30) as f64;
                             let row = tx
                                 .query_one(&format!("SELECT {}", better_compute_db::clock::rfc3339_sql("compute_now() + make_interval(secs => $1)")), &[&secs])
                                 .await
@@ -947,20 +1010,27 @@ impl Sim {
                         let mode = if deadline.is_some() { drain::DrainMode::Evict } else { drain::DrainMode::Wait };
                         let req = drain::DrainRequest { node_id: &nodes[n], reason: "sim", mode, deadline: deadline.as_deref(), requested_by: "sim/op" };
                         // Another mode while one is open is a refusal (CONFLICT), counted as such.
-                        drain::request(&tx, &req).await?;
+                        drain::request(tx, &req).await?;
+                        Ok(())
                     }
-                }
-                tx.commit().await.map_err(db)?;
+                })
+                .await?;
             }
             69..=73 => {
-                let tx = c.transaction().await.map_err(db)?;
-                if rng.below(2) == 0 { actions::taint(&tx, &nodes[n], "maint", "yes").await } else { actions::untaint(&tx, &nodes[n], "maint").await }?;
-                tx.commit().await.map_err(db)?;
+                let on = rng.below(2) == 0;
+                let action = *asked.insert((if on { "nodes.taint" } else { "nodes.untaint" }, true));
+                operator_request(c, &tag, action.0, async |tx| {
+                    Ok(if on { actions::taint(tx, &nodes[n], "maint", "yes").await } else { actions::untaint(tx, &nodes[n], "maint").await }?)
+                })
+                .await?;
             }
             74..=78 => {
-                let tx = c.transaction().await.map_err(db)?;
-                if rng.below(2) == 0 { actions::quarantine(&tx, &gpu, "sim").await } else { actions::release_quarantine(&tx, &gpu).await }?;
-                tx.commit().await.map_err(db)?;
+                let on = rng.below(2) == 0;
+                let action = *asked.insert((if on { "devices.quarantine" } else { "devices.releaseQuarantine" }, true));
+                operator_request(c, &tag, action.0, async |tx| {
+                    Ok(if on { actions::quarantine(tx, &gpu, "sim").await } else { actions::release_quarantine(tx, &gpu).await }?)
+                })
+                .await?;
             }
             79..=82 => {
                 let m = match rng.below(3) {
@@ -968,22 +1038,36 @@ impl Sim {
                     1 => GpuMode::Mig { layout: vec!["3g.40gb".into(), "3g.40gb".into()] },
                     _ => GpuMode::TimeSlice { slots: 4 },
                 };
-                mode::change_gpu_mode(c, &gpu, &m).await?;
+                // The capacity module records it when it serves a request.
+                *asked = Some(("devices.setMode", true));
+                serving(sim_request(OPERATOR_TENANT, "devices.setMode", &tag), mode::change_gpu_mode(c, &gpu, &m)).await?;
             }
             83 if rng.below(4) == 0 => {
                 // Maintenance of a node (drain evicting within seconds, a signed reboot, a check,
                 // uncordon), unless a workflow or a drain is open on it.
-                let tx = c.transaction().await.map_err(db)?;
-                let busy = workflow::open_with(&tx, "node.maintenance", &nodes[n], &serde_json::json!({})).await?.is_some()
-                    || drain::open_drain(&tx, &nodes[n]).await?.is_some();
-                if !busy {
+                let params = serde_json::json!({"reason": format!("sim {tag}"), "drainDeadlineS": 5 + rng.below(20)});
+                *asked = Some(("workflows.start", true));
+                let started = operator_request(c, &tag, "workflows.start", async |tx| {
+                    let busy = workflow::open_with(tx, "node.maintenance", &nodes[n], &serde_json::json!({})).await?.is_some()
+                        || drain::open_drain(tx, &nodes[n]).await?.is_some();
+                    if busy {
+                        // Nothing to start: refused, as the API refuses a second open workflow.
+                        return Err(better_compute_core::Error::failed_precondition("a workflow or a drain is open on the node"));
+                    }
                     let target = workflow::Target { node_id: Some(nodes[n].clone()), ..Default::default() };
-                    let params = serde_json::json!({"reason": format!("sim {tag}"), "drainDeadlineS": 5 + rng.below(20)});
                     let w = workflow::NewWorkflow { definition: "node.maintenance", target: &target, params: &params, requested_by: "sim/op" };
-                    workflow::start(&tx, &self.registry, &w).await?;
-                    self.tally.workflows.fetch_add(1, Ordering::Relaxed);
+                    workflow::start(tx, &self.registry, &w).await?;
+                    Ok(())
+                })
+                .await;
+                match started {
+                    Ok(()) => {
+                        self.tally.workflows.fetch_add(1, Ordering::Relaxed);
+                    }
+                    // Not asked after all.
+                    Err(e) if e.code == ErrorCode::FailedPrecondition => *asked = None,
+                    Err(e) => return Err(e),
                 }
-                tx.commit().await.map_err(db)?;
             }
             84..=89 if !live.is_empty() => {
                 // An instance on one of this client's reservations: created, or stopped, started,
@@ -1012,12 +1096,20 @@ impl Sim {
                             user_data: String::new(),
                             idempotency_key: format!("sim-{}-{tag}", self.seed),
                         };
-                        instances::create(c, caller, &req).await?;
+                        *asked = Some(("instances.create", true));
+                        serving(sim_request(TENANTS[t], "instances.create", &tag), instances::create(c, caller, &req)).await?;
                         self.tally.instances.fetch_add(1, Ordering::Relaxed);
                     }
                     (Some(id), k) => {
-                        let action = [Action::Stop, Action::Start, Action::Reboot, Action::Delete][k as usize];
-                        instances::act(c, caller, &id, action).await?;
+                        let (action, method) = [
+                            (Action::Stop, "instances.stop"),
+                            (Action::Start, "instances.start"),
+                            (Action::Reboot, "instances.reboot"),
+                            (Action::Delete, "instances.delete"),
+                        ][k as usize];
+                        // One that changes nothing (a stop of a stopped instance) writes no entry.
+                        *asked = Some((method, false));
+                        serving(sim_request(TENANTS[t], method, &tag), instances::act(c, caller, &id, action)).await?;
                     }
                 }
             }
@@ -1029,9 +1121,10 @@ impl Sim {
                     _ => ("node.reboot", serde_json::json!({"reason": format!("sim seed {} op {tag}", self.seed), "graceSeconds": 0})),
                 };
                 let key = format!("sim-{}-{tag}", self.seed);
-                let tx = c.transaction().await.map_err(db)?;
+                *asked = Some(("commands.run", true));
+                operator_request(c, &tag, "commands.run", async |tx| {
                 commands::enqueue(
-                    &tx,
+                    tx,
                     &self.registry,
                     NewCommand {
                         node_id: &nodes[n],
@@ -1045,7 +1138,9 @@ impl Sim {
                     },
                 )
                 .await?;
-                tx.commit().await.map_err(db)?;
+                Ok(())
+                })
+                .await?;
                 commands::poke_gateway(&*c, &nodes[n]).await;
                 self.tally.commands.fetch_add(1, Ordering::Relaxed);
             }
@@ -1210,6 +1305,9 @@ impl Sim {
     /// The invariants, at any moment: the capacity invariants (in one snapshot) and no command
     /// that is not retry-safe run twice.
     async fn check(&self, db: &mut tokio_postgres::Client, initial_modes: &HashMap<String, GpuMode>) -> anyhow::Result<Vec<String>> {
+        // The operations that ended before the snapshot below: their commits are in it.
+        let asked: Vec<(String, &'static str, bool, OpEnd)> =
+            self.tally.asked.lock().expect("asked").iter().map(|o| (o.request_id.clone(), o.action, o.exact, o.ended)).collect();
         let tx = db.build_transaction().isolation_level(tokio_postgres::IsolationLevel::RepeatableRead).read_only(true).start().await?;
         let mut v = invariants::check(&tx, initial_modes).await?.violations;
         // No stale-epoch write was accepted (see STALE_EPOCH_AUDIT).
@@ -1251,7 +1349,13 @@ impl Sim {
         }
         v.extend(instance_violations(&tx).await?);
         v.extend(audit_violations(&tx).await?);
+        v.extend(asked_violations(&tx, &asked).await?);
         tx.commit().await?;
+        // Checked: gone from the queue (those it dropped meanwhile went unchecked).
+        let mut q = self.tally.asked.lock().expect("asked");
+        let n = asked.len().min(q.len());
+        q.drain(..n);
+        self.tally.asked_checked.fetch_add(asked.len() as u64, Ordering::Relaxed);
         // No command that is not retry-safe ran twice.
         for (reason, runs) in self.reboots.lock().expect("reboots").iter() {
             if *runs > 1 {
@@ -1262,6 +1366,14 @@ impl Sim {
     }
 }
 
+/// The tenant the workload's operator requests are made in.
+const OPERATOR_TENANT: &str = "ten_operator";
+
+/// The request id of the workload's operation `tag`.
+fn sim_request_id(tag: &str) -> String {
+    format!("req_sim{tag}")
+}
+
 /// The API request the workload's operation `tag` stands for, for the audit log.
 fn sim_request(tenant: &str, action: &str, tag: &str) -> better_compute_audit::entry::Request {
     better_compute_audit::entry::Request {
@@ -1270,10 +1382,29 @@ fn sim_request(tenant: &str, action: &str, tag: &str) -> better_compute_audit::e
         tenant_id: tenant.into(),
         action: action.into(),
         target: String::new(),
-        request_id: format!("req_sim{tag}"),
+        request_id: sim_request_id(tag),
         source: None,
         request_digest: better_compute_audit::entry::digest(tag.as_bytes()),
     }
+}
+
+/// An operator's request `action` that the API serves in one transaction (`Ctx::in_tx`): `f`'s
+/// change and its audit entry commit together.
+async fn operator_request<T>(
+    c: &mut tokio_postgres::Client,
+    tag: &str,
+    action: &str,
+    f: impl AsyncFnOnce(&tokio_postgres::Transaction<'_>) -> Result<T, better_compute_core::Error>,
+) -> Result<T, better_compute_core::Error> {
+    let db = |e: tokio_postgres::Error| better_compute_core::Error::from(better_compute_db::DbError::from(e));
+    serving(sim_request(OPERATOR_TENANT, action, tag), async {
+        let tx = c.transaction().await.map_err(db)?;
+        let v = f(&tx).await?;
+        better_compute_audit::entry::record_change(&tx).await?;
+        tx.commit().await.map_err(db)?;
+        Ok(v)
+    })
+    .await
 }
 
 /// What must hold of the audit log at every moment: its placed entries chain and match every
@@ -1301,6 +1432,32 @@ async fn audit_violations(tx: &impl tokio_postgres::GenericClient) -> anyhow::Re
         .await?
     {
         v.push(format!("reservation {} has {} reservations.create audit entries (one is written with it)", r.get::<_, String>(0), r.get::<_, i64>(1)));
+    }
+    Ok(v)
+}
+
+/// Each operation of the workload, made as an API request, has its entries in the audit log: one
+/// if it committed (at most one where a commit may change nothing), none if it was refused, at most
+/// one if the database went away mid-request.
+async fn asked_violations(tx: &impl tokio_postgres::GenericClient, asked: &[(String, &'static str, bool, OpEnd)]) -> anyhow::Result<Vec<String>> {
+    let ids: Vec<&str> = asked.iter().map(|(id, ..)| id.as_str()).collect();
+    let counts: HashMap<String, i64> = tx
+        .query("SELECT request_id, count(*) FROM audit_entries WHERE request_id = ANY($1) GROUP BY 1", &[&ids])
+        .await?
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let mut v = Vec::new();
+    for (id, action, exact, ended) in asked {
+        let n = counts.get(id).copied().unwrap_or(0);
+        let allowed = match ended {
+            OpEnd::Committed if *exact => n == 1,
+            OpEnd::Committed | OpEnd::InDoubt => n <= 1,
+            OpEnd::Refused => n == 0,
+        };
+        if !allowed && v.len() < 10 {
+            v.push(format!("{action} request {id} ({ended:?}) has {n} audit entries"));
+        }
     }
     Ok(v)
 }

@@ -118,3 +118,18 @@ pub fn whole_between(pool: &str, count: i32, starts_at: &str, ends_at: &str) -> 
 pub fn exclusive(n: usize) -> Vec<GpuMode> {
     vec![GpuMode::Exclusive; n]
 }
+
+/// The audit entries the jobs wrote whose target starts with `target`, in order: (job, action,
+/// target, tenant).
+pub async fn job_entries(h: &Harness, target: &str) -> Vec<(String, String, String, Option<String>)> {
+    let c = h.db().client().await;
+    c.query(
+        "SELECT actor_id, action, target, tenant_id FROM audit_entries WHERE actor_kind = 'job' AND starts_with(target, $1) ORDER BY position",
+        &[&target],
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+    .collect()
+}

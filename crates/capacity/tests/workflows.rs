@@ -263,6 +263,12 @@ async fn a_cancelled_workflow_cancels_its_steps_command_and_stops() {
     let tx = c.transaction().await.unwrap();
     let e = workflow::cancel(&tx, &id, "x").await.unwrap_err();
     assert!(e.to_string().contains("cannot become cancelling"), "{e}");
+    // The workflow job's cancel of its step's command and its end are in the audit log.
+    let reboot = tx.query_one("SELECT id FROM commands WHERE idempotency_key = $1", &[&format!("wf:{id}:reboot.1")]).await.unwrap().get::<_, String>(0);
+    let cancelled = job_entries(&h, &reboot).await;
+    assert_eq!(cancelled.iter().map(|e| e.1.as_str()).collect::<Vec<_>>(), ["commands.enqueue", "commands.cancel"], "{cancelled:?}");
+    let ended: Vec<String> = job_entries(&h, &id).await.into_iter().map(|e| e.1).collect();
+    assert_eq!(ended, ["workflows.stepSucceeded", "workflows.cancelled"]);
 }
 
 #[tokio::test]

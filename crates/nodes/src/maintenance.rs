@@ -95,6 +95,7 @@ async fn cancel_command(cx: &StepContext<'_>) -> Result<(), DbError> {
     let c = commands::get(cx.tx, cx.node_id, id).await?;
     if matches!(c.state.as_str(), "pending" | "sent" | "running") {
         commands::cancel(cx.tx, cx.node_id, id).await?;
+        better_compute_audit::entry::record_job(cx.tx, "workflow", "commands.cancel", id, None).await?;
         commands::poke_gateway(cx.tx, cx.node_id).await;
     }
     Ok(())

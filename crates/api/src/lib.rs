@@ -149,6 +149,16 @@ pub async fn serve_with(
     http::serve(listener, router(state), settings, shutdown).await
 }
 
+/// The request's id: the caller's `x-request-id` when it sends a sane one (1 to 64 of
+/// `A-Za-z0-9._-`, so a proxy's id joins its logs with ours), else a new one.
+fn request_id_of(headers: &HeaderMap) -> String {
+    headers
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| (1..=64).contains(&v.len()) && v.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b)))
+        .map_or_else(new_request_id, str::to_owned)
+}
+
 fn new_request_id() -> String {
     let mut b = [0u8; 8];
     let _ = getrandom::fill(&mut b);
@@ -197,8 +207,9 @@ fn bearer(headers: &HeaderMap) -> Result<&str, Error> {
 }
 
 async fn call(State(state): State<Arc<ApiState>>, Path(name): Path<String>, client: Option<axum::Extension<http::ClientAddr>>, headers: HeaderMap, body: Body) -> Response {
-    let request_id = new_request_id();
+    let request_id = request_id_of(&headers);
     let source = client.map(|c| c.0 .0.ip().to_string());
+    let source_for_log = source.clone();
     let span = tracing::info_span!("request", request_id = %request_id, method = %name);
     let started = Instant::now();
     let (code, response) = async {
@@ -212,8 +223,6 @@ async fn call(State(state): State<Arc<ApiState>>, Path(name): Path<String>, clie
             Err(e) => {
                 if e.code == ErrorCode::Internal {
                     tracing::error!(error = %e, "request failed");
-                } else {
-                    tracing::info!(code = %e.code, "request refused");
                 }
                 (e.code.as_str(), error_response(&e, &request_id))
             }
@@ -222,7 +231,11 @@ async fn call(State(state): State<Arc<ApiState>>, Path(name): Path<String>, clie
     .instrument(span)
     .await;
     let known = state.methods.contains_key(name.as_str());
-    metrics::observe(if known { &name } else { "unknown" }, code, started.elapsed());
+    let elapsed = started.elapsed();
+    metrics::observe(if known { &name } else { "unknown" }, code, elapsed);
+    // The access log: one line per request (target `access`; BETTER_COMPUTE_LOG=access=off mutes it).
+    tracing::info!(target: "access", request_id = %request_id, method = %name, code, status = response.status().as_u16(),
+                   ms = elapsed.as_secs_f64() * 1000.0, source = source_for_log.as_deref().unwrap_or("-"), "request");
     response
 }
 
@@ -294,14 +307,25 @@ async fn openapi_json(State(state): State<Arc<ApiState>>) -> Response {
     axum::Json(openapi::document(state.methods.values())).into_response()
 }
 
-/// Ready when the database answers and this process's clock agrees with the database's
-/// (`clock.skew`): `{ready, checks: [{name, ok, detail}]}`, 503 when not.
+/// Ready when the database answers, this process's clock agrees with the database's
+/// (`clock.skew`) and the database has every migration of this version (`migrations`):
+/// `{ready, checks: [{name, ok, detail}]}`, 503 when not.
 async fn readyz(State(state): State<Arc<ApiState>>) -> Response {
     let checks = async {
         let db = better_compute_db::pool::read_tx(&state.pool).await.map_err(|e| e.to_string())?;
         let clock = state.clock.get_or_try_init(|| better_compute_db::Clock::start(&*db)).await.map_err(|e| e.to_string())?;
         clock.sample(&*db).await.map_err(|e| e.to_string())?;
-        Ok::<_, String>(clock.self_check())
+        let mut checks = clock.self_check();
+        let pending = better_compute_db::migrate::pending(&*db, &state.registry.migrations()).await.map_err(|e| e.to_string())?;
+        checks.push(better_compute_db::clock::SelfCheck {
+            name: "migrations",
+            ok: pending.is_empty(),
+            detail: match pending.first() {
+                None => "every migration of this version is applied".to_owned(),
+                Some(first) => format!("{} migration(s) of this version are not applied (the first: {first}); run `better-compute migrate`", pending.len()),
+            },
+        });
+        Ok::<_, String>(checks)
     }
     .await;
     let checks: Vec<serde_json::Value> = match checks {
@@ -313,8 +337,9 @@ async fn readyz(State(state): State<Arc<ApiState>>) -> Response {
     (status, axum::Json(serde_json::json!({"ready": ready, "checks": checks}))).into_response()
 }
 
-async fn metrics_text() -> Response {
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], metrics::render()).into_response()
+async fn metrics_text(State(state): State<Arc<ApiState>>) -> Response {
+    let text = better_compute_runtime::metrics::scrape(&state.pool, &state.registry).await;
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 
 #[cfg(test)]

@@ -800,6 +800,16 @@ async fn operators_see_health_readiness_and_per_method_metrics() {
     assert_eq!(s, 200, "{ready}");
     let ready: Value = serde_json::from_str(&ready).unwrap();
     assert_eq!((ready["ready"].as_bool(), ready["checks"][0]["name"].as_str(), ready["checks"][0]["ok"].as_bool()), (Some(true), Some("clock.skew"), Some(true)), "{ready}");
+    assert_eq!((ready["checks"][1]["name"].as_str(), ready["checks"][1]["ok"].as_bool()), (Some("migrations"), Some(true)), "{ready}");
+    // A database behind this version's migrations (a repeatable file changed since) is not ready.
+    let c = api.h.db().client().await;
+    let kept: String = c.query_one("SELECT checksum FROM schema_migrations WHERE module = 'audit' AND name = 'audit'", &[]).await.unwrap().get(0);
+    c.execute("UPDATE schema_migrations SET checksum = 'older' WHERE module = 'audit' AND name = 'audit'", &[]).await.unwrap();
+    let (s, behind) = get("/readyz").await;
+    assert_eq!(s, 503, "{behind}");
+    assert!(behind.contains("1 migration(s) of this version are not applied (the first: audit/audit); run `better-compute migrate`"), "{behind}");
+    c.execute("UPDATE schema_migrations SET checksum = $1 WHERE module = 'audit' AND name = 'audit'", &[&kept]).await.unwrap();
+    assert_eq!(get("/readyz").await.0, 200);
     let (s, text) = get("/metrics").await;
     assert_eq!(s, 200);
     for line in [
@@ -1547,10 +1557,10 @@ async fn concurrent_repeats_of_a_create_near_the_quota_all_answer_the_first_outc
     // still refused (it replays), and a new key is placed.
     api.ok(&api.op, "quotas.set", json!({"tenantId": b.id, "resource": "gpus", "max": 0})).await;
     let (s, v) = api.call(&b.token, "reservations.create", reservation(&api.pool, Some("refused-first"))).await;
-    assert_eq!((s, v["code"].as_str()), (429, Some("QUOTA_EXCEEDED")), "{v}");
+    assert_eq!((s, v["code"].as_str()), (409, Some("QUOTA_EXCEEDED")), "final, so not 429: {v}");
     api.ok(&api.op, "quotas.set", json!({"tenantId": b.id, "resource": "gpus", "max": 1})).await;
     let (s, again) = api.call(&b.token, "reservations.create", reservation(&api.pool, Some("refused-first"))).await;
-    assert_eq!((s, &again), (429, &v), "a repeat of a refused key was judged afresh");
+    assert_eq!((s, &again), (409, &v), "a repeat of a refused key was judged afresh");
     assert_eq!(api.call(&b.token, "reservations.create", reservation(&api.pool, Some("a-new-key"))).await.0, 200);
 }
 

@@ -40,6 +40,18 @@ impl Reservations {
     /// `reservations.create` (see [`reservations::create`]). A connection is taken only if the
     /// request runs alone: waiting for a batcher while holding one could starve the batchers.
     pub async fn create(&self, caller: Caller<'_>, req: &CreateReservation) -> Result<ReservationView, Error> {
+        let created = self.create_batched_or_alone(caller, req).await;
+        let outcome = match &created {
+            Ok(v) if v.state == "pending" => "pending",
+            Ok(_) => "placed",
+            Err(e) if e.code == better_compute_core::ErrorCode::Unavailable => "unavailable",
+            Err(_) => "refused",
+        };
+        metrics::counter!("better_compute_placements_total", "outcome" => outcome).increment(1);
+        created
+    }
+
+    async fn create_batched_or_alone(&self, caller: Caller<'_>, req: &CreateReservation) -> Result<ReservationView, Error> {
         let alone = match &self.placer {
             Some(placer) => match reservations::create_in_batch(placer, caller, req).await? {
                 Ok(v) => return Ok(v),

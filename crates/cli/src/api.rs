@@ -6,7 +6,9 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
+use crate::exit;
+use crate::output::{self, Output};
+use anyhow::Context;
 use better_compute_api::openapi::resolve;
 use serde_json::{Map, Value};
 
@@ -30,9 +32,13 @@ pub struct ServerArgs {
 pub struct ApiArgs {
     #[command(flatten)]
     server: ServerArgs,
-    /// `table` (for people) or `json` (for scripts).
-    #[arg(long, short = 'o', default_value = "table", value_parser = ["table", "json"])]
+    /// `table` (for people), `wide` (every column), `json`, `yaml` or `jsonpath=EXPR` (each value
+    /// the path picks, one per line: `jsonpath=.items[*].id`).
+    #[arg(long, short = 'o', default_value = "table")]
     output: String,
+    /// A list: follow `nextPageToken` to the end and print every item.
+    #[arg(long)]
+    all: bool,
     /// List the methods.
     #[arg(long)]
     list: bool,
@@ -62,15 +68,15 @@ pub(crate) fn body_of(fields: &[String]) -> anyhow::Result<Map<String, Value>> {
     let mut body = Map::new();
     for f in fields {
         let (key, value) = if let Some((k, v)) = f.split_once(":=") {
-            (k, serde_json::from_str(v).with_context(|| format!("{k}:= takes JSON, e.g. {k}:=2 or {k}:='{{\"a\":1}}'; got {v:?}"))?)
+            (k, serde_json::from_str(v).map_err(|e| exit::fail(exit::USAGE, format!("{k}:= takes JSON, e.g. {k}:=2 or {k}:='{{\"a\":1}}'; got {v:?} ({e})")))?)
         } else if let Some((k, v)) = f.split_once('=') {
             (k, Value::String(v.to_owned()))
         } else {
-            bail!("{f:?} is neither key=value nor key:=json");
+            return Err(exit::fail(exit::USAGE, format!("{f:?} is neither key=value nor key:=json")));
         };
         let parts: Vec<&str> = key.split('.').collect();
         if parts.iter().any(|p| p.is_empty()) {
-            bail!("{key:?} is not a field name");
+            return Err(exit::fail(exit::USAGE, format!("{key:?} is not a field name")));
         }
         let mut obj = &mut body;
         for p in &parts[..parts.len() - 1] {
@@ -118,7 +124,7 @@ impl Client {
             "INVALID_ARGUMENT" => "; `better-compute api METHOD --help` lists the fields",
             _ => "",
         };
-        bail!("{code}: {}{hint} (request {request_id})", v["message"].as_str().unwrap_or(""))
+        Err(exit::api(code, format!("{}{hint} (request {request_id})", v["message"].as_str().unwrap_or(""))))
     }
 }
 
@@ -149,39 +155,6 @@ fn method_help(doc: &Value, method: &str) -> anyhow::Result<String> {
     Ok(out)
 }
 
-fn scalar(v: &Value) -> String {
-    match v {
-        Value::Null => "-".into(),
-        Value::String(s) => s.clone(),
-        Value::Array(a) if a.iter().all(|x| !x.is_object() && !x.is_array()) => a.iter().map(scalar).collect::<Vec<_>>().join(","),
-        other => other.to_string(),
-    }
-}
-
-/// A person's view: a table for lists, `key  value` lines for one object.
-pub(crate) fn table(v: &Value) -> String {
-    if let Some(items) = v.get("items").and_then(Value::as_array) {
-        let cols: Vec<String> = items.first().and_then(Value::as_object).map(|o| o.keys().cloned().collect()).unwrap_or_default();
-        let cols: Vec<String> = ["id", "name"].iter().map(|s| s.to_string()).filter(|c| cols.contains(c)).chain(cols.iter().filter(|c| *c != "id" && *c != "name").cloned()).take(8).collect();
-        let rows: Vec<Vec<String>> = items.iter().map(|i| cols.iter().map(|c| scalar(&i[c])).collect()).collect();
-        let widths: Vec<usize> = cols.iter().enumerate().map(|(n, c)| rows.iter().map(|r| r[n].len()).chain([c.len()]).max().unwrap_or(0).min(48)).collect();
-        let mut out = String::new();
-        let line = |cells: Vec<String>| cells.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect::<Vec<_>>().join("  ").trim_end().to_owned() + "\n";
-        out.push_str(&line(cols.iter().map(|c| c.to_uppercase()).collect()));
-        for r in rows {
-            out.push_str(&line(r));
-        }
-        if let Some(next) = v.get("nextPageToken").and_then(Value::as_str) {
-            out.push_str(&format!("(more: pageToken={next})\n"));
-        }
-        return out;
-    }
-    match v.as_object() {
-        Some(o) => o.iter().map(|(k, x)| format!("{k:<20} {}\n", scalar(x))).collect(),
-        None => format!("{v}\n"),
-    }
-}
-
 fn finished(method: &str, v: &Value) -> Option<bool> {
     let state = v["state"].as_str()?;
     Some(if method.starts_with("reservations.") {
@@ -202,16 +175,18 @@ pub async fn run(mut args: ApiArgs) -> anyhow::Result<()> {
     while let Some(f) = it.next() {
         match f.as_str() {
             "--wait" => args.wait = true,
+            "--wait-timeout-s" => {
+                args.wait_timeout_s = it.next().and_then(|v| v.parse().ok()).ok_or_else(|| exit::fail(exit::USAGE, "--wait-timeout-s takes seconds"))?
+            }
             "--follow" | "-f" => args.follow = true,
             "--help" | "-h" => args.help = true,
-            "--output" | "-o" => args.output = it.next().context("--output takes table or json")?,
+            "--output" | "-o" => args.output = it.next().ok_or_else(|| exit::fail(exit::USAGE, format!("--output takes {}", output::FORMATS)))?,
+            "--all" => args.all = true,
             _ if f.starts_with("--output=") => args.output = f["--output=".len()..].to_owned(),
             _ => fields.push(f),
         }
     }
-    if !["table", "json"].contains(&args.output.as_str()) {
-        bail!("--output takes table or json");
-    }
+    let format: Output = args.output.parse().map_err(|e: String| exit::fail(exit::USAGE, e))?;
     args.fields = fields;
     let client = Client { http: better_compute_client::http().timeout(Duration::from_secs(60)).build()?, url: args.server.url.trim_end_matches('/').to_owned(), token: args.server.token.clone() };
     if args.list {
@@ -225,7 +200,7 @@ pub async fn run(mut args: ApiArgs) -> anyhow::Result<()> {
     }
     let Some(method) = args.method.clone() else {
         println!("usage: better-compute api METHOD key=value key:=json … [--output json] [--wait]\n       better-compute api --list\n       better-compute api METHOD --help");
-        return if args.help { Ok(()) } else { bail!("name a method; `better-compute api --list` lists them") };
+        return if args.help { Ok(()) } else { Err(exit::fail(exit::USAGE, "name a method; `better-compute api --list` lists them")) };
     };
     if method == "watch" {
         if args.help {
@@ -249,6 +224,9 @@ pub async fn run(mut args: ApiArgs) -> anyhow::Result<()> {
         return follow_console(&client, &body, &args.output).await;
     }
     let mut v = client.call(&method, &Value::Object(body.clone())).await?;
+    if args.all {
+        v = every_page(&client, &method, body.clone(), v).await?;
+    }
     if method == "instances.console" && args.output != "json" {
         print_console(&v);
         return Ok(());
@@ -258,12 +236,30 @@ pub async fn run(mut args: ApiArgs) -> anyhow::Result<()> {
     } else if args.wait && finished(&method, &v) == Some(false) {
         v = wait(&client, &args, &method, v).await?;
     }
-    if args.output == "json" {
-        println!("{}", serde_json::to_string_pretty(&v)?);
-    } else {
-        print!("{}", table(&v));
-    }
+    print!("{}", output::render(&v, &format)?);
     Ok(())
+}
+
+/// `--all`: the items of every page after `first`, as one page.
+async fn every_page(client: &Client, method: &str, mut body: Map<String, Value>, first: Value) -> anyhow::Result<Value> {
+    let Some(items) = first.get("items").and_then(Value::as_array) else {
+        return Err(exit::fail(exit::USAGE, format!("--all follows pages of a list; {method} answers no items")));
+    };
+    let mut all = items.clone();
+    let mut next = first.get("nextPageToken").and_then(Value::as_str).map(str::to_owned);
+    while let Some(token) = next {
+        body.insert("pageToken".into(), Value::String(token));
+        let page = client.call(method, &Value::Object(body.clone())).await?;
+        all.extend(page["items"].as_array().into_iter().flatten().cloned());
+        next = page.get("nextPageToken").and_then(Value::as_str).map(str::to_owned);
+        if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+            eprint!("\r{} items…", all.len());
+        }
+    }
+    if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        eprintln!();
+    }
+    Ok(serde_json::json!({"items": all}))
 }
 
 /// `--wait`: polls the reservation or command through the typed client until it is placed or
@@ -279,7 +275,7 @@ async fn wait(client: &Client, args: &ApiArgs, method: &str, mut v: Value) -> an
     while finished(method, &v) == Some(false) {
         if started.elapsed() > Duration::from_secs(args.wait_timeout_s) {
             eprintln!();
-            bail!("{id} is still {} after {} s; read it later with `better-compute api {get}`", v["state"], args.wait_timeout_s);
+            return Err(exit::fail(exit::WAIT_TIMEOUT, format!("{id} is still {} after {} s; read it later with `better-compute api {get}`", v["state"], args.wait_timeout_s)));
         }
         eprint!("\rwaiting for {id}: {} ({} s)   ", v["state"].as_str().unwrap_or(""), started.elapsed().as_secs());
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -319,7 +315,7 @@ async fn wait_workflow(client: &Client, args: &ApiArgs, mut v: Value) -> anyhow:
             return Ok(v);
         }
         if started.elapsed() > Duration::from_secs(args.wait_timeout_s) {
-            bail!("{id} is still {} after {} s; read it later with `better-compute api workflows.get workflowId={id}`", v["state"], args.wait_timeout_s);
+            return Err(exit::fail(exit::WAIT_TIMEOUT, format!("{id} is still {} after {} s; read it later with `better-compute api workflows.get workflowId={id}`", v["state"], args.wait_timeout_s)));
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
         let r = typed.workflows_get(&better_compute_client::types::WorkflowRef { tenant_id: args.server.tenant.clone(), workflow_id: id.clone() }).await.map_err(refusal)?;
@@ -330,7 +326,7 @@ async fn wait_workflow(client: &Client, args: &ApiArgs, mut v: Value) -> anyhow:
 /// A workflow and its steps, one line each.
 fn workflow_table(v: &Value) -> String {
     let on = v["nodeId"].as_str().map(String::from).unwrap_or_else(|| format!("fleet {}", v["target"]));
-    let mut s = format!("{} {} on {}: {}", scalar(&v["id"]), scalar(&v["definition"]), on, scalar(&v["state"]));
+    let mut s = format!("{} {} on {}: {}", output::scalar(&v["id"]), output::scalar(&v["definition"]), on, output::scalar(&v["state"]));
     if let Some(m) = v["message"].as_str() {
         s.push_str(&format!(" ({m})"));
     }
@@ -344,7 +340,7 @@ fn workflow_table(v: &Value) -> String {
     s.push_str(&format!("  {:<12} {:<10} {:>8}  {}\n", "STEP", "STATE", "ATTEMPTS", "MESSAGE"));
     for st in v["steps"].as_array().into_iter().flatten() {
         let msg: String = st["message"].as_str().unwrap_or("").chars().take(100).collect();
-        s.push_str(&format!("  {:<12} {:<10} {:>8}  {}\n", scalar(&st["name"]), scalar(&st["state"]), scalar(&st["attempts"]), msg));
+        s.push_str(&format!("  {:<12} {:<10} {:>8}  {}\n", output::scalar(&st["name"]), output::scalar(&st["state"]), output::scalar(&st["attempts"]), msg));
     }
     s
 }
@@ -352,7 +348,8 @@ fn workflow_table(v: &Value) -> String {
 /// The typed client's error as the CLI prints the API's: `CODE: message`.
 fn refusal(e: better_compute_client::Error<better_compute_client::types::Error>) -> anyhow::Error {
     match e {
-        better_compute_client::Error::ErrorResponse(r) => anyhow::anyhow!("{}: {}", r.code, r.message),
+        better_compute_client::Error::ErrorResponse(r) => exit::api(&r.code.to_string(), &r.message),
+        better_compute_client::Error::CommunicationError(e) => anyhow::Error::new(e),
         other => anyhow::anyhow!("{other}"),
     }
 }
@@ -379,7 +376,7 @@ async fn follow_sse(
             Ok(r) if r.status().is_success() => r,
             Ok(r) => {
                 let v: Value = r.json().await.unwrap_or(Value::Null);
-                bail!("{}: {}", v["code"].as_str().unwrap_or("ERROR"), v["message"].as_str().unwrap_or(""));
+                return Err(exit::api(v["code"].as_str().unwrap_or("ERROR"), v["message"].as_str().unwrap_or("")));
             }
             Err(e) if failures < 10 => {
                 failures += 1;
@@ -390,26 +387,23 @@ async fn follow_sse(
             Err(e) => return Err(e).with_context(|| unreachable_hint(&client.url)),
         };
         failures = 0;
-        let mut buf = String::new();
+        let mut parser = crate::sse::Parser::default();
         while let Ok(Some(chunk)) = resp.chunk().await {
-            buf.push_str(&String::from_utf8_lossy(&chunk));
-            while let Some(end) = buf.find("\n\n") {
-                let block: String = buf.drain(..end + 2).collect();
-                let field = |name: &str| block.lines().find_map(|l| l.strip_prefix(name)).map(|v| v.trim_start().to_owned());
-                if field("event:").as_deref() == Some("end") {
+            for e in parser.push(&chunk)? {
+                if e.event == "end" {
                     // The server ended the stream: the token was revoked or expired, the bindings
                     // went, or (a console) the instance was deleted.
-                    let v: Value = serde_json::from_str(&field("data:").unwrap_or_default()).unwrap_or(Value::Null);
+                    let v: Value = serde_json::from_str(&e.data).unwrap_or(Value::Null);
                     let message = v["message"].as_str().unwrap_or("the server ended the stream");
                     if v["code"] == "OK" {
                         eprintln!("{path}: {message}");
                         return Ok(());
                     }
-                    bail!("{}: {message}", v["code"].as_str().unwrap_or("ERROR"));
+                    return Err(exit::api(v["code"].as_str().unwrap_or("ERROR"), message));
                 }
-                let (Some(id), Some(data)) = (field("id:"), field("data:")) else { continue };
+                let Some(id) = e.id else { continue };
                 last = Some(id);
-                show(field("event:").as_deref().unwrap_or("message"), &data);
+                show(&e.event, &e.data);
             }
         }
         eprintln!("{path}: stream ended; resuming after {}", last.as_deref().unwrap_or("now"));
@@ -425,7 +419,7 @@ async fn watch(client: &Client, fields: &[String], output: &str) -> anyhow::Resu
         match k.as_str() {
             "types" | "subject" => query.push((k.clone(), v.as_str().map(String::from).unwrap_or_else(|| v.to_string()))),
             "lastEventId" | "tenantId" => {}
-            other => bail!("watch takes types=, subject= and lastEventId=, not {other}"),
+            other => return Err(exit::fail(exit::USAGE, format!("watch takes types=, subject= and lastEventId=, not {other}"))),
         }
     }
     follow_sse(client, "watch", &query, last, |_, data| {
@@ -433,7 +427,7 @@ async fn watch(client: &Client, fields: &[String], output: &str) -> anyhow::Resu
             println!("{data}");
         } else {
             let v: Value = serde_json::from_str(data).unwrap_or(Value::Null);
-            println!("{}  {:<28} {:<34} {}", scalar(&v["time"]), scalar(&v["type"]), scalar(&v["subject"]), v["data"]);
+            println!("{}  {:<28} {:<34} {}", output::scalar(&v["time"]), output::scalar(&v["type"]), output::scalar(&v["subject"]), v["data"]);
         }
     })
     .await
@@ -456,7 +450,7 @@ async fn follow_console(client: &Client, body: &Map<String, Value>, output: &str
     for (k, v) in body {
         match k.as_str() {
             "instanceId" | "tenantId" | "offset" => query.push((k.clone(), v.as_str().map(String::from).unwrap_or_else(|| v.to_string()))),
-            other => bail!("instances.console takes instanceId=, offset:= and tenantId=, not {other}"),
+            other => return Err(exit::fail(exit::USAGE, format!("instances.console takes instanceId=, offset:= and tenantId=, not {other}"))),
         }
     }
     follow_sse(client, "instances.console", &query, None, |_, data| {
@@ -483,10 +477,4 @@ mod tests {
         assert!(body_of(&["a=1".to_string(), "a.b=2".to_string()]).is_err());
     }
 
-    #[test]
-    fn a_page_prints_as_a_table_and_an_object_as_lines() {
-        let t = table(&serde_json::json!({"items": [{"id": "a", "state": "placed"}, {"id": "b", "state": null}], "nextPageToken": "b"}));
-        assert_eq!(t, "ID  STATE\na   placed\nb   -\n(more: pageToken=b)\n");
-        assert_eq!(table(&serde_json::json!({"id": "x"})), format!("{:<20} x\n", "id"));
-    }
 }

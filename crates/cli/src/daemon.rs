@@ -12,9 +12,9 @@ pub struct DaemonArgs {
     /// The gateway (or a load balancer in front of gateways), https://host:port.
     #[arg(long, env = "BETTER_COMPUTE_GATEWAY_URL")]
     gateway: String,
-    /// The name the gateway's certificate is checked against.
-    #[arg(long, default_value = "localhost")]
-    server_name: String,
+    /// The name the gateway's certificate is checked against (default: the host of --gateway).
+    #[arg(long)]
+    server_name: Option<String>,
     /// A join token (`bcj_…`, from `api nodes.createJoinToken`); needed only on the first start.
     #[arg(long, env = "BETTER_COMPUTE_JOIN_TOKEN", hide_env_values = true)]
     join_token: Option<String>,
@@ -59,14 +59,25 @@ fn parse_label(s: &str) -> Result<(String, String), String> {
     s.split_once('=').map(|(k, v)| (k.to_owned(), v.to_owned())).ok_or_else(|| format!("label {s:?} is not key=value"))
 }
 
+/// The host of the gateway's URL, as its certificate names it (`[::1]` as `::1`).
+fn gateway_host(gateway: &str) -> anyhow::Result<String> {
+    let url = url::Url::parse(gateway).with_context(|| format!("--gateway {gateway:?} is not a URL; write it like https://gw.example:8443"))?;
+    let host = url.host_str().with_context(|| format!("--gateway {gateway:?} names no host"))?;
+    Ok(host.trim_start_matches('[').trim_end_matches(']').to_owned())
+}
+
 /// Runs the daemon until Ctrl-C or SIGTERM.
 pub async fn run(args: DaemonArgs) -> anyhow::Result<()> {
     let name = match args.node_name {
         Some(n) => n,
         None => std::fs::read_to_string("/etc/hostname").map(|h| h.trim().to_owned()).unwrap_or_else(|_| "node".into()),
     };
+    let server_name = match args.server_name {
+        Some(n) => n,
+        None => gateway_host(&args.gateway)?,
+    };
     let mut cfg = DaemonConfig::new(args.gateway, &args.state_dir, &name);
-    cfg.server_name = args.server_name;
+    cfg.server_name = server_name;
     cfg.join_token = args.join_token;
     cfg.ca_pem = match args.ca_cert {
         Some(p) => Some(std::fs::read_to_string(&p).with_context(|| format!("cannot read the CA certificate {}", p.display()))?),
@@ -93,4 +104,15 @@ pub async fn run(args: DaemonArgs) -> anyhow::Result<()> {
     stop.send(true)?;
     let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_server_name_defaults_to_the_gateways_host() {
+        assert_eq!(super::gateway_host("https://gw1.example:8443").unwrap(), "gw1.example");
+        assert_eq!(super::gateway_host("https://127.0.0.1:8443").unwrap(), "127.0.0.1");
+        assert_eq!(super::gateway_host("https://[::1]:8443").unwrap(), "::1");
+        assert!(super::gateway_host("gw1.example:8443").is_err(), "no scheme: no host");
+    }
 }

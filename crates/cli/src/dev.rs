@@ -40,6 +40,35 @@ fn socket_dir_for(root: &Path) -> PathBuf {
     std::env::temp_dir().join(format!("better-compute-{:016x}", h.finish()))
 }
 
+/// Where the cluster's folders go: in `root`, unless PostgreSQL's unprivileged user (this process
+/// being root) cannot reach it, as when the checkout sits under root's private home (mode 0700):
+/// then in a folder of its own under `/var/lib/better-compute/dev/`, named for `root`, kept across
+/// restarts as `root` would keep it.
+fn cluster_home(root: &Path) -> anyhow::Result<PathBuf> {
+    let Some(run_as) = better_compute_db::launcher::RunAs::detect()? else { return Ok(root.to_owned()) };
+    if run_as.can_reach(root) {
+        return Ok(root.to_owned());
+    }
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    root.hash(&mut h);
+    let home = Path::new(DEV_CLUSTERS).join(format!("{:016x}", h.finish()));
+    std::fs::create_dir_all(&home).with_context(|| format!("cannot create {}", home.display()))?;
+    use std::os::unix::fs::PermissionsExt;
+    for dir in [Path::new("/var/lib/better-compute"), Path::new(DEV_CLUSTERS), &home] {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).with_context(|| format!("cannot open {} to PostgreSQL's user", dir.display()))?;
+    }
+    println!(
+        "PostgreSQL runs as an unprivileged user that cannot reach {} (a folder above it is private), so its cluster lives in {}",
+        root.display(),
+        home.display()
+    );
+    Ok(home)
+}
+
+/// Where clusters go whose `--data-dir` PostgreSQL's user cannot reach.
+const DEV_CLUSTERS: &str = "/var/lib/better-compute/dev";
+
 /// Runs until Ctrl-C (or SIGTERM), then stops PostgreSQL cleanly.
 pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&args.data_dir)
@@ -51,9 +80,10 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     // One dev per data folder: a second one is refused before it touches anything.
     let _lock = FileLock::try_acquire(&root.join("dev.lock"), &root)?;
 
+    let pg_root = cluster_home(&root)?;
     let cluster = Cluster::new(ClusterOptions {
-        data_dir: root.join("pgdata"),
-        socket_dir: socket_dir_for(&root),
+        data_dir: pg_root.join("pgdata"),
+        socket_dir: socket_dir_for(&pg_root),
         durable: true,
         max_connections: 200,
     })?;

@@ -6,8 +6,12 @@ mod audit;
 mod capacity;
 mod daemon;
 mod dev;
+mod exit;
 mod jobs;
 mod ops;
+mod output;
+mod shell;
+mod sse;
 mod usage;
 
 use better_compute_server::{registry, DatabaseArgs};
@@ -15,10 +19,28 @@ use clap::{Parser, Subcommand};
 
 /// Better Compute: a control plane for GPU fleets.
 #[derive(Debug, Parser)]
-#[command(name = "better-compute", version, propagate_version = true)]
+#[command(
+    name = "better-compute",
+    version,
+    propagate_version = true,
+    after_help = "Exit status: 0 done; 1 failed; 2 usage (a bad flag or argument, or INVALID_ARGUMENT); 3 not found; \
+                  4 conflict or precondition (CONFLICT, FAILED_PRECONDITION, QUOTA_EXCEEDED); 5 --wait gave up; \
+                  69 the server or database cannot be reached (or UNAVAILABLE)."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// How log lines on stderr look: text (colours only on a terminal), or json (one object per
+    /// line: timestamp, level, target, fields, span; for a log shipper).
+    #[arg(long, global = true, value_enum, env = "BETTER_COMPUTE_LOG_FORMAT", default_value = "text")]
+    log_format: LogFormat,
+}
+
+/// `--log-format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Debug, Subcommand)]
@@ -59,6 +81,11 @@ enum Command {
     /// seeded faults (SIGKILLs, partitions, database crashes, clock jumps, zombie workers), checking
     /// every invariant; stops at the first violation with the seed and a replay command.
     Sim(better_compute_sim::SimArgs),
+    /// Print shell completions (bash, zsh, fish, elvish, powershell), e.g.
+    /// `better-compute completions bash > /etc/bash_completion.d/better-compute`.
+    Completions(shell::CompletionsArgs),
+    /// Write manual pages (roff) for the binary and each command into a folder.
+    Man(shell::ManArgs),
 }
 
 async fn migrate(args: DatabaseArgs) -> anyhow::Result<()> {
@@ -80,13 +107,14 @@ fn main() -> std::process::ExitCode {
         // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
         unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     }
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("BETTER_COMPUTE_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,tokio_postgres=warn")),
-        )
-        .init();
+    let filter = tracing_subscriber::EnvFilter::try_from_env("BETTER_COMPUTE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,tokio_postgres=warn"));
+    let logs = tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter(filter);
+    match cli.log_format {
+        LogFormat::Json => logs.json().with_current_span(true).init(),
+        // Colour codes only where a person reads them.
+        LogFormat::Text => logs.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).init(),
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
     let result = runtime.block_on(async {
         match cli.command {
@@ -109,13 +137,15 @@ fn main() -> std::process::ExitCode {
             Command::Docs(args) => ops::docs(args),
             Command::Bench(args) => better_compute_bench::run(args).await,
             Command::Sim(args) => better_compute_sim::run(args).await,
+            Command::Completions(args) => shell::completions(args),
+            Command::Man(args) => shell::man(args),
         }
     });
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
-            std::process::ExitCode::FAILURE
+            std::process::ExitCode::from(exit::status_of(&e))
         }
     }
 }

@@ -56,6 +56,8 @@ enum DocsPage {
     Openapi,
     /// Print the workflow definitions reference (docs/workflow-definitions.md) from the registry.
     Workflows,
+    /// Print the metrics reference (docs/metrics.md) from the catalogue.
+    Metrics,
 }
 
 fn print_json(v: &impl serde::Serialize) -> anyhow::Result<()> {
@@ -133,6 +135,10 @@ pub fn docs(args: DocsArgs) -> anyhow::Result<()> {
         }
         DocsPage::Api => {
             print!("{}", better_compute_api::openapi::reference_page(&better_compute_api::all_methods()));
+            Ok(())
+        }
+        DocsPage::Metrics => {
+            print!("{}", better_compute_runtime::metrics::reference_page());
             Ok(())
         }
         DocsPage::Workflows => {

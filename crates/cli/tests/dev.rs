@@ -233,7 +233,16 @@ async fn dev_refuses_a_second_copy_stops_on_ctrl_c_and_keeps_data_across_restart
     let _ = watch.wait();
     assert!(seen_placed, "api watch never showed the reservation's placement");
     let (ok, out, _) = api(&["reservations.list"]);
-    assert!(ok && out.starts_with("ID ") && out.contains(reservation["id"].as_str().unwrap()), "{out}");
+    assert!(ok && out.starts_with("STATE ") && out.contains(reservation["id"].as_str().unwrap()), "{out}");
+    // Exit statuses a script can branch on.
+    let status = |args: &[&str]| Command::new(BIN).arg("api").args(args).envs(env.iter().map(|(k, v)| (k, v))).output().unwrap().status.code();
+    assert_eq!(status(&["reservations.get", "reservationId=res_nope"]), Some(3), "not found");
+    assert_eq!(status(&["reservations.get", "reservationId"]), Some(2), "usage");
+    assert_eq!(status(&["reservations.get", "reservationIdd=res_x"]), Some(2), "INVALID_ARGUMENT (an unknown field)");
+    let other_body = ["reservations.create", &pool_arg, "gpu.kind=gpu", "gpu.model=H100-80GB", "gpu.count:=1", "vcpu:=8", "durationS:=3600", "idempotencyKey=first"];
+    assert_eq!(status(&other_body), Some(4), "a key reused with another body is a conflict");
+    let pending = ["commands.run", &node_arg, "kind=inventory.refresh", r#"payload:={"sections":["gpus"]}"#, "idempotencyKey=exit-5", "--wait", "--wait-timeout-s", "0"];
+    assert_eq!(status(&pending), Some(5), "--wait gave up");
     // The reservation's node gets a new generation, and its daemon (real, fake GPUs) applies it.
     let applied = format!(
         "SELECT count(*) FROM nodes WHERE spec::text LIKE '%{}%' AND observed_generation = generation AND generation >= 2",
@@ -419,4 +428,38 @@ async fn dev_refuses_a_second_copy_stops_on_ctrl_c_and_keeps_data_across_restart
     assert!(status.success());
     assert!(!dir.join("pgdata/postmaster.pid").exists());
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dev_run_by_root_under_a_private_home_keeps_its_cluster_where_postgres_can_reach_it() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("not root: PostgreSQL runs as this user and reaches any folder it can; nothing to show");
+        return;
+    }
+    // A home like /root: mode 0700, so the postgres user cannot pass it.
+    let home = std::env::temp_dir().join(format!("bc-private-home-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&home);
+    std::fs::create_dir_all(&home).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let dir = home.join("checkout").join(".better-compute");
+
+    let mut dev = Dev::start(&dir);
+    let url = dev.database_url();
+    let moved = first_line_with(&dev.seen, "its cluster lives in /var/lib/better-compute/dev/").map(str::to_owned);
+    assert!(moved.as_deref().is_some_and(|l| l.contains(&dir.display().to_string())), "dev says where the cluster went and why:\n{}", dev.seen.join("\n"));
+    assert_eq!(query_one_i64(&url, "SELECT 1::bigint").await, 1);
+    dev.signal(libc::SIGINT);
+    let (status, _) = dev.wait_exit();
+    assert!(status.success(), "{status}");
+    // Started again, it finds the same cluster (the data outlives the run).
+    let mut again = Dev::start(&dir);
+    assert_eq!(again.database_url(), url);
+    assert!(first_line_with(&again.seen, "initialized a new PostgreSQL cluster").is_none(), "{}", again.seen.join("\n"));
+    again.signal(libc::SIGINT);
+    assert!(again.wait_exit().0.success());
+    let cluster = moved.unwrap().rsplit(' ').next().unwrap().to_owned();
+    let _ = std::fs::remove_dir_all(&home);
+    let _ = std::fs::remove_dir_all(&cluster);
 }

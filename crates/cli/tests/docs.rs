@@ -61,3 +61,42 @@ fn the_clients_openapi_document_matches_the_api() {
     );
     assert!(on_disk.contains("\"operationId\": \"reservations.create\""));
 }
+
+#[test]
+fn the_metrics_page_matches_the_catalogue() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_better-compute")).args(["docs", "metrics"]).output().unwrap();
+    assert!(out.status.success());
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/metrics.md");
+    let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
+    assert_eq!(
+        on_disk,
+        String::from_utf8(out.stdout).unwrap(),
+        "docs/metrics.md drifted from runtime::metrics::CATALOGUE; regenerate it: cargo run -- docs metrics > docs/metrics.md"
+    );
+    assert!(on_disk.contains("| `better_compute_job_runs_total` | counter | job, outcome | worker |"));
+}
+
+#[test]
+fn completions_know_the_commands_flags_and_api_methods_and_man_pages_cover_each_command() {
+    let bin = env!("CARGO_BIN_EXE_better-compute");
+    for shell in ["bash", "zsh", "fish"] {
+        let out = std::process::Command::new(bin).args(["completions", shell]).output().unwrap();
+        assert!(out.status.success());
+        let text = String::from_utf8(out.stdout).unwrap();
+        for want in ["reservations.create", "instances.console", "log-format", "metrics-listen"] {
+            assert!(text.contains(want), "{shell} completions lack {want}");
+        }
+    }
+    assert_eq!(std::process::Command::new(bin).args(["completions", "tcsh"]).output().unwrap().status.code(), Some(2));
+    let dir = tempfile::tempdir().unwrap();
+    assert!(std::process::Command::new(bin).arg("man").arg(dir.path()).status().unwrap().success());
+    let mut pages: Vec<String> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    pages.sort();
+    assert!(pages.len() >= 15, "{pages:?}");
+    for want in ["better-compute.1", "better-compute-server.1", "better-compute-api.1", "better-compute-daemon.1"] {
+        assert!(pages.contains(&want.to_owned()), "{want} missing: {pages:?}");
+    }
+    let server = std::fs::read_to_string(dir.path().join("better-compute-server.1")).unwrap();
+    assert!(server.starts_with(".ie") || server.contains(".TH"), "{server}");
+    assert!(server.contains("metrics\\-listen"), "{server}");
+}

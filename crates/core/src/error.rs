@@ -72,7 +72,7 @@ impl ErrorCode {
             ErrorCode::PermissionDenied => 403,
             ErrorCode::NotFound => 404,
             ErrorCode::Conflict => 409,
-            ErrorCode::QuotaExceeded => 429,
+            ErrorCode::QuotaExceeded => 409,
             ErrorCode::Unsupported => 422,
             ErrorCode::FailedPrecondition => 412,
             ErrorCode::Unavailable => 503,

@@ -168,6 +168,20 @@ impl RunAs {
         let (uid, gid) = unsafe { ((*pw).pw_uid, (*pw).pw_gid) };
         Ok(Some(RunAs { uid, gid }))
     }
+
+    /// Whether this user can reach `dir`: search every folder on its path, as the server must to
+    /// open its data and socket folders (a checkout under root's private home cannot be reached).
+    pub fn can_reach(&self, dir: &Path) -> bool {
+        Command::new("test")
+            .arg("-x")
+            .arg(dir)
+            .current_dir("/")
+            .stdin(Stdio::null())
+            .uid(self.uid)
+            .gid(self.gid)
+            .status()
+            .is_ok_and(|s| s.success())
+    }
 }
 
 /// Settings for one cluster.

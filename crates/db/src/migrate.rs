@@ -100,6 +100,24 @@ pub fn fingerprint(sets: &[&[Migration]]) -> String {
     hex(&h.finalize())[..16].to_owned()
 }
 
+/// What [`migrate`] would apply of `sets`, as `module/name` (numbered migrations not recorded,
+/// repeatable files new or changed); reads only. A server whose binary carries migrations its
+/// database lacks is not ready (`/readyz`): run `better-compute migrate`.
+pub async fn pending(db: &impl tokio_postgres::GenericClient, sets: &[&[Migration]]) -> Result<Vec<String>, DbError> {
+    let table: bool = db.query_one("SELECT to_regclass('schema_migrations') IS NOT NULL", &[]).await?.get(0);
+    let recorded: std::collections::HashMap<(String, String), String> = if table {
+        db.query("SELECT module, name, checksum FROM schema_migrations", &[]).await?.iter().map(|r| ((r.get(0), r.get(1)), r.get(2))).collect()
+    } else {
+        Default::default()
+    };
+    Ok(sets
+        .iter()
+        .flat_map(|s| s.iter())
+        .filter(|m| recorded.get(&(m.module.to_owned(), m.name.to_owned())) != Some(&m.checksum()))
+        .map(|m| format!("{}/{}", m.module, m.name))
+        .collect())
+}
+
 /// Applies what is pending of `sets`, in one transaction: sets in the order given (the clock and
 /// core first), within a set its numbered migrations not yet applied in name order, then its
 /// repeatable files that are new or changed, in the order listed.

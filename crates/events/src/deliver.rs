@@ -254,7 +254,10 @@ impl Reconciler for Deliverer {
                 Sent::Failed { .. } => "failed",
             };
             match self.record(ctx, d, sent).await {
-                Ok(()) => ctx.count(what, 1),
+                Ok(()) => {
+                    ctx.count(what, 1);
+                    metrics::counter!("better_compute_webhook_deliveries_total", "outcome" => what).increment(1);
+                }
                 Err(e) => {
                     // The claim lapses and the delivery is sent again: at least once.
                     tracing::warn!(delivery = %d.id, error = %e, "a delivery's outcome could not be recorded");

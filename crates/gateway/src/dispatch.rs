@@ -180,7 +180,8 @@ impl Inner {
                 // Cannot happen: at most as many commands were claimed as slots were reserved.
                 None => tracing::error!(node = %node, command = %cmd.id, "no reserved slot; the command goes again on reconnect"),
             }
-            metrics::counter!("gateway_commands_sent_total").increment(1);
+            metrics::counter!("better_compute_gateway_commands_sent_total").increment(1);
+            metrics::histogram!("better_compute_gateway_dispatch_seconds").record(cmd.waited_ms.max(0) as f64 / 1000.0);
         }
         drop(slots);
         for id in d.cancels {

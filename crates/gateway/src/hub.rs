@@ -99,7 +99,12 @@ impl Hub {
 
     /// Holds `session` for `node_id`, replacing (and so ending) an older one of the same node.
     pub fn insert(&self, node_id: &str, session: Arc<Session>) {
-        let old = self.sessions.lock().expect("hub").insert(node_id.to_owned(), session);
+        let old = {
+            let mut s = self.sessions.lock().expect("hub");
+            let old = s.insert(node_id.to_owned(), session);
+            metrics::gauge!("better_compute_gateway_sessions").set(s.len() as f64);
+            old
+        };
         if let Some(old) = old {
             old.end("a newer session of this node replaced this one");
         }
@@ -115,7 +120,9 @@ impl Hub {
     pub fn remove(&self, node_id: &str, epoch: i64, why: &str) -> bool {
         let removed = {
             let mut s = self.sessions.lock().expect("hub");
-            if s.get(node_id).is_some_and(|x| x.epoch == epoch) { s.remove(node_id) } else { None }
+            let removed = if s.get(node_id).is_some_and(|x| x.epoch == epoch) { s.remove(node_id) } else { None };
+            metrics::gauge!("better_compute_gateway_sessions").set(s.len() as f64);
+            removed
         };
         match removed {
             Some(x) => {
@@ -129,6 +136,7 @@ impl Hub {
     /// Lets every session go and ends them (the gateway lost its lease, or is stopping).
     pub fn clear(&self, why: &str) -> usize {
         let all: Vec<Arc<Session>> = self.sessions.lock().expect("hub").drain().map(|(_, x)| x).collect();
+        metrics::gauge!("better_compute_gateway_sessions").set(0.0);
         for x in &all {
             x.end(why);
         }

@@ -70,7 +70,7 @@ impl Inner {
     }
 
     async fn apply_group(&self, group: Vec<Submitted>) {
-        metrics::histogram!("gateway_report_group_sessions").record(group.len() as f64);
+        metrics::histogram!("better_compute_gateway_report_flush_sessions").record(group.len() as f64);
         let locks = if group.len() > 1 { NodeLocks::SkipBusy } else { NodeLocks::Wait };
         match self.apply_together(&group, locks).await {
             Ok(applied) => {
@@ -116,7 +116,7 @@ impl Inner {
         for d in sent {
             self.send_dispatched(d);
         }
-        metrics::counter!("gateway_commands_settled_total").increment(applied.settled);
+        metrics::counter!("better_compute_gateway_commands_settled_total").increment(applied.settled);
         Ok(applied)
     }
 }

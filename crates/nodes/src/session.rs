@@ -198,11 +198,14 @@ pub struct Dispatch {
     pub not_after_unix_ms: i64,
     /// A destructive kind's signature; empty for other kinds.
     pub signature: Vec<u8>,
+    /// Milliseconds since it was enqueued, by the database's clock.
+    pub waited_ms: i64,
 }
 
 const DISPATCH_COLUMNS: &str = "id, seq, kind, lane, body, min_generation,
     (extract(epoch FROM not_after - compute_now()) * 1000)::bigint, retry_safe,
-    round(extract(epoch FROM not_after) * 1000)::bigint, coalesce(signature, '')";
+    round(extract(epoch FROM not_after) * 1000)::bigint, coalesce(signature, ''),
+    (extract(epoch FROM compute_now() - created_at) * 1000)::bigint";
 
 /// A [`Dispatch`] from [`DISPATCH_COLUMNS`] starting at column `at`.
 fn dispatch_of(r: &tokio_postgres::Row, at: usize) -> Dispatch {
@@ -217,6 +220,7 @@ fn dispatch_of(r: &tokio_postgres::Row, at: usize) -> Dispatch {
         retry_safe: r.get(at + 7),
         not_after_unix_ms: r.get(at + 8),
         signature: r.get(at + 9),
+        waited_ms: r.get(at + 10),
     }
 }
 

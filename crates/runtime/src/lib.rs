@@ -10,6 +10,7 @@ pub mod events;
 #[cfg(feature = "testing")]
 pub mod harness;
 pub mod housekeeping;
+pub mod metrics;
 pub mod module;
 pub mod nodespec;
 pub mod occupancy;

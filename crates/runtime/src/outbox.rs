@@ -278,6 +278,7 @@ pub async fn dispatch_batch(pool: &Pool, sink: &dyn Sink, lease: &Lease, limit: 
     let last = events.last().expect("non-empty").cursor;
     save_cursor(&*tx, sink.name(), last, events.len() as i64).await?;
     tx.commit().await?;
+    metrics::counter!("better_compute_outbox_delivered_total", "sink" => sink.name().to_owned()).increment(events.len() as u64);
     Ok(events.len())
 }
 

@@ -249,6 +249,11 @@ impl Worker {
                 tracing::warn!(lease = l.name(), epoch = l.epoch(), "lease lost");
             }
         }
+        // A lease new to us that had an earlier holder (its epoch moved past 1) is a takeover.
+        for l in now_held.iter().filter(|l| l.epoch() > 1 && !keep.iter().any(|k| k.name() == l.name())) {
+            let kind = l.name().split(':').next().unwrap_or("other").to_owned();
+            metrics::counter!("better_compute_lease_takeovers_total", "kind" => kind).increment(1);
+        }
         {
             let mut st = self.state.lock().expect("worker state");
             st.leases = now_held.into_iter().map(|l| (l.name().to_owned(), l)).collect();
@@ -421,12 +426,27 @@ impl Worker {
         Ok(claimed.into_iter().map(|c| { let l = leases[&c.shard].clone(); (c, l) }).collect())
     }
 
-    /// Runs claimed keys of one shard under its `lease`: one run, or one `run_many` for several.
+    /// Runs claimed keys of one shard under its `lease`, timed (`better_compute_job_run_seconds`).
     async fn run_batch(&self, r: Arc<dyn Reconciler>, keys: Vec<Claimed>, lease: Lease) -> Vec<(Claimed, RunResult)> {
-        let ctx = self.context(r.kind().name, lease);
+        let job = r.kind().name;
+        let started = std::time::Instant::now();
+        let ended = self.run_keys(r, keys, lease).await;
+        metrics::histogram!("better_compute_job_run_seconds", "job" => job).record(started.elapsed().as_secs_f64());
+        ended
+    }
+
+    /// Runs claimed keys of one shard under its `lease`: one run, or one `run_many` for several.
+    async fn run_keys(&self, r: Arc<dyn Reconciler>, keys: Vec<Claimed>, lease: Lease) -> Vec<(Claimed, RunResult)> {
+        let job = r.kind().name;
+        let ctx = self.context(job, lease);
         let result = |o: Result<crate::Outcome, crate::RunError>| match o {
             Ok(o) => RunResult::Ok(o),
-            Err(e) => RunResult::Err(error_chain(&*e)),
+            Err(e) => {
+                if matches!(e.downcast_ref::<DbError>(), Some(DbError::LeaseLost { .. })) {
+                    metrics::counter!("better_compute_job_fence_lost_total", "job" => job).increment(1);
+                }
+                RunResult::Err(error_chain(&*e))
+            }
         };
         // A panicking reconciler fails its keys, not the worker.
         if let [one] = keys.as_slice() {
@@ -454,6 +474,12 @@ impl Worker {
             return Ok(report);
         }
         for (c, res) in results {
+            let outcome = match res {
+                RunResult::Ok(crate::Outcome::Done) => "done",
+                RunResult::Ok(crate::Outcome::SyncAgain) => "sync_again",
+                RunResult::Err(_) => "error",
+            };
+            metrics::counter!("better_compute_job_runs_total", "job" => kind.name, "outcome" => outcome).increment(1);
             match res {
                 RunResult::Ok(crate::Outcome::Done) => report.done += 1,
                 RunResult::Ok(crate::Outcome::SyncAgain) => report.sync_again += 1,

@@ -4,6 +4,7 @@
 //!
 //! An application crate: its functions return `anyhow` errors, as the binary reports them.
 
+pub mod metrics;
 pub mod roles;
 
 use std::sync::Arc;

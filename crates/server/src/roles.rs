@@ -13,7 +13,7 @@ pub struct ServerArgs {
     #[command(flatten)]
     db: crate::DatabaseArgs,
     /// Roles to run, comma-separated: api, gateway, worker.
-    #[arg(long, value_delimiter = ',', default_value = "api,gateway,worker")]
+    #[arg(long, env = "BETTER_COMPUTE_ROLES", value_delimiter = ',', default_value = "api,gateway,worker")]
     roles: Vec<String>,
     /// Where the api role listens.
     #[arg(long, env = "BETTER_COMPUTE_API_LISTEN", default_value = "127.0.0.1:8080")]
@@ -44,6 +44,10 @@ pub struct ServerArgs {
     /// Requests a second all of one tenant's tokens may make to this API process together. 0: no limit.
     #[arg(long, env = "BETTER_COMPUTE_API_RATE_PER_TENANT", default_value_t = better_compute_api::rate_limit::RateLimits::default().per_tenant_per_s)]
     api_rate_per_tenant: u32,
+    /// Where to serve Prometheus metrics (`GET /metrics`) for whatever roles this process runs,
+    /// e.g. 0.0.0.0:9464; none when unset (the api role also serves /metrics on its listener).
+    #[arg(long, env = "BETTER_COMPUTE_METRICS_LISTEN")]
+    metrics_listen: Option<String>,
 }
 
 const KNOWN_ROLES: &[&str] = &["api", "gateway", "worker"];
@@ -123,6 +127,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         }
         tracing::error!("BETTER_COMPUTE_TEST_BROKEN_FENCE=1: fenced transactions skip their fence; never run this in production");
     }
+    tracing::info!(roles = %args.roles.join(","), version = env!("CARGO_PKG_VERSION"), "server starting");
     let registry = crate::registry()?;
     if args.roles.iter().any(|r| r == "api" || r == "worker") {
         // The roles that enqueue commands sign the destructive ones.
@@ -134,6 +139,12 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     // Every role's pokes share one NOTIFY stream (see work_queue::Poker).
     better_compute_runtime::work_queue::Poker::install(pool.clone());
     let (stop, stopped) = tokio::sync::watch::channel(false);
+    let mut metrics = None;
+    if let Some(listen) = &args.metrics_listen {
+        let (addr, handle) = crate::metrics::start(pool.clone(), registry.clone(), listen, stopped.clone()).await?;
+        println!("metrics on http://{addr}/metrics");
+        metrics = Some(handle);
+    }
     let mut api = None;
     if args.roles.iter().any(|r| r == "api") {
         let (addr, handle) = start_api(
@@ -169,6 +180,9 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         h.await??;
     }
     if let Some(h) = api {
+        h.await??;
+    }
+    if let Some(h) = metrics {
         h.await??;
     }
     if let Some(g) = gateway {

@@ -1,0 +1,154 @@
+//! What `deploy/` ships holds against the code: the alert rules and the dashboard name only metrics
+//! the control plane writes, and a server process serves them on `--metrics-listen`, with JSON logs.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use better_compute_db::testing::TestDb;
+use better_compute_runtime::metrics::{in_catalogue, CATALOGUE};
+
+const BIN: &str = env!("CARGO_BIN_EXE_better-compute");
+
+/// Every `better_compute_…` name in `text`.
+fn metric_names(text: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("better_compute_") {
+        let tail = &rest[at..];
+        let end = tail.find(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')).unwrap_or(tail.len());
+        names.push(tail[..end].to_owned());
+        rest = &tail[end..];
+    }
+    names
+}
+
+#[test]
+fn the_alert_rules_and_the_dashboard_name_only_metrics_of_the_catalogue() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy");
+    for file in ["prometheus/alerts.yaml", "grafana/better-compute.json"] {
+        let text = std::fs::read_to_string(root.join(file)).unwrap();
+        let names = metric_names(&text);
+        assert!(names.len() >= 10, "{file} names {} metrics", names.len());
+        let unknown: Vec<&String> = names.iter().filter(|n| !in_catalogue(n)).collect();
+        assert!(unknown.is_empty(), "{file} names metrics the control plane does not write: {unknown:?}");
+    }
+    let dashboard: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(root.join("grafana/better-compute.json")).unwrap()).unwrap();
+    assert!(dashboard["panels"].as_array().is_some_and(|p| p.len() >= 10));
+}
+
+/// `GET path` on `addr`, the body.
+fn get(addr: &str, path: &str) -> String {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    body.to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_serves_its_metrics_on_its_own_listener_and_logs_json() {
+    let db = TestDb::core().await;
+    let url = db.connection_string().to_owned();
+    let ca = tempfile::tempdir().unwrap();
+    let ca_dir = ca.path().to_str().unwrap().to_owned();
+    let (exposition, log_lines) = tokio::task::spawn_blocking(move || {
+        let migrated = Command::new(BIN).args(["migrate", "--database-url", &url]).output().unwrap();
+        assert!(migrated.status.success(), "{}", String::from_utf8_lossy(&migrated.stderr));
+        let mut server = Command::new(BIN)
+            .args(["--log-format", "json", "server", "--roles", "worker", "--metrics-listen", "127.0.0.1:0", "--ca-dir", &ca_dir, "--database-url", &url])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = BufReader::new(server.stdout.take().unwrap()).lines();
+        let addr = loop {
+            let line = out.next().expect("the server printed its metrics address").unwrap();
+            if let Some(rest) = line.strip_prefix("metrics on http://") {
+                break rest.trim_end_matches("/metrics").to_owned();
+            }
+        };
+        // The worker runs its jobs at once (every periodic one is due at start); wait for a run.
+        let mut text = String::new();
+        for _ in 0..300 {
+            text = get(&addr, "/metrics");
+            if text.contains("better_compute_job_runs_total{") {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        assert_eq!(get(&addr, "/healthz"), "ok\n");
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(server.id() as i32, libc::SIGTERM) };
+        let status = server.wait().unwrap();
+        assert!(status.success(), "{status}");
+        let mut err = String::new();
+        server.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+        (text, err.lines().map(str::to_owned).collect::<Vec<_>>())
+    })
+    .await
+    .unwrap();
+    // Its counters, and the fleet's gauges sampled from the database at the scrape.
+    for want in ["better_compute_build_info{version=", "better_compute_job_runs_total{job=", "better_compute_job_run_seconds_bucket{job=", "better_compute_job_queue_depth{job=\"health\"}", "better_compute_leases_held{kind=\"shard\"} 256", "better_compute_workers_live 1", "better_compute_outbox_lag_events{sink=", "# HELP better_compute_job_runs_total"] {
+        assert!(exposition.contains(want), "no {want:?} in:\n{exposition}");
+    }
+    let names = metric_names(&exposition);
+    assert!(names.len() >= 20, "{exposition}");
+    let unknown: Vec<&String> = names.iter().filter(|n| !in_catalogue(n)).collect();
+    assert!(unknown.is_empty(), "written but not in the catalogue (docs/metrics.md): {unknown:?}");
+    assert!(CATALOGUE.iter().any(|c| c.name == "better_compute_job_runs_total"));
+    // Every log line is one JSON object with a level and a message.
+    assert!(!log_lines.is_empty());
+    for line in &log_lines {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+        assert!(v["level"].is_string() && v["fields"]["message"].is_string(), "{line}");
+    }
+}
+
+#[test]
+fn the_debian_package_holds_the_binary_the_units_and_their_settings() {
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let out = tempfile::tempdir().unwrap();
+    // Uncompressed: the test binary is large, and compression is not what is tested.
+    let built = Command::new(repo.join("scripts/package-deb")).arg(BIN).arg(out.path()).env("DEB_COMPRESSION", "none").output().unwrap();
+    assert!(built.status.success(), "{}", String::from_utf8_lossy(&built.stderr));
+    let deb = String::from_utf8(built.stdout).unwrap().trim().to_owned();
+    let field = |f: &str| String::from_utf8(Command::new("dpkg-deb").args(["--field", &deb, f]).output().unwrap().stdout).unwrap().trim().to_owned();
+    assert_eq!(field("Package"), "better-compute");
+    assert_eq!(field("Version"), env!("CARGO_PKG_VERSION"));
+    let listing = String::from_utf8(Command::new("dpkg-deb").args(["--contents", &deb]).output().unwrap().stdout).unwrap();
+    let files: Vec<&str> = listing.lines().filter_map(|l| l.split_whitespace().nth(5)).collect();
+    for want in [
+        "./usr/bin/better-compute",
+        "./lib/systemd/system/better-compute-server.service",
+        "./lib/systemd/system/better-compute-daemon.service",
+        "./etc/better-compute/server.env",
+        "./etc/better-compute/daemon.env",
+        "./usr/share/better-compute/prometheus/alerts.yaml",
+    ] {
+        assert!(files.contains(&want), "{want} is not in the package: {files:?}");
+    }
+    let conffiles = Command::new("dpkg-deb").args(["--info", &deb, "conffiles"]).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&conffiles.stdout), "/etc/better-compute/server.env\n/etc/better-compute/daemon.env\n");
+    // Each unit runs the packaged binary with the packaged settings, and every variable the server
+    // settings set is one the binary reads (a typo would be silently ignored).
+    for (unit, env) in [("better-compute-server.service", "server.env"), ("better-compute-daemon.service", "daemon.env")] {
+        let text = std::fs::read_to_string(repo.join("deploy/systemd").join(unit)).unwrap();
+        assert!(text.contains("ExecStart=/usr/bin/better-compute ") && text.contains(&format!("EnvironmentFile=/etc/better-compute/{env}")), "{unit}");
+    }
+    let server_help = String::from_utf8(Command::new(BIN).args(["server", "--help"]).output().unwrap().stdout).unwrap();
+    let settings = std::fs::read_to_string(repo.join("deploy/debian/server.env")).unwrap();
+    let vars: Vec<&str> = settings.lines().map(|l| l.trim_start_matches('#')).filter_map(|l| l.split_once('=')).map(|(k, _)| k).filter(|k| k.starts_with("BETTER_COMPUTE_") || *k == "DATABASE_URL").collect();
+    assert!(vars.len() >= 8, "{vars:?}");
+    for v in vars {
+        let global = ["BETTER_COMPUTE_LOG", "BETTER_COMPUTE_LOG_FORMAT"].contains(&v);
+        assert!(global || server_help.contains(&format!("[env: {v}")), "server.env sets {v}, which `server` does not read");
+    }
+    // The image builds the same binary and runs it as `server` by default.
+    let dockerfile = std::fs::read_to_string(repo.join("deploy/Dockerfile")).unwrap();
+    assert!(dockerfile.contains("cargo build --release --locked -p better-compute") && dockerfile.contains(r#"ENTRYPOINT ["/usr/bin/better-compute"]"#));
+}

@@ -24,6 +24,20 @@ pub struct ServerArgs {
     /// Your tenant, sent as `tenantId` to methods that take one.
     #[arg(long, env = "BETTER_COMPUTE_TENANT")]
     pub tenant: Option<String>,
+    /// A CA certificate (PEM) to trust besides the system's store, for an API behind a private CA.
+    #[arg(long, env = "BETTER_COMPUTE_CA_CERT")]
+    pub ca_cert: Option<std::path::PathBuf>,
+}
+
+impl ServerArgs {
+    /// An HTTP client builder trusting the system's store and `--ca-cert`.
+    pub fn http(&self) -> anyhow::Result<reqwest::ClientBuilder> {
+        let pem = match &self.ca_cert {
+            Some(p) => Some(std::fs::read(p).map_err(|e| exit::fail(exit::USAGE, format!("--ca-cert {}: {e}", p.display())))?),
+            None => None,
+        };
+        better_compute_client::http_trusting(pem.as_deref()).map_err(|e| exit::fail(exit::USAGE, format!("--ca-cert: {e}")))
+    }
 }
 
 /// Options of `better-compute api`.
@@ -90,6 +104,8 @@ pub(crate) fn body_of(fields: &[String]) -> anyhow::Result<Map<String, Value>> {
 
 struct Client {
     http: reqwest::Client,
+    /// Without the request timeout, for streams.
+    streams: reqwest::Client,
     url: String,
     token: Option<String>,
 }
@@ -188,7 +204,7 @@ pub async fn run(mut args: ApiArgs) -> anyhow::Result<()> {
     }
     let format: Output = args.output.parse().map_err(|e: String| exit::fail(exit::USAGE, e))?;
     args.fields = fields;
-    let client = Client { http: better_compute_client::http().timeout(Duration::from_secs(60)).build()?, url: args.server.url.trim_end_matches('/').to_owned(), token: args.server.token.clone() };
+    let client = Client { http: args.server.http()?.timeout(Duration::from_secs(60)).build()?, streams: args.server.http()?.build()?, url: args.server.url.trim_end_matches('/').to_owned(), token: args.server.token.clone() };
     if args.list {
         let doc = client.openapi().await?;
         let mut out = String::new();
@@ -267,7 +283,7 @@ async fn every_page(client: &Client, method: &str, mut body: Map<String, Value>,
 async fn wait(client: &Client, args: &ApiArgs, method: &str, mut v: Value) -> anyhow::Result<Value> {
     use better_compute_client::types;
     let token = client.token.as_deref().context("no token: set BETTER_COMPUTE_TOKEN")?;
-    let typed = better_compute_client::Client::with_token_on(&client.url, token, better_compute_client::http().timeout(Duration::from_secs(60)))?;
+    let typed = better_compute_client::Client::with_token_on(&client.url, token, args.server.http()?.timeout(Duration::from_secs(60)))?;
     let id = v["id"].as_str().context("the answer has no id to wait on")?.to_owned();
     let node = v["nodeId"].as_str().unwrap_or_default().to_owned();
     let get = if method.starts_with("reservations.") { "reservations.get" } else { "commands.get" };
@@ -295,7 +311,7 @@ async fn wait(client: &Client, args: &ApiArgs, method: &str, mut v: Value) -> an
 async fn wait_workflow(client: &Client, args: &ApiArgs, mut v: Value) -> anyhow::Result<Value> {
     use std::io::IsTerminal;
     let token = client.token.as_deref().context("no token: set BETTER_COMPUTE_TOKEN")?;
-    let typed = better_compute_client::Client::with_token_on(&client.url, token, better_compute_client::http().timeout(Duration::from_secs(60)))?;
+    let typed = better_compute_client::Client::with_token_on(&client.url, token, args.server.http()?.timeout(Duration::from_secs(60)))?;
     let id = v["id"].as_str().context("the answer has no id to wait on")?.to_owned();
     let tty = std::io::stderr().is_terminal();
     let started = Instant::now();
@@ -365,7 +381,7 @@ async fn follow_sse(
     mut show: impl FnMut(&str, &str),
 ) -> anyhow::Result<()> {
     let token = client.token.as_deref().context("no token: set BETTER_COMPUTE_TOKEN")?;
-    let http = better_compute_client::http().build()?;
+    let http = client.streams.clone();
     let mut failures = 0u32;
     loop {
         let mut req = http.get(format!("{}/v1/{path}", client.url)).bearer_auth(token).query(query);

@@ -38,9 +38,10 @@ enum UsageCmd {
 
 /// Runs `usage …`.
 pub async fn run(args: UsageArgs) -> anyhow::Result<()> {
-    let UsageCmd::Export { server: crate::api::ServerArgs { url, token, tenant }, from, to, all_tenants, format } = args.cmd;
+    let UsageCmd::Export { server, from, to, all_tenants, format } = args.cmd;
+    let http = server.http()?.build()?;
+    let crate::api::ServerArgs { url, token, tenant, .. } = server;
     let token = token.context("no token: set BETTER_COMPUTE_TOKEN (dev prints one)")?;
-    let http = better_compute_client::http().build()?;
     let mut query = vec![("from", from), ("to", to), ("format", format.clone()), ("allTenants", all_tenants.to_string())];
     if let Some(t) = tenant {
         query.push(("tenantId", t));

@@ -19,3 +19,16 @@ fn a_bad_flag_exits_2_and_an_unreachable_server_69_and_help_documents_them() {
     let text = String::from_utf8_lossy(&help.stdout);
     assert!(text.contains("Exit status:") && text.contains("3 not found") && text.contains("69 the server"), "{text}");
 }
+
+#[test]
+fn a_ca_certificate_that_cannot_be_read_is_a_usage_error_naming_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let not_pem = dir.path().join("ca.pem");
+    std::fs::write(&not_pem, "not a certificate").unwrap();
+    for (path, says) in [(dir.path().join("missing.pem"), "missing.pem"), (not_pem, "holds no PEM certificate")] {
+        let out = Command::new(BIN).args(["api", "nodes.list"]).env("BETTER_COMPUTE_URL", "https://127.0.0.1:9").env("BETTER_COMPUTE_TOKEN", "bct_x").env("BETTER_COMPUTE_CA_CERT", &path).output().unwrap();
+        assert_eq!(out.status.code(), Some(2));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("--ca-cert") && err.contains(says), "{err}");
+    }
+}

@@ -28,6 +28,9 @@ pub enum DbError {
         /// `module/name`.
         migration: String,
     },
+    /// The connection string or its TLS settings cannot be used.
+    #[error("database connection settings: {0}")]
+    Config(String),
     /// A migration's SQL failed; nothing of it was applied.
     #[error("migration {migration} failed: {source}")]
     MigrationFailed {
@@ -41,9 +44,11 @@ pub enum DbError {
 /// tokio-postgres says only "db error" for an error the server raised; the server's message and
 /// SQLSTATE are what an operator reading a log needs.
 fn detail(e: &tokio_postgres::Error) -> String {
-    match e.as_db_error() {
-        Some(db) => format!("{} ({})", db.message(), db.code().code()),
-        None => e.to_string(),
+    match (e.as_db_error(), std::error::Error::source(e)) {
+        (Some(db), _) => format!("{} ({})", db.message(), db.code().code()),
+        // A connection's failure says why only in its cause (a TLS handshake's: the certificate).
+        (None, Some(cause)) => format!("{e}: {cause}"),
+        (None, None) => e.to_string(),
     }
 }
 
@@ -110,7 +115,7 @@ impl From<DbError> for Error {
                 }
                 Some(_) => Error::internal("unexpected database error"),
             },
-            DbError::MigrationChanged { .. } | DbError::MigrationFailed { .. } => Error::internal(e.to_string()),
+            DbError::MigrationChanged { .. } | DbError::MigrationFailed { .. } | DbError::Config(_) => Error::internal(e.to_string()),
         }
     }
 }

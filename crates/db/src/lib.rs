@@ -16,6 +16,7 @@ pub mod pool;
 pub mod schema;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod tls;
 pub mod workers;
 
 pub use aggregate::{Aggregate, Transitioned};

@@ -1,23 +1,22 @@
-//! The connection pool. Plain connections, no session state, so it works behind PgBouncer in
+//! The connection pool. Connections keep no session state, so it works behind PgBouncer in
 //! transaction pooling mode, on one condition: every statement runs in a transaction. tokio-postgres
 //! prepares a statement and executes it in two exchanges, and outside a transaction PgBouncer may
 //! hand each to another server, where the prepared statement does not exist. Writes take a
 //! transaction anyway; reads take a [`ReadTx`].
-
-use std::str::FromStr;
 
 use crate::DbError;
 
 /// A pool of connections to one database.
 pub type Pool = deadpool_postgres::Pool;
 
-/// Builds a pool from a libpq connection string or URL (`host=/sock dbname=x` or `postgresql://…`).
-/// Connections are opened lazily.
+/// Builds a pool from a libpq connection string or URL (`host=/sock dbname=x` or `postgresql://…`,
+/// with `sslmode` and `sslrootcert` as libpq reads them: `crate::tls`). Connections are opened
+/// lazily.
 pub fn connect_pool(conn: &str, max_size: usize) -> Result<Pool, DbError> {
-    let cfg = tokio_postgres::Config::from_str(conn)?;
+    let (cfg, tls) = crate::tls::parse(conn)?;
     let mgr = deadpool_postgres::Manager::from_config(
         cfg,
-        tokio_postgres::NoTls,
+        tls,
         deadpool_postgres::ManagerConfig { recycling_method: deadpool_postgres::RecyclingMethod::Fast },
     );
     Ok(deadpool_postgres::Pool::builder(mgr)
@@ -30,7 +29,8 @@ pub fn connect_pool(conn: &str, max_size: usize) -> Result<Pool, DbError> {
 /// Opens one dedicated connection, driving it on a background task. Use for LISTEN and for tests
 /// that need a connection of their own.
 pub async fn connect(conn: &str) -> Result<tokio_postgres::Client, DbError> {
-    let (client, connection) = tokio_postgres::connect(conn, tokio_postgres::NoTls).await?;
+    let (cfg, tls) = crate::tls::parse(conn)?;
+    let (client, connection) = cfg.connect(tls).await?;
     tokio::spawn(async move {
         if let Err(e) = connection.await {
             tracing::debug!(error = %e, "database connection closed");

@@ -21,7 +21,11 @@ pub async fn listen(conn: String, channels: &'static [&'static str], on: impl Fn
     use futures_util::StreamExt;
     let on = std::sync::Arc::new(on);
     loop {
-        match tokio_postgres::connect(&conn, tokio_postgres::NoTls).await {
+        let connected = async {
+            let (config, tls) = better_compute_db::tls::parse(&conn)?;
+            Ok::<_, DbError>(config.connect(tls).await?)
+        };
+        match connected.await {
             Ok((client, mut connection)) => {
                 // The connection must be polled for LISTEN to complete and for notifications to arrive.
                 let forward = on.clone();

@@ -29,17 +29,19 @@ pub const MAX_HEADERS: usize = 100;
 /// How long a stopping server waits for its connections (a watch stream never ends by itself).
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
-/// The connection limits.
-#[derive(Debug, Clone, Copy)]
+/// The connection limits, and TLS.
+#[derive(Debug, Clone)]
 pub struct HttpSettings {
-    /// How long a request's head may take to arrive, and how long an idle keep-alive connection
-    /// is kept.
+    /// How long a request's head may take to arrive (a TLS handshake too), and how long an idle
+    /// keep-alive connection is kept.
     pub header_read_timeout: Duration,
+    /// HTTPS (`crate::tls::server_config`); none: plain HTTP.
+    pub tls: Option<std::sync::Arc<rustls::ServerConfig>>,
 }
 
 impl Default for HttpSettings {
     fn default() -> HttpSettings {
-        HttpSettings { header_read_timeout: Duration::from_secs(10) }
+        HttpSettings { header_read_timeout: Duration::from_secs(10), tls: None }
     }
 }
 
@@ -75,9 +77,21 @@ pub async fn serve(
         // The client's address, for the audit log.
         let service = TowerToHyperService::new(router.clone().layer(axum::Extension(ClientAddr(peer))));
         let mut stopping = stopping.clone();
+        let settings = settings.clone();
         // Finished connections leave the set as new ones come, so it holds only live ones.
         while connections.try_join_next().is_some() {}
         connections.spawn(async move {
+            let stream: Box<dyn Stream> = match &settings.tls {
+                None => Box::new(stream),
+                Some(tls) => match tokio::time::timeout(settings.header_read_timeout, tokio_rustls::TlsAcceptor::from(tls.clone()).accept(stream)).await {
+                    Ok(Ok(s)) => Box::new(s),
+                    Ok(Err(e)) => {
+                        tracing::debug!(error = %e, "a TLS handshake failed");
+                        return;
+                    }
+                    Err(_) => return,
+                },
+            };
             let mut builder = Builder::new(TokioExecutor::new());
             builder
                 .http1()
@@ -108,6 +122,10 @@ pub async fn serve(
     }
     Ok(())
 }
+
+/// A connection, plain or TLS.
+trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<S: AsyncRead + AsyncWrite + Unpin + Send> Stream for S {}
 
 /// A connection whose answers from hyper itself (a response head with a 4xx status and no
 /// `x-request-id`, which every answer of the router carries) are replaced by the API's JSON error.

@@ -12,6 +12,7 @@ pub mod http;
 pub mod method;
 mod methods;
 mod metrics;
+pub mod tls;
 pub mod openapi;
 pub mod rate_limit;
 pub mod usage_export;

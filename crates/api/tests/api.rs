@@ -1344,7 +1344,7 @@ async fn a_watch_stream_ends_when_its_token_is_revoked_or_expires_and_narrows_wh
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_http_layer_answers_its_own_refusals_as_json_and_drops_slow_and_idle_connections() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let limits = better_compute_api::http::HttpSettings { header_read_timeout: Duration::from_millis(300) };
+    let limits = better_compute_api::http::HttpSettings { header_read_timeout: Duration::from_millis(300), ..Default::default() };
     let api = Api::start_serving(|s| s.body_read_timeout = Duration::from_millis(300), limits).await;
     // Refusals hyper makes before the router sees the request: JSON with a request id.
     let many: String = (0..150).map(|i| format!("X-H{i}: v\r\n")).collect();
@@ -1880,4 +1880,48 @@ async fn every_change_through_the_api_writes_one_audit_entry_with_it_and_a_refus
     let v = better_compute_audit::verify::verify(&lines, Some(&key));
     assert!(v.problem.is_none() && v.entries as i64 >= total && v.checkpoints >= 1, "{v:?}");
     assert_eq!(api.http.get(format!("{}/v1/audit.export", api.url)).bearer_auth(&b.token).send().await.unwrap().status(), 403, "a tenant proves its entries instead");
+}
+
+/// A CA and a certificate from it for 127.0.0.1: (CA PEM, certificate PEM, key PEM).
+fn tls_identity() -> (String, String, String) {
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca_pem = ca.self_signed(&ca_key).unwrap().pem();
+    let issuer = rcgen::Issuer::new(ca, ca_key);
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()]).unwrap().signed_by(&key, &issuer).unwrap();
+    (ca_pem, cert.pem(), key.serialize_pem())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_serves_https_and_a_renewed_certificate_reaches_new_connections_without_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert_file, key_file) = (dir.path().join("api.pem"), dir.path().join("api.key"));
+    let (ca1, cert1, key1) = tls_identity();
+    std::fs::write(&cert_file, &cert1).unwrap();
+    std::fs::write(&key_file, &key1).unwrap();
+    let tls = better_compute_api::tls::server_config(cert_file.clone(), key_file.clone()).unwrap();
+    let api = Api::start_serving(|_| {}, better_compute_api::http::HttpSettings { tls: Some(tls), ..Default::default() }).await;
+    let url = api.url.replace("http://", "https://");
+    // A new client per call: a new connection, so a new handshake.
+    let get = |ca: &str| {
+        let client = better_compute_client::http_trusting(Some(ca.as_bytes())).unwrap().build().unwrap();
+        let u = format!("{url}/v1/openapi.json");
+        async move { client.get(u).send().await.map(|r| r.status().as_u16()).map_err(|e| format!("{e:?}")) }
+    };
+    assert_eq!(get(&ca1).await, Ok(200));
+    assert_eq!(api.http.get(format!("{}/healthz", api.url)).send().await.ok().map(|r| r.status().as_u16()), None, "plain HTTP to the HTTPS port gets no answer");
+    // Renewed by another CA on disk: the next connection gets the new certificate.
+    let (ca2, cert2, key2) = tls_identity();
+    std::fs::write(&key_file, &key2).unwrap();
+    std::fs::write(&cert_file, &cert2).unwrap();
+    assert_eq!(get(&ca2).await, Ok(200));
+    assert!(get(&ca1).await.is_err(), "the old CA no longer vouches for what is served");
+    // A broken renewal keeps the last good certificate.
+    std::fs::write(&cert_file, "half-written").unwrap();
+    assert_eq!(get(&ca2).await, Ok(200));
+    // A certificate that does not load is refused at start, naming the files.
+    let e = better_compute_api::tls::server_config(cert_file.clone(), key_file.clone()).unwrap_err().to_string();
+    assert!(e.contains("api.pem") && e.contains("api.key"), "{e}");
 }

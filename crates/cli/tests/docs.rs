@@ -1,79 +1,44 @@
 //! Reference pages generated from the registry cannot drift from it.
 
+/// The checked-in `file` (from the repository's root) equals what `docs PAGE` prints, and holds
+/// `sample`; the message says how to regenerate it.
+fn page_matches(page: &str, file: &str, source: &str, sample: &str) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_better-compute")).args(["docs", page]).output().unwrap();
+    assert!(out.status.success());
+    let on_disk = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(file)).unwrap_or_default();
+    assert_eq!(on_disk, String::from_utf8(out.stdout).unwrap(), "{file} drifted from {source}; regenerate it: cargo run -- docs {page} > {file}");
+    assert!(on_disk.contains(sample), "{file} lacks {sample:?}");
+}
+
 #[test]
 fn the_command_kinds_reference_page_matches_the_registry() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_better-compute")).args(["docs", "command-kinds"]).output().unwrap();
-    assert!(out.status.success());
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/command-kinds.md");
-    let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
-    assert_eq!(
-        on_disk,
-        String::from_utf8(out.stdout).unwrap(),
-        "docs/command-kinds.md drifted from the registry; regenerate it: cargo run -- docs command-kinds > docs/command-kinds.md"
-    );
-    assert!(on_disk.contains("| `node.reboot` | power | 900 s | no | yes | yes | yes | `NodeReboot` |"));
+    page_matches("command-kinds", "docs/command-kinds.md", "the registry", "| `node.reboot` | power | 900 s | no | yes | yes | yes | `NodeReboot` |");
 }
 
 #[test]
 fn the_workflow_definitions_page_matches_the_registry() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_better-compute")).args(["docs", "workflows"]).output().unwrap();
-    assert!(out.status.success());
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/workflow-definitions.md");
-    let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
-    assert_eq!(
-        on_disk,
-        String::from_utf8(out.stdout).unwrap(),
-        "docs/workflow-definitions.md drifted from the registry; regenerate it: cargo run -- docs workflows > docs/workflow-definitions.md"
-    );
-    assert!(on_disk.contains("## `node.maintenance`") && on_disk.contains("| `reboot` | 2 | 30 s |"));
+    page_matches("workflows", "docs/workflow-definitions.md", "the registry", "| `reboot` | 2 | 30 s |");
 }
 
 #[test]
 fn the_api_reference_page_matches_the_openapi_document() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_better-compute")).args(["docs", "api"]).output().unwrap();
-    assert!(out.status.success());
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/api.md");
-    let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
-    assert_eq!(on_disk, String::from_utf8(out.stdout).unwrap(), "docs/api.md drifted from the API; regenerate it: cargo run -- docs api > docs/api.md");
-    assert!(on_disk.contains("## `reservations.create`") && on_disk.contains("| `idempotencyKey` | string | no |"));
+    page_matches("api", "docs/api.md", "the API", "| `idempotencyKey` | string | no |");
 }
 
 #[test]
 fn the_event_catalogue_page_matches_the_registry() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_better-compute")).args(["docs", "events"]).output().unwrap();
-    assert!(out.status.success());
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/events.md");
-    let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
-    assert_eq!(on_disk, String::from_utf8(out.stdout).unwrap(), "docs/events.md drifted from the registry; regenerate it: cargo run -- docs events > docs/events.md");
-    assert!(on_disk.contains("| `reservation.placed` | 1 | tenant |"));
+    page_matches("events", "docs/events.md", "the registry", "| `reservation.placed` | 1 | tenant |");
 }
 
 #[test]
 fn the_clients_openapi_document_matches_the_api() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_better-compute")).args(["docs", "openapi"]).output().unwrap();
-    assert!(out.status.success());
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../client/openapi.json");
-    let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
-    assert_eq!(
-        on_disk,
-        String::from_utf8(out.stdout).unwrap(),
-        "crates/client/openapi.json drifted from the API, so the typed client is stale; regenerate it: cargo run -- docs openapi > crates/client/openapi.json"
-    );
-    assert!(on_disk.contains("\"operationId\": \"reservations.create\""));
+    // The typed client is generated from it: a stale copy is a stale client.
+    page_matches("openapi", "crates/client/openapi.json", "the API", "\"operationId\": \"reservations.create\"");
 }
 
 #[test]
 fn the_metrics_page_matches_the_catalogue() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_better-compute")).args(["docs", "metrics"]).output().unwrap();
-    assert!(out.status.success());
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/metrics.md");
-    let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
-    assert_eq!(
-        on_disk,
-        String::from_utf8(out.stdout).unwrap(),
-        "docs/metrics.md drifted from runtime::metrics::CATALOGUE; regenerate it: cargo run -- docs metrics > docs/metrics.md"
-    );
-    assert!(on_disk.contains("| `better_compute_job_runs_total` | counter | job, outcome | worker |"));
+    page_matches("metrics", "docs/metrics.md", "runtime::metrics::CATALOGUE", "| `better_compute_job_runs_total` | counter | job, outcome | worker |");
 }
 
 #[test]

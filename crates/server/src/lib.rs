@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use better_compute_iam::bootstrap::{bootstrap, Bootstrapped};
 
-pub use roles::{run, start_api, start_gateway, start_worker, ServerArgs};
+pub use roles::{run, start_api, start_api_with, start_gateway, start_worker, ServerArgs};
 
 /// Where the database is.
 #[derive(Debug, Clone, clap::Args)]

@@ -44,6 +44,13 @@ pub struct ServerArgs {
     /// Requests a second all of one tenant's tokens may make to this API process together. 0: no limit.
     #[arg(long, env = "BETTER_COMPUTE_API_RATE_PER_TENANT", default_value_t = better_compute_api::rate_limit::RateLimits::default().per_tenant_per_s)]
     api_rate_per_tenant: u32,
+    /// Serve the API over HTTPS with this certificate chain (PEM), read again when the file
+    /// changes (with --api-tls-key); plain HTTP when unset (behind a TLS proxy).
+    #[arg(long, env = "BETTER_COMPUTE_API_TLS_CERT", requires = "api_tls_key")]
+    api_tls_cert: Option<std::path::PathBuf>,
+    /// The private key (PEM) of --api-tls-cert.
+    #[arg(long, env = "BETTER_COMPUTE_API_TLS_KEY", requires = "api_tls_cert")]
+    api_tls_key: Option<std::path::PathBuf>,
     /// Where to serve Prometheus metrics (`GET /metrics`) for whatever roles this process runs,
     /// e.g. 0.0.0.0:9464; none when unset (the api role also serves /metrics on its listener).
     #[arg(long, env = "BETTER_COMPUTE_METRICS_LISTEN")]
@@ -91,6 +98,18 @@ pub async fn start_api(
     registry: Arc<Registry>,
     listen: &str,
     limits: better_compute_api::rate_limit::RateLimits,
+    shutdown: tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<(std::net::SocketAddr, tokio::task::JoinHandle<std::io::Result<()>>)> {
+    start_api_with(pool, registry, listen, limits, Default::default(), shutdown).await
+}
+
+/// [`start_api`] with other HTTP settings (HTTPS).
+pub async fn start_api_with(
+    pool: better_compute_db::Pool,
+    registry: Arc<Registry>,
+    listen: &str,
+    limits: better_compute_api::rate_limit::RateLimits,
+    http: better_compute_api::http::HttpSettings,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) -> anyhow::Result<(std::net::SocketAddr, tokio::task::JoinHandle<std::io::Result<()>>)> {
     {
@@ -109,7 +128,7 @@ pub async fn start_api(
     tokio::spawn(iam.run_tail(std::time::Duration::from_secs(1), async move {
         let _ = tail_stop.wait_for(|s| *s).await;
     }));
-    let handle = tokio::spawn(better_compute_api::serve(listener, state, async move {
+    let handle = tokio::spawn(better_compute_api::serve_with(listener, state, http, async move {
         let _ = shutdown.wait_for(|s| *s).await;
     }));
     Ok((addr, handle))
@@ -147,15 +166,21 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     }
     let mut api = None;
     if args.roles.iter().any(|r| r == "api") {
-        let (addr, handle) = start_api(
+        let tls = match (&args.api_tls_cert, &args.api_tls_key) {
+            (Some(cert), Some(key)) => Some(better_compute_api::tls::server_config(cert.clone(), key.clone())?),
+            _ => None,
+        };
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let (addr, handle) = start_api_with(
             pool.clone(),
             registry.clone(),
             &args.api_listen,
             better_compute_api::rate_limit::RateLimits { per_token_per_s: args.api_rate_per_token, per_tenant_per_s: args.api_rate_per_tenant, ..Default::default() },
+            better_compute_api::http::HttpSettings { tls, ..Default::default() },
             stopped.clone(),
         )
         .await?;
-        println!("api listening on http://{addr}");
+        println!("api listening on {scheme}://{addr}");
         api = Some(handle);
     }
     let mut gateway = None;

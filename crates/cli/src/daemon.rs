@@ -18,7 +18,9 @@ pub struct DaemonArgs {
     /// A join token (`bcj_…`, from `api nodes.createJoinToken`); needed only on the first start.
     #[arg(long, env = "BETTER_COMPUTE_JOIN_TOKEN", hide_env_values = true)]
     join_token: Option<String>,
-    /// The control plane's CA certificate (`ca.pem` in the server's CA folder); needed to join.
+    /// The CA certificate (PEM) the gateway's certificate is checked against: `ca.pem` of the
+    /// server's CA folder, or the issuer of an operator's gateway certificate. Needed to join;
+    /// after that trusted beside the fleet's CA pinned at join.
     #[arg(long)]
     ca_cert: Option<PathBuf>,
     /// Where the node's key, certificate and journal live.

@@ -54,6 +54,9 @@ pub struct GatewayConfig {
     /// The command-signing key's public half, handed to each daemon that joins (empty: none, and
     /// those daemons refuse every destructive command).
     pub command_key: Vec<u8>,
+    /// An operator's server certificate chain and key (PEM) instead of one the gateway signs for
+    /// itself from the CA for `hostnames`; daemons must then trust its issuer (`--ca-cert`).
+    pub server_identity: Option<(String, String)>,
 }
 
 impl GatewayConfig {
@@ -71,6 +74,7 @@ impl GatewayConfig {
             node_cert_lifetime: ca::NODE_CERT_LIFETIME,
             hello_timeout: Duration::from_secs(10),
             command_key: Vec::new(),
+            server_identity: None,
         }
     }
 }
@@ -127,7 +131,10 @@ impl Gateway {
             (lease.ok_or_else(|| GatewayError::LeaseHeld(cfg.id.clone()))?, clock)
         };
         let (lease, clock) = lease;
-        let (cert, key) = ca.server_identity(&cfg.hostnames)?;
+        let (cert, key) = match &cfg.server_identity {
+            Some(given) => given.clone(),
+            None => ca.server_identity(&cfg.hostnames)?,
+        };
         let tls = tonic::transport::ServerTlsConfig::new()
             .identity(tonic::transport::Identity::from_pem(cert, key))
             .client_ca_root(tonic::transport::Certificate::from_pem(ca.cert_pem()))

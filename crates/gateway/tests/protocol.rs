@@ -833,3 +833,26 @@ async fn a_restarted_daemon_restores_the_layout_its_allocations_were_placed_on_f
     drop(restarted);
     let _ = g.stop.send(true);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_serves_an_operators_certificate_and_daemons_trusting_its_issuer_join_through_it() {
+    let f = Fleet::new().await;
+    // The operator's certificate comes from a CA of their own, not the fleet's.
+    let operators = Ca::generate().unwrap();
+    let mut cfg = GatewayConfig::new("gw_op", "127.0.0.1:0");
+    cfg.command_key = f.signer.public_key();
+    cfg.server_identity = Some(operators.server_identity(&["localhost".to_owned(), "127.0.0.1".to_owned()]).unwrap());
+    let (stop, stopped) = watch::channel(false);
+    let gw = Gateway::start(f.h.db().pool.clone(), f.ca.clone(), cfg, stopped).await.unwrap();
+    let g = RunningGateway { gw, stop };
+    // A daemon trusting only the fleet's CA cannot reach it.
+    let refused = Daemon::start(f.config(&g, "n0", Some(f.join_token(None).await)), gpus("n0")).await.err().map(|e| e.to_string());
+    assert!(refused.as_deref().is_some_and(|e| e.contains("UnknownIssuer") || e.contains("BadSignature")), "{refused:?}");
+    // One trusting the operator's CA joins and converges.
+    let mut cfg = f.config(&g, "n1", Some(f.join_token(None).await));
+    cfg.ca_pem = Some(operators.cert_pem().to_owned());
+    let d = f.start(cfg, gpus("n1")).await;
+    let node = d.d.node_id();
+    f.settle_spec().await;
+    f.converged(&node).await;
+}

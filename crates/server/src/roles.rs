@@ -24,6 +24,13 @@ pub struct ServerArgs {
     /// Names and addresses daemons reach the gateway by, comma-separated: its certificate's names.
     #[arg(long, value_delimiter = ',', default_value = "localhost,127.0.0.1")]
     gateway_hostname: Vec<String>,
+    /// The gateway's server certificate chain (PEM), instead of one it signs from the CA for
+    /// --gateway-hostname; daemons must trust its issuer (give them it in --ca-cert, with ca.pem).
+    #[arg(long, env = "BETTER_COMPUTE_GATEWAY_TLS_CERT", requires = "gateway_tls_key")]
+    gateway_tls_cert: Option<std::path::PathBuf>,
+    /// The private key (PEM) of --gateway-tls-cert.
+    #[arg(long, env = "BETTER_COMPUTE_GATEWAY_TLS_KEY", requires = "gateway_tls_cert")]
+    gateway_tls_key: Option<std::path::PathBuf>,
     /// The certificate authority's folder, created on first start: ca.pem, ca.key (mode 0600) and
     /// command-signing.pk8 (mode 0600: the key destructive commands such as node.reboot are signed
     /// with at enqueue; daemons pin its public half at join). Every gateway, api and worker of a
@@ -69,11 +76,28 @@ pub async fn start_gateway(
     listen_url: Option<String>,
     shutdown: tokio::sync::watch::Receiver<bool>,
 ) -> anyhow::Result<better_compute_gateway::Gateway> {
+    start_gateway_with(pool, ca_dir, listen, hostnames, listen_url, None, shutdown).await
+}
+
+/// [`start_gateway`] serving an operator's certificate and key files (PEM).
+pub async fn start_gateway_with(
+    pool: better_compute_db::Pool,
+    ca_dir: &std::path::Path,
+    listen: &str,
+    hostnames: Vec<String>,
+    listen_url: Option<String>,
+    identity: Option<(&std::path::Path, &std::path::Path)>,
+    shutdown: tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<better_compute_gateway::Gateway> {
     let ca = std::sync::Arc::new(better_compute_gateway::Ca::load_or_create(ca_dir)?);
     let mut cfg = better_compute_gateway::GatewayConfig::new(better_compute_core::id::GatewayId::generate().to_string(), listen);
     cfg.command_key = better_compute_runtime::signing::CommandSigner::load_or_create(ca_dir)?.public_key();
     cfg.hostnames = hostnames;
     cfg.listen_url = listen_url;
+    if let Some((cert, key)) = identity {
+        let read = |p: &std::path::Path| std::fs::read_to_string(p).with_context(|| format!("the gateway's TLS file {}", p.display()));
+        cfg.server_identity = Some((read(cert)?, read(key)?));
+    }
     Ok(better_compute_gateway::Gateway::start(pool, ca, cfg, shutdown).await?)
 }
 
@@ -186,7 +210,8 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     let mut gateway = None;
     if args.roles.iter().any(|r| r == "gateway") {
         let listen = Some(args.direct_url.clone().unwrap_or_else(|| args.db.database_url.clone()));
-        let g = start_gateway(pool.clone(), &args.ca_dir, &args.gateway_listen, args.gateway_hostname.clone(), listen, stopped.clone()).await?;
+        let identity = args.gateway_tls_cert.as_deref().zip(args.gateway_tls_key.as_deref());
+        let g = start_gateway_with(pool.clone(), &args.ca_dir, &args.gateway_listen, args.gateway_hostname.clone(), listen, identity, stopped.clone()).await?;
         println!("gateway {} listening on https://{} (CA: {})", g.id(), g.addr(), args.ca_dir.join("ca.pem").display());
         gateway = Some(g);
     }

@@ -140,6 +140,11 @@ fn kind_of(p: &Payload) -> &'static str {
 
 async fn endpoint(cfg: &DaemonConfig, ca_pem: &str, identity: Option<&Identity>) -> Result<Channel, DaemonError> {
     let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca_pem)).domain_name(cfg.server_name.clone());
+    // The CA given at start (`--ca-cert`) is trusted for the gateway besides the fleet's CA pinned
+    // at join: a gateway serving an operator's certificate is reached through it.
+    if let Some(given) = cfg.ca_pem.as_deref().filter(|g| *g != ca_pem) {
+        tls = tls.ca_certificate(Certificate::from_pem(given));
+    }
     if let Some(id) = identity {
         tls = tls.identity(tonic::transport::Identity::from_pem(&id.cert_pem, &id.key_pem));
     }

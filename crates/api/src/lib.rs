@@ -315,27 +315,12 @@ async fn readyz(State(state): State<Arc<ApiState>>) -> Response {
     let checks = async {
         let db = better_compute_db::pool::read_tx(&state.pool).await.map_err(|e| e.to_string())?;
         let clock = state.clock.get_or_try_init(|| better_compute_db::Clock::start(&*db)).await.map_err(|e| e.to_string())?;
-        clock.sample(&*db).await.map_err(|e| e.to_string())?;
-        let mut checks = clock.self_check();
-        let pending = better_compute_db::migrate::pending(&*db, &state.registry.migrations()).await.map_err(|e| e.to_string())?;
-        checks.push(better_compute_db::clock::SelfCheck {
-            name: "migrations",
-            ok: pending.is_empty(),
-            detail: match pending.first() {
-                None => "every migration of this version is applied".to_owned(),
-                Some(first) => format!("{} migration(s) of this version are not applied (the first: {first}); run `better-compute migrate`", pending.len()),
-            },
-        });
-        Ok::<_, String>(checks)
+        better_compute_db::readiness::checks(&*db, clock, &state.registry.migrations()).await.map_err(|e| e.to_string())
     }
     .await;
-    let checks: Vec<serde_json::Value> = match checks {
-        Ok(cs) => cs.iter().map(|c| serde_json::json!({"name": c.name, "ok": c.ok, "detail": c.detail})).collect(),
-        Err(e) => vec![serde_json::json!({"name": "database", "ok": false, "detail": format!("the database does not answer: {e}")})],
-    };
-    let ready = checks.iter().all(|c| c["ok"] == true);
+    let (ready, body) = better_compute_db::readiness::answer(checks);
     let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
-    (status, axum::Json(serde_json::json!({"ready": ready, "checks": checks}))).into_response()
+    (status, axum::Json(body)).into_response()
 }
 
 async fn metrics_text(State(state): State<Arc<ApiState>>) -> Response {

@@ -37,20 +37,26 @@ fn the_alert_rules_and_the_dashboard_name_only_metrics_of_the_catalogue() {
     assert!(dashboard["panels"].as_array().is_some_and(|p| p.len() >= 10));
 }
 
-/// `GET path` on `addr`, the body.
-fn get(addr: &str, path: &str) -> String {
+/// `GET path` on `addr`: the status and the body.
+fn get_any(addr: &str, path: &str) -> (u16, String) {
     let mut s = std::net::TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
     let mut text = String::new();
     s.read_to_string(&mut text).unwrap();
     let (head, body) = text.split_once("\r\n\r\n").unwrap();
-    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    body.to_owned()
+    (head[9..12].parse().unwrap(), body.to_owned())
+}
+
+/// `GET path` on `addr`, answered 200: the body.
+fn get(addr: &str, path: &str) -> String {
+    let (status, body) = get_any(addr, path);
+    assert_eq!(status, 200, "{body}");
+    body
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_worker_serves_its_metrics_on_its_own_listener_and_logs_json() {
+async fn a_worker_and_gateway_serve_metrics_and_readiness_on_their_own_listener_and_log_json() {
     let db = TestDb::core().await;
     let url = db.connection_string().to_owned();
     let ca = tempfile::tempdir().unwrap();
@@ -59,7 +65,7 @@ async fn a_worker_serves_its_metrics_on_its_own_listener_and_logs_json() {
         let migrated = Command::new(BIN).args(["migrate", "--database-url", &url]).output().unwrap();
         assert!(migrated.status.success(), "{}", String::from_utf8_lossy(&migrated.stderr));
         let mut server = Command::new(BIN)
-            .args(["--log-format", "json", "server", "--roles", "worker", "--metrics-listen", "127.0.0.1:0", "--ca-dir", &ca_dir, "--database-url", &url])
+            .args(["--log-format", "json", "server", "--roles", "worker,gateway", "--gateway-listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--ca-dir", &ca_dir, "--database-url", &url])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -82,6 +88,18 @@ async fn a_worker_serves_its_metrics_on_its_own_listener_and_logs_json() {
             std::thread::sleep(Duration::from_millis(100));
         }
         assert_eq!(get(&addr, "/healthz"), "ok\n");
+        // Ready: the database's checks and each role's own.
+        let ready: serde_json::Value = serde_json::from_str(&get(&addr, "/readyz")).unwrap();
+        let names: Vec<&str> = ready["checks"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
+        assert_eq!((ready["ready"].as_bool(), names), (Some(true), vec!["clock.skew", "migrations", "worker", "gateway"]), "{ready}");
+        // Another owner takes the gateway's lease: not ready, and the check says why.
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let c = better_compute_db::pool::connect(&url).await.unwrap();
+            assert_eq!(c.execute("UPDATE leases SET owner = 'gw_someone_else' WHERE name LIKE 'gateway:%'", &[]).await.unwrap(), 1);
+        });
+        let (status, body) = get_any(&addr, "/readyz");
+        assert!(status == 503 && body.contains("lost its lease"), "{status} {body}");
         // SAFETY: signalling our own child.
         unsafe { libc::kill(server.id() as i32, libc::SIGTERM) };
         let status = server.wait().unwrap();

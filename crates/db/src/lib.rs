@@ -13,6 +13,7 @@ pub mod paging;
 #[cfg(feature = "testing")]
 pub mod pgbouncer;
 pub mod pool;
+pub mod readiness;
 pub mod schema;
 #[cfg(feature = "testing")]
 pub mod testing;

@@ -182,12 +182,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     // Every role's pokes share one NOTIFY stream (see work_queue::Poker).
     better_compute_runtime::work_queue::Poker::install(pool.clone());
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    let mut metrics = None;
-    if let Some(listen) = &args.metrics_listen {
-        let (addr, handle) = crate::metrics::start(pool.clone(), registry.clone(), listen, stopped.clone()).await?;
-        println!("metrics on http://{addr}/metrics");
-        metrics = Some(handle);
-    }
+    let mut roles = crate::metrics::Roles::default();
     let mut api = None;
     if args.roles.iter().any(|r| r == "api") {
         let tls = match (&args.api_tls_cert, &args.api_tls_key) {
@@ -213,14 +208,23 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         let identity = args.gateway_tls_cert.as_deref().zip(args.gateway_tls_key.as_deref());
         let g = start_gateway_with(pool.clone(), &args.ca_dir, &args.gateway_listen, args.gateway_hostname.clone(), listen, identity, stopped.clone()).await?;
         println!("gateway {} listening on https://{} (CA: {})", g.id(), g.addr(), args.ca_dir.join("ca.pem").display());
+        roles.gateway_id = Some(g.id().to_owned());
         gateway = Some(g);
     }
     let mut worker = None;
     if args.roles.iter().any(|r| r == "worker") {
         let listen = Some(args.direct_url.unwrap_or_else(|| args.db.database_url.clone()));
-        let (w, handle) = start_worker(pool, registry, listen, stopped).await?;
+        let (w, handle) = start_worker(pool.clone(), registry.clone(), listen, stopped.clone()).await?;
         println!("worker {} running", w.id());
+        roles.worker_id = Some(w.id().to_owned());
         worker = Some(handle);
+    }
+    // Last, so its /readyz knows the roles' ids.
+    let mut metrics = None;
+    if let Some(listen) = &args.metrics_listen {
+        let (addr, handle) = crate::metrics::start(pool, registry, roles, listen, stopped).await?;
+        println!("metrics on http://{addr}/metrics");
+        metrics = Some(handle);
     }
     println!("Ctrl-C stops it");
     let signal = crate::shutdown_signal().await?;

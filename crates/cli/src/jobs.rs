@@ -5,8 +5,11 @@
 pub struct JobsArgs {
     #[command(flatten)]
     db: better_compute_server::DatabaseArgs,
-    /// Print JSON instead of tables.
-    #[arg(long)]
+    /// table (default), json, yaml or jsonpath=EXPR (`jsonpath=.queues[*].job`).
+    #[arg(short = 'o', long, default_value = "table")]
+    output: crate::output::Output,
+    /// The same as `-o json`.
+    #[arg(long, hide = true)]
     json: bool,
 }
 
@@ -20,10 +23,9 @@ pub async fn run(args: JobsArgs) -> anyhow::Result<()> {
     let runs = status::job_runs(&client).await?;
     let holders = status::holders(&client).await?;
     let gateways = better_compute_nodes::session::live_gateways(&client).await?;
-    if args.json {
-        let out = serde_json::json!({ "queues": queues, "runs": runs, "holders": holders, "gateways": gateways });
-        println!("{}", serde_json::to_string_pretty(&out)?);
-        return Ok(());
+    let output = if args.json { crate::output::Output::Json } else { args.output };
+    if !matches!(output, crate::output::Output::Table | crate::output::Output::Wide) {
+        return crate::ops::print_as(&serde_json::json!({ "queues": queues, "runs": runs, "holders": holders, "gateways": gateways }), &output);
     }
     println!("{:<24} {:>7} {:>6} {:>8} {:>8} {:>12}  LAST ERROR", "JOB", "QUEUED", "DUE", "CLAIMED", "FAILING", "OLDEST DUE");
     for q in &queues {

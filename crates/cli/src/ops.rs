@@ -1,4 +1,6 @@
-//! Operator subcommands that read the database directly: `nodes list|get|describe`, and `docs command-kinds|api|events|openapi|workflows`.
+//! Operator subcommands that read the database directly: `nodes list|get|describe`, and `docs command-kinds|api|events|openapi|workflows|metrics`.
+
+use crate::output::Output;
 
 
 /// `better-compute nodes …`.
@@ -13,6 +15,9 @@ enum NodesCmd {
     /// List nodes: name, pool, liveness, generation and observed generation (converging while they
     /// differ), and why the placer skips them.
     List {
+        /// table (default), wide, json, yaml or jsonpath=EXPR.
+        #[arg(short = 'o', long, default_value = "table")]
+        output: Output,
         #[command(flatten)]
         db: better_compute_server::DatabaseArgs,
     },
@@ -22,9 +27,9 @@ enum NodesCmd {
     Describe {
         /// The node id (node_…).
         node_id: String,
-        /// `text` (default) or `json`.
-        #[arg(short = 'o', long, default_value = "text", value_parser = ["text", "json"])]
-        output: String,
+        /// table (default: the description for people), json, yaml or jsonpath=EXPR.
+        #[arg(short = 'o', long, default_value = "table")]
+        output: Output,
         #[command(flatten)]
         db: better_compute_server::DatabaseArgs,
     },
@@ -32,6 +37,9 @@ enum NodesCmd {
     Get {
         /// The node id (node_…).
         node_id: String,
+        /// json (default), yaml, table or jsonpath=EXPR.
+        #[arg(short = 'o', long, default_value = "json")]
+        output: Output,
         #[command(flatten)]
         db: better_compute_server::DatabaseArgs,
     },
@@ -60,48 +68,64 @@ enum DocsPage {
     Metrics,
 }
 
-fn print_json(v: &impl serde::Serialize) -> anyhow::Result<()> {
-    println!("{}", serde_json::to_string_pretty(v)?);
+/// Prints `v` as `-o` asks.
+pub fn print_as(v: &impl serde::Serialize, output: &Output) -> anyhow::Result<()> {
+    print!("{}", crate::output::render(&serde_json::to_value(v)?, output)?);
     Ok(())
 }
 
 /// Runs `nodes …`.
 pub async fn nodes(args: NodesArgs) -> anyhow::Result<()> {
     let db = match &args.cmd {
-        NodesCmd::List { db } | NodesCmd::Get { db, .. } | NodesCmd::Describe { db, .. } => db,
+        NodesCmd::List { db, .. } | NodesCmd::Get { db, .. } | NodesCmd::Describe { db, .. } => db,
     };
     let client = better_compute_db::pool::connect(&db.database_url).await?;
     match args.cmd {
-        NodesCmd::List { .. } => {
+        NodesCmd::List { output: Output::Table, .. } => {
             print!("{}", nodes_table(&client).await?);
             Ok(())
         }
+        NodesCmd::List { output, .. } => print_as(&serde_json::json!({"items": node_rows(&client).await?}), &output),
         NodesCmd::Describe { node_id, output, .. } => {
             let d = better_compute_api::describe::node(&client, &node_id).await?;
-            if output == "json" {
-                return print_json(&d);
+            if matches!(output, Output::Table | Output::Wide) {
+                print!("{}", better_compute_api::describe::text(&d));
+                return Ok(());
             }
-            print!("{}", better_compute_api::describe::text(&d));
-            Ok(())
+            print_as(&d, &output)
         }
-        NodesCmd::Get { node_id, .. } => {
+        NodesCmd::Get { node_id, output, .. } => {
             let v = better_compute_nodes::inventory::get_node(&client, &node_id).await.map_err(better_compute_core::Error::from)?;
-            print_json(&v)
+            print_as(&v, &output)
         }
     }
+}
+
+const NODE_ROWS: &str = "SELECT n.id, n.name, p.name, n.liveness, n.generation, n.observed_generation,
+                                 array_to_string(n.no_schedule_reasons, ',')
+                            FROM nodes n JOIN pools p ON p.id = n.pool_id ORDER BY p.name, n.name";
+
+/// The nodes as `nodes list -o json` prints them.
+async fn node_rows(client: &tokio_postgres::Client) -> anyhow::Result<Vec<serde_json::Value>> {
+    Ok(client
+        .query(NODE_ROWS, &[])
+        .await?
+        .iter()
+        .map(|r| {
+            let reasons: String = r.get(6);
+            serde_json::json!({
+                "liveness": r.get::<_, String>(3), "id": r.get::<_, String>(0), "name": r.get::<_, String>(1), "pool": r.get::<_, String>(2),
+                "generation": r.get::<_, i64>(4), "observedGeneration": r.get::<_, i64>(5),
+                "noScheduleReasons": reasons.split(',').filter(|s| !s.is_empty()).collect::<Vec<_>>(),
+            })
+        })
+        .collect())
 }
 
 /// The nodes with their generation and observed generation, as a table (also printed by `dev`).
 pub async fn nodes_table(client: &tokio_postgres::Client) -> anyhow::Result<String> {
     use std::fmt::Write;
-    let rows = client
-        .query(
-            "SELECT n.id, n.name, p.name, n.liveness, n.generation, n.observed_generation,
-                    array_to_string(n.no_schedule_reasons, ',')
-               FROM nodes n JOIN pools p ON p.id = n.pool_id ORDER BY p.name, n.name",
-            &[],
-        )
-        .await?;
+    let rows = client.query(NODE_ROWS, &[]).await?;
     let mut out = String::new();
     writeln!(out, "{:<32} {:<16} {:<10} {:<13} {:>10} {:>8}  NO-SCHEDULE", "NODE", "NAME", "POOL", "LIVENESS", "GENERATION", "OBSERVED")?;
     for r in rows {
@@ -145,6 +169,6 @@ pub fn docs(args: DocsArgs) -> anyhow::Result<()> {
             print!("{}", better_compute_runtime::workflow::reference_page(better_compute_server::registry()?.workflows()));
             Ok(())
         }
-        DocsPage::Openapi => print_json(&better_compute_api::openapi::document(&better_compute_api::all_methods())),
+        DocsPage::Openapi => print_as(&better_compute_api::openapi::document(&better_compute_api::all_methods()), &Output::Json),
     }
 }

@@ -175,6 +175,13 @@ async fn dev_refuses_a_second_copy_stops_on_ctrl_c_and_keeps_data_across_restart
     let nodes = Command::new(BIN).args(["nodes", "list", "--database-url", &url]).output().unwrap();
     let text = String::from_utf8_lossy(&nodes.stdout);
     assert!(text.contains("GENERATION") && text.matches("dev-node-").count() == 4 && text.matches("dev-vps-").count() == 1, "{text}");
+    // The operator commands take -o as the API's do.
+    let listed = Command::new(BIN).args(["nodes", "list", "-o", "json", "--database-url", &url]).output().unwrap();
+    let listed: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
+    assert_eq!(listed["items"].as_array().map(Vec::len), Some(5), "{listed}");
+    let jobs = Command::new(BIN).args(["jobs", "-o", "jsonpath=.queues[*].job", "--database-url", &url]).output().unwrap();
+    let jobs = String::from_utf8_lossy(&jobs.stdout).into_owned();
+    assert!(jobs.lines().any(|l| l == "health") && jobs.lines().any(|l| l == "audit.checkpoint"), "{jobs}");
     // A command through the API client: queued for the node, a retry with the same key is the same
     // command, and the node's daemon runs it.
     let node = text.lines().find_map(|l| l.split_whitespace().next().filter(|w| w.starts_with("node_"))).unwrap().to_owned();

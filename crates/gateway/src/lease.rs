@@ -24,6 +24,7 @@ impl Inner {
             match renewed {
                 Ok(true) => {}
                 Ok(false) => {
+                    self.health.set_not_serving::<crate::GatewayServer>().await;
                     let dropped = self.hub.clear("this gateway lost its lease");
                     tracing::warn!(gateway = %self.cfg.id, dropped, "gateway lease lost; sessions dropped");
                     if let Ok(tx) = c.transaction().await
@@ -31,6 +32,7 @@ impl Inner {
                         && tx.commit().await.is_ok()
                     {
                         lease = l;
+                        self.health.set_serving::<crate::GatewayServer>().await;
                     }
                 }
                 Err(e) => tracing::warn!(error = %e, "gateway lease renewal failed"),
@@ -49,6 +51,7 @@ impl Inner {
     /// database (its node is disconnected at once, not after its silence), then ends their streams.
     pub(crate) async fn close_all(&self) {
         self.stopping.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.health.set_not_serving::<crate::GatewayServer>().await;
         let held = self.hub.held();
         if let Ok(mut c) = self.pool.get().await
             && let Ok(tx) = c.transaction().await

@@ -96,7 +96,13 @@ pub enum GatewayError {
     LeaseHeld(String),
 }
 
+/// The daemon-facing service, as the health service names it.
+pub(crate) type GatewayServer = better_compute_proto::v1::gateway_server::GatewayServer<service::GatewayService>;
+
 pub(crate) struct Inner {
+    /// The gRPC health service's state (`grpc.health.v1`): SERVING while the gateway holds its
+    /// lease and is not stopping.
+    pub(crate) health: tonic_health::server::HealthReporter,
     pub(crate) cfg: GatewayConfig,
     pub(crate) pool: Pool,
     pub(crate) ca: Arc<Ca>,
@@ -143,7 +149,10 @@ impl Gateway {
         let listener = tokio::net::TcpListener::bind(&cfg.listen).await.map_err(|e| GatewayError::Transport(format!("listen on {}: {e}", cfg.listen)))?;
         let addr = listener.local_addr().map_err(|e| GatewayError::Transport(e.to_string()))?;
         let (report_tx, report_rx) = tokio::sync::mpsc::channel(reports::REPORT_QUEUE);
+        let (health, health_service) = tonic_health::server::health_reporter();
+        health.set_serving::<GatewayServer>().await;
         let inner = Arc::new(Inner {
+            health,
             dispatching: Arc::new(Semaphore::new(cfg.dispatch_concurrency.max(1))),
             reports: report_tx,
             cfg,
@@ -160,7 +169,8 @@ impl Gateway {
             .http2_keepalive_interval(Some(Duration::from_secs(10)))
             .http2_keepalive_timeout(Some(Duration::from_secs(10)))
             .tcp_nodelay(true)
-            .add_service(better_compute_proto::v1::gateway_server::GatewayServer::new(service::GatewayService { inner: inner.clone() }));
+            .add_service(health_service)
+            .add_service(GatewayServer::new(service::GatewayService { inner: inner.clone() }));
         let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
         let mut stop = shutdown.clone();
         let mut tasks = vec![tokio::spawn({

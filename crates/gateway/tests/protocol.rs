@@ -856,3 +856,19 @@ async fn a_gateway_serves_an_operators_certificate_and_daemons_trusting_its_issu
     f.settle_spec().await;
     f.converged(&node).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_answers_the_grpc_health_check_without_a_client_certificate() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    let f = Fleet::new().await;
+    let g = f.gateway("gw_health", false).await;
+    let tls = tonic::transport::ClientTlsConfig::new().ca_certificate(tonic::transport::Certificate::from_pem(f.ca.cert_pem())).domain_name("localhost");
+    let channel = tonic::transport::Endpoint::from_shared(format!("https://{}", g.gw.addr())).unwrap().tls_config(tls).unwrap().connect().await.unwrap();
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+    for service in ["", "bettercompute.agent.v1.Gateway"] {
+        let r = health.check(tonic_health::pb::HealthCheckRequest { service: service.into() }).await.unwrap().into_inner();
+        assert_eq!(r.status(), ServingStatus::Serving, "{service:?}");
+    }
+    let unknown = health.check(tonic_health::pb::HealthCheckRequest { service: "no.such.Service".into() }).await.unwrap_err();
+    assert_eq!(unknown.code(), tonic::Code::NotFound);
+}

@@ -15,9 +15,9 @@ use serde_json::{Map, Value};
 /// Where the API is and who calls it: the options every command that calls the API shares.
 #[derive(Debug, clap::Args)]
 pub struct ServerArgs {
-    /// The server.
-    #[arg(long, env = "BETTER_COMPUTE_URL", default_value = "http://127.0.0.1:8080")]
-    pub url: String,
+    /// The server (default: the profile's, else http://127.0.0.1:8080).
+    #[arg(long, env = "BETTER_COMPUTE_URL")]
+    pub url: Option<String>,
     /// A bearer token (`bct_…`).
     #[arg(long, env = "BETTER_COMPUTE_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
@@ -27,9 +27,33 @@ pub struct ServerArgs {
     /// A CA certificate (PEM) to trust besides the system's store, for an API behind a private CA.
     #[arg(long, env = "BETTER_COMPUTE_CA_CERT")]
     pub ca_cert: Option<std::path::PathBuf>,
+    /// A profile of the config file (`better-compute login` writes one) instead of the current one;
+    /// flags and variables given win over it.
+    #[arg(long, env = "BETTER_COMPUTE_PROFILE")]
+    pub profile: Option<String>,
 }
 
+/// Where the API is when nothing says.
+const DEFAULT_URL: &str = "http://127.0.0.1:8080";
+
 impl ServerArgs {
+    /// Fills what was not given from the profile (`crate::profile`), then the defaults.
+    pub fn resolve(mut self) -> anyhow::Result<ServerArgs> {
+        if let Some((_, p)) = crate::profile::pick(self.profile.as_deref())? {
+            self.url = self.url.or(Some(p.url));
+            self.token = self.token.or(p.token);
+            self.tenant = self.tenant.or(p.tenant);
+            self.ca_cert = self.ca_cert.or(p.ca_cert);
+        }
+        self.url = Some(self.url.unwrap_or_else(|| DEFAULT_URL.to_owned()).trim_end_matches('/').to_owned());
+        Ok(self)
+    }
+
+    /// The server's URL (after [`ServerArgs::resolve`]).
+    pub fn url(&self) -> &str {
+        self.url.as_deref().unwrap_or(DEFAULT_URL)
+    }
+
     /// An HTTP client builder trusting the system's store and `--ca-cert`.
     pub fn http(&self) -> anyhow::Result<reqwest::ClientBuilder> {
         let pem = match &self.ca_cert {
@@ -185,6 +209,7 @@ fn finished(method: &str, v: &Value) -> Option<bool> {
 
 /// Runs `api`.
 pub async fn run(mut args: ApiArgs) -> anyhow::Result<()> {
+    args.server = args.server.resolve()?;
     // Flags written after the fields arrive among them.
     let mut fields = Vec::new();
     let mut it = std::mem::take(&mut args.fields).into_iter();
@@ -204,7 +229,7 @@ pub async fn run(mut args: ApiArgs) -> anyhow::Result<()> {
     }
     let format: Output = args.output.parse().map_err(|e: String| exit::fail(exit::USAGE, e))?;
     args.fields = fields;
-    let client = Client { http: args.server.http()?.timeout(Duration::from_secs(60)).build()?, streams: args.server.http()?.build()?, url: args.server.url.trim_end_matches('/').to_owned(), token: args.server.token.clone() };
+    let client = Client { http: args.server.http()?.timeout(Duration::from_secs(60)).build()?, streams: args.server.http()?.build()?, url: args.server.url().to_owned(), token: args.server.token.clone() };
     if args.list {
         let doc = client.openapi().await?;
         let mut out = String::new();

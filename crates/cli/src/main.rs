@@ -10,6 +10,7 @@ mod exit;
 mod jobs;
 mod ops;
 mod output;
+mod profile;
 mod shell;
 mod sse;
 mod usage;
@@ -81,6 +82,9 @@ enum Command {
     /// seeded faults (SIGKILLs, partitions, database crashes, clock jumps, zombie workers), checking
     /// every invariant; stops at the first violation with the seed and a replay command.
     Sim(better_compute_sim::SimArgs),
+    /// Save an API server and token as a profile (and make it current), after checking the server
+    /// takes the token: `api` and `usage` then need no variables.
+    Login(profile::LoginArgs),
     /// Print shell completions (bash, zsh, fish, elvish, powershell), e.g.
     /// `better-compute completions bash > /etc/bash_completion.d/better-compute`.
     Completions(shell::CompletionsArgs),
@@ -137,6 +141,7 @@ fn main() -> std::process::ExitCode {
             Command::Docs(args) => ops::docs(args),
             Command::Bench(args) => better_compute_bench::run(args).await,
             Command::Sim(args) => better_compute_sim::run(args).await,
+            Command::Login(args) => profile::login(args).await,
             Command::Completions(args) => shell::completions(args),
             Command::Man(args) => shell::man(args),
         }

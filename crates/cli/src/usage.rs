@@ -39,8 +39,10 @@ enum UsageCmd {
 /// Runs `usage …`.
 pub async fn run(args: UsageArgs) -> anyhow::Result<()> {
     let UsageCmd::Export { server, from, to, all_tenants, format } = args.cmd;
+    let server = server.resolve()?;
     let http = server.http()?.build()?;
-    let crate::api::ServerArgs { url, token, tenant, .. } = server;
+    let url = server.url().to_owned();
+    let crate::api::ServerArgs { token, tenant, .. } = server;
     let token = token.context("no token: set BETTER_COMPUTE_TOKEN (dev prints one)")?;
     let mut query = vec![("from", from), ("to", to), ("format", format.clone()), ("allTenants", all_tenants.to_string())];
     if let Some(t) = tenant {

@@ -241,6 +241,21 @@ async fn dev_refuses_a_second_copy_stops_on_ctrl_c_and_keeps_data_across_restart
     assert!(seen_placed, "api watch never showed the reservation's placement");
     let (ok, out, _) = api(&["reservations.list"]);
     assert!(ok && out.starts_with("STATE ") && out.contains(reservation["id"].as_str().unwrap()), "{out}");
+    // A profile instead of variables: login checks the token and saves it, mode 0600.
+    let home = tempfile::tempdir().unwrap();
+    let var = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()).unwrap();
+    let login = |token: &str| {
+        Command::new(BIN).args(["login", "--url", &var("BETTER_COMPUTE_URL"), "--profile", "dev", "--token", token]).env("XDG_CONFIG_HOME", home.path()).output().unwrap()
+    };
+    let refused = login("bct_not_a_token");
+    assert_eq!(refused.status.code(), Some(1), "{}", String::from_utf8_lossy(&refused.stderr));
+    assert!(login(&var("BETTER_COMPUTE_TOKEN")).status.success());
+    let file = home.path().join("better-compute/config.toml");
+    assert_eq!(std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&file).unwrap().permissions()) & 0o777, 0o600);
+    let by_profile = Command::new(BIN).args(["api", "reservations.list", "-o", "jsonpath=.items[*].id"]).env("XDG_CONFIG_HOME", home.path()).env_remove("BETTER_COMPUTE_URL").env_remove("BETTER_COMPUTE_TOKEN").env_remove("BETTER_COMPUTE_TENANT").output().unwrap();
+    assert!(String::from_utf8_lossy(&by_profile.stdout).contains(reservation["id"].as_str().unwrap()), "{}", String::from_utf8_lossy(&by_profile.stderr));
+    let missing = Command::new(BIN).args(["api", "--profile", "nope", "reservations.list"]).env("XDG_CONFIG_HOME", home.path()).output().unwrap();
+    assert_eq!(missing.status.code(), Some(2));
     // Exit statuses a script can branch on.
     let status = |args: &[&str]| Command::new(BIN).arg("api").args(args).envs(env.iter().map(|(k, v)| (k, v))).output().unwrap().status.code();
     assert_eq!(status(&["reservations.get", "reservationId=res_nope"]), Some(3), "not found");

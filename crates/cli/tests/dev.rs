@@ -182,6 +182,8 @@ async fn dev_refuses_a_second_copy_stops_on_ctrl_c_and_keeps_data_across_restart
     let jobs = Command::new(BIN).args(["jobs", "-o", "jsonpath=.queues[*].job", "--database-url", &url]).output().unwrap();
     let jobs = String::from_utf8_lossy(&jobs.stdout).into_owned();
     assert!(jobs.lines().any(|l| l == "health") && jobs.lines().any(|l| l == "audit.checkpoint"), "{jobs}");
+    let pools = Command::new(BIN).args(["capacity", "-o", "jsonpath=.items[*].pool", "--database-url", &url]).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&pools.stdout).lines().count(), 3, "{}", String::from_utf8_lossy(&pools.stdout));
     // A command through the API client: queued for the node, a retry with the same key is the same
     // command, and the node's daemon runs it.
     let node = text.lines().find_map(|l| l.split_whitespace().next().filter(|w| w.starts_with("node_"))).unwrap().to_owned();

@@ -1,11 +1,12 @@
 //! How the CLI prints an answer (`-o`): `table` (for people: a list's columns with `state` first,
 //! at most eight, one line per item; one object as `key  value` lines), `wide` (every column),
 //! `json`, `yaml`, or `jsonpath=EXPR` (each value `EXPR` picks, one per line: `.items[*].id`,
-//! `.state`, `.atoms[0]`). Columns are padded by characters, not bytes, so names in any script
-//! line up.
+//! `.state`, `.atoms[0]`). Columns are padded by display width (a CJK character takes two
+//! cells, a combining mark none), so names in any script line up.
 
 use anyhow::{bail, Context};
 use serde_json::Value;
+use unicode_width::UnicodeWidthStr;
 
 /// An `-o` value.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -91,7 +92,7 @@ fn columns_of(id: &str) -> Option<&'static [&'static str]> {
 }
 /// The most columns `table` shows (`wide` shows all).
 const MAX_COLUMNS: usize = 8;
-/// The widest a cell is shown in `table` (`wide` shows it whole).
+/// The widest a cell is shown in `table`, in terminal cells (`wide` shows it whole).
 const MAX_CELL_CHARS: usize = 48;
 
 fn table(v: &Value, wide: bool) -> String {
@@ -125,12 +126,12 @@ fn table(v: &Value, wide: bool) -> String {
             cols
         }
     };
-    let clip = |s: String| if wide || s.chars().count() <= MAX_CELL_CHARS { s } else { s.chars().take(MAX_CELL_CHARS - 1).chain(['…']).collect() };
+    let clip = |s: String| if wide || s.width() <= MAX_CELL_CHARS { s } else { clip_to(&s, MAX_CELL_CHARS - 1) + "…" };
     let rows: Vec<Vec<String>> = items.iter().map(|i| cols.iter().map(|c| clip(scalar(&i[*c]))).collect()).collect();
     let header: Vec<String> = cols.iter().map(|c| upper_snake(c)).collect();
-    let widths: Vec<usize> = (0..cols.len()).map(|n| rows.iter().map(|r| r[n].chars().count()).chain([header[n].chars().count()]).max().unwrap_or(0)).collect();
+    let widths: Vec<usize> = (0..cols.len()).map(|n| rows.iter().map(|r| r[n].width()).chain([header[n].width()]).max().unwrap_or(0)).collect();
     let line = |cells: &[String]| {
-        let padded: Vec<String> = cells.iter().zip(&widths).map(|(c, w)| format!("{c}{}", " ".repeat(w - c.chars().count()))).collect();
+        let padded: Vec<String> = cells.iter().zip(&widths).map(|(c, w)| format!("{c}{}", " ".repeat(w - c.width()))).collect();
         padded.join("  ").trim_end().to_owned() + "\n"
     };
     let mut out = line(&header);
@@ -141,6 +142,17 @@ fn table(v: &Value, wide: bool) -> String {
         out.push_str(&format!("(more: pageToken={next}, or --all)\n"));
     }
     out
+}
+
+/// The longest start of `s` at most `cells` wide.
+fn clip_to(s: &str, cells: usize) -> String {
+    let mut used = 0;
+    s.chars()
+        .take_while(|c| {
+            used += unicode_width::UnicodeWidthChar::width(*c).unwrap_or(0);
+            used <= cells
+        })
+        .collect()
 }
 
 /// `createdAt` as `CREATED_AT`.
@@ -276,6 +288,17 @@ mod tests {
         assert_eq!(lines[3], "(more: pageToken=thing_2, or --all)");
         let w = render(&list(), &Output::Wide).unwrap();
         assert!(w.lines().next().unwrap().contains("SPEC") && w.contains(r#"{"more":[1],"vcpu":8}"#), "{w}");
+    }
+
+    #[test]
+    fn wide_characters_take_two_cells_and_long_cells_are_clipped_to_the_width() {
+        let page = json!({"items": [{"id": "t_1", "name": "漢字"}, {"id": "t_2", "name": "ab"}, {"id": "t_3", "name": "x".repeat(60)}]});
+        let t = render(&page, &Output::Table).unwrap();
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines[1], "t_1  漢字");
+        assert_eq!(lines[2], "t_2  ab");
+        assert!(lines[3].ends_with(&format!("{}…", "x".repeat(47))), "{t}");
+        assert_eq!(clip_to("漢字漢字", 5), "漢字");
     }
 
     #[test]

@@ -8,7 +8,6 @@
 
 use std::sync::Arc;
 
-use axum::body::{Body, Bytes};
 use axum::extract::{Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -55,7 +54,7 @@ async fn open(state: &Arc<ApiState>, headers: &HeaderMap, query: Result<Query<Ex
     state.iam.check(principal.caller(), "compute:audit:read", Resource::Fleet).await?;
     // The anchor and the first page before the answer starts: an unreachable database is an error
     // answer, not a cut stream.
-    let (first, first_n, mut from) = {
+    let (first, first_n, from) = {
         let db = better_compute_db::pool::read_tx(&state.pool).await?;
         let mut from = 0;
         let mut first = String::new();
@@ -68,32 +67,18 @@ async fn open(state: &Arc<ApiState>, headers: &HeaderMap, query: Result<Query<Ex
         let n = entries(&page);
         (first, n, from + n)
     };
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(2);
-    let (pool, patience) = (state.pool.clone(), state.watch_slow_client_timeout);
-    tokio::spawn(async move {
-        let (mut chunk, mut n) = (first, first_n);
-        loop {
-            if tx.send_timeout(Ok(Bytes::from(std::mem::take(&mut chunk))), patience).await.is_err() || n < PAGE_ENTRIES {
-                return;
-            }
-            let next = match better_compute_db::pool::read_tx(&pool).await {
-                Ok(db) => better_compute_audit::log::export_page(&*db, from, PAGE_ENTRIES).await.map_err(Error::from),
-                Err(e) => Err(e.into()),
-            };
-            match next.and_then(|page| Ok((lines(&page)?, entries(&page)))) {
-                Ok((c, got)) => {
-                    (chunk, n) = (c, got);
-                    from += got;
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, from, "audit export failed mid-stream; the response is aborted");
-                    let _ = tx.send(Err(std::io::Error::other(e.to_string()))).await;
-                    return;
-                }
-            }
+    // The next page starts where the last left off; a short page was the last.
+    let more = (first_n == PAGE_ENTRIES).then_some(from);
+    let pool = state.pool.clone();
+    let body = crate::http::paged_body("audit.export", first, more, 2, state.watch_slow_client_timeout, move |from| {
+        let pool = pool.clone();
+        async move {
+            let db = better_compute_db::pool::read_tx(&pool).await?;
+            let page = better_compute_audit::log::export_page(&*db, from, PAGE_ENTRIES).await?;
+            let n = entries(&page);
+            Ok((lines(&page)?, (n == PAGE_ENTRIES).then_some(from + n)))
         }
     });
-    let body = Body::from_stream(futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx)));
     let mut r = (StatusCode::OK, body).into_response();
     r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/x-ndjson"));
     Ok(r)

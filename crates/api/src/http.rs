@@ -231,6 +231,39 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for RefusalsAsJson<S> {
     }
 }
 
+/// A response body streamed a page at a time: `first`, then each chunk `next` makes from the
+/// state the previous one left, until it says there is no more. At most `pages_ahead` chunks wait
+/// in memory; a client that takes nothing for `patience` is dropped, and a failure aborts the body
+/// (no last chunk), so a cut stream is never mistaken for a whole one. `what` names the stream in
+/// the logs.
+pub(crate) fn paged_body<S, F, Fut>(what: &'static str, first: String, state: Option<S>, pages_ahead: usize, patience: Duration, next: F) -> axum::body::Body
+where
+    S: Send + 'static,
+    F: Fn(S) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<(String, Option<S>), Error>> + Send,
+{
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<axum::body::Bytes, io::Error>>(pages_ahead.max(1));
+    tokio::spawn(async move {
+        let (mut chunk, mut state) = (first, state);
+        loop {
+            if tx.send_timeout(Ok(axum::body::Bytes::from(std::mem::take(&mut chunk))), patience).await.is_err() {
+                tracing::info!(stream = what, "client gone or too slow; dropped");
+                return;
+            }
+            let Some(s) = state.take() else { return };
+            match next(s).await {
+                Ok((c, more)) => (chunk, state) = (c, more),
+                Err(e) => {
+                    tracing::warn!(stream = what, error = %e, "failed mid-stream; the response is aborted");
+                    let _ = tx.send(Err(io::Error::other(e.to_string()))).await;
+                    return;
+                }
+            }
+        }
+    });
+    axum::body::Body::from_stream(futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -84,7 +84,7 @@ impl ApiState {
     /// service's batchers started (call it inside the server's runtime).
     pub fn new(pool: Pool, iam: Arc<Iam>, registry: Arc<Registry>) -> Arc<ApiState> {
         let methods = methods::all().into_iter().map(|m| (m.name, m)).collect();
-        metrics::install();
+        better_compute_runtime::metrics::install();
         let (feed, _) = tokio::sync::broadcast::channel(watch::FEED_CAPACITY);
         let reservations = better_compute_capacity::service::Reservations::start(pool.clone(), Default::default());
         Arc::new(ApiState { pool, iam, registry, methods, watch_slow_client_timeout: watch::SLOW_CLIENT_TIMEOUT, watch_revalidate_interval: watch::REVALIDATE_INTERVAL, body_read_timeout: BODY_READ_TIMEOUT, usage_export_page_rows: usage_export::PAGE_ROWS, rate_limiter: rate_limit::RateLimiter::new(Default::default()), clock: tokio::sync::OnceCell::new(), feed, reservations })

@@ -62,11 +62,7 @@ impl Ctx {
     /// is recorded in the audit log in the same transaction (`better_compute_audit::entry`).
     pub async fn in_tx<T>(&self, f: impl AsyncFnOnce(&tokio_postgres::Transaction<'_>) -> Result<T, Error>) -> Result<T, Error> {
         let mut db = self.db().await?;
-        let tx = (**db).transaction().await.map_err(DbError::from)?;
-        let v = f(&tx).await?;
-        better_compute_audit::entry::record_change(&tx).await?;
-        tx.commit().await.map_err(DbError::from)?;
-        Ok(v)
+        better_compute_audit::entry::in_recorded_tx(&mut db, f).await
     }
 
     /// Asks IAM; NOT_FOUND or PERMISSION_DENIED as the resolver decides.

@@ -3,11 +3,6 @@
 
 use std::time::Duration;
 
-/// Installs the process's recorder (idempotent).
-pub(crate) fn install() {
-    better_compute_runtime::metrics::install();
-}
-
 /// Counts one request of `method` that ended with `code`, taking `elapsed`.
 pub(crate) fn observe(method: &str, code: &'static str, elapsed: Duration) {
     let labels = [("method", method.to_owned()), ("code", code.to_owned())];

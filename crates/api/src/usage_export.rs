@@ -10,7 +10,6 @@
 
 use std::sync::Arc;
 
-use axum::body::{Body, Bytes};
 use axum::extract::{Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -114,50 +113,33 @@ async fn open(state: &Arc<ApiState>, headers: &HeaderMap, query: Result<Query<Ex
     let tenant = crate::methods::usage_scope(&ctx, q.tenant_id.as_deref(), q.all_tenants).await?;
     // The first page is read before the answer starts, so a bad period or an unreachable
     // database is an error answer, not a cut stream.
-    let mut after = q.after.clone().unwrap_or_default();
     let rows = state.usage_export_page_rows.max(1);
-    let first = usage::export_page(&*ctx.read().await?, tenant.as_deref(), &q.from, &q.to, &after, rows).await?;
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(PAGES_AHEAD);
-    let (pool, patience, format) = (state.pool.clone(), state.watch_slow_client_timeout, q.format);
-    tokio::spawn(async move {
-        let mut page = first;
-        let mut header_due = matches!(format, Format::Csv);
-        loop {
-            let more = page.len() as i64 > rows;
-            page.truncate(rows as usize);
-            let mut chunk = String::new();
-            if std::mem::take(&mut header_due) {
-                chunk.push_str(&CSV_COLUMNS.join(","));
-                chunk.push('\n');
-            }
-            for w in &page {
-                format.write(&mut chunk, w);
-            }
-            if let Some(last) = page.last() {
-                after = last.key.clone();
-            }
-            if tx.send_timeout(Ok(Bytes::from(chunk)), patience).await.is_err() {
-                tracing::info!("usage export client gone or too slow; dropped");
-                return;
-            }
-            if !more {
-                return;
-            }
-            let next = match better_compute_db::pool::read_tx(&pool).await {
-                Ok(db) => usage::export_page(&*db, tenant.as_deref(), &q.from, &q.to, &after, rows).await,
-                Err(e) => Err(e),
-            };
-            match next {
-                Ok(p) => page = p,
-                Err(e) => {
-                    tracing::warn!(error = %e, after = %after, "usage export failed mid-stream; the response is aborted");
-                    let _ = tx.send(Err(std::io::Error::other(e.to_string()))).await;
-                    return;
-                }
-            }
+    let first = usage::export_page(&*ctx.read().await?, tenant.as_deref(), &q.from, &q.to, q.after.as_deref().unwrap_or_default(), rows).await?;
+    let format = q.format;
+    // A page of one row more than `rows` says another follows; it resumes after the last key shown.
+    let chunk = move |mut page: Vec<UsageWindowView>, header: bool| {
+        let more = page.len() as i64 > rows;
+        page.truncate(rows as usize);
+        let mut chunk = String::new();
+        if header {
+            chunk.push_str(&CSV_COLUMNS.join(","));
+            chunk.push('\n');
+        }
+        for w in &page {
+            format.write(&mut chunk, w);
+        }
+        (chunk, page.last().filter(|_| more).map(|w| w.key.clone()))
+    };
+    let (first, after) = chunk(first, matches!(format, Format::Csv));
+    let pool = state.pool.clone();
+    let body = crate::http::paged_body("usage.export", first, after, PAGES_AHEAD, state.watch_slow_client_timeout, move |after: String| {
+        let (pool, tenant, from, to) = (pool.clone(), tenant.clone(), q.from.clone(), q.to.clone());
+        async move {
+            let db = better_compute_db::pool::read_tx(&pool).await?;
+            let page = usage::export_page(&*db, tenant.as_deref(), &from, &to, &after, rows).await?;
+            Ok(chunk(page, false))
         }
     });
-    let body = Body::from_stream(futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx)));
     let mut r = (StatusCode::OK, body).into_response();
     r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(format.content_type()));
     Ok(r)

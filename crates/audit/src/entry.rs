@@ -120,6 +120,19 @@ pub async fn record_change_of(tx: &impl GenericClient, target: &str) -> Result<(
     record(tx, &request.entry(Outcome::Ok)).await.map(|_| ())
 }
 
+/// Runs `f` in a transaction on `client` and commits it with the change's entry
+/// ([`record_change`]): how a request's change that is one transaction is served.
+pub async fn in_recorded_tx<T, E: From<DbError>>(
+    client: &mut tokio_postgres::Client,
+    f: impl AsyncFnOnce(&tokio_postgres::Transaction<'_>) -> Result<T, E>,
+) -> Result<T, E> {
+    let tx = client.transaction().await.map_err(DbError::from)?;
+    let v = f(&tx).await?;
+    record_change(&tx).await?;
+    tx.commit().await.map_err(DbError::from)?;
+    Ok(v)
+}
+
 /// Records, in `tx`, a decision job `job` took on its own (a node found unreachable, a
 /// reservation ended by a drain, a command it sent).
 pub async fn record_job(tx: &impl GenericClient, job: &str, action: &str, target: &str, tenant_id: Option<&str>) -> Result<(), DbError> {

@@ -28,16 +28,22 @@ pub struct DevArgs {
     gpus: String,
 }
 
+/// A short name for a data folder, stable across runs: where its socket or cluster goes when it
+/// cannot be inside it.
+fn folder_hash(root: &Path) -> String {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    root.hash(&mut h);
+    format!("{:016x}", h.finish())
+}
+
 /// Unix socket paths are limited to 107 bytes; fall back to a short private folder in /tmp.
 fn socket_dir_for(root: &Path) -> PathBuf {
     let preferred = root.join("run");
     if preferred.as_os_str().len() + "/.s.PGSQL.5432".len() < 100 {
         return preferred;
     }
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    root.hash(&mut h);
-    std::env::temp_dir().join(format!("better-compute-{:016x}", h.finish()))
+    std::env::temp_dir().join(format!("better-compute-{}", folder_hash(root)))
 }
 
 /// Where the cluster's folders go: in `root`, unless PostgreSQL's unprivileged user (this process
@@ -49,10 +55,7 @@ fn cluster_home(root: &Path) -> anyhow::Result<PathBuf> {
     if run_as.can_reach(root) {
         return Ok(root.to_owned());
     }
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    root.hash(&mut h);
-    let home = Path::new(DEV_CLUSTERS).join(format!("{:016x}", h.finish()));
+    let home = Path::new(DEV_CLUSTERS).join(folder_hash(root));
     std::fs::create_dir_all(&home).with_context(|| format!("cannot create {}", home.display()))?;
     use std::os::unix::fs::PermissionsExt;
     for dir in [Path::new("/var/lib/better-compute"), Path::new(DEV_CLUSTERS), &home] {

@@ -74,7 +74,7 @@ fn split_tls(conn: &str) -> Result<(String, Option<SslMode>, Option<String>), Db
         let mut kept = Vec::new();
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            let v = percent_decode(v);
+            let v = percent_encoding::percent_decode_str(v).decode_utf8_lossy().into_owned();
             match k {
                 "sslmode" => mode = Some(mode_of(&v)?),
                 "sslrootcert" => root = Some(v),
@@ -96,25 +96,6 @@ fn split_tls(conn: &str) -> Result<(String, Option<SslMode>, Option<String>), Db
         }
     }
     Ok((kept.join(" "), mode, root))
-}
-
-fn percent_decode(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        match (b[i], b.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok()).and_then(|h| u8::from_str_radix(h, 16).ok())) {
-            (b'%', Some(x)) => {
-                out.push(x);
-                i += 3;
-            }
-            (c, _) => {
-                out.push(c);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -576,10 +576,7 @@ pub async fn cancel_as(
     command_id: &str,
 ) -> Result<CommandView, Error> {
     authz.check(caller, EXEC, Resource::Node(node_id)).await?;
-    let tx = client.transaction().await.map_err(DbError::from)?;
-    let v = cancel(&tx, node_id, command_id).await?;
-    better_compute_audit::entry::record_change(&tx).await?;
-    tx.commit().await.map_err(DbError::from)?;
+    let v = better_compute_audit::entry::in_recorded_tx(client, async |tx| Ok::<_, Error>(cancel(tx, node_id, command_id).await?)).await?;
     poke_gateway(&*client, node_id).await;
     Ok(v)
 }

@@ -1396,15 +1396,7 @@ async fn operator_request<T>(
     action: &str,
     f: impl AsyncFnOnce(&tokio_postgres::Transaction<'_>) -> Result<T, better_compute_core::Error>,
 ) -> Result<T, better_compute_core::Error> {
-    let db = |e: tokio_postgres::Error| better_compute_core::Error::from(better_compute_db::DbError::from(e));
-    serving(sim_request(OPERATOR_TENANT, action, tag), async {
-        let tx = c.transaction().await.map_err(db)?;
-        let v = f(&tx).await?;
-        better_compute_audit::entry::record_change(&tx).await?;
-        tx.commit().await.map_err(db)?;
-        Ok(v)
-    })
-    .await
+    serving(sim_request(OPERATOR_TENANT, action, tag), better_compute_audit::entry::in_recorded_tx(c, f)).await
 }
 
 /// What must hold of the audit log at every moment: its placed entries chain and match every

@@ -276,7 +276,16 @@ async fn reserve(db: &impl GenericClient, caller: Caller<'_>, req: &CreateReserv
             &params,
         )
         .await?;
-    from_json(row.get(0))
+    let mut view: serde_json::Value = row.get(0);
+    if let Some(replans) = view.as_object_mut().and_then(|o| o.remove("placerReplans")) {
+        for reason in ["conflict", "stale"] {
+            let n = replans.get(reason).and_then(|n| n.as_u64()).unwrap_or(0);
+            if n > 0 {
+                metrics::counter!("better_compute_placer_replans_total", "reason" => reason).increment(n);
+            }
+        }
+    }
+    from_json(view)
 }
 
 /// A reservation made inside the caller's transaction, for a module that creates one with

@@ -202,6 +202,13 @@ async fn a_nodes_counts_close_in_the_transaction_that_makes_it_ineligible_and_re
     assert!(counts_open(&h, &node).await);
 }
 
+/// `better_compute_placer_replans_total{reason}` as this process's recorder has it.
+fn replans(reason: &str) -> u64 {
+    let series = format!("better_compute_placer_replans_total{{reason=\"{reason}\"}} ");
+    let text = better_compute_runtime::metrics::render();
+    text.lines().find_map(|l| l.strip_prefix(series.as_str())).map_or(0, |v| v.trim().parse().unwrap())
+}
+
 #[tokio::test]
 async fn a_stale_open_flag_costs_a_replan_never_a_placement_and_the_rollup_puts_it_right() {
     // A flag left open on a cordoned node, as a refresh racing the cordon can leave it.
@@ -214,11 +221,15 @@ async fn a_stale_open_flag_costs_a_replan_never_a_placement_and_the_rollup_puts_
         tx.commit().await.unwrap();
     }
     c.execute("UPDATE node_atom_counts SET open = true, idle = 1 WHERE node_id = $1", &[&f.nodes[0]]).await.unwrap();
-    // The only candidate: tried, and turned away by the recheck under the node's lock.
+    // The only candidate: tried, and turned away by the recheck under the node's lock, which the
+    // placer's replan counter shows (the recorder is this test process's own).
+    better_compute_runtime::metrics::install();
+    let before = replans("conflict");
     let r = reservations::create(&mut c, ME, &whole(&f.pool_id, 1)).await.unwrap();
     assert_eq!(r.state, "pending", "{r:?}");
     let why = r.conditions[0]["message"].as_str().unwrap_or_default().to_owned();
     assert!(why.contains(&format!("{}: became ineligible", f.nodes[0])), "{why}");
+    assert_eq!((replans("conflict") - before, replans("stale")), (1, 0));
     // With the other node open again, placements go there, best fit trying the stale node first.
     {
         let tx = c.transaction().await.unwrap();
@@ -236,6 +247,24 @@ async fn a_stale_open_flag_costs_a_replan_never_a_placement_and_the_rollup_puts_
     let stale = better_compute_capacity::invariants::stale_open_flags(&**h.db().client().await).await.unwrap();
     assert!(stale.is_empty(), "{stale:?}");
     assert_eq!(count(&h, &format!("SELECT count(*) FROM node_atom_counts WHERE node_id = '{}' AND open", f.nodes[0])).await, 0);
+}
+
+#[tokio::test]
+async fn a_stale_idle_count_costs_a_replan_that_the_replan_counter_shows() {
+    let h = harness().await;
+    let f = fleet(&h, &exclusive(2), 4).await;
+    let mut c = h.db().connect().await;
+    let full = reservations::create(&mut c, ME, &whole(&f.pool_id, 4)).await.unwrap();
+    let full_node = full.node_id.clone().unwrap();
+    // The full node's count says one GPU is idle: best fit tries it first, and the atoms' own
+    // bookings turn it away under the lock.
+    c.execute("UPDATE node_atom_counts SET idle = 1 WHERE node_id = $1", &[&full_node]).await.unwrap();
+    better_compute_runtime::metrics::install();
+    let (conflict, stale) = (replans("conflict"), replans("stale"));
+    let r = reservations::create(&mut c, ME, &whole(&f.pool_id, 1)).await.unwrap();
+    assert_eq!(r.state, "placed", "{r:?}");
+    assert_ne!(r.node_id.as_deref(), Some(full_node.as_str()));
+    assert_eq!((replans("conflict") - conflict, replans("stale") - stale), (0, 1));
 }
 
 #[tokio::test]

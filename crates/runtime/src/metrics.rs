@@ -72,6 +72,7 @@ pub const CATALOGUE: &[Metric] = &[
     m("better_compute_outbox_delivered_total", Counter, &["sink"], "worker", "Events delivered to a sink by this worker."),
     m("better_compute_webhook_deliveries_total", Counter, &["outcome"], "worker", "Webhook delivery attempts by outcome: delivered, failed (retried later, or dead after the last attempt), gone (410: the endpoint is disabled), deferred (not sent within the run's budget)."),
     m("better_compute_placements_total", Counter, &["outcome"], "api", "Reservation creates by outcome: placed (or active), pending (no room yet; retried), refused (quota, pool, bad request), unavailable (the database was away)."),
+    m("better_compute_placer_replans_total", Counter, &["reason"], "api", "Nodes that turned a placement away under the lock, each followed by a replan unless the request's attempts were spent: conflict (a concurrent placement took the atoms, or a change made the node ineligible), stale (the candidate index said it fit; under the lock it did not)."),
     m("better_compute_gateway_sessions", Gauge, &[], "gateway", "Daemon sessions this gateway holds open."),
     m("better_compute_gateway_commands_sent_total", Counter, &[], "gateway", "Commands sent to daemons."),
     m("better_compute_gateway_commands_settled_total", Counter, &[], "gateway", "Command results the gateway settled."),

@@ -105,11 +105,17 @@ END $$;
 -- enable_seqscan is off: every statement has an index to follow, and a plan kept from a nearly empty
 -- table must not stay a sequential scan. Index-only scans are off for the atoms' latest-end lookups
 -- (see capacity_upsert_node_counts).
+--
+-- It reports, beside where it placed, each node that turned it away (tried, with why), and how many
+-- of those a concurrent change turned away (conflicts) rather than a stale candidate hint:
+-- better_compute_placer_replans_total counts both. Its result columns changed once, and
+-- a function's result type cannot change in place, hence the drop.
+DROP FUNCTION IF EXISTS capacity_place(text, text, text, text, int, int, bigint, bigint, jsonb, jsonb, text, tstzrange, int);
 CREATE OR REPLACE FUNCTION capacity_place(
   p_pool text, p_kind text, p_model text, p_profile text, p_count int,
   p_vcpu int, p_memory_mib bigint, p_disk_gib bigint, p_selector jsonb, p_tolerations jsonb,
   p_allocation text, p_during tstzrange, p_max_replans int,
-  OUT placed_node text, OUT placed_atoms text[], OUT tried text[], OUT raced boolean)
+  OUT placed_node text, OUT placed_atoms text[], OUT tried text[], OUT raced boolean, OUT conflicts int)
 LANGUAGE plpgsql SET enable_seqscan = off SET enable_indexonlyscan = off AS $$
 DECLARE
   v_excluded text[] := '{}';
@@ -127,6 +133,7 @@ DECLARE
 BEGIN
   tried := '{}';
   raced := false;
+  conflicts := 0;
   FOR v_attempt IN 0..p_max_replans LOOP
     -- The first plans pack (best fit). Two failures mean others are working the full nodes right
     -- now, so the last replans spread to the emptiest nodes, where there is room.
@@ -249,6 +256,7 @@ BEGIN
     EXCEPTION
       WHEN SQLSTATE 'BCRAC' THEN
         raced := true;
+        conflicts := conflicts + 1;
         tried := tried || (v_node || ': ' || SQLERRM);
       WHEN SQLSTATE 'BCFIT' THEN
         tried := tried || (v_node || ': ' || SQLERRM);

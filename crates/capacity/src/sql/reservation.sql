@@ -182,7 +182,12 @@ BEGIN
           p_tolerations, v_place.placed_node, v_unschedulable,
           CASE WHEN v_place.placed_node IS NULL THEN compute_now() + make_interval(secs => p_retry_s) END, p_identity)
   RETURNING * INTO r;
-  RETURN capacity_after_change(r, 'reservation.' || r.state, p_event_id, p_shard);
+  -- The attempts the placer saw turned away ride along for the caller's metrics (reservations.rs
+  -- takes them out of the view).
+  RETURN capacity_after_change(r, 'reservation.' || r.state, p_event_id, p_shard)
+         || jsonb_build_object('placerReplans', jsonb_build_object(
+              'conflict', v_place.conflicts,
+              'stale', cardinality(v_place.tried) - v_place.conflicts));
 END $$;
 
 -- Moves one reservation through time, in the caller's (fenced) transaction: one whose end has

@@ -121,6 +121,7 @@ CREATE TABLE commands (
   finished_at timestamp with time zone,
   version bigint DEFAULT 1 NOT NULL,
   signature bytea,
+  trace_parent text,
   CONSTRAINT commands_check CHECK ((((owner_kind IS NULL) = (owner_key IS NULL)) AND ((owner_key IS NULL) = (owner_shard IS NULL)))),
   CONSTRAINT commands_check1 CHECK (((state <> ALL (ARRAY['failed'::text, 'expired'::text])) OR (reason IS NOT NULL))),
   CONSTRAINT commands_idempotency_key_check CHECK ((idempotency_key <> ''::text)),
@@ -132,7 +133,8 @@ CREATE TABLE commands (
   CONSTRAINT commands_seq_check CHECK ((seq >= 1)),
   CONSTRAINT commands_signature_check CHECK (((signature IS NULL) OR (octet_length(signature) = 64))),
   CONSTRAINT commands_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'sent'::text, 'running'::text, 'succeeded'::text, 'failed'::text, 'expired'::text, 'cancelled'::text]))),
-  CONSTRAINT commands_timeout_s_check CHECK ((timeout_s > 0))
+  CONSTRAINT commands_timeout_s_check CHECK ((timeout_s > 0)),
+  CONSTRAINT commands_trace_parent_check CHECK ((length(trace_parent) <= 256))
 );
 
 CREATE TABLE compute_sim_clock (
@@ -1000,7 +1002,7 @@ FUNCTION capacity_node_open(p_observed_generation bigint, p_no_schedule_reasons 
 FUNCTION capacity_node_open_changed() RETURNS trigger LANGUAGE plpgsql VOLATILE;
 FUNCTION capacity_node_registered() RETURNS trigger LANGUAGE plpgsql VOLATILE;
 FUNCTION capacity_node_takes(p_observed_generation bigint, p_no_schedule_reasons text[], p_taints jsonb, p_tolerations jsonb) RETURNS boolean LANGUAGE sql IMMUTABLE;
-FUNCTION capacity_place(p_pool text, p_kind text, p_model text, p_profile text, p_count integer, p_vcpu integer, p_memory_mib bigint, p_disk_gib bigint, p_selector jsonb, p_tolerations jsonb, p_allocation text, p_during tstzrange, p_max_replans integer, OUT placed_node text, OUT placed_atoms text[], OUT tried text[], OUT raced boolean) RETURNS record LANGUAGE plpgsql VOLATILE SET enable_seqscan=off SET enable_indexonlyscan=off;
+FUNCTION capacity_place(p_pool text, p_kind text, p_model text, p_profile text, p_count integer, p_vcpu integer, p_memory_mib bigint, p_disk_gib bigint, p_selector jsonb, p_tolerations jsonb, p_allocation text, p_during tstzrange, p_max_replans integer, OUT placed_node text, OUT placed_atoms text[], OUT tried text[], OUT raced boolean, OUT conflicts integer) RETURNS record LANGUAGE plpgsql VOLATILE SET enable_seqscan=off SET enable_indexonlyscan=off;
 FUNCTION capacity_refresh_node_counts(p_node text) RETURNS void LANGUAGE plpgsql VOLATILE;
 FUNCTION capacity_refund(p_tenant text, p_kind text, p_count bigint, p_vcpu bigint, p_memory_mib bigint, p_disk_gib bigint) RETURNS integer LANGUAGE plpgsql VOLATILE;
 FUNCTION capacity_refund_many(p_tenants text[], p_kinds text[], p_counts bigint[], p_vcpus bigint[], p_memory_mibs bigint[], p_disk_gibs bigint[]) RETURNS integer LANGUAGE plpgsql VOLATILE;

@@ -211,7 +211,11 @@ async fn call(State(state): State<Arc<ApiState>>, Path(name): Path<String>, clie
     let request_id = request_id_of(&headers);
     let source = client.map(|c| c.0 .0.ip().to_string());
     let source_for_log = source.clone();
-    let span = tracing::info_span!("request", request_id = %request_id, method = %name);
+    let span = tracing::info_span!("request", otel.name = %format!("api {name}"), otel.kind = "server", otel.status_code = tracing::field::Empty,
+                                   request_id = %request_id, method = %name, code = tracing::field::Empty);
+    // A caller's W3C trace context makes this request's span (and every command it enqueues) part
+    // of the caller's trace.
+    better_compute_core::trace::follow(&span, headers.get("traceparent").and_then(|v| v.to_str().ok()));
     let started = Instant::now();
     let (code, response) = async {
         let result = handle(&state, &name, &request_id, source, &headers, body).await;
@@ -229,8 +233,14 @@ async fn call(State(state): State<Arc<ApiState>>, Path(name): Path<String>, clie
             }
         }
     }
-    .instrument(span)
+    .instrument(span.clone())
     .await;
+    span.record("code", code);
+    // As OpenTelemetry's HTTP conventions have it: a server span fails on a 5xx, not on the
+    // caller's mistakes.
+    if response.status().is_server_error() {
+        span.record("otel.status_code", "ERROR");
+    }
     let known = state.methods.contains_key(name.as_str());
     let elapsed = started.elapsed();
     metrics::observe(if known { &name } else { "unknown" }, code, elapsed);

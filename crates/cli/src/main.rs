@@ -13,6 +13,7 @@ mod output;
 mod profile;
 mod shell;
 mod sse;
+mod telemetry;
 mod usage;
 
 use better_compute_server::{registry, DatabaseArgs};
@@ -35,6 +36,11 @@ struct Cli {
     /// line: timestamp, level, target, fields, span; for a log shipper).
     #[arg(long, global = true, value_enum, env = "BETTER_COMPUTE_LOG_FORMAT", default_value = "text")]
     log_format: LogFormat,
+    /// Export OpenTelemetry traces (OTLP over HTTP, protobuf) to the collector at this base URL,
+    /// e.g. http://localhost:4318: a span per API request, per reconcile, per command run on a
+    /// node. Off when unset.
+    #[arg(long, global = true, env = "OTEL_EXPORTER_OTLP_ENDPOINT", value_name = "URL")]
+    otlp_endpoint: Option<String>,
 }
 
 /// `--log-format`.
@@ -111,14 +117,17 @@ fn main() -> std::process::ExitCode {
         // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
         unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     }
-    let filter = tracing_subscriber::EnvFilter::try_from_env("BETTER_COMPUTE_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,tokio_postgres=warn"));
-    let logs = tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter(filter);
-    match cli.log_format {
-        LogFormat::Json => logs.json().with_current_span(true).init(),
-        // Colour codes only where a person reads them.
-        LogFormat::Text => logs.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).init(),
-    }
+    // The process's TLS provider (ring, as every connection here uses): clients that do not bring
+    // their own settings, such as the OTLP exporter's, take it.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let command = std::env::args().nth(1).filter(|a| !a.starts_with('-')).unwrap_or_else(|| "cli".into());
+    let telemetry = match telemetry::init(cli.log_format, cli.otlp_endpoint.as_deref(), &command) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return std::process::ExitCode::from(exit::USAGE);
+        }
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
     let result = runtime.block_on(async {
         match cli.command {
@@ -146,6 +155,8 @@ fn main() -> std::process::ExitCode {
             Command::Man(args) => shell::man(args),
         }
     });
+    drop(runtime);
+    telemetry.shutdown();
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {

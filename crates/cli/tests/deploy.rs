@@ -1,11 +1,14 @@
 //! What `deploy/` ships holds against the code: the alert rules and the dashboard name only metrics
-//! the control plane writes, and a server process serves them on `--metrics-listen`, with JSON logs.
+//! the control plane writes, and a server process serves them on `--metrics-listen`, with JSON logs,
+//! and exports its traces to an OTLP collector.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use better_compute_db::testing::TestDb;
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use better_compute_runtime::metrics::{in_catalogue, CATALOGUE};
 
 const BIN: &str = env!("CARGO_BIN_EXE_better-compute");
@@ -169,4 +172,137 @@ fn the_debian_package_holds_the_binary_the_units_and_their_settings() {
     // The image builds the same binary and runs it as `server` by default.
     let dockerfile = std::fs::read_to_string(repo.join("deploy/Dockerfile")).unwrap();
     assert!(dockerfile.contains("cargo build --release --locked -p better-compute") && dockerfile.contains(r#"ENTRYPOINT ["/usr/bin/better-compute"]"#));
+}
+
+/// A stand-in OTLP/HTTP collector on a free port: its base URL, and every `POST /v1/traces` it
+/// took, decoded. HTTP/1.1 with keep-alive, bodies by Content-Length, as the exporter sends them.
+fn collector() -> (String, Arc<Mutex<Vec<ExportTraceServiceRequest>>>) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let took = Arc::new(Mutex::new(Vec::new()));
+    let sink = took.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming().flatten() {
+            let sink = sink.clone();
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(conn.try_clone().unwrap());
+                let mut conn = conn;
+                loop {
+                    let mut line = String::new();
+                    if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    assert!(line.starts_with("POST /v1/traces "), "{line}");
+                    let mut len = 0;
+                    loop {
+                        let mut header = String::new();
+                        reader.read_line(&mut header).unwrap();
+                        let header = header.trim_end();
+                        if header.is_empty() {
+                            break;
+                        }
+                        if let Some((k, v)) = header.split_once(':') && k.eq_ignore_ascii_case("content-length") {
+                            len = v.trim().parse().unwrap();
+                        }
+                    }
+                    let mut body = vec![0; len];
+                    reader.read_exact(&mut body).unwrap();
+                    sink.lock().unwrap().push(prost::Message::decode(body.as_slice()).unwrap());
+                    conn.write_all(b"HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\nContent-Length: 0\r\n\r\n").unwrap();
+                }
+            });
+        }
+    });
+    (format!("http://{addr}"), took)
+}
+
+/// Every span the collector took: (service name, span).
+fn spans_of(took: &[ExportTraceServiceRequest]) -> Vec<(String, opentelemetry_proto::tonic::trace::v1::Span)> {
+    let mut out = Vec::new();
+    for request in took {
+        for rs in &request.resource_spans {
+            let service = rs
+                .resource
+                .iter()
+                .flat_map(|r| &r.attributes)
+                .find(|a| a.key == "service.name")
+                .and_then(|a| a.value.as_ref())
+                .and_then(|v| match &v.value {
+                    Some(opentelemetry_proto::tonic::common::v1::any_value::Value::StringValue(s)) => Some(s.clone()),
+                    _ => None,
+                })
+                .unwrap_or_default();
+            for ss in &rs.scope_spans {
+                out.extend(ss.spans.iter().map(|s| (service.clone(), s.clone())));
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_an_otlp_endpoint_a_server_exports_its_request_and_reconcile_spans_joining_the_callers_trace() {
+    let db = TestDb::core().await;
+    let url = db.connection_string().to_owned();
+    let ca = tempfile::tempdir().unwrap();
+    let ca_dir = ca.path().to_str().unwrap().to_owned();
+    let (endpoint, took) = collector();
+    let took_here = took.clone();
+    tokio::task::spawn_blocking(move || {
+        let migrated = Command::new(BIN).args(["migrate", "--database-url", &url]).output().unwrap();
+        assert!(migrated.status.success(), "{}", String::from_utf8_lossy(&migrated.stderr));
+        let boot = Command::new(BIN).args(["admin", "bootstrap", "--database-url", &url]).output().unwrap();
+        let boot = String::from_utf8(boot.stdout).unwrap();
+        let token = boot.lines().find_map(|l| l.strip_prefix("export BETTER_COMPUTE_TOKEN=")).expect("a token").to_owned();
+        let mut server = Command::new(BIN)
+            .args(["server", "--roles", "api,worker", "--api-listen", "127.0.0.1:0", "--ca-dir", &ca_dir, "--database-url", &url, "--otlp-endpoint", &endpoint])
+            // Batches every 100 ms instead of 5 s, so the test waits less.
+            .env("OTEL_BSP_SCHEDULE_DELAY", "100")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut out = BufReader::new(server.stdout.take().unwrap()).lines();
+        let addr = loop {
+            let line = out.next().expect("the server printed its API address").unwrap();
+            if let Some(rest) = line.strip_prefix("api listening on http://") {
+                break rest.to_owned();
+            }
+        };
+        // A request in a caller's trace.
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        write!(
+            s,
+            "POST /v1/nodes.list HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\n\
+             traceparent: 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{{}}"
+        )
+        .unwrap();
+        let mut answer = String::new();
+        s.read_to_string(&mut answer).unwrap();
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        // The worker runs its jobs at once (every periodic one is due at start).
+        for _ in 0..300 {
+            let spans = spans_of(&took.lock().unwrap());
+            if spans.iter().any(|(_, s)| s.name == "api nodes.list") && spans.iter().any(|(_, s)| s.name.starts_with("reconcile ")) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(server.id() as i32, libc::SIGTERM) };
+        assert!(server.wait().unwrap().success());
+    })
+    .await
+    .unwrap();
+    let spans = spans_of(&took_here.lock().unwrap());
+    let api: Vec<_> = spans.iter().filter(|(_, s)| s.name == "api nodes.list").collect();
+    assert_eq!(api.len(), 1, "{spans:?}");
+    let (service, span) = api[0];
+    assert_eq!(service, "better-compute-server");
+    assert_eq!((hex::encode(&span.trace_id), hex::encode(&span.parent_span_id)), ("0af7651916cd43dd8448eb211c80319c".to_owned(), "b7ad6b7169203331".to_owned()));
+    // SpanKind::Server.
+    assert_eq!(span.kind, 2);
+    assert!(spans.iter().any(|(_, s)| s.name.starts_with("reconcile ") && s.parent_span_id.is_empty()), "{spans:?}");
 }

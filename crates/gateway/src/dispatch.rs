@@ -246,6 +246,7 @@ pub(crate) fn command_message(node_id: &str, c: &session::Dispatch) -> GatewayMe
             retry_safe: c.retry_safe,
             not_after_unix_ms: c.not_after_unix_ms,
             signature: c.signature.clone(),
+            trace_parent: c.trace_parent.clone(),
         })),
     }
 }

@@ -872,3 +872,46 @@ async fn a_gateway_answers_the_grpc_health_check_without_a_client_certificate() 
     let unknown = health.check(tonic_health::pb::HealthCheckRequest { service: "no.such.Service".into() }).await.unwrap_err();
     assert_eq!(unknown.code(), tonic::Code::NotFound);
 }
+
+/// The spans this test process's OpenTelemetry layer ended.
+#[derive(Debug, Clone, Default)]
+struct EndedSpans(Arc<std::sync::Mutex<Vec<opentelemetry_sdk::trace::SpanData>>>);
+
+impl opentelemetry_sdk::trace::SpanExporter for EndedSpans {
+    fn export(&self, batch: Vec<opentelemetry_sdk::trace::SpanData>) -> impl std::future::Future<Output = opentelemetry_sdk::error::OTelSdkResult> + Send {
+        self.0.lock().unwrap().extend(batch);
+        std::future::ready(Ok(()))
+    }
+}
+
+#[tokio::test]
+async fn a_commands_run_on_its_node_joins_the_trace_of_the_span_that_enqueued_it() {
+    use opentelemetry::trace::{TraceContextExt, TracerProvider};
+    use tracing::Instrument;
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+    use tracing_subscriber::layer::SubscriberExt;
+    let ended = EndedSpans::default();
+    let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder().with_simple_exporter(ended.clone()).build();
+    let subscriber = tracing_subscriber::registry().with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
+    tracing::subscriber::set_global_default(subscriber).expect("this test process's only subscriber");
+    let f = Fleet::new().await;
+    let (_g, _fake, _d, node) = f.joined(true).await;
+    // An API request's span, in a caller's trace.
+    let span = tracing::info_span!("request");
+    better_compute_core::trace::follow(&span, Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"));
+    let id = f.enqueue(&node, "diag.nvml", serde_json::json!({}), "traced").instrument(span.clone()).await;
+    let request = span.context().span().span_context().span_id();
+    drop(span);
+    // The command's row holds the request span's context, and the daemon's run is its child.
+    let row: String = f.h.db().client().await.query_one("SELECT trace_parent FROM commands WHERE id = $1", &[&id]).await.unwrap().get(0);
+    assert_eq!(row, format!("00-4bf92f3577b34da6a3ce929d0e0e4736-{request}-01"));
+    f.wait_command(&node, &id, "succeeded").await;
+    wait_until("the daemon's span of the run ended", || async { ended.0.lock().unwrap().iter().any(|s| s.name == "command diag.nvml") }).await;
+    let spans = ended.0.lock().unwrap().clone();
+    let runs: Vec<_> = spans.iter().filter(|s| s.name == "command diag.nvml").collect();
+    assert_eq!(runs.len(), 1, "{spans:?}");
+    assert_eq!(runs[0].span_context.trace_id().to_string(), "4bf92f3577b34da6a3ce929d0e0e4736");
+    assert_eq!((runs[0].parent_span_id, runs[0].parent_span_is_remote), (request, true));
+    // Spans of the request's own process ended in the caller's trace too (the enqueue's span).
+    assert!(spans.iter().any(|s| s.name == "request" && s.parent_span_id.to_string() == "00f067aa0ba902b7"), "{spans:?}");
+}

@@ -172,6 +172,8 @@ async fn enqueue_signed(
         _ => (None, None),
     };
     let id = CommandId::generate().to_string();
+    // The enqueuer's trace (an API request's, a job run's): the daemon's run of it joins that trace.
+    let trace_parent = better_compute_core::trace::current_traceparent();
     let (owner_kind, owner_key, owner_shard) = match c.owner {
         Some((k, key, shard)) => (Some(k), Some(key), Some(shard)),
         None => (None, None, None),
@@ -182,10 +184,10 @@ async fn enqueue_signed(
                 "WITH c AS (
                    INSERT INTO commands (id, node_id, seq, kind, lane, body, payload, idempotency_key, min_generation,
                                          not_after, timeout_s, retry_safe, self_terminating, state, owner_kind, owner_key,
-                                         owner_shard, requested_by, signature)
+                                         owner_shard, requested_by, signature, trace_parent)
                    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9,
                            coalesce(to_timestamp($19::int8 / 1000.0), compute_now() + make_interval(secs => $10)), $11, $12, $13,
-                           'pending', $14, $15, $16, $17, $18)
+                           'pending', $14, $15, $16, $17, $18, $20)
                    ON CONFLICT (node_id, idempotency_key) DO NOTHING
                    RETURNING *)
                  {}",
@@ -195,6 +197,7 @@ async fn enqueue_signed(
                 &id, &c.node_id, &seq, &kind.name, &kind.lane, &body_bytes, &payload, &c.idempotency_key,
                 &c.min_generation, &not_after.as_secs_f64(), &(kind.timeout.as_secs() as i32), &kind.retry_safe,
                 &kind.self_terminating, &owner_kind, &owner_key, &owner_shard, &c.requested_by, &signature, &not_after_ms,
+                &trace_parent,
             ],
         )
         .await?;

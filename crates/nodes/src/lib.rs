@@ -40,6 +40,7 @@ pub const NODES_MIGRATIONS: &[Migration] = &[
     Migration::numbered("nodes", "0008_command_signatures", include_str!("migrations/nodes/0008_command_signatures.sql")),
     Migration::numbered("nodes", "0009_command_keys", include_str!("migrations/nodes/0009_command_keys.sql")),
     Migration::numbered("nodes", "0010_vm_consoles", include_str!("migrations/nodes/0010_vm_consoles.sql")),
+    Migration::numbered("nodes", "0011_command_trace", include_str!("migrations/nodes/0011_command_trace.sql")),
     Migration::repeatable("nodes", "scope", include_str!("sql/scope.sql")),
     Migration::repeatable("nodes", "drain", include_str!("sql/drain.sql")),
     Migration::repeatable("nodes", "conditions", include_str!("sql/conditions.sql")),

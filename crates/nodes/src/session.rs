@@ -200,12 +200,14 @@ pub struct Dispatch {
     pub signature: Vec<u8>,
     /// Milliseconds since it was enqueued, by the database's clock.
     pub waited_ms: i64,
+    /// The enqueuer's W3C trace context; empty when it had none.
+    pub trace_parent: String,
 }
 
 const DISPATCH_COLUMNS: &str = "id, seq, kind, lane, body, min_generation,
     (extract(epoch FROM not_after - compute_now()) * 1000)::bigint, retry_safe,
     round(extract(epoch FROM not_after) * 1000)::bigint, coalesce(signature, ''),
-    (extract(epoch FROM compute_now() - created_at) * 1000)::bigint";
+    (extract(epoch FROM compute_now() - created_at) * 1000)::bigint, coalesce(trace_parent, '')";
 
 /// A [`Dispatch`] from [`DISPATCH_COLUMNS`] starting at column `at`.
 fn dispatch_of(r: &tokio_postgres::Row, at: usize) -> Dispatch {
@@ -221,6 +223,7 @@ fn dispatch_of(r: &tokio_postgres::Row, at: usize) -> Dispatch {
         not_after_unix_ms: r.get(at + 8),
         signature: r.get(at + 9),
         waited_ms: r.get(at + 10),
+        trace_parent: r.get(at + 11),
     }
 }
 

@@ -16,6 +16,7 @@ use better_compute_db::lease::{acquire_many, release_many, WORKER_LEASE_TTL};
 use better_compute_db::workers::{self, WorkerInfo};
 use better_compute_db::{Clock, DbError, Lease, Pool};
 use futures_util::{FutureExt, StreamExt};
+use tracing::Instrument;
 use serde::Serialize;
 
 use crate::module::{Registry, EVENT_SUBSCRIBERS_JOB, OUTBOX_DISPATCH_JOB};
@@ -430,7 +431,9 @@ impl Worker {
     async fn run_batch(&self, r: Arc<dyn Reconciler>, keys: Vec<Claimed>, lease: Lease) -> Vec<(Claimed, RunResult)> {
         let job = r.kind().name;
         let started = std::time::Instant::now();
-        let ended = self.run_keys(r, keys, lease).await;
+        // One span per run (a reconcile of one key, or one run_many over several).
+        let span = tracing::info_span!("reconcile", otel.name = %format!("reconcile {job}"), job, key = %keys.first().map_or("", |c| c.key.as_str()), keys = keys.len());
+        let ended = self.run_keys(r, keys, lease).instrument(span).await;
         metrics::histogram!("better_compute_job_run_seconds", "job" => job).record(started.elapsed().as_secs_f64());
         ended
     }

@@ -106,10 +106,16 @@ impl Daemon {
             // Registered before the task can finish and remove itself.
             let mut st = self.state.lock().expect("state");
             let can_cancel = cancellable.clone();
-            let task = tokio::spawn(async move {
-                let outcome = me.execute(payload, &can_cancel).await;
-                me.finish(&id, &lane, outcome).await;
-            });
+            // The run's span joins the trace of whoever enqueued it (the command's traceparent).
+            let span = tracing::info_span!("command", otel.name = %format!("command {}", c.kind), otel.kind = "consumer", command_id = %id, kind = %c.kind);
+            better_compute_core::trace::follow(&span, Some(&c.trace_parent));
+            let task = tokio::spawn(
+                async move {
+                    let outcome = me.execute(payload, &can_cancel).await;
+                    me.finish(&id, &lane, outcome).await;
+                }
+                .instrument(span),
+            );
             st.running.insert(c.command_id.clone(), (c.lane.clone(), task.abort_handle(), cancellable));
         }
         self.send(daemon_message::Msg::CommandAck(CommandAck { command_id: c.command_id })).await;

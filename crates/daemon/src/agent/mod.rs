@@ -18,6 +18,7 @@ use better_compute_proto::v1::{
     Health, Heartbeat, Hello, JoinRequest, NodeSpec, RejectReason, RotateCertificateRequest, SpecStatus,
 };
 use prost::Message;
+use tracing::Instrument;
 use tokio::sync::{mpsc, watch};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 

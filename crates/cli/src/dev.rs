@@ -6,7 +6,7 @@ use anyhow::Context;
 use better_compute_db::launcher::{Cluster, ClusterOptions, FileLock};
 
 /// The database `dev` keeps its data in.
-const DEV_DATABASE: &str = "better_compute";
+pub(crate) const DEV_DATABASE: &str = "better_compute";
 
 /// Options of `better-compute dev`.
 #[derive(Debug, clap::Args)]
@@ -72,17 +72,23 @@ fn cluster_home(root: &Path) -> anyhow::Result<PathBuf> {
 /// Where clusters go whose `--data-dir` PostgreSQL's user cannot reach.
 const DEV_CLUSTERS: &str = "/var/lib/better-compute/dev";
 
-/// Runs until Ctrl-C (or SIGTERM), then stops PostgreSQL cleanly.
-pub async fn run(args: DevArgs) -> anyhow::Result<()> {
-    std::fs::create_dir_all(&args.data_dir)
-        .with_context(|| format!("cannot create {}", args.data_dir.display()))?;
-    let root = args.data_dir.canonicalize()?;
+/// A private PostgreSQL cluster under a data folder, held by this process (its lock).
+pub(crate) struct Local {
+    pub(crate) cluster: Cluster,
+    pub(crate) root: PathBuf,
+    _lock: FileLock,
+}
+
+/// Opens `data_dir` (created if needed) for one process at a time (`<lock>.lock`), and starts its
+/// PostgreSQL (initialized on first use, reused if an earlier run was killed and left it running).
+pub(crate) fn open_local(data_dir: &Path, lock: &str) -> anyhow::Result<Local> {
+    std::fs::create_dir_all(data_dir).with_context(|| format!("cannot create {}", data_dir.display()))?;
+    let root = data_dir.canonicalize()?;
     // The server's unprivileged user must be able to reach its folders inside.
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755))?;
-    // One dev per data folder: a second one is refused before it touches anything.
-    let _lock = FileLock::try_acquire(&root.join("dev.lock"), &root)?;
-
+    // One process per data folder: a second one is refused before it touches anything.
+    let lock = FileLock::try_acquire(&root.join(format!("{lock}.lock")), &root)?;
     let pg_root = cluster_home(&root)?;
     let cluster = Cluster::new(ClusterOptions {
         data_dir: pg_root.join("pgdata"),
@@ -91,27 +97,48 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         max_connections: 200,
     })?;
     if cluster.is_running() {
-        // Left behind by a dev that was killed; we hold the lock, so it is ours to reuse.
-        println!("reusing PostgreSQL left running by an earlier dev (pid {:?})", cluster.postmaster_pid());
+        // Left behind by a run that was killed; we hold the lock, so it is ours to reuse.
+        println!("reusing PostgreSQL left running by an earlier run (pid {:?})", cluster.postmaster_pid());
     } else {
         if cluster.init_if_needed()? {
             println!("initialized a new PostgreSQL cluster in {}", cluster.options().data_dir.display());
         }
         cluster.start()?;
     }
-    let result = serve(&cluster, &root, &args).await;
-    println!("stopping PostgreSQL…");
-    let stopped = tokio::task::spawn_blocking({
-        let cluster = cluster.clone();
-        move || cluster.stop()
-    })
-    .await?;
-    stopped.context("PostgreSQL did not stop cleanly; see server.log in the data folder")?;
-    println!("stopped cleanly; data kept in {}", root.display());
+    Ok(Local { cluster, root, _lock: lock })
+}
+
+impl Local {
+    /// Stops PostgreSQL cleanly.
+    pub(crate) async fn close(self) -> anyhow::Result<()> {
+        println!("stopping PostgreSQL…");
+        let cluster = self.cluster.clone();
+        tokio::task::spawn_blocking(move || cluster.stop()).await?.context("PostgreSQL did not stop cleanly; see server.log in the data folder")?;
+        println!("stopped cleanly; data kept in {}", self.root.display());
+        Ok(())
+    }
+}
+
+/// Runs until Ctrl-C (or SIGTERM), then stops PostgreSQL cleanly.
+pub async fn run(args: DevArgs) -> anyhow::Result<()> {
+    let local = open_local(&args.data_dir, "dev")?;
+    let result = serve(&local.cluster, &local.root, &args).await;
+    local.close().await?;
     result
 }
 
-async fn serve(cluster: &Cluster, root: &Path, args: &DevArgs) -> anyhow::Result<()> {
+/// The dev database, migrated, with its admin and demo fleet.
+pub(crate) struct Prepared {
+    /// Its connection string.
+    pub(crate) conn: String,
+    pub(crate) report: better_compute_db::migrate::MigrateReport,
+    pub(crate) admin: DevAdmin,
+    /// Whether the demo fleet was made now.
+    pub(crate) first_start: bool,
+}
+
+/// Creates the dev database if needed, migrates it, and makes its admin and demo fleet.
+pub(crate) async fn prepare(cluster: &Cluster, root: &Path) -> anyhow::Result<Prepared> {
     let admin = better_compute_db::pool::connect(&cluster.connection_string("postgres")).await?;
     if admin.query_opt("SELECT 1 FROM pg_database WHERE datname = $1", &[&DEV_DATABASE]).await?.is_none() {
         admin.batch_execute(&format!("CREATE DATABASE {DEV_DATABASE}")).await?;
@@ -132,6 +159,13 @@ async fn serve(cluster: &Cluster, root: &Path, args: &DevArgs) -> anyhow::Result
     if first_start {
         println!("created site dev, pools gpus (bare metal), burst (a provider's, lost after 1 h unreachable) and vms (a vps-host, fake VMs), and a quota for tenant dev");
     }
+    Ok(Prepared { conn, report, admin, first_start })
+}
+
+async fn serve(cluster: &Cluster, root: &Path, args: &DevArgs) -> anyhow::Result<()> {
+    let Prepared { conn, report, admin, first_start } = prepare(cluster, root).await?;
+    let registry = better_compute_server::registry()?;
+    let mut db = better_compute_db::pool::connect(&conn).await?;
     let pool = better_compute_db::pool::connect_pool(&conn, 32)?;
     better_compute_runtime::work_queue::Poker::install(pool.clone());
     let (stop, stopped) = tokio::sync::watch::channel(false);
@@ -225,7 +259,7 @@ const POSTGRES_WATCH_EVERY: std::time::Duration = std::time::Duration::from_secs
 /// Watches dev's own PostgreSQL: when it dies (killed, crashed), starts it again at once and says
 /// so in one line, so the server, worker, gateway and daemons reconnect instead of logging
 /// failures until someone notices. Returns only when it cannot be started again.
-async fn watch_postgres(cluster: &Cluster) -> anyhow::Error {
+pub(crate) async fn watch_postgres(cluster: &Cluster) -> anyhow::Error {
     loop {
         tokio::time::sleep(POSTGRES_WATCH_EVERY).await;
         // SAFETY: signal 0 only asks whether the process exists.
@@ -248,10 +282,10 @@ async fn watch_postgres(cluster: &Cluster) -> anyhow::Error {
 }
 
 /// The dev admin's token and tenant.
-struct DevAdmin {
-    tenant_id: String,
-    identity: String,
-    secret: String,
+pub(crate) struct DevAdmin {
+    pub(crate) tenant_id: String,
+    pub(crate) identity: String,
+    pub(crate) secret: String,
 }
 
 /// Bootstraps on the first start and keeps the admin's token in `<data>/admin-token` (0600, only
@@ -336,7 +370,7 @@ async fn seed_demo_fleet(db: &mut tokio_postgres::Client, tenant_id: &str) -> an
     Ok(true)
 }
 
-async fn pool_named(conn: &str, name: &str) -> Option<String> {
+pub(crate) async fn pool_named(conn: &str, name: &str) -> Option<String> {
     let c = better_compute_db::pool::connect(conn).await.ok()?;
     c.query_opt("SELECT p.id FROM pools p JOIN sites s ON s.id = p.site_id WHERE s.name = 'dev' AND p.name = $1", &[&name])
         .await

@@ -14,6 +14,7 @@ mod profile;
 mod shell;
 mod sse;
 mod telemetry;
+mod up;
 mod usage;
 
 use better_compute_server::{registry, DatabaseArgs};
@@ -55,6 +56,10 @@ enum Command {
     /// Run everything on this machine: a private PostgreSQL under ./.better-compute/, migrated, and a
     /// worker running every job. Data survives restarts; Ctrl-C stops it cleanly.
     Dev(dev::DevArgs),
+    /// Run the scale-out shape on this machine, each role its own process: PostgreSQL, PgBouncer,
+    /// 2 API servers, 2 workers, 2 gateways and 4 daemons (fake GPUs). A process that exits is
+    /// started again; Ctrl-C stops them all.
+    Up(up::UpArgs),
     /// Run server roles against DATABASE_URL (`api`, `gateway`, `worker`). Run many for scale and failover.
     Server(better_compute_server::ServerArgs),
     /// The node agent: joins with a join token, then holds one mTLS session to a gateway, converges
@@ -113,7 +118,7 @@ fn main() -> std::process::ExitCode {
     // Output piped into `head` and closed early ends a short command quietly, as with any CLI tool,
     // instead of panicking in println!. Not the long-running network roles: a peer closing a
     // socket must not kill them (Rust ignores SIGPIPE for that reason).
-    if !matches!(cli.command, Command::Dev(_) | Command::Server(_) | Command::Daemon(_) | Command::Bench(_) | Command::Sim(_)) {
+    if !matches!(cli.command, Command::Dev(_) | Command::Up(_) | Command::Server(_) | Command::Daemon(_) | Command::Bench(_) | Command::Sim(_)) {
         // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
         unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     }
@@ -132,6 +137,7 @@ fn main() -> std::process::ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Dev(args) => dev::run(args).await,
+            Command::Up(args) => up::run(args).await,
             Command::Server(args) => better_compute_server::run(args).await,
             Command::Daemon(args) => daemon::run(args).await,
             Command::Migrate(args) => migrate(args).await,

@@ -1,5 +1,6 @@
 //! `better-compute dev` as a user runs it: it starts, refuses a second copy on the same folder,
-//! stops cleanly on Ctrl-C, and keeps its data across restarts, even after being killed.
+//! stops cleanly on Ctrl-C, and keeps its data across restarts, even after being killed. And
+//! `better-compute up`, the scale-out shape, losing one process of each role under load.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -17,11 +18,15 @@ struct Dev {
 
 impl Dev {
     fn start(dir: &Path) -> Dev {
+        Dev::run(&["dev", "--api-listen", "127.0.0.1:0"], dir)
+    }
+
+    /// `better-compute <args> --data-dir <dir>`, its stdout read line by line.
+    fn run(args: &[&str], dir: &Path) -> Dev {
         let mut child = Command::new(BIN)
-            .arg("dev")
+            .args(args)
             .arg("--data-dir")
             .arg(dir)
-            .args(["--api-listen", "127.0.0.1:0"])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -486,4 +491,87 @@ async fn dev_run_by_root_under_a_private_home_keeps_its_cluster_where_postgres_c
     let cluster = moved.unwrap().rsplit(' ').next().unwrap().to_owned();
     let _ = std::fs::remove_dir_all(&home);
     let _ = std::fs::remove_dir_all(&cluster);
+}
+
+/// Calls `method` on the first of `apis` that answers, trying the others while one is down (a
+/// killed API server refuses connections until `up` has started it again). Bodies carry an
+/// idempotency key, so a request retried after a lost answer changes nothing twice.
+async fn call_any(client: &reqwest::Client, apis: &[String], token: &str, method: &str, body: serde_json::Value) -> serde_json::Value {
+    let mut last = String::new();
+    for attempt in 0..240 {
+        let api = &apis[attempt % apis.len()];
+        match client.post(format!("{api}/v1/{method}")).bearer_auth(token).json(&body).send().await {
+            Ok(r) if r.status().is_success() => return r.json().await.unwrap(),
+            // UNAVAILABLE (its database connection went with a killed process): retried.
+            Ok(r) if r.status().is_server_error() => last = format!("{} {}", r.status(), r.text().await.unwrap_or_default()),
+            Ok(r) => panic!("{method} {body}: {} {}", r.status(), r.text().await.unwrap_or_default()),
+            Err(e) => last = e.to_string(),
+        }
+        // A back-off between tries of real processes, not a wait for simulated time.
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    panic!("no API server answered {method} in a minute: {last}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn up_runs_the_scale_out_shape_and_loses_nothing_when_one_process_of_each_role_is_killed() {
+    let dir = std::env::temp_dir().join(format!("bc-up-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut up = Dev::run(&["up", "--nodes", "2"], &dir);
+    up.wait_for("ready: BETTER_COMPUTE_URL=");
+    let shape: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("up.json")).unwrap()).unwrap();
+    let apis: Vec<String> = shape["apis"].as_array().unwrap().iter().map(|a| a.as_str().unwrap().to_owned()).collect();
+    let nodes: Vec<String> = shape["nodes"].as_array().unwrap().iter().map(|a| a.as_str().unwrap().to_owned()).collect();
+    let (token, pool, db) = (shape["token"].as_str().unwrap().to_owned(), shape["gpuPool"].as_str().unwrap().to_owned(), shape["database"].as_str().unwrap().to_owned());
+    assert_eq!((apis.len(), nodes.len(), shape["pgbouncer"].as_bool()), (2, 2, Some(true)), "{shape}");
+    let roles: Vec<&str> = shape["processes"].as_array().unwrap().iter().map(|p| p["role"].as_str().unwrap()).collect();
+    assert_eq!(roles, ["api", "api", "gateway", "gateway", "worker", "worker", "daemon", "daemon"]);
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().unwrap();
+    const ROUNDS: usize = 20;
+    let mut reservations = std::collections::BTreeSet::new();
+    let mut released = 0;
+    for i in 0..ROUNDS {
+        if i == 6 {
+            // SIGKILL the first process of every role, mid-workload.
+            for p in shape["processes"].as_array().unwrap().iter().filter(|p| p["index"] == 0) {
+                // SAFETY: a signal to a process `up` started for this test.
+                assert_eq!(unsafe { libc::kill(p["pid"].as_i64().unwrap() as i32, libc::SIGKILL) }, 0, "{p}");
+            }
+        }
+        let body = serde_json::json!({"poolId": pool, "gpu": {"kind": "gpu", "model": "H100-80GB", "count": 1}, "vcpu": 2, "memoryMib": 1024,
+                                      "durationS": 3600, "idempotencyKey": format!("up-r{i}")});
+        let r = call_any(&client, &apis, &token, "reservations.create", body).await;
+        let id = r["id"].as_str().unwrap().to_owned();
+        reservations.insert(id.clone());
+        let c = serde_json::json!({"nodeId": nodes[i % nodes.len()], "kind": "diag.nvml", "idempotencyKey": format!("up-c{i}")});
+        call_any(&client, &apis, &token, "commands.run", c).await;
+        if i % 3 == 2 {
+            call_any(&client, &apis, &token, "reservations.release", serde_json::json!({"reservationId": id})).await;
+            released += 1;
+        }
+    }
+    // Nothing lost, nothing twice: one reservation per key, each placed or released as asked.
+    assert_eq!(reservations.len(), ROUNDS);
+    assert_eq!(query_one_i64(&db, "SELECT count(*) FROM reservations").await, ROUNDS as i64);
+    assert_eq!(query_one_i64(&db, "SELECT count(*) FROM reservations WHERE state = 'released'").await, released);
+    assert_eq!(query_one_i64(&db, "SELECT count(*) FROM reservations WHERE state IN ('placed', 'active')").await, (ROUNDS as i64) - released);
+    // Every command reaches its node and succeeds, those of the killed daemon's node too.
+    let mut done = 0;
+    for _ in 0..1200 {
+        done = query_one_i64(&db, "SELECT count(*) FROM commands WHERE idempotency_key LIKE 'api:%:up-c%' AND state = 'succeeded'").await;
+        if done == ROUNDS as i64 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(done, ROUNDS as i64, "of {} commands", query_one_i64(&db, "SELECT count(*) FROM commands WHERE idempotency_key LIKE 'api:%:up-c%'").await);
+    // up started each killed process again, and stops everything cleanly.
+    up.signal(libc::SIGINT);
+    let (status, lines) = up.wait_exit();
+    assert!(status.success(), "{}", lines.join("\n"));
+    let restarted: Vec<&String> = lines.iter().filter(|l| l.contains("ended (signal: 9 (SIGKILL)); starting it again")).collect();
+    assert_eq!(restarted.len(), 4, "{}", lines.join("\n"));
+    assert!(first_line_with(&lines, "stopped cleanly").is_some(), "{}", lines.join("\n"));
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -22,15 +22,18 @@ use tokio::sync::{mpsc, watch};
 /// How long a server process may take to say it is up.
 const READY_TIMEOUT_S: u64 = 60;
 
-/// One server process (`better-compute server --roles <role>`).
+/// One process of this binary: a server (`better-compute server --roles <role>`) or a daemon.
 pub struct ServerProc {
-    /// `gateway` or `worker`.
+    /// `api`, `gateway`, `worker` or `daemon`.
     pub role: &'static str,
     /// Which of its role.
     pub index: usize,
     child: Option<Child>,
     env: Vec<(String, String)>,
+    /// Everything after the binary's name.
     args: Vec<String>,
+    /// The start of the line it prints once it is up.
+    ready: &'static str,
     log: PathBuf,
     /// For a gateway: where it listens now (a restart picks a new port; its proxy follows).
     pub addr: Option<SocketAddr>,
@@ -41,16 +44,56 @@ pub struct ServerProc {
 impl ServerProc {
     /// Starts `better-compute server --roles <role>` with `args`, logging to `<dir>/<role>-<index>.log`.
     pub async fn start(role: &'static str, index: usize, args: Vec<String>, env: Vec<(String, String)>, dir: &Path) -> anyhow::Result<ServerProc> {
-        let mut p = ServerProc { role, index, child: None, env, args, log: dir.join(format!("{role}-{index}.log")), addr: None, paused: false };
+        let args = ["server", "--roles", role].into_iter().map(str::to_owned).chain(args).collect();
+        Self::start_as(role, index, args, "Ctrl-C stops it", env, dir).await
+    }
+
+    /// Starts `better-compute daemon` with `args`, logging to `<dir>/daemon-<index>.log`; up once it
+    /// has joined (or found its identity) and says it connects.
+    pub async fn start_daemon(index: usize, args: Vec<String>, env: Vec<(String, String)>, dir: &Path) -> anyhow::Result<ServerProc> {
+        let args = std::iter::once("daemon".to_owned()).chain(args).collect();
+        Self::start_as("daemon", index, args, "node ", env, dir).await
+    }
+
+    async fn start_as(role: &'static str, index: usize, args: Vec<String>, ready: &'static str, env: Vec<(String, String)>, dir: &Path) -> anyhow::Result<ServerProc> {
+        let mut p = ServerProc { role, index, child: None, env, args, ready, log: dir.join(format!("{role}-{index}.log")), addr: None, paused: false };
         p.spawn().await?;
         Ok(p)
+    }
+
+    /// Its pid while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().and_then(|c| c.id())
+    }
+
+    /// Where it logs.
+    pub fn log(&self) -> &Path {
+        &self.log
+    }
+
+    /// SIGTERM, then up to `grace` for it to stop cleanly, then SIGKILL.
+    pub async fn stop(&mut self, grace: Duration) {
+        if let Some(mut c) = self.child.take() {
+            self.paused = false;
+            if let Some(pid) = c.id() {
+                // SAFETY: signals to our own child.
+                unsafe {
+                    libc::kill(pid as i32, libc::SIGCONT);
+                    libc::kill(pid as i32, libc::SIGTERM);
+                }
+            }
+            if tokio::time::timeout(grace, c.wait()).await.is_err() {
+                let _ = c.start_kill();
+                let _ = c.wait().await;
+            }
+        }
     }
 
     async fn spawn(&mut self) -> anyhow::Result<()> {
         let exe = std::env::current_exe()?;
         let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log)?;
         let mut cmd = Command::new(exe);
-        cmd.arg("server").arg("--roles").arg(self.role).args(&self.args).envs(self.env.iter().cloned());
+        cmd.args(&self.args).envs(self.env.iter().cloned());
         cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(log).kill_on_drop(true);
         // SAFETY: prctl is async-signal-safe; the server dies with the simulator.
         unsafe {
@@ -64,10 +107,11 @@ impl ServerProc {
         let mut lines = BufReader::new(stdout).lines();
         let ready = async {
             while let Some(line) = lines.next_line().await? {
-                if let Some(rest) = line.split(" listening on https://").nth(1) {
-                    self.addr = Some(rest.split_whitespace().next().unwrap_or_default().parse()?);
+                if let Some(rest) = line.split(" listening on ").nth(1) {
+                    let url = rest.split_whitespace().next().unwrap_or_default();
+                    self.addr = Some(url.trim_start_matches("https://").trim_start_matches("http://").parse()?);
                 }
-                if line.starts_with("Ctrl-C stops it") {
+                if line.starts_with(self.ready) {
                     return Ok::<_, anyhow::Error>(());
                 }
             }
@@ -120,9 +164,18 @@ impl ServerProc {
 
     /// Whether it exited on its own (then the supervisor restarts it, as systemd would).
     pub fn exited(&mut self) -> bool {
+        self.exit_status().is_some()
+    }
+
+    /// How it ended, if it did (`None` while it runs); after a kill, there is no status to tell.
+    pub fn exit_status(&mut self) -> Option<String> {
         match self.child.as_mut() {
-            Some(c) => matches!(c.try_wait(), Ok(Some(_))),
-            None => true,
+            Some(c) => match c.try_wait() {
+                Ok(Some(status)) => Some(status.to_string()),
+                Ok(None) => None,
+                Err(e) => Some(e.to_string()),
+            },
+            None => Some("not running".into()),
         }
     }
 }

@@ -19,6 +19,7 @@ pub mod usage_export;
 pub mod watch;
 pub mod console;
 pub mod audit_export;
+pub mod web;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -116,12 +117,16 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/v1/instances.console", get(console::console).post(|s, c, h, b| call(s, Path("instances.console".to_owned()), c, h, b)))
         .route("/v1/usage.export", get(usage_export::export).post(|s, c, h, b| call(s, Path("usage.export".to_owned()), c, h, b)))
         .route("/v1/{method}", post(call))
+        .route("/console", get(web::index))
+        .route("/console/", get(web::index))
+        .route("/console/app.js", get(web::script))
+        .route("/console/app.css", get(web::style))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics_text))
         .fallback(|| async { error_response(&Error::not_found("path", "this path; methods are POST /v1/<method>, see /v1/openapi.json"), &new_request_id()) })
         .method_not_allowed_fallback(|| async {
-            let e = Error::new(ErrorCode::Unsupported, "this HTTP method is not allowed here: methods are POST /v1/<method>; GET serves /v1/watch, /v1/usage.export, /v1/openapi.json, /healthz, /readyz and /metrics");
+            let e = Error::new(ErrorCode::Unsupported, "this HTTP method is not allowed here: methods are POST /v1/<method>; GET serves /v1/watch, /v1/usage.export, /v1/audit.export, /v1/openapi.json, /console, /healthz, /readyz and /metrics");
             let mut r = error_response(&e, &new_request_id());
             *r.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
             r

@@ -1,6 +1,7 @@
 //! `better-compute dev` as a user runs it: it starts, refuses a second copy on the same folder,
 //! stops cleanly on Ctrl-C, and keeps its data across restarts, even after being killed. And
-//! `better-compute up`, the scale-out shape, losing one process of each role under load.
+//! `better-compute up`, the scale-out shape, losing one process of each role under load. And the
+//! web console in a real browser (headless Chromium) against a dev fleet.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -18,13 +19,14 @@ struct Dev {
 
 impl Dev {
     fn start(dir: &Path) -> Dev {
-        Dev::run(&["dev", "--api-listen", "127.0.0.1:0"], dir)
+        Dev::run(&["dev", "--api-listen", "127.0.0.1:0"], dir, &[])
     }
 
-    /// `better-compute <args> --data-dir <dir>`, its stdout read line by line.
-    fn run(args: &[&str], dir: &Path) -> Dev {
+    /// `better-compute <args> --data-dir <dir>` with `env`, its stdout read line by line.
+    fn run(args: &[&str], dir: &Path, env: &[(&str, &str)]) -> Dev {
         let mut child = Command::new(BIN)
             .args(args)
+            .envs(env.iter().copied())
             .arg("--data-dir")
             .arg(dir)
             .stdin(Stdio::null())
@@ -517,7 +519,7 @@ async fn call_any(client: &reqwest::Client, apis: &[String], token: &str, method
 async fn up_runs_the_scale_out_shape_and_loses_nothing_when_one_process_of_each_role_is_killed() {
     let dir = std::env::temp_dir().join(format!("bc-up-test-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let mut up = Dev::run(&["up", "--nodes", "2"], &dir);
+    let mut up = Dev::run(&["up", "--nodes", "2"], &dir, &[]);
     up.wait_for("ready: BETTER_COMPUTE_URL=");
     let shape: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("up.json")).unwrap()).unwrap();
     let apis: Vec<String> = shape["apis"].as_array().unwrap().iter().map(|a| a.as_str().unwrap().to_owned()).collect();
@@ -573,5 +575,208 @@ async fn up_runs_the_scale_out_shape_and_loses_nothing_when_one_process_of_each_
     let restarted: Vec<&String> = lines.iter().filter(|l| l.contains("ended (signal: 9 (SIGKILL)); starting it again")).collect();
     assert_eq!(restarted.len(), 4, "{}", lines.join("\n"));
     assert!(first_line_with(&lines, "stopped cleanly").is_some(), "{}", lines.join("\n"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Headless Chromium driven over the DevTools protocol on a pipe (`--remote-debugging-pipe`: it
+/// reads commands on fd 3 and writes answers on fd 4, each a JSON text ended by a NUL byte).
+struct Browser {
+    child: Child,
+    to: std::fs::File,
+    from: BufReader<std::fs::File>,
+    next_id: u64,
+    session: Option<String>,
+}
+
+impl Browser {
+    fn start(profile: &Path) -> Browser {
+        use std::os::fd::FromRawFd;
+        use std::os::unix::process::CommandExt;
+        let chromium = std::env::var("BETTER_COMPUTE_CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
+        assert!(Path::new(&chromium).exists(), "{chromium} is missing: install Debian's chromium (.ci/run does) or set BETTER_COMPUTE_CHROMIUM");
+        let (mut commands, mut answers) = ([0; 2], [0; 2]);
+        // SAFETY: pipe(2) fills the arrays with two new descriptors each.
+        unsafe { assert_eq!((libc::pipe(commands.as_mut_ptr()), libc::pipe(answers.as_mut_ptr())), (0, 0)) };
+        let (their_in, their_out) = (commands[0], answers[1]);
+        let mut cmd = Command::new(chromium);
+        cmd.args(["--headless=new", "--no-sandbox", "--disable-gpu", "--remote-debugging-pipe", "--no-first-run", "--disable-extensions",
+                  "--disable-background-networking", "--window-size=1366,900", "--hide-scrollbars"])
+            .arg(format!("--user-data-dir={}", profile.display()))
+            .arg("about:blank")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        // SAFETY: dup2 is async-signal-safe; the duplicates at 3 and 4 are not close-on-exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::dup2(their_in, 3) < 0 || libc::dup2(their_out, 4) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().expect("start chromium");
+        // SAFETY: the descriptors are ours; the child holds its own copies.
+        let (to, from) = unsafe {
+            libc::close(their_in);
+            libc::close(their_out);
+            (std::fs::File::from_raw_fd(commands[1]), std::fs::File::from_raw_fd(answers[0]))
+        };
+        Browser { child, to, from: BufReader::new(from), next_id: 0, session: None }
+    }
+
+    /// Sends one command (to the page's session once there is one) and returns its result.
+    fn call(&mut self, method: &str, params: serde_json::Value) -> serde_json::Value {
+        use std::io::Write;
+        self.next_id += 1;
+        let mut msg = serde_json::json!({"id": self.next_id, "method": method, "params": params});
+        if let Some(s) = &self.session {
+            msg["sessionId"] = serde_json::Value::String(s.clone());
+        }
+        let mut bytes = serde_json::to_vec(&msg).unwrap();
+        bytes.push(0);
+        self.to.write_all(&bytes).unwrap();
+        loop {
+            let mut buf = Vec::new();
+            assert!(self.from.read_until(0, &mut buf).unwrap() > 0, "chromium closed its pipe");
+            buf.pop();
+            let answer: serde_json::Value = serde_json::from_slice(&buf).unwrap();
+            if answer["id"] == self.next_id {
+                assert!(answer.get("error").is_none(), "{method}: {answer}");
+                return answer["result"].clone();
+            }
+        }
+    }
+
+    /// Opens `url` in a new page and talks to that page from now on.
+    fn open(&mut self, url: &str) {
+        let target = self.call("Target.createTarget", serde_json::json!({"url": url}))["targetId"].clone();
+        let session = self.call("Target.attachToTarget", serde_json::json!({"targetId": target, "flatten": true}))["sessionId"].as_str().unwrap().to_owned();
+        self.session = Some(session);
+    }
+
+    /// The value of a JavaScript expression in the page (awaited if a promise).
+    fn eval(&mut self, js: &str) -> serde_json::Value {
+        let r = self.call("Runtime.evaluate", serde_json::json!({"expression": js, "awaitPromise": true, "returnByValue": true}));
+        assert!(r.get("exceptionDetails").is_none(), "{js}: {r}");
+        r["result"]["value"].clone()
+    }
+
+    /// Waits (two minutes at most) until `js` is true in the page (an error, as of an element not
+    /// there yet, counts as false).
+    fn wait_until(&mut self, what: &str, js: &str) {
+        let check = format!("(() => {{ try {{ return !!({js}); }} catch (e) {{ return false; }} }})()");
+        for _ in 0..1200 {
+            if self.eval(&check) == serde_json::Value::Bool(true) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let text = self.eval("document.body.innerText");
+        panic!("the console never showed {what}; it shows:\n{text}");
+    }
+
+    /// Saves what the page shows as a PNG.
+    fn screenshot(&mut self, path: &Path) {
+        use base64::Engine;
+        let png = self.call("Page.captureScreenshot", serde_json::json!({"format": "png"}))["data"].as_str().unwrap().to_owned();
+        std::fs::write(path, base64::engine::general_purpose::STANDARD.decode(png).unwrap()).unwrap();
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// An HTTP endpoint that answers every request 410 Gone, as a removed webhook receiver does.
+fn gone_endpoint() -> String {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for mut conn in listener.incoming().flatten() {
+            let mut buf = [0; 65536];
+            let _ = conn.read(&mut buf);
+            let _ = conn.write_all(b"HTTP/1.1 410 Gone\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+        }
+    });
+    format!("http://{addr}/hook")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_in_a_browser_signs_in_reserves_shows_the_timeline_drains_and_shows_a_dead_letter() {
+    let dir = std::env::temp_dir().join(format!("bc-console-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    // The webhook receiver below is on this machine, over plain HTTP.
+    let mut dev = Dev::run(&["dev", "--api-listen", "127.0.0.1:0", "--nodes", "2"], &dir,
+                           &[("BETTER_COMPUTE_WEBHOOKS_ALLOW_HTTP", "1"), ("BETTER_COMPUTE_WEBHOOKS_ALLOW_PRIVATE", "1")]);
+    let (db, env) = dev.ready();
+    let var = |k: &str| env.iter().find(|(n, _)| n == k).unwrap().1.clone();
+    let (api, token) = (var("BETTER_COMPUTE_URL"), var("BETTER_COMPUTE_TOKEN"));
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let client = reqwest::Client::new();
+    let hook = client.post(format!("{api}/v1/webhooks.create")).bearer_auth(&token)
+        .json(&serde_json::json!({"url": gone_endpoint(), "eventTypes": ["reservation.placed"]})).send().await.unwrap();
+    assert!(hook.status().is_success(), "{}", hook.text().await.unwrap());
+    // Served by the API, loading nothing from elsewhere.
+    let page = client.get(format!("{api}/console")).send().await.unwrap();
+    let csp = page.headers().get("content-security-policy").map(|v| v.to_str().unwrap().to_owned()).unwrap_or_default();
+    assert!(csp.starts_with("default-src 'none'; script-src 'self'") && csp.contains("connect-src 'self'"), "{csp}");
+    assert!(page.text().await.unwrap().contains("<script type=\"module\" src=\"/console/app.js\">"));
+    let shots = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/console");
+    std::fs::create_dir_all(&shots).unwrap();
+    let profile = dir.join("chromium");
+    let token_js = serde_json::to_string(&token).unwrap();
+    let node_count = query_one_i64(&db, "SELECT count(*) FROM nodes").await;
+    let (reservation, node) = tokio::task::spawn_blocking(move || {
+        let mut b = Browser::start(&profile);
+        b.open(&format!("{api}/console"));
+        // Sign in with the token, as a person pastes it.
+        b.wait_until("the sign-in form", "!!document.getElementById('token')");
+        b.eval(&format!("document.getElementById('token').value = {token_js}; document.querySelector('main form').requestSubmit(); true"));
+        // An operator lands on the fleet: every node in the grid.
+        b.wait_until("the fleet grid", &format!("document.querySelectorAll('main .grid a').length === {node_count}"));
+        b.screenshot(&shots.join("fleet.png"));
+        // A reservation from the form, on pool gpus.
+        b.eval("location.hash = '#/reservations'; true");
+        b.wait_until("the reservation form", "!!document.querySelector('main form[aria-label=\"New reservation\"]')");
+        b.eval("const s = document.getElementById('f-pool'); s.value = [...s.options].find(o => o.text.startsWith('gpus ')).value; \
+                document.querySelector('main input[name=count]').value = 2; document.querySelector('main form').requestSubmit(); true");
+        b.wait_until("the reservation placed", "/Reservation res_\\S+ is (placed|active) on node_/.test(document.getElementById('message').innerText)");
+        let said = b.eval("document.getElementById('message').innerText").as_str().unwrap().to_owned();
+        let reservation = said.split_whitespace().nth(1).unwrap().to_owned();
+        let node = said.split_whitespace().last().unwrap().trim_end_matches('.').to_owned();
+        b.wait_until("the reservation in the list", &format!("document.querySelector('main table').innerText.includes('{reservation}')"));
+        b.screenshot(&shots.join("reservations.png"));
+        // On its node's page: the bar on the timeline.
+        b.eval(&format!("location.hash = '#/node/{node}'; true"));
+        b.wait_until("the reservation on the timeline", &format!("!!document.querySelector('svg.timeline rect[data-reservation=\"{reservation}\"]')"));
+        b.screenshot(&shots.join("node.png"));
+        // Drain the node from its page (the reason prompt answered).
+        b.eval("window.prompt = () => 'console test'; [...document.querySelectorAll('main button')].find(x => x.textContent === 'Drain').click(); true");
+        b.wait_until("the node not schedulable", "/not schedulable: .*(drain|cordon)/.test(document.querySelector('main').innerText)");
+        // The webhook's delivery met 410 Gone: a dead letter, shown.
+        b.eval("location.hash = '#/webhooks'; true");
+        b.wait_until("the dead letter", "document.querySelector('main').innerText.includes('Dead letters: 1')");
+        b.screenshot(&shots.join("webhooks.png"));
+        b.eval("location.hash = '#/audit'; true");
+        b.wait_until("the audit entries", "document.querySelector('main').innerText.includes('reservations.create')");
+        b.screenshot(&shots.join("audit.png"));
+        b.eval("location.hash = '#/account'; true");
+        b.wait_until("the quota", "document.querySelector('main').innerText.includes('Quota: 6')");
+        b.screenshot(&shots.join("account.png"));
+        (reservation, node)
+    })
+    .await
+    .unwrap();
+    // What the browser did is what the database holds.
+    assert_eq!(query_one_i64(&db, &format!("SELECT count(*) FROM reservations WHERE id = '{reservation}' AND node_id = '{node}'")).await, 1);
+    assert_eq!(query_one_i64(&db, &format!("SELECT count(*) FROM node_drains WHERE node_id = '{node}'")).await, 1);
+    dev.signal(libc::SIGINT);
+    let (status, lines) = dev.wait_exit();
+    assert!(status.success(), "{}", lines.join("\n"));
     let _ = std::fs::remove_dir_all(&dir);
 }

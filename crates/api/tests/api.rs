@@ -220,6 +220,7 @@ fn bodies() -> Vec<(&'static str, Value)> {
         ("nodes.undrain", json!({"nodeId": "{node}"})),
         ("nodes.retire", json!({"nodeId": "{node}"})),
         ("drains.list", json!({"poolId": "{pool}"})),
+        ("jobs.list", json!({})),
         ("inventory.findings", json!({"poolId": "{pool}"})),
         ("pools.update", json!({"poolId": "{pool}", "maxUnavailable": "10%"})),
         ("pools.closeHealthCircuit", json!({"poolId": "{pool}"})),

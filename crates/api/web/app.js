@@ -38,8 +38,8 @@ function say(text, kind = "error") {
   m.textContent = text;
 }
 
-const GOOD = new Set(["connected", "active", "enabled", "closed", "placed", "succeeded", "healthy", "delivered", "running", "True"]);
-const BAD = new Set(["unreachable", "lost", "revoked", "disabled", "open", "failed", "expired", "unhealthy", "dead", "cancelled", "disconnected"]);
+const GOOD = new Set(["connected", "active", "enabled", "closed", "ok", "placed", "succeeded", "healthy", "delivered", "running", "True"]);
+const BAD = new Set(["unreachable", "lost", "revoked", "disabled", "open", "denied", "failed", "expired", "unhealthy", "dead", "cancelled", "disconnected"]);
 function badge(text) {
   const t = String(text ?? "");
   const cls = GOOD.has(t) ? "ok" : BAD.has(t) ? "bad" : t === "" ? "" : "warn";
@@ -166,6 +166,7 @@ const PAGES = [
   { id: "fleet", title: "Fleet", operator: true, render: fleetPage },
   { id: "reservations", title: "Reservations", render: reservationsPage },
   { id: "instances", title: "Instances", render: instancesPage },
+  { id: "jobs", title: "Jobs", operator: true, render: jobsPage },
   { id: "workflows", title: "Workflows", operator: true, render: workflowsPage },
   { id: "webhooks", title: "Webhooks", render: webhooksPage },
   { id: "audit", title: "Audit", render: auditPage },
@@ -349,6 +350,25 @@ async function instancesPage() {
     table("Instances", [["State", (i) => badge(i.state)], ["Id", (i) => h("span", { class: "mono" }, i.id)], ["Image", (i) => i.image],
                         ["Address", (i) => i.address || "–"], ["Connect", (i) => (i.address ? h("span", { class: "mono" }, `ssh debian@${i.address}`) : "–")],
                         ["Host key", (i) => h("span", { class: "mono" }, i.hostKeyFingerprint || "–")], ["Why", (i) => i.reason || ""]], items)];
+}
+
+async function jobsPage() {
+  const j = await api("jobs.list");
+  const backlog = j.queues.reduce((n, q) => n + q.due, 0);
+  const failing = j.queues.reduce((n, q) => n + q.failing, 0);
+  return [h("h1", {}, "Jobs"),
+    h("div", { class: "cards" },
+      h("div", { class: "card" }, h("b", {}, j.queues.length), "jobs"),
+      h("div", { class: "card" }, h("b", {}, backlog), "keys due"),
+      h("div", { class: "card" }, h("b", {}, failing), "keys failing"),
+      h("div", { class: "card" }, h("b", {}, j.holders.filter((w) => w.live).length), "live workers")),
+    h("h2", {}, "Queues"),
+    table("Queues", [["Job", (q) => q.job], ["Depth", (q) => q.depth], ["Due", (q) => q.due], ["Claimed", (q) => q.claimed],
+                     ["Failing", (q) => (q.failing ? badge(String(q.failing)) : 0)], ["Oldest due", (q) => (q.oldestDueS == null ? "–" : `${q.oldestDueS.toFixed(1)} s (${q.oldestDueKey})`)],
+                     ["Newest error", (q) => q.lastError || ""]], j.queues),
+    h("h2", {}, "Who holds what"),
+    table("Workers", [["Live", (w) => badge(w.live ? "connected" : "lost")], ["Worker", (w) => h("span", { class: "mono" }, w.workerId)], ["Shards", (w) => w.shards.length],
+                      ["Singletons", (w) => w.singletons.join(", ")], ["Checks", (w) => (w.checks || []).map((c) => `${c.name}: ${c.ok ? "ok" : c.detail}`).join("; ")]], j.holders)];
 }
 
 async function workflowsPage() {

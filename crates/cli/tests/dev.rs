@@ -726,7 +726,11 @@ async fn the_console_in_a_browser_signs_in_reserves_shows_the_timeline_drains_an
     let csp = page.headers().get("content-security-policy").map(|v| v.to_str().unwrap().to_owned()).unwrap_or_default();
     assert!(csp.starts_with("default-src 'none'; script-src 'self'") && csp.contains("connect-src 'self'"), "{csp}");
     assert!(page.text().await.unwrap().contains("<script type=\"module\" src=\"/console/app.js\">"));
-    let shots = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/console");
+    // The pictures in docs/console are replaced only when asked (as the schema snapshot is).
+    let shots = match std::env::var_os("UPDATE_CONSOLE_SCREENSHOTS") {
+        Some(_) => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/console"),
+        None => dir.join("screenshots"),
+    };
     std::fs::create_dir_all(&shots).unwrap();
     let profile = dir.join("chromium");
     let token_js = serde_json::to_string(&token).unwrap();
@@ -749,24 +753,39 @@ async fn the_console_in_a_browser_signs_in_reserves_shows_the_timeline_drains_an
         let said = b.eval("document.getElementById('message').innerText").as_str().unwrap().to_owned();
         let reservation = said.split_whitespace().nth(1).unwrap().to_owned();
         let node = said.split_whitespace().last().unwrap().trim_end_matches('.').to_owned();
+        let pool = b.eval("document.getElementById('f-pool').value").as_str().unwrap().to_owned();
         b.wait_until("the reservation in the list", &format!("document.querySelector('main table').innerText.includes('{reservation}')"));
         b.screenshot(&shots.join("reservations.png"));
         // On its node's page: the bar on the timeline.
         b.eval(&format!("location.hash = '#/node/{node}'; true"));
         b.wait_until("the reservation on the timeline", &format!("!!document.querySelector('svg.timeline rect[data-reservation=\"{reservation}\"]')"));
         b.screenshot(&shots.join("node.png"));
+        // Live: a reservation made elsewhere (not through the console's own code) appears on the
+        // open page's timeline without a reload, through the watch stream.
+        let before = b.eval("document.querySelectorAll('svg.timeline rect.bar').length").as_i64().unwrap();
+        let other = b.eval(&format!(
+            "fetch('/v1/reservations.create', {{method: 'POST', headers: {{'Content-Type': 'application/json', Authorization: 'Bearer ' + {token_js}}}, \
+             body: JSON.stringify({{poolId: '{pool}', gpu: {{kind: 'gpu', model: 'H100-80GB', count: 1}}, vcpu: 2, memoryMib: 1024, durationS: 7200, idempotencyKey: 'live-1'}})}}) \
+             .then(r => r.json()).then(r => r.id)"
+        ));
+        let other = other.as_str().unwrap().to_owned();
+        b.wait_until("the other reservation, live", &format!("!!document.querySelector('svg.timeline rect[data-reservation=\"{other}\"]')"));
+        assert!(b.eval("document.querySelectorAll('svg.timeline rect.bar').length").as_i64().unwrap() > before);
         // Drain the node from its page (the reason prompt answered).
         b.eval("window.prompt = () => 'console test'; [...document.querySelectorAll('main button')].find(x => x.textContent === 'Drain').click(); true");
         b.wait_until("the node not schedulable", "/not schedulable: .*(drain|cordon)/.test(document.querySelector('main').innerText)");
         // The webhook's delivery met 410 Gone: a dead letter, shown.
         b.eval("location.hash = '#/webhooks'; true");
-        b.wait_until("the dead letter", "document.querySelector('main').innerText.includes('Dead letters: 1')");
+        b.wait_until("the dead letter", "document.querySelector('main').dataset.page === 'webhooks' && document.querySelector('main').innerText.includes('Dead letters: 1')");
         b.screenshot(&shots.join("webhooks.png"));
         b.eval("location.hash = '#/audit'; true");
-        b.wait_until("the audit entries", "document.querySelector('main').innerText.includes('reservations.create')");
+        b.wait_until("the audit entries", "document.querySelector('main').dataset.page === 'audit' && document.querySelector('main').innerText.includes('reservations.create')");
         b.screenshot(&shots.join("audit.png"));
+        b.eval("location.hash = '#/jobs'; true");
+        b.wait_until("the jobs", "document.querySelector('main').dataset.page === 'jobs' && document.querySelector('main').innerText.includes('Queues: ')");
+        b.screenshot(&shots.join("jobs.png"));
         b.eval("location.hash = '#/account'; true");
-        b.wait_until("the quota", "document.querySelector('main').innerText.includes('Quota: 6')");
+        b.wait_until("the quota", "document.querySelector('main').dataset.page === 'account' && document.querySelector('main').innerText.includes('Quota: 6')");
         b.screenshot(&shots.join("account.png"));
         (reservation, node)
     })

@@ -30,9 +30,9 @@ pub const BUILTIN_ROLES: &[BuiltinRole] = &[
     BuiltinRole { name: "fleet-admin", description: "Everything, at the scope bound (bind at fleet scope for operators).", holds: |_| true },
     BuiltinRole {
         name: "operator",
-        description: "Run the fleet: sites, pools, nodes, devices, commands, workflows, quotas, usage, the audit log and tenants.",
+        description: "Run the fleet: sites, pools, nodes, devices, commands, workflows, jobs, quotas, usage, the audit log and tenants.",
         holds: |p| {
-            ["compute:sites:", "compute:pools:", "compute:nodes:", "compute:devices:", "compute:workflows:", "compute:quotas:", "compute:usage:", "compute:audit:", "iam:tenants:"]
+            ["compute:sites:", "compute:pools:", "compute:nodes:", "compute:devices:", "compute:workflows:", "compute:jobs:", "compute:quotas:", "compute:usage:", "compute:audit:", "iam:tenants:"]
                 .iter()
                 .any(|prefix| p.starts_with(prefix))
         },

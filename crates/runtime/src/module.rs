@@ -277,12 +277,13 @@ impl Registry {
     }
 
     /// The permission catalog: every module's permissions, in registration order, then the
-    /// workflows' when some module defines one.
+    /// workflows' when some module defines one, then the runtime's own (the jobs' state).
     pub fn permissions(&self) -> Vec<crate::authz::Permission> {
         let mut perms: Vec<_> = self.modules.iter().flat_map(|m| m.permissions()).collect();
         if !self.workflows.is_empty() {
             perms.extend(crate::workflow::permissions());
         }
+        perms.extend(crate::status::permissions());
         perms
     }
 

@@ -4,11 +4,19 @@
 use std::time::SystemTime;
 
 use better_compute_db::DbError;
+
+/// Reading the jobs' state (fleet scope): `jobs.list`.
+pub const JOBS_READ: &str = "compute:jobs:read";
+
+/// The runtime's own permissions.
+pub fn permissions() -> Vec<crate::authz::Permission> {
+    vec![crate::authz::Permission { name: JOBS_READ, description: "Read the jobs: queues, failing keys, lease holders and each worker's last ticks (fleet scope)." }]
+}
 use serde::Serialize;
 use tokio_postgres::GenericClient;
 
 /// One job's queue.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct QueueStatus {
     /// The job (work-queue kind).
@@ -30,7 +38,7 @@ pub struct QueueStatus {
 }
 
 /// A job's last tick on one worker.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct JobRun {
     /// The job.
@@ -49,7 +57,7 @@ pub struct JobRun {
 }
 
 /// Leases held by one worker.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Holder {
     /// The worker.

@@ -7,6 +7,7 @@ mod commands;
 mod iam;
 mod instances;
 mod inventory;
+mod jobs;
 mod nodes;
 mod usage;
 mod webhooks;
@@ -32,6 +33,7 @@ pub(crate) fn all() -> Vec<Method> {
     v.extend(webhooks::methods());
     v.extend(workflows::methods());
     v.extend(audit::methods());
+    v.extend(jobs::methods());
     v
 }
 

@@ -676,6 +676,14 @@ impl Browser {
         panic!("the console never showed {what}; it shows:\n{text}");
     }
 
+    /// Goes to the console's `page`, waits until it shows `text`, and saves it as `<page>.png`.
+    fn visit(&mut self, page: &str, text: &str, shots: &Path) {
+        self.eval(&format!("location.hash = '#/{page}'; true"));
+        let main = "document.querySelector('main')";
+        self.wait_until(&format!("{text:?} on page {page}"), &format!("{main}.dataset.page === '{page}' && {main}.innerText.includes({text:?})"));
+        self.screenshot(&shots.join(format!("{page}.png")));
+    }
+
     /// Saves what the page shows as a PNG.
     fn screenshot(&mut self, path: &Path) {
         use base64::Engine;
@@ -775,18 +783,10 @@ async fn the_console_in_a_browser_signs_in_reserves_shows_the_timeline_drains_an
         b.eval("window.prompt = () => 'console test'; [...document.querySelectorAll('main button')].find(x => x.textContent === 'Drain').click(); true");
         b.wait_until("the node not schedulable", "/not schedulable: .*(drain|cordon)/.test(document.querySelector('main').innerText)");
         // The webhook's delivery met 410 Gone: a dead letter, shown.
-        b.eval("location.hash = '#/webhooks'; true");
-        b.wait_until("the dead letter", "document.querySelector('main').dataset.page === 'webhooks' && document.querySelector('main').innerText.includes('Dead letters: 1')");
-        b.screenshot(&shots.join("webhooks.png"));
-        b.eval("location.hash = '#/audit'; true");
-        b.wait_until("the audit entries", "document.querySelector('main').dataset.page === 'audit' && document.querySelector('main').innerText.includes('reservations.create')");
-        b.screenshot(&shots.join("audit.png"));
-        b.eval("location.hash = '#/jobs'; true");
-        b.wait_until("the jobs", "document.querySelector('main').dataset.page === 'jobs' && document.querySelector('main').innerText.includes('Queues: ')");
-        b.screenshot(&shots.join("jobs.png"));
-        b.eval("location.hash = '#/account'; true");
-        b.wait_until("the quota", "document.querySelector('main').dataset.page === 'account' && document.querySelector('main').innerText.includes('Quota: 6')");
-        b.screenshot(&shots.join("account.png"));
+        b.visit("webhooks", "Dead letters: 1", &shots);
+        b.visit("audit", "reservations.create", &shots);
+        b.visit("jobs", "Queues: ", &shots);
+        b.visit("account", "Quota: 6", &shots);
         (reservation, node)
     })
     .await

@@ -26,7 +26,7 @@ pub struct Ctx {
 
 /// Whether a method only reads (its last word is a reading verb): reads are not audited.
 pub fn reads_only(method: &str) -> bool {
-    matches!(method.rsplit('.').next(), Some("get" | "list" | "describe" | "findings" | "console" | "export" | "proof"))
+    matches!(method.rsplit('.').next(), Some("get" | "list" | "describe" | "findings" | "console" | "export" | "proof" | "availability"))
 }
 
 /// The fields a request's target is taken from, in order.

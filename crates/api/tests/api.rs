@@ -221,6 +221,7 @@ fn bodies() -> Vec<(&'static str, Value)> {
         ("nodes.retire", json!({"nodeId": "{node}"})),
         ("drains.list", json!({"poolId": "{pool}"})),
         ("jobs.list", json!({})),
+        ("reservations.availability", json!({"tenantId": "{ten}", "poolId": "{pool}", "gpu": {"kind": "gpu", "model": "H100", "count": 1}, "durationS": 3600})),
         ("inventory.findings", json!({"poolId": "{pool}"})),
         ("pools.update", json!({"poolId": "{pool}", "maxUnavailable": "10%"})),
         ("pools.closeHealthCircuit", json!({"poolId": "{pool}"})),

@@ -349,11 +349,11 @@ async function reservationsPage() {
   const poolInput = pools.length
     ? h("select", { name: "poolId", id: "f-pool" }, pools.map((p) => h("option", { value: p.id }, `${p.name} (${p.kind})`)))
     : h("input", { name: "poolId", id: "f-pool", required: true, placeholder: "pool_…" });
-  const form = h("form", { class: "inline", "aria-label": "New reservation", onsubmit: async (e) => {
-    e.preventDefault();
-    const f = new FormData(e.target);
+  // Reserves what the form says (from `extra.startsAt` when given, else now).
+  const reserve = async (extra = {}) => {
+    const f = new FormData(form);
     const body = { poolId: f.get("poolId"), gpu: { kind: "gpu", model: f.get("model"), count: Number(f.get("count")) },
-      vcpu: Number(f.get("vcpu")), memoryMib: Number(f.get("memoryGib")) * 1024, durationS: Number(f.get("hours")) * 3600, idempotencyKey: key() };
+      vcpu: Number(f.get("vcpu")), memoryMib: Number(f.get("memoryGib")) * 1024, durationS: Number(f.get("hours")) * 3600, idempotencyKey: key(), ...extra };
     try {
       const r = await api("reservations.create", body);
       delete state.drafts.reservations;
@@ -364,7 +364,8 @@ async function reservationsPage() {
     } catch (err) {
       say(`New reservation: ${err.code}: ${err.message}`);
     }
-  } },
+  };
+  const form = h("form", { class: "inline", "aria-label": "New reservation", onsubmit: (e) => { e.preventDefault(); reserve(); } },
     h("label", { for: "f-pool" }, "Pool", poolInput),
     h("label", {}, "GPU model", h("input", { name: "model", value: "H100-80GB", required: true })),
     h("label", {}, "GPUs", h("input", { name: "count", type: "number", min: 0, max: 64, value: 1, required: true })),
@@ -372,11 +373,38 @@ async function reservationsPage() {
     h("label", {}, "Memory (GiB)", h("input", { name: "memoryGib", type: "number", min: 1, value: 64, required: true })),
     h("label", {}, "Hours", h("input", { name: "hours", type: "number", min: 1, max: 8784, value: 1, required: true })),
     h("button", { type: "submit" }, "Reserve"));
+  // What fits and when, as the form changes (reservations.availability: advice, nothing booked).
+  const fits = h("p", { id: "f-fits", role: "status", "aria-live": "polite", class: "muted" });
+  let checking = null;
+  const check = () => {
+    clearTimeout(checking);
+    checking = setTimeout(async () => {
+      const f = new FormData(form);
+      const gpu = { kind: "gpu", model: f.get("model"), count: Number(f.get("count")) };
+      const durationS = Number(f.get("hours")) * 3600;
+      try {
+        const a = await api("reservations.availability", { poolId: f.get("poolId"), gpu, durationS });
+        if (a.fitsNow) {
+          fits.replaceChildren(`Fits now: a node has ${a.mostFreeOnOneNodeNow} of the pool's ${a.placeableAtoms} placeable ${gpu.model} free for the whole time.`);
+        } else if (a.earliestStart) {
+          fits.replaceChildren(`Does not fit now (the most one node has free is ${a.mostFreeOnOneNodeNow}); it fits from ${when(a.earliestStart)}. `,
+            h("button", { type: "button", class: "secondary", onclick: () => reserve({ startsAt: a.earliestStart }) }, "Reserve from then"));
+        } else {
+          fits.replaceChildren(`Does not fit within 30 days: no node has ${gpu.count} placeable ${gpu.model} free for that long (${a.placeableAtoms} in the pool).`);
+        }
+      } catch (e) {
+        fits.replaceChildren(`${e.code}: ${e.message}`);
+      }
+    }, RERENDER_AFTER_MS);
+  };
+  form.addEventListener("input", check);
+  setTimeout(check, 0);
   const ended = new Set(["released", "expired", "failed"]);
   return [
     h("h1", {}, "Reservations"),
     h("h2", {}, "New reservation"),
     form,
+    fits,
     h("h2", {}, "Yours"),
     table("Reservations", [
       ["State", (r) => badge(r.state)], ["Id", (r) => h("span", { class: "mono" }, r.id)],
@@ -393,11 +421,48 @@ async function reservationsPage() {
 }
 
 async function instancesPage() {
-  const items = await all("instances.list");
+  const [items, pools, images] = await Promise.all([all("instances.list"), all("pools.list").catch(() => []), api("vpsImages.list").then((r) => r.items || [], () => [])]);
+  const vpsPools = pools.filter((p) => p.kind === "vps-host");
+  const form = h("form", { class: "inline", "aria-label": "New instance", onsubmit: async (e) => {
+    e.preventDefault();
+    const f = new FormData(e.target);
+    const body = { poolId: f.get("poolId"), image: f.get("image"), gpu: { kind: "gpu", model: f.get("model"), count: Number(f.get("count")) },
+      vcpu: Number(f.get("vcpu")), memoryMib: Number(f.get("memoryGib")) * 1024, diskGib: Number(f.get("diskGib")), durationS: Number(f.get("hours")) * 3600,
+      sshPublicKeys: [String(f.get("sshKey")).trim()], idempotencyKey: key() };
+    try {
+      const i = await api("instances.create", body);
+      delete state.drafts.instances;
+      say(`Instance ${i.id} is ${i.state}; once running, connect with ssh debian@<address> (its host key fingerprint is listed below).`, "info");
+      schedule();
+    } catch (err) {
+      say(`New instance: ${err.code}: ${err.message}`);
+    }
+  } },
+    h("label", {}, "Pool", vpsPools.length
+      ? h("select", { name: "poolId" }, vpsPools.map((p) => h("option", { value: p.id }, p.name)))
+      : h("input", { name: "poolId", required: true, placeholder: "pool_… (a vps-host pool)" })),
+    h("label", {}, "Image", images.length
+      ? h("select", { name: "image" }, images.map((i) => h("option", { value: i.name }, i.name)))
+      : h("input", { name: "image", required: true, value: "debian-12" })),
+    h("label", {}, "GPU model", h("input", { name: "model", value: "H100-80GB", required: true })),
+    h("label", {}, "GPUs", h("input", { name: "count", type: "number", min: 0, max: 8, value: 1, required: true })),
+    h("label", {}, "vCPU", h("input", { name: "vcpu", type: "number", min: 1, value: 4, required: true })),
+    h("label", {}, "Memory (GiB)", h("input", { name: "memoryGib", type: "number", min: 1, value: 8, required: true })),
+    h("label", {}, "Disk (GiB)", h("input", { name: "diskGib", type: "number", min: 1, value: 20, required: true })),
+    h("label", {}, "Hours", h("input", { name: "hours", type: "number", min: 1, value: 1, required: true })),
+    h("label", {}, "SSH public key", h("input", { name: "sshKey", required: true, placeholder: "ssh-ed25519 AAAA… you@laptop", size: 40 })),
+    h("button", { type: "submit" }, "Create"));
+  const live = new Set(["requested", "provisioning", "running", "stopping", "stopped"]);
   return [h("h1", {}, "Instances"),
+    h("h2", {}, "New instance"),
+    form,
+    h("h2", {}, "Yours"),
     table("Instances", [["State", (i) => badge(i.state)], ["Id", (i) => h("span", { class: "mono" }, i.id)], ["Image", (i) => i.image],
                         ["Address", (i) => i.address || "–"], ["Connect", (i) => (i.address ? h("span", { class: "mono" }, `ssh debian@${i.address}`) : "–")],
-                        ["Host key", (i) => h("span", { class: "mono" }, i.hostKeyFingerprint || "–")], ["Why", (i) => i.reason || ""]], items)];
+                        ["Host key", (i) => h("span", { class: "mono" }, i.hostKeyFingerprint || "–")], ["Why", (i) => i.reason || ""],
+                        ["", (i) => !live.has(i.state) ? "" : h("div", { class: "actions" },
+                          ["reboot", "stop", "start", "delete"].map((verb) => h("button", { type: "button", class: verb === "delete" ? "" : "secondary", "aria-label": `${verb} ${i.id}`,
+                            onclick: () => act(`${verb[0].toUpperCase()}${verb.slice(1)} ${i.id}`, `instances.${verb}`, { instanceId: i.id }) }, verb)))]], items)];
 }
 
 async function jobsPage() {

@@ -5,6 +5,7 @@
 //! `CHECK` backstops; and the placer locks what it relies on `FOR SHARE`, so an operator's cordon,
 //! taint or quarantine and a placement are strictly ordered.
 
+pub mod availability;
 pub mod batch;
 #[cfg(feature = "testing")]
 pub mod invariants;

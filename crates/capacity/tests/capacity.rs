@@ -268,6 +268,38 @@ async fn a_stale_idle_count_costs_a_replan_that_the_replan_counter_shows() {
 }
 
 #[tokio::test]
+async fn what_fits_and_when_counts_one_nodes_free_atoms_and_finds_the_end_of_a_booking() {
+    use better_compute_capacity::availability;
+    let h = harness().await;
+    let f = fleet(&h, &exclusive(2), 4).await;
+    let mut c = h.db().connect().await;
+    let gpu = |count| GpuRequest { kind: "gpu".into(), model: MODEL.into(), profile: None, count };
+    // Node A full for an hour, node B with one GPU left for two.
+    let a = reservations::create(&mut c, ME, &whole(&f.pool_id, 4)).await.unwrap();
+    let b = reservations::create(&mut c, ME, &reservations::CreateReservation { duration_s: Some(7200), ..whole(&f.pool_id, 3) }).await.unwrap();
+    assert_ne!(a.node_id, b.node_id);
+    let two = availability::of(&c, &f.pool_id, &gpu(2), 1800).await.unwrap();
+    assert_eq!((two.placeable_atoms, two.most_free_on_one_node_now, two.fits_now), (8, 1, false), "{two:?}");
+    // The earliest start is A's end; a reservation made for then is placed.
+    let at = |s: &str| better_compute_core::time::parse_rfc3339(s).unwrap();
+    assert_eq!(two.earliest_start.as_deref().map(at), Some(at(&a.ends_at)), "{two:?} {a:?}");
+    let later = reservations::create(&mut c, ME, &whole_between(&f.pool_id, 2, &a.ends_at, &b.ends_at)).await.unwrap();
+    assert_eq!((later.state.as_str(), later.node_id.as_deref()), ("placed", a.node_id.as_deref()), "{later:?}");
+    // One fits now; more than a node has never does; a quarantined GPU is not placeable.
+    let one = availability::of(&c, &f.pool_id, &gpu(1), 1800).await.unwrap();
+    assert_eq!((one.fits_now, one.earliest_start.is_some()), (true, true), "{one:?}");
+    let five = availability::of(&c, &f.pool_id, &gpu(5), 1800).await.unwrap();
+    assert_eq!((five.fits_now, five.earliest_start), (false, None));
+    c.execute("UPDATE devices SET quarantined = true, quarantine_reason = 'test' WHERE id = $1", &[&f.gpus[0][0]]).await.unwrap();
+    assert_eq!(availability::of(&c, &f.pool_id, &gpu(1), 1800).await.unwrap().placeable_atoms, 7);
+    // Bad input changes nothing and says what is wrong.
+    let e = better_compute_core::Error::from(availability::of(&c, &f.pool_id, &gpu(1), 0).await.unwrap_err());
+    assert_eq!(e.code, ErrorCode::InvalidArgument);
+    let e = better_compute_core::Error::from(availability::of(&c, "pool_nope", &gpu(1), 60).await.unwrap_err());
+    assert_eq!(e.code, ErrorCode::NotFound);
+}
+
+#[tokio::test]
 async fn a_pending_reservation_is_retried_every_30_seconds_and_placed_when_capacity_frees() {
     let h = harness().await;
     let f = fleet(&h, &exclusive(1), 2).await;

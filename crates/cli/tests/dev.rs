@@ -755,14 +755,19 @@ async fn the_console_in_a_browser_signs_in_reserves_shows_the_timeline_drains_an
         // A reservation from the form, on pool gpus.
         b.eval("location.hash = '#/reservations'; true");
         b.wait_until("the reservation form", "!!document.querySelector('main form[aria-label=\"New reservation\"]')");
+        // The form says what fits before anything is reserved.
         b.eval("const s = document.getElementById('f-pool'); s.value = [...s.options].find(o => o.text.startsWith('gpus ')).value; \
-                document.querySelector('main input[name=count]').value = 2; document.querySelector('main form').requestSubmit(); true");
+                document.querySelector('main input[name=count]').value = 2; \
+                document.querySelector('main form').dispatchEvent(new Event('input', {bubbles: true})); true");
+        b.wait_until("what fits", "document.getElementById('f-fits').innerText.startsWith('Fits now: a node has ')");
+        b.eval("document.querySelector('main form').requestSubmit(); true");
         b.wait_until("the reservation placed", "/Reservation res_\\S+ is (placed|active) on node_/.test(document.getElementById('message').innerText)");
         let said = b.eval("document.getElementById('message').innerText").as_str().unwrap().to_owned();
         let reservation = said.split_whitespace().nth(1).unwrap().to_owned();
         let node = said.split_whitespace().last().unwrap().trim_end_matches('.').to_owned();
         let pool = b.eval("document.getElementById('f-pool').value").as_str().unwrap().to_owned();
         b.wait_until("the reservation in the list", &format!("document.querySelector('main table').innerText.includes('{reservation}')"));
+        b.wait_until("what fits, again", "document.getElementById('f-fits').innerText.length > 0");
         b.screenshot(&shots.join("reservations.png"));
         // On its node's page: the bar on the timeline.
         b.eval(&format!("location.hash = '#/node/{node}'; true"));
@@ -783,7 +788,12 @@ async fn the_console_in_a_browser_signs_in_reserves_shows_the_timeline_drains_an
         b.eval("window.prompt = () => 'console test'; [...document.querySelectorAll('main button')].find(x => x.textContent === 'Drain').click(); true");
         b.wait_until("the node not schedulable", "/not schedulable: .*(drain|cordon)/.test(document.querySelector('main').innerText)");
         // The webhook's delivery met 410 Gone: a dead letter, shown.
-        b.visit("webhooks", "Dead letters: 1", &shots);
+        // A VM on the vps host, from the form, until it runs with its connect line.
+        b.eval("location.hash = '#/instances'; true");
+        b.wait_until("the instance form", "!!document.querySelector('main form[aria-label=\"New instance\"]')");
+        b.eval("document.querySelector('main input[name=sshKey]').value = 'ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl console@test'; \
+                document.querySelector('main form').requestSubmit(); true");
+        b.visit("instances", "ssh debian@", &shots);
         b.visit("audit", "reservations.create", &shots);
         b.visit("jobs", "Queues: ", &shots);
         b.visit("account", "Quota: 6", &shots);

@@ -40,6 +40,20 @@ struct Quotas {
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct AvailabilityRequest {
+    /// The caller's tenant; when given it must be the token's.
+    #[serde(default)]
+    tenant_id: Option<String>,
+    /// `pool_…`.
+    pool_id: String,
+    /// The GPUs (count 1 to 64).
+    gpu: better_compute_capacity::reservations::GpuRequest,
+    /// How long, in seconds (at most 366 days).
+    duration_s: i64,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct ReservationRef {
     /// The caller's tenant; when given it must be the token's.
     #[serde(default)]
@@ -120,6 +134,15 @@ pub(super) fn methods() -> Vec<Method> {
             super::required_key(r.idempotency_key.as_deref(), "reservations.create")?;
             ctx.state.reservations.create(ctx.caller(), &r).await
         }),
+        method(
+            "reservations.availability",
+            "What fits and when, before you reserve: in a pool, how many atoms of a GPU class are placeable, how many one node has free from now for the duration, and the earliest start within 30 days at which one node has the count free for the whole duration. Advice only: it books nothing, counts atoms (not vCPU, memory or disk) and considers nodes without taints.",
+            "compute:reservations:create at tenant scope",
+            |ctx: Ctx, r: AvailabilityRequest| async move {
+                ctx.in_tenant(r.tenant_id.as_deref(), "compute:reservations:create").await?;
+                Ok(better_compute_capacity::availability::of(&*ctx.read().await?, &r.pool_id, &r.gpu, r.duration_s).await?)
+            },
+        ),
         method("reservations.get", "Read a reservation of your tenant.", "compute:reservations:read at tenant scope", |ctx: Ctx, r: ReservationRef| async move {
             ctx.in_tenant(r.tenant_id.as_deref(), "compute:reservations:read").await?;
             ctx.state.reservations.get(ctx.caller(), &r.reservation_id).await

@@ -202,47 +202,73 @@ const USAGE_CACHE_MS = 60e3;
 const DAYS = 14;
 let usageCache = { at: 0, days: [] };
 
-// Every tenant's atom-hours per pool, for each of the last DAYS UTC days (one usage.list per day).
-async function usagePerPoolPerDay() {
+// Every tenant's atom-hours per pool and per atom class, for each of the last DAYS UTC days (two
+// usage.list per day).
+async function usagePerDay() {
   if (Date.now() - usageCache.at < USAGE_CACHE_MS) return usageCache.days;
   const today = new Date(new Date().toISOString().slice(0, 10) + "T00:00:00Z").getTime();
+  const hoursBy = async (groupBy, from, to) => {
+    const r = await api("usage.list", { allTenants: true, groupBy, from: from.toISOString(), to: to.toISOString() });
+    return Object.fromEntries((r.items || []).map((u) => [u.group, u.atomSeconds / 3600]));
+  };
   const days = await Promise.all([...Array(DAYS).keys()].reverse().map(async (back) => {
     const from = new Date(today - back * 86400e3), to = new Date(today - (back - 1) * 86400e3);
-    const r = await api("usage.list", { allTenants: true, groupBy: "pool", from: from.toISOString(), to: to.toISOString() });
-    return { day: from.toISOString().slice(0, 10), byPool: Object.fromEntries((r.items || []).map((u) => [u.group, u.atomSeconds / 3600])) };
+    const [byPool, byModel] = await Promise.all([hoursBy("pool", from, to), hoursBy("model", from, to)]);
+    return { day: from.toISOString().slice(0, 10), byPool, byModel };
   }));
   usageCache = { at: Date.now(), days };
   return days;
 }
 
-// Per pool, the share of its atoms booked each day (atom-hours over atoms × 24 h), as bars.
-function utilisationChart(pools, gpusByPool, days) {
+// One row per series (a pool, an atom class): the share of its atoms booked each day (atom-hours
+// over atoms × 24 h), as bars. `series`: [{ name, atoms, hours: (day) => atom-hours }].
+function utilisationChart(what, series, days) {
   const W = 1000, rowH = 70, labelW = 170, top = 18;
   const w = (W - labelW - 10) / days.length;
-  const svg = s("svg", { class: "timeline", viewBox: `0 0 ${W} ${top + rowH * pools.length}`, role: "img",
-    "aria-label": `The share of each pool's GPUs booked per day over the last ${days.length} days` });
+  const svg = s("svg", { class: "timeline", viewBox: `0 0 ${W} ${top + rowH * series.length}`, role: "img",
+    "aria-label": `The share of each ${what}'s atoms booked per day over the last ${days.length} days` });
   days.forEach((d, j) => { if (j % 2 === 0) svg.append(s("text", { x: labelW + j * w, y: 13 }, d.day.slice(5))); });
-  pools.forEach((p, i) => {
-    const atoms = gpusByPool[i].reduce((n, g) => n + Math.max(1, (g.atoms || []).filter((a) => a.active).length), 0);
+  series.forEach((x, i) => {
     const y = top + i * rowH;
     svg.append(s("rect", { class: "row", x: labelW, y, width: W - labelW - 10, height: rowH - 8 }));
-    svg.append(s("text", { x: 4, y: y + 20 }, p.name));
-    svg.append(s("text", { x: 4, y: y + 38 }, `${atoms} atoms`));
+    svg.append(s("text", { x: 4, y: y + 20 }, x.name));
+    svg.append(s("text", { x: 4, y: y + 38 }, `${x.atoms} atoms`));
     days.forEach((d, j) => {
-      const share = atoms ? Math.min(1, (d.byPool[p.id] || 0) / (atoms * 24)) : 0;
+      const hours = x.hours(d);
+      const share = x.atoms ? Math.min(1, hours / (x.atoms * 24)) : 0;
       const bh = share * (rowH - 12);
       const bar = s("rect", { class: "bar", x: labelW + j * w + 2, y: y + rowH - 10 - bh, width: Math.max(w - 4, 1), height: bh });
-      bar.append(s("title", {}, `${p.name} ${d.day}: ${(share * 100).toFixed(1)}% booked (${(d.byPool[p.id] || 0).toFixed(1)} atom-hours)`));
+      bar.append(s("title", {}, `${x.name} ${d.day}: ${(share * 100).toFixed(1)}% booked (${hours.toFixed(1)} atom-hours)`));
       svg.append(bar);
     });
   });
   return svg;
 }
 
+// The atoms placement may use, per pool and per atom class (`kind/model[/profile]`, as usage names
+// them).
+function atomSeries(pools, gpusByPool) {
+  const classes = new Map();
+  const perPool = pools.map((p, i) => {
+    let atoms = 0;
+    for (const g of gpusByPool[i]) {
+      for (const a of (g.atoms || []).filter((a) => a.active)) {
+        atoms += 1;
+        const c = [a.kind, g.model, a.profile].filter(Boolean).join("/");
+        classes.set(c, (classes.get(c) || 0) + 1);
+      }
+    }
+    return { name: p.name, atoms, hours: (d) => d.byPool[p.id] || 0 };
+  });
+  const perClass = [...classes].map(([c, atoms]) => ({ name: c, atoms, hours: (d) => d.byModel[c] || 0 }));
+  return { perPool, perClass };
+}
+
 async function fleetPage() {
   const [nodes, pools] = await Promise.all([all("nodes.list"), all("pools.list")]);
   const gpusByPool = await Promise.all(pools.map((p) => all("devices.list", { poolId: p.id }).catch(() => [])));
-  const days = await usagePerPoolPerDay().catch(() => null);
+  const days = await usagePerDay().catch(() => null);
+  const { perPool, perClass } = atomSeries(pools, gpusByPool);
   const by = (f) => nodes.filter(f).length;
   const grid = h("div", { class: "grid", role: "list" }, nodes.map((n) => {
     const reasons = (n.noScheduleReasons || []).join(", ");
@@ -265,8 +291,10 @@ async function fleetPage() {
     table("GPU classes", [["Pool", (r) => r.pool], ["Model", (r) => r.model], ["GPUs", (r) => r.total], ["Healthy", (r) => r.healthy],
                           ["Being checked", (r) => r.checking], ["Unhealthy", (r) => r.unhealthy], ["Quarantined", (r) => r.quarantined],
                           ["Modes", (r) => Object.entries(r.modes).map(([m, n]) => `${n} ${m}`).join(", ")]], gpuRows(pools, gpusByPool)),
-    h("h2", {}, `GPUs booked per pool, last ${DAYS} days`),
-    days ? utilisationChart(pools, gpusByPool, days) : h("p", { class: "muted" }, "Usage is not visible to this token."),
+    h("h2", {}, `Atoms booked per pool, last ${DAYS} days`),
+    days ? utilisationChart("pool", perPool, days) : h("p", { class: "muted" }, "Usage is not visible to this token."),
+    h("h2", {}, `Atoms booked per class, last ${DAYS} days`),
+    days ? utilisationChart("atom class", perClass, days) : null,
     h("h2", {}, "Pools"),
     table("Pools", [["Name", (p) => p.name], ["Kind", (p) => p.kind], ["Nodes", (p) => nodes.filter((n) => n.poolId === p.id).length],
                     ["Connected", (p) => nodes.filter((n) => n.poolId === p.id && n.liveness === "connected").length],

@@ -794,6 +794,11 @@ async fn the_console_in_a_browser_signs_in_reserves_shows_the_timeline_drains_an
         b.eval("document.querySelector('main input[name=sshKey]').value = 'ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl console@test'; \
                 document.querySelector('main form').requestSubmit(); true");
         b.visit("instances", "ssh debian@", &shots);
+        // Every field has a label and every button a name (for keyboards and screen readers).
+        let unlabelled = b.eval("[...document.querySelectorAll('input, select')].filter(e => !e.labels || e.labels.length === 0).length \
+                                 + [...document.querySelectorAll('button')].filter(x => !(x.getAttribute('aria-label') || x.textContent).trim()).length");
+        assert_eq!(unlabelled, 0);
+        assert!(b.eval("document.querySelectorAll('main input, main select, main button').length").as_i64().unwrap() >= 12);
         b.visit("audit", "reservations.create", &shots);
         b.visit("jobs", "Queues: ", &shots);
         b.visit("account", "Quota: 6", &shots);

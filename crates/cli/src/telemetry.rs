@@ -34,14 +34,16 @@ impl Telemetry {
     }
 }
 
-/// Installs the process's subscriber: `BETTER_COMPUTE_LOG` filters (default `info`), `format`
+/// Installs the process's subscriber: `BETTER_COMPUTE_LOG` filters (default `info`; `bench` mutes
+/// the access log), `format`
 /// shapes log lines, and `otlp_endpoint` (the collector's base URL, as `OTEL_EXPORTER_OTLP_ENDPOINT`
 /// has it: spans go to its `/v1/traces`) turns traces on. The service is `OTEL_SERVICE_NAME`, else
 /// `better-compute-<command>`; `OTEL_TRACES_SAMPLER` and `OTEL_RESOURCE_ATTRIBUTES` apply. Call it
 /// before the runtime starts (the exporter's HTTP client is a blocking one).
 pub fn init(format: LogFormat, otlp_endpoint: Option<&str>, command: &str) -> anyhow::Result<Telemetry> {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("BETTER_COMPUTE_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,tokio_postgres=warn"));
+    // A benchmark's API servers would write an access line per request it times.
+    let default_filter = if command == "bench" { "info,tokio_postgres=warn,access=off" } else { "info,tokio_postgres=warn" };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("BETTER_COMPUTE_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
     let logs = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
     let mut layers: Vec<Box<dyn Layer<Registry> + Send + Sync>> = vec![match format {
         LogFormat::Json => logs.json().with_current_span(true).boxed(),

@@ -125,8 +125,17 @@ fn main() -> std::process::ExitCode {
     // The process's TLS provider (ring, as every connection here uses): clients that do not bring
     // their own settings, such as the OTLP exporter's, take it.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let command = std::env::args().nth(1).filter(|a| !a.starts_with('-')).unwrap_or_else(|| "cli".into());
-    let telemetry = match telemetry::init(cli.log_format, cli.otlp_endpoint.as_deref(), &command) {
+    // The long-running commands name their traces' service; every other command is the CLI.
+    let command = match cli.command {
+        Command::Dev(_) => "dev",
+        Command::Up(_) => "up",
+        Command::Server(_) => "server",
+        Command::Daemon(_) => "daemon",
+        Command::Bench(_) => "bench",
+        Command::Sim(_) => "sim",
+        _ => "cli",
+    };
+    let telemetry = match telemetry::init(cli.log_format, cli.otlp_endpoint.as_deref(), command) {
         Ok(t) => t,
         Err(e) => {
             eprintln!("error: {e:#}");

@@ -131,6 +131,8 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
 pub(crate) struct Prepared {
     /// Its connection string.
     pub(crate) conn: String,
+    /// Every module, as the database was migrated for.
+    pub(crate) registry: std::sync::Arc<better_compute_runtime::Registry>,
     pub(crate) report: better_compute_db::migrate::MigrateReport,
     pub(crate) admin: DevAdmin,
     /// Whether the demo fleet was made now.
@@ -159,12 +161,11 @@ pub(crate) async fn prepare(cluster: &Cluster, root: &Path) -> anyhow::Result<Pr
     if first_start {
         println!("created site dev, pools gpus (bare metal), burst (a provider's, lost after 1 h unreachable) and vms (a vps-host, fake VMs), and a quota for tenant dev");
     }
-    Ok(Prepared { conn, report, admin, first_start })
+    Ok(Prepared { conn, registry, report, admin, first_start })
 }
 
 async fn serve(cluster: &Cluster, root: &Path, args: &DevArgs) -> anyhow::Result<()> {
-    let Prepared { conn, report, admin, first_start } = prepare(cluster, root).await?;
-    let registry = better_compute_server::registry()?;
+    let Prepared { conn, registry, report, admin, first_start } = prepare(cluster, root).await?;
     let mut db = better_compute_db::pool::connect(&conn).await?;
     let pool = better_compute_db::pool::connect_pool(&conn, 32)?;
     better_compute_runtime::work_queue::Poker::install(pool.clone());

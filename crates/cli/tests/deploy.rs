@@ -51,6 +51,23 @@ fn get_any(addr: &str, path: &str) -> (u16, String) {
     (head[9..12].parse().unwrap(), body.to_owned())
 }
 
+/// Applies every migration to the database at `url`, as an operator would.
+fn migrate(url: &str) {
+    let migrated = Command::new(BIN).args(["migrate", "--database-url", url]).output().unwrap();
+    assert!(migrated.status.success(), "{}", String::from_utf8_lossy(&migrated.stderr));
+}
+
+/// Reads a server's stdout until a line starts with `prefix`, and returns the rest of that line.
+fn printed(server: &mut std::process::Child, prefix: &str) -> (String, std::io::Lines<BufReader<std::process::ChildStdout>>) {
+    let mut out = BufReader::new(server.stdout.take().unwrap()).lines();
+    loop {
+        let line = out.next().unwrap_or_else(|| panic!("the server printed no line starting with {prefix:?}")).unwrap();
+        if let Some(rest) = line.strip_prefix(prefix) {
+            return (rest.to_owned(), out);
+        }
+    }
+}
+
 /// `GET path` on `addr`, answered 200: the body.
 fn get(addr: &str, path: &str) -> String {
     let (status, body) = get_any(addr, path);
@@ -65,8 +82,7 @@ async fn a_worker_and_gateway_serve_metrics_and_readiness_on_their_own_listener_
     let ca = tempfile::tempdir().unwrap();
     let ca_dir = ca.path().to_str().unwrap().to_owned();
     let (exposition, log_lines) = tokio::task::spawn_blocking(move || {
-        let migrated = Command::new(BIN).args(["migrate", "--database-url", &url]).output().unwrap();
-        assert!(migrated.status.success(), "{}", String::from_utf8_lossy(&migrated.stderr));
+        migrate(&url);
         let mut server = Command::new(BIN)
             .args(["--log-format", "json", "server", "--roles", "worker,gateway", "--gateway-listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--ca-dir", &ca_dir, "--database-url", &url])
             .stdin(Stdio::null())
@@ -74,13 +90,8 @@ async fn a_worker_and_gateway_serve_metrics_and_readiness_on_their_own_listener_
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        let mut out = BufReader::new(server.stdout.take().unwrap()).lines();
-        let addr = loop {
-            let line = out.next().expect("the server printed its metrics address").unwrap();
-            if let Some(rest) = line.strip_prefix("metrics on http://") {
-                break rest.trim_end_matches("/metrics").to_owned();
-            }
-        };
+        let (addr, _out) = printed(&mut server, "metrics on http://");
+        let addr = addr.trim_end_matches("/metrics").to_owned();
         // The worker runs its jobs at once (every periodic one is due at start); wait for a run.
         let mut text = String::new();
         for _ in 0..300 {
@@ -249,8 +260,7 @@ async fn with_an_otlp_endpoint_a_server_exports_its_request_and_reconcile_spans_
     let (endpoint, took) = collector();
     let took_here = took.clone();
     tokio::task::spawn_blocking(move || {
-        let migrated = Command::new(BIN).args(["migrate", "--database-url", &url]).output().unwrap();
-        assert!(migrated.status.success(), "{}", String::from_utf8_lossy(&migrated.stderr));
+        migrate(&url);
         let boot = Command::new(BIN).args(["admin", "bootstrap", "--database-url", &url]).output().unwrap();
         let boot = String::from_utf8(boot.stdout).unwrap();
         let token = boot.lines().find_map(|l| l.strip_prefix("export BETTER_COMPUTE_TOKEN=")).expect("a token").to_owned();
@@ -263,13 +273,7 @@ async fn with_an_otlp_endpoint_a_server_exports_its_request_and_reconcile_spans_
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        let mut out = BufReader::new(server.stdout.take().unwrap()).lines();
-        let addr = loop {
-            let line = out.next().expect("the server printed its API address").unwrap();
-            if let Some(rest) = line.strip_prefix("api listening on http://") {
-                break rest.to_owned();
-            }
-        };
+        let (addr, _out) = printed(&mut server, "api listening on http://");
         // A request in a caller's trace.
         let mut s = std::net::TcpStream::connect(&addr).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();

@@ -50,10 +50,15 @@ pub struct ReadTx {
 
 /// Takes a connection from `pool` and begins a read-only transaction on it (one round trip, over
 /// the simple query protocol).
+///
+/// The connection is a `ReadTx` before `BEGIN` is sent: `BEGIN` leaves with the first poll, so a
+/// caller cancelled while it waits for the answer (a dropped stream, a timeout) drops a `ReadTx`,
+/// whose rollback runs before the connection goes back, instead of a bare connection that would go
+/// back inside the transaction.
 pub async fn read_tx(pool: &Pool) -> Result<ReadTx, DbError> {
-    let conn = pool.get().await?;
-    conn.batch_execute("BEGIN READ ONLY").await?;
-    Ok(ReadTx { conn: Some(conn) })
+    let read = ReadTx { conn: Some(pool.get().await?) };
+    read.batch_execute("BEGIN READ ONLY").await?;
+    Ok(read)
 }
 
 impl std::ops::Deref for ReadTx {

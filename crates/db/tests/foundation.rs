@@ -628,6 +628,26 @@ async fn behind_pgbouncer_a_statement_outside_a_transaction_breaks_and_one_in_a_
 }
 
 #[tokio::test]
+async fn a_read_cancelled_while_its_begin_is_in_flight_never_returns_its_connection_inside_the_transaction() {
+    let db = TestDb::core().await;
+    // One connection, so the next checkout gets the very connection the cancelled read held.
+    let pool = better_compute_db::pool::connect_pool(db.connection_string(), 1).unwrap();
+    drop(pool.get().await.unwrap());
+    for round in 0..20 {
+        // The read is polled once: the checkout is ready, BEGIN is sent, the answer is not in yet,
+        // and the future is dropped there, as a cut client's stream drops it.
+        let mut read = Box::pin(better_compute_db::pool::read_tx(&pool));
+        let pending = std::future::poll_fn(|cx| std::task::Poll::Ready(read.as_mut().poll(cx).is_pending())).await;
+        assert!(pending, "round {round}: the read finished within its first poll");
+        drop(read);
+        let c = within("the next checkout", pool.get()).await.unwrap();
+        let read_only: String = c.query_one("SELECT current_setting('transaction_read_only')", &[]).await.unwrap().get(0);
+        assert_eq!(read_only, "off", "round {round}: the connection came back inside the cut read's transaction");
+        c.execute("UPDATE compute_sim_clock SET ts = ts WHERE id = $1", &[&1i32]).await.unwrap();
+    }
+}
+
+#[tokio::test]
 async fn a_connection_the_server_ends_is_unavailable_and_an_unexpected_error_internal() {
     let db = TestDb::core().await;
     let c = db.connect().await;

@@ -391,7 +391,14 @@ pub async fn finish(
 
 /// Cancels: a pending command becomes cancelled and is never sent; an in-flight one is marked, and
 /// the gateway sends Cancel until the daemon settles it; a finished one is returned unchanged.
+///
+/// The row is locked before its state is read: a dispatch that moves it to `sent` commits either
+/// before (the cancel then finds it in flight) or after (the dispatch then skips it, no longer
+/// pending), never between the read and the write.
 pub async fn cancel(tx: &impl GenericClient, node_id: &str, id: &str) -> Result<CommandView, DbError> {
+    tx.query_opt("SELECT 1 FROM commands WHERE id = $1 AND node_id = $2 FOR UPDATE", &[&id, &node_id])
+        .await?
+        .ok_or_else(|| Error::not_found("command", id))?;
     let v = get(tx, node_id, id).await?;
     match v.state.as_str() {
         "pending" => move_to(tx, id, CommandState::Cancelled, Some("cancelled"), None).await,

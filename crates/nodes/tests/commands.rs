@@ -178,6 +178,94 @@ async fn cancel_never_sends_a_pending_command_marks_an_in_flight_one_and_leaves_
     assert_eq!(ends, [("command.cancelled".to_owned(), pending.id.clone()), ("command.succeeded".to_owned(), running.id.clone())]);
 }
 
+/// Waits (bounded) until some transaction of this database waits for a row lock.
+async fn until_a_transaction_waits_for_a_lock(h: &Harness, what: &str) {
+    let observer = h.db().client().await;
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while observer
+            .query_opt("SELECT 1 FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'", &[])
+            .await
+            .unwrap()
+            .is_none()
+        {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{what} never waited for a lock"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_racing_a_dispatch_never_reports_cancelled_for_a_command_that_was_sent() {
+    use better_compute_nodes::session::{self, DispatchFor};
+    let (h, _) = setup().await;
+    let r = h.registry().clone();
+    let nodes = nodes_with_sessions(&h, 1, "gw_a").await;
+    let (node, epoch) = (nodes[0].0.clone(), nodes[0].1);
+    let mut c = h.db().client().await;
+    for (round, dispatch_first) in [(0, true), (1, false)] {
+        let cmd_id = commands::enqueue(&**c, &r, cmd(&node, "diag.nvml", &serde_json::json!({}), &format!("race{round}"))).await.unwrap().id;
+        let cancel_in_tx = |node: String, id: String| {
+            let h = &h;
+            async move {
+                let mut db = h.db().client().await;
+                tokio::spawn(async move {
+                    let tx = db.transaction().await.unwrap();
+                    let v = commands::cancel(&*tx, &node, &id).await.unwrap();
+                    tx.commit().await.unwrap();
+                    v
+                })
+            }
+        };
+        let want = [DispatchFor { node_id: &node, epoch, limit: 64 }];
+        let (view, dispatched) = if dispatch_first {
+            // The dispatch has moved it to sent and not committed; the cancel comes in beside it.
+            let tx = c.transaction().await.unwrap();
+            let d = session::dispatch_many(&*tx, "gw_a", &want).await.unwrap();
+            let cancel = cancel_in_tx(node.clone(), cmd_id.clone()).await;
+            until_a_transaction_waits_for_a_lock(&h, "the cancel").await;
+            tx.commit().await.unwrap();
+            (tokio::time::timeout(Duration::from_secs(30), cancel).await.unwrap().unwrap(), d[&node].commands.len())
+        } else {
+            // The cancel holds the pending row; the dispatch waits for it, then skips it.
+            let mut cc = h.db().client().await;
+            let ctx = cc.transaction().await.unwrap();
+            let v = commands::cancel(&*ctx, &node, &cmd_id).await.unwrap();
+            let dispatch = {
+                let db = h.db().client().await;
+                let node = node.clone();
+                tokio::spawn(async move {
+                    let mut db = db;
+                    let tx = db.transaction().await.unwrap();
+                    let want = [DispatchFor { node_id: &node, epoch, limit: 64 }];
+                    let d = session::dispatch_many(&*tx, "gw_a", &want).await.unwrap();
+                    tx.commit().await.unwrap();
+                    d[&node].commands.len()
+                })
+            };
+            until_a_transaction_waits_for_a_lock(&h, "the dispatch").await;
+            ctx.commit().await.unwrap();
+            (v, tokio::time::timeout(Duration::from_secs(30), dispatch).await.unwrap().unwrap())
+        };
+        let (state, sent_at): (String, Option<std::time::SystemTime>) = {
+            let row = c.query_one("SELECT state, sent_at FROM commands WHERE id = $1", &[&cmd_id]).await.unwrap();
+            (row.get(0), row.get(1))
+        };
+        if dispatch_first {
+            assert_eq!(dispatched, 1, "round {round}");
+            assert_eq!((view.state.as_str(), view.cancel_requested), ("sent", true), "round {round}: a sent command is in flight, marked");
+            assert_eq!(state, "sent", "round {round}");
+        } else {
+            assert_eq!(dispatched, 0, "round {round}: a cancelled command is never sent");
+            assert_eq!(view.state, "cancelled", "round {round}");
+            assert_eq!((state.as_str(), sent_at), ("cancelled", None), "round {round}");
+        }
+        c.execute("UPDATE commands SET state = 'succeeded', finished_at = compute_now() WHERE id = $1 AND state = 'sent'", &[&cmd_id]).await.unwrap();
+    }
+    let cancelled_events = count(&h, "SELECT count(*) FROM outbox WHERE type = 'command.cancelled'").await;
+    assert_eq!(cancelled_events, 1, "only the command that was never sent ended cancelled");
+}
+
 #[tokio::test]
 async fn the_sweeper_expires_pending_and_times_out_in_flight_commands_and_wakes_their_owners() {
     let (h, node) = setup().await;

@@ -92,16 +92,36 @@ const RULES: [(&str, &str); 8] = [
     ),
     (
         // Once an ended reservation is metered to its end (unchanged since, and its last window
-        // closed), its usage windows and adjustments sum to its booked atom-seconds exactly.
-        "an ended, metered reservation whose usage windows do not sum to its booked atom-seconds",
-        "SELECT r.id || ' windows ' || coalesce(u.s, 0) || ' booked ' || coalesce(b.s, 0) FROM reservations r
-           LEFT JOIN LATERAL (SELECT sum(atom_seconds) AS s FROM usage_windows w WHERE w.allocation_id = r.id) u ON true
-           LEFT JOIN LATERAL (SELECT sum(extract(epoch FROM upper(during) - lower(during))) AS s
-                                FROM (SELECT during FROM device_bookings WHERE allocation_id = r.id
-                                      UNION ALL SELECT during FROM device_booking_history WHERE allocation_id = r.id) x) b ON true
-          WHERE r.state IN ('released', 'expired', 'failed') AND r.usage_version = r.version
-            AND r.usage_closed_until >= least(upper(r.during), r.updated_at)
-            AND coalesce(u.s, 0) <> coalesce(b.s, 0)",
+        // closed), its usage windows and adjustments sum exactly to its booked atom-seconds, and to
+        // its vCPU, MiB of memory and GiB of disk times the time it held them: the union of its
+        // bookings, or, with no GPUs, from its start to its end or the instant it ended.
+        "an ended, metered reservation whose usage windows do not sum to its booked atom-, vCPU-, memory- or disk-seconds",
+        "WITH ended AS (
+           SELECT r.* FROM reservations r
+            WHERE r.state IN ('released', 'expired', 'failed') AND r.usage_version = r.version
+              AND r.usage_closed_until >= least(upper(r.during), r.updated_at)),
+         spans AS (
+           SELECT allocation_id, during FROM device_bookings WHERE allocation_id IN (SELECT id FROM ended)
+           UNION ALL SELECT allocation_id, during FROM device_booking_history WHERE allocation_id IN (SELECT id FROM ended)),
+         booked AS (
+           SELECT e.id, e.vcpu, e.memory_mib, e.disk_gib,
+                  coalesce((SELECT sum(extract(epoch FROM upper(s.during) - lower(s.during))) FROM spans s WHERE s.allocation_id = e.id), 0) AS atom_s,
+                  CASE WHEN e.gpu_count > 0
+                       THEN coalesce((SELECT sum(extract(epoch FROM upper(x) - lower(x)))
+                                        FROM unnest((SELECT range_agg(s.during) FROM spans s WHERE s.allocation_id = e.id)) x), 0)
+                       WHEN e.node_id IS NULL THEN 0
+                       ELSE greatest(0, extract(epoch FROM least(upper(e.during), e.updated_at) - lower(e.during))) END AS held_s
+             FROM ended e),
+         metered AS (
+           SELECT b.*, coalesce(sum(w.atom_seconds), 0) AS w_atom, coalesce(sum(w.vcpu_seconds), 0) AS w_vcpu,
+                  coalesce(sum(w.memory_mib_seconds), 0) AS w_memory, coalesce(sum(w.disk_gib_seconds), 0) AS w_disk
+             FROM booked b LEFT JOIN usage_windows w ON w.allocation_id = b.id
+            GROUP BY b.id, b.vcpu, b.memory_mib, b.disk_gib, b.atom_s, b.held_s)
+         SELECT m.id || ' atom-s ' || m.w_atom || '/' || m.atom_s || ', vcpu-s ' || m.w_vcpu || '/' || m.vcpu * m.held_s
+                || ', memory-s ' || m.w_memory || '/' || m.memory_mib * m.held_s || ', disk-s ' || m.w_disk || '/' || m.disk_gib * m.held_s
+           FROM metered m
+          WHERE m.w_atom <> m.atom_s OR m.w_vcpu <> m.vcpu * m.held_s OR m.w_memory <> m.memory_mib * m.held_s
+             OR m.w_disk <> m.disk_gib * m.held_s",
     ),
 ];
 
@@ -123,7 +143,7 @@ pub async fn stale_open_flags(db: &impl GenericClient) -> Result<Vec<String>, Db
 /// equal the sum of live reservations and stay within `floor(allocatable * ratio)`; quota used
 /// equals the charges of non-terminal reservations and stays within max; every non-terminal
 /// reservation fully booked or `pending` with `Unschedulable`; every ended reservation metered to
-/// its end has usage windows summing to its booked atom-seconds; and, replaying the outbox in commit order (it needs `track_commit_timestamp`),
+/// its end has usage windows summing to its booked atom-, vCPU-, memory- and disk-seconds; and, replaying the outbox in commit order (it needs `track_commit_timestamp`),
 /// no booking placed on a node or GPU that was ineligible when it committed.
 ///
 /// `initial_modes` are the GPUs' modes before any `device.mode_changed` event; a GPU missing from

@@ -257,7 +257,7 @@ async fn a_drain_eviction_stops_metering_at_the_eviction() {
     tx.execute("UPDATE usage_windows SET atom_seconds = atom_seconds + 1 WHERE allocation_id = $1", &[&r.id]).await.unwrap();
     let report = better_compute_capacity::invariants::check(&*tx, &Default::default()).await.unwrap();
     assert_eq!(report.violations.len(), 1, "{:?}", report.violations);
-    assert!(report.violations[0].contains("do not sum to its booked atom-seconds") && report.violations[0].contains(&r.id), "{:?}", report.violations);
+    assert!(report.violations[0].contains("do not sum to its booked atom-") && report.violations[0].contains(&r.id), "{:?}", report.violations);
 }
 
 #[tokio::test]
@@ -290,4 +290,84 @@ async fn a_second_window_over_the_same_time_or_key_is_refused_by_the_database() 
         assert_eq!(e.as_db_error().map(|d| d.constraint()), Some(Some(constraint)), "{e}");
     }
     assert_eq!(windows(&h, &r.id).await.len(), 1);
+}
+
+/// (vCPU-, memory-, disk-seconds) summed over a reservation's windows and adjustments.
+async fn scalar_seconds(h: &Harness, res: &str) -> (f64, f64, f64) {
+    let r = h
+        .db()
+        .client()
+        .await
+        .query_one(
+            "SELECT coalesce(sum(vcpu_seconds), 0)::float8, coalesce(sum(memory_mib_seconds), 0)::float8, coalesce(sum(disk_gib_seconds), 0)::float8
+               FROM usage_windows WHERE allocation_id = $1",
+            &[&res],
+        )
+        .await
+        .unwrap();
+    (r.get(0), r.get(1), r.get(2))
+}
+
+#[tokio::test]
+async fn a_reservation_without_gpus_and_an_extended_one_are_billed_every_second_of_their_scalars() {
+    let h = harness().await;
+    at(&h, 0).await;
+    let f = fleet(&h, &exclusive(1), 2).await;
+    let mut c = h.db().client().await;
+    // vCPU, memory and disk alone, for 20 minutes, released after 10.
+    let mut bare = whole(&f.pool_id, 0);
+    bare.duration_s = Some(1200);
+    let bare = reservations::create(&mut c, ME, &bare).await.unwrap();
+    assert!(bare.node_id.is_some() && bare.atoms.is_empty(), "placed on a node with no atoms: {bare:?}");
+    // 1 GPU and 8 vCPU for 30 s, extended by 60 s while it runs: two booking segments per atom.
+    let mut short = whole(&f.pool_id, 1);
+    short.duration_s = Some(30);
+    let short = reservations::create(&mut c, ME, &short).await.unwrap();
+    at(&h, 10).await;
+    let ends = better_compute_core::time::rfc3339(UNIX_EPOCH + Duration::from_secs(HOUR0 + 90));
+    reservations::extend(&mut c, ME, &short.id, &ends, None).await.unwrap();
+    at(&h, 600).await;
+    reservations::release(&mut c, ME, &bare.id).await.unwrap();
+    at(&h, 3600 + 1).await;
+    meter(&h).await;
+
+    let w = windows(&h, &bare.id).await;
+    assert_eq!(w.iter().map(|w| (w.1, w.2, w.3, w.4)).collect::<Vec<_>>(), [(0, 0, 0.0, 8.0 * 600.0)], "{w:?}");
+    assert_eq!(scalar_seconds(&h, &bare.id).await, (8.0 * 600.0, 65_536.0 * 600.0, 100.0 * 600.0));
+
+    let w = windows(&h, &short.id).await;
+    assert_eq!(w.iter().map(|w| (w.1, w.2, w.3, w.4)).collect::<Vec<_>>(), [(0, 0, 90.0, 8.0 * 90.0)], "{w:?}");
+    assert_eq!(scalar_seconds(&h, &short.id).await, (720.0, 65_536.0 * 90.0, 100.0 * 90.0));
+    // The invariant the torture test and the simulator check holds, and it saw both reservations.
+    let report = better_compute_capacity::invariants::check(&**c, &Default::default()).await.unwrap();
+    assert!(report.violations.is_empty(), "{:?}", report.violations);
+    let checked: i64 = c
+        .query_one(
+            "SELECT count(*) FROM reservations WHERE id = ANY($1) AND state IN ('released', 'expired') AND usage_version = version",
+            &[&vec![bare.id.clone(), short.id.clone()]],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(checked, 2, "both are ended and metered, so the invariant looked at them");
+}
+
+#[tokio::test]
+async fn the_metering_invariant_catches_a_window_missing_its_scalars() {
+    let h = harness().await;
+    at(&h, 0).await;
+    let f = fleet(&h, &exclusive(1), 2).await;
+    let mut c = h.db().client().await;
+    let mut req = whole(&f.pool_id, 0);
+    req.duration_s = Some(600);
+    let r = reservations::create(&mut c, ME, &req).await.unwrap();
+    at(&h, 3600 + 1).await;
+    meter(&h).await;
+    let report = better_compute_capacity::invariants::check(&**c, &Default::default()).await.unwrap();
+    assert!(report.violations.is_empty(), "{:?}", report.violations);
+    // A window that under-bills memory by one MiB-second is named.
+    c.execute("UPDATE usage_windows SET memory_mib_seconds = memory_mib_seconds - 1 WHERE allocation_id = $1", &[&r.id]).await.unwrap();
+    let report = better_compute_capacity::invariants::check(&**c, &Default::default()).await.unwrap();
+    assert_eq!(report.violations.len(), 1, "{:?}", report.violations);
+    assert!(report.violations[0].contains(&r.id) && report.violations[0].contains("memory-s"), "{:?}", report.violations);
 }

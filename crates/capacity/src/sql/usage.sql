@@ -24,6 +24,23 @@ LANGUAGE sql STABLE AS $$
                CASE WHEN r.state IN ('released', 'expired', 'failed') THEN least(upper(r.during), r.updated_at) ELSE upper(r.during) END))
 $$;
 
+-- The range a reservation held its node's scalars: from its start (a placement books from then
+-- on) to its end, or, ended early, to the instant it ended (updated_at: a release, an eviction).
+-- Empty for one never placed or ended before it started.
+CREATE OR REPLACE FUNCTION capacity_usage_held(r reservations) RETURNS tstzrange
+LANGUAGE sql STABLE AS $$
+  SELECT CASE WHEN r.node_id IS NULL OR r.state = 'pending' THEN 'empty'::tstzrange
+              WHEN r.state IN ('released', 'expired', 'failed')
+                THEN tstzrange(lower(r.during), greatest(lower(r.during), least(upper(r.during), r.updated_at)), '[)')
+              ELSE r.during END
+$$;
+
+-- The seconds a set of ranges covers, exact to the microsecond.
+CREATE OR REPLACE FUNCTION capacity_usage_seconds(m tstzmultirange) RETURNS numeric
+LANGUAGE sql IMMUTABLE AS $$
+  SELECT coalesce(sum(extract(epoch FROM upper(x) - lower(x))), 0) FROM unnest(m) x
+$$;
+
 -- Meters up to p_limit reservations of p_pool that have a closed window not yet looked at, or that
 -- changed (extended, released) since they were: writes a row for each closed window with usage
 -- and no row yet, and an adjustment for each closed window whose usage moved since it was billed.
@@ -41,16 +58,21 @@ BEGIN
   RETURN QUERY
   WITH due AS (
     SELECT r.id, r.tenant_id, r.pool_id, r.node_id, r.gpu_kind, r.gpu_model, r.mig_profile, r.vcpu, r.memory_mib, r.disk_gib,
+           r.gpu_count, capacity_usage_held(r) AS held,
            -- a reservation unchanged since it was last metered is looked at from there on
            CASE WHEN r.usage_version = r.version THEN r.usage_closed_until END AS since
       FROM reservations r
      WHERE r.pool_id = p_pool AND capacity_usage_is_due(r, v_closed)
      ORDER BY r.id LIMIT p_limit
        FOR UPDATE OF r SKIP LOCKED),
+  -- What each reservation held: its atoms' bookings (live and ended), or, with no GPUs, the range
+  -- its scalars were held on its node (atom = false: it adds no atom-seconds).
   spans AS (
-    SELECT d.id AS allocation_id, b.during FROM due d JOIN device_bookings b ON b.allocation_id = d.id
+    SELECT d.id AS allocation_id, b.during, true AS atom FROM due d JOIN device_bookings b ON b.allocation_id = d.id
     UNION ALL
-    SELECT d.id, h.during FROM due d JOIN device_booking_history h ON h.allocation_id = d.id),
+    SELECT d.id, h.during, true FROM due d JOIN device_booking_history h ON h.allocation_id = d.id
+    UNION ALL
+    SELECT d.id, d.held, false FROM due d WHERE d.gpu_count = 0 AND NOT isempty(d.held)),
   bounds AS (
     SELECT s.allocation_id, min(lower(s.during)) AS first, least(max(upper(s.during)), v_closed) AS last
       FROM spans s GROUP BY s.allocation_id),
@@ -62,9 +84,11 @@ BEGIN
      WHERE b.first < b.last AND ws + make_interval(secs => v_w) <= v_closed),
   used AS (
     SELECT w.allocation_id, w.window_start, w.window_end,
-           sum(extract(epoch FROM upper(s.during * tstzrange(w.window_start, w.window_end)) - lower(s.during * tstzrange(w.window_start, w.window_end)))) AS atom_s,
-           -- every atom of a reservation is booked over the same range: its scalars held that long
-           max(extract(epoch FROM upper(s.during * tstzrange(w.window_start, w.window_end)) - lower(s.during * tstzrange(w.window_start, w.window_end)))) AS held_s
+           coalesce(sum(extract(epoch FROM upper(s.during * tstzrange(w.window_start, w.window_end))
+                                         - lower(s.during * tstzrange(w.window_start, w.window_end)))) FILTER (WHERE s.atom), 0) AS atom_s,
+           -- its scalars were held whenever any of its spans was: the union of its spans in the
+           -- window (an extended reservation has two segments per atom, one after the other)
+           capacity_usage_seconds(range_agg(s.during) * tstzmultirange(tstzrange(w.window_start, w.window_end))) AS held_s
       FROM windows w JOIN spans s ON s.allocation_id = w.allocation_id AND s.during && tstzrange(w.window_start, w.window_end)
      GROUP BY w.allocation_id, w.window_start, w.window_end),
   billed AS (

@@ -350,11 +350,12 @@ pub async fn reject(tx: &impl GenericClient, id: &str, why: Rejection) -> Result
     match why {
         Rejection::Busy => {
             let view = move_to(tx, id, CommandState::Pending, None, None).await?;
-            // 1 s, 2 s, 4 s … 30 s, each a random point in its upper half: commands refused
-            // together do not all come back at the same instant to be refused together again.
+            // From 1-2 s, then 2-4 s, 4-8 s … up to 30 s (the spec's 1 to 30 s), each a random
+            // point: commands refused together do not all come back at the same instant to be
+            // refused together again.
             tx.execute(
                 "UPDATE commands SET busy_count = busy_count + 1,
-                        not_before = compute_now() + make_interval(secs => LEAST($2::float8, power(2, busy_count)) * (0.5 + 0.5 * random()))
+                        not_before = compute_now() + make_interval(secs => LEAST($2::float8, power(2, least(busy_count, 16)) * (1 + random())))
                   WHERE id = $1",
                 &[&id, &BUSY_BACKOFF_MAX.as_secs_f64()],
             )

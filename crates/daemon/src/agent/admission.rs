@@ -58,7 +58,7 @@ impl Daemon {
             let credits = st.applied.as_ref().map(|a| a.lanes.clone()).unwrap_or_else(|| Applied::initial().lanes).get(&c.lane).copied().unwrap_or(1);
             let applied_generation = st.applied_generation;
             let used = st.in_lane.entry(c.lane.clone()).or_default();
-            let d = check(&c, &node_id, payload.as_ref(), applied_generation, *used < credits, &command_keys);
+            let d = check(&c, &node_id, &self.kinds_run(), payload.as_ref(), applied_generation, *used < credits, &command_keys);
             if d == Check::Admit {
                 // The credit is taken in the same lock as the check, so two commands cannot both
                 // see the last one free.
@@ -188,8 +188,16 @@ fn signed(c: &Command, command_keys: &[Vec<u8>]) -> bool {
 
 /// The checks every command meets before it runs, as a pure function of what the daemon knows
 /// (`command_keys`: the keys it pinned).
-pub(crate) fn check(c: &Command, node_id: &str, payload: Option<&Payload>, applied_generation: i64, lane_has_credit: bool, command_keys: &[Vec<u8>]) -> Check {
-    let supported = c.node_id == node_id && KINDS.contains(&c.kind.as_str()) && payload.is_some_and(|p| kind_of(p) == c.kind);
+pub(crate) fn check(
+    c: &Command,
+    node_id: &str,
+    runs: &[&str],
+    payload: Option<&Payload>,
+    applied_generation: i64,
+    lane_has_credit: bool,
+    command_keys: &[Vec<u8>],
+) -> Check {
+    let supported = c.node_id == node_id && runs.contains(&c.kind.as_str()) && payload.is_some_and(|p| kind_of(p) == c.kind);
     if !supported {
         Check::Unsupported
     } else if c.min_generation > applied_generation {
@@ -241,10 +249,17 @@ mod tests {
         ];
         let mut decided = 0;
         for (c, payload, free, want) in &cases {
-            assert_eq!(check(c, "n1", *payload, 5, *free, &[]), *want, "{c:?} free={free}");
+            assert_eq!(check(c, "n1", KINDS, *payload, 5, *free, &[]), *want, "{c:?} free={free}");
             decided += 1;
         }
         assert_eq!(decided, 15);
+        // A daemon that cannot reboot refuses node.reboot as unsupported, before any other check.
+        let reboot = Payload::NodeReboot(Default::default());
+        let cannot_reboot: Vec<&str> = KINDS.iter().copied().filter(|k| *k != "node.reboot").collect();
+        for (c, free) in [(cmd("n1", "node.reboot", 0, 1000), true), (cmd("n1", "node.reboot", 9, 0), false)] {
+            assert_eq!(check(&c, "n1", &cannot_reboot, Some(&reboot), 5, free, &[]), Check::Unsupported, "{c:?}");
+            assert_ne!(check(&c, "n1", KINDS, Some(&reboot), 5, free, &[]), Check::Unsupported, "{c:?}");
+        }
     }
 
     /// A reboot of node n1, seq 7, signed by `key` (or not).
@@ -269,7 +284,7 @@ mod tests {
         let (ours, forger) = (key(), key());
         let pinned = vec![ours.public_key().as_ref().to_vec()];
         let payload = |c: &Command| c.body.as_ref().and_then(|b| b.payload.clone());
-        let decide = |c: &Command, node: &str, generation: i64, free: bool, pinned: &[Vec<u8>]| check(c, node, payload(c).as_ref(), generation, free, pinned);
+        let decide = |c: &Command, node: &str, generation: i64, free: bool, pinned: &[Vec<u8>]| check(c, node, KINDS, payload(c).as_ref(), generation, free, pinned);
 
         let good = reboot(Some(&ours), "n1", 7);
         assert_eq!(decide(&good, "n1", 5, true, &pinned), Check::Admit);

@@ -118,6 +118,7 @@ impl Daemon {
                     return None;
                 }
                 match &self.cfg.reboot {
+                    // Admission refuses node.reboot as UNSUPPORTED on such a daemon (`kinds_run`).
                     RebootHook::Disabled => {
                         fail("reboot is not enabled on this daemon: start it with --reboot-command or --allow-systemctl-reboot".into())
                     }

@@ -201,6 +201,13 @@ impl Daemon {
         Ok(d)
     }
 
+    /// The kinds this daemon runs: every kind, less `node.reboot` when no reboot is configured
+    /// (admission answers UNSUPPORTED for it rather than accepting it and failing after the grace).
+    fn kinds_run(&self) -> Vec<&'static str> {
+        let can_reboot = !matches!(self.cfg.reboot, RebootHook::Disabled);
+        KINDS.iter().copied().filter(|k| can_reboot || *k != "node.reboot").collect()
+    }
+
     /// The deliberately broken daemon of the checker's test: only a test build can be one.
     fn reruns_journaled_commands(&self) -> bool {
         cfg!(feature = "fault-injection") && self.cfg.broken_rerun_journaled_commands

@@ -1018,7 +1018,9 @@ FUNCTION capacity_upsert_node_counts(p_node text) RETURNS void LANGUAGE sql VOLA
 FUNCTION capacity_usable(registered bigint, reported jsonb) RETURNS bigint LANGUAGE sql IMMUTABLE;
 FUNCTION capacity_usage_close(p_pool text, p_limit integer) RETURNS TABLE(id text, tenant_id text, data jsonb) LANGUAGE plpgsql VOLATILE;
 FUNCTION capacity_usage_closed_until() RETURNS timestamp with time zone LANGUAGE sql STABLE;
+FUNCTION capacity_usage_held(r reservations) RETURNS tstzrange LANGUAGE sql STABLE;
 FUNCTION capacity_usage_is_due(r reservations, p_closed timestamp with time zone) RETURNS boolean LANGUAGE sql STABLE;
+FUNCTION capacity_usage_seconds(m tstzmultirange) RETURNS numeric LANGUAGE sql IMMUTABLE;
 FUNCTION capacity_usage_window_s() RETURNS integer LANGUAGE sql STABLE;
 FUNCTION capacity_view(r reservations) RETURNS jsonb LANGUAGE plpgsql STABLE;
 FUNCTION capacity_view_of(r reservations, p_atoms jsonb) RETURNS jsonb LANGUAGE sql STABLE;

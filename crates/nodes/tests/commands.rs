@@ -428,19 +428,7 @@ async fn a_daemons_report_racing_a_takeover_and_a_session_close_waits_instead_of
                 tx.commit().await.unwrap();
             })
         };
-        let observer = h.db().client().await;
-        tokio::time::timeout(Duration::from_secs(30), async {
-            while observer
-                .query_opt("SELECT 1 FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'", &[])
-                .await
-                .unwrap()
-                .is_none()
-            {
-                tokio::task::yield_now().await;
-            }
-        })
-        .await
-        .unwrap_or_else(|_| panic!("round {round}: the other transaction never waited for the report"));
+        until_a_transaction_waits_for_a_lock(&h, &format!("round {round}: the other transaction")).await;
         assert!(!other.is_finished(), "round {round}");
         report.commit().await.unwrap();
         tokio::time::timeout(Duration::from_secs(30), other).await.expect("deadlocked").unwrap();

@@ -53,8 +53,8 @@ impl NodeOccupant for ReservationOccupant {
     }
 
     async fn evict(&self, tx: &Transaction<'_>, node_id: &str, reason: &str) -> Result<u64, DbError> {
-        // Every reservation's row first, in id order, then each ends (quota, the node's scalars,
-        // bookings) in tenant order, the order quota rows are taken in everywhere.
+        // The lock order: every reservation's row, in id order, then the quota rows all of them
+        // refund, then each ends (the node's scalars, bookings, wake-ups).
         let rows = tx
             .query(
                 "WITH locked AS (SELECT id, tenant_id FROM reservations WHERE node_id = $1 AND state IN ('placed', 'active') ORDER BY id FOR UPDATE)
@@ -62,9 +62,10 @@ impl NodeOccupant for ReservationOccupant {
                 &[&node_id, &reason],
             )
             .await?;
-        let mut ids: Vec<(String, String)> = rows.iter().map(|r| (r.get(1), r.get(0))).collect();
-        ids.sort();
-        for (tenant, id) in &ids {
+        let ids: Vec<(String, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+        let just_ids: Vec<&str> = ids.iter().map(|(id, _)| id.as_str()).collect();
+        tx.execute("SELECT capacity_lock_refunds_of($1)", &[&just_ids]).await?;
+        for (id, tenant) in &ids {
             let (event_id, shard) = crate::reservations::change_ids(id);
             tx.query_one("SELECT capacity_end($1, NULL, 'released', $2, $3)", &[id, &event_id, &shard]).await?;
             better_compute_audit::entry::record_job(tx, "drain", "reservations.evict", id, Some(tenant)).await?;

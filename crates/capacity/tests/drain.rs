@@ -281,3 +281,82 @@ async fn the_database_allows_exactly_the_drain_state_tables_transitions() {
     }
     assert_eq!(checked, DrainState::ALL.len() * DrainState::ALL.len());
 }
+
+const TENANTS: [better_compute_capacity::Caller<'static>; 4] = [
+    ME,
+    better_compute_capacity::Caller { tenant_id: "ten_b", identity_id: "idn_b" },
+    better_compute_capacity::Caller { tenant_id: "ten_c", identity_id: "idn_c" },
+    better_compute_capacity::Caller { tenant_id: "ten_d", identity_id: "idn_d" },
+];
+
+/// Tenants create through batches and release alone and in batches while an eviction ends, in one
+/// transaction, reservations of every tenant on one node, again and again. The eviction takes the
+/// quota rows of all of them before anything of the node, as the lock order says: ending tenant
+/// after tenant, it held the node's rows and wake-ups while waiting for the next tenant's quota,
+/// held by a placement or release waiting for those.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn evictions_batch_placements_and_releases_running_together_never_deadlock() {
+    use better_compute_capacity::batch::{BatchPlacer, BatchSettings};
+    use better_compute_capacity::occupant::ReservationOccupant;
+    use better_compute_runtime::occupancy::NodeOccupant;
+    const ROUNDS: usize = 40;
+    let h = harness().await;
+    let f = fleet(&h, &exclusive(4), 8).await;
+    for t in &TENANTS[1..] {
+        open_quota(&**h.db().client().await, t.tenant_id).await;
+    }
+    let pool = better_compute_db::pool::connect_pool(h.db().connection_string(), 4).unwrap();
+    let placer = BatchPlacer::start(pool, BatchSettings { batchers: 2, max_batch: 8, queue_len: 64, retries: 0 });
+    let mut workers = Vec::new();
+    for caller in TENANTS {
+        let (placer, mut c, pool_id) = (placer.clone(), h.db().connect().await, f.pool_id.clone());
+        workers.push(tokio::spawn(async move {
+            let mut created = 0;
+            for round in 0..ROUNDS {
+                let v = reservations::create_batched(&placer, &mut c, caller, &whole(&pool_id, 1)).await.expect("create");
+                created += 1;
+                let released = if round % 2 == 0 {
+                    reservations::release(&mut c, caller, &v.id).await
+                } else {
+                    reservations::release_batched(&placer, &mut c, caller, &v.id).await
+                };
+                // Released by the tenant, or evicted first (released too).
+                assert_eq!(released.expect("release").state, "released");
+            }
+            created
+        }));
+    }
+    let (mut c, node, pool_id) = (h.db().connect().await, f.nodes[0].clone(), f.pool_id.clone());
+    let evictor = tokio::spawn(async move {
+        let (mut placed, mut evicted) = (0, 0);
+        for _ in 0..ROUNDS / 2 {
+            for caller in TENANTS.iter().rev() {
+                let mut req = whole(&pool_id, 1);
+                req.node_selector = serde_json::Map::from_iter([("rack".to_owned(), serde_json::json!("r0"))]);
+                let v = reservations::create(&mut c, *caller, &req).await.expect("create on the evicted node");
+                // Pending when the tenants' placements hold the node's atoms at that moment.
+                match v.node_id.as_deref() {
+                    Some(n) => {
+                        assert_eq!(n, node);
+                        placed += 1;
+                    }
+                    None => assert_eq!(reservations::release(&mut c, *caller, &v.id).await.unwrap().state, "released"),
+                }
+            }
+            let tx = c.transaction().await.unwrap();
+            evicted += ReservationOccupant.evict(&tx, &node, "drained").await.expect("evict");
+            tx.commit().await.unwrap();
+        }
+        (placed, evicted)
+    });
+    for w in workers {
+        let created = tokio::time::timeout(Duration::from_secs(120), w).await.expect("a tenant hung").unwrap();
+        assert_eq!(created, ROUNDS);
+    }
+    let (placed, evicted) = tokio::time::timeout(Duration::from_secs(120), evictor).await.expect("the evictor hung").unwrap();
+    // Every reservation placed there is evicted, and those of the tenants' own the placer put there.
+    assert!(placed >= ROUNDS, "only {placed} of {} placed on the evicted node", ROUNDS * 2);
+    assert!(evicted >= placed as u64, "{evicted} evicted of {placed}");
+    let deadlocks: Vec<String> = h.db().server_log().into_iter().filter(|l| l.contains("deadlock detected")).collect();
+    assert_eq!(deadlocks, Vec::<String>::new(), "the server logged deadlocks");
+}

@@ -318,7 +318,8 @@ impl Cluster {
              max_connections = {}\n\
              shared_buffers = 128MB\n\
              log_min_messages = warning\n\
-             log_min_error_statement = panic\n",
+             log_min_error_statement = panic\n\
+             log_line_prefix = '%m [%p] %q%u@%d '\n",
             self.opts.max_connections
         );
         if !self.opts.durable {
@@ -348,11 +349,16 @@ impl Cluster {
         text.lines().next()?.trim().parse().ok()
     }
 
+    /// The server's log (`pg_ctl -l`); each line of a session names its user and database.
+    pub fn server_log_path(&self) -> std::path::PathBuf {
+        self.opts.data_dir.join("server.log")
+    }
+
     /// Starts the server and waits until it accepts connections.
     pub fn start(&self) -> Result<(), LaunchError> {
         self.private_dir(&self.opts.socket_dir)?;
         self.write_settings()?;
-        let log = self.opts.data_dir.join("server.log");
+        let log = self.server_log_path();
         self.run_ok(
             "pg_ctl",
             &[

@@ -285,6 +285,15 @@ impl TestDb {
         connect(&self.pgbouncer_connection_string().await).await.expect("connection through PgBouncer")
     }
 
+    /// The lines the server logged for this database's sessions so far (the cluster is shared by
+    /// a run's tests; every session's line names its database).
+    pub fn server_log(&self) -> Vec<String> {
+        let path = run_cluster().cluster.server_log_path();
+        let text = std::fs::read(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+        let mark = format!("@{} ", self.name);
+        String::from_utf8_lossy(&text).lines().filter(|l| l.contains(&mark)).map(str::to_owned).collect()
+    }
+
     /// Sets simulated time.
     pub async fn set_sim_clock(&self, at: SystemTime) {
         clock::set_sim_clock(&**self.client().await, at).await.expect("set sim clock");

@@ -95,6 +95,21 @@ BEGIN
   RETURN v_refunded;
 END $$;
 
+-- Locks, in (tenant, resource) order, the quota rows that ending these reservations refunds. A
+-- transaction ending several (an eviction) takes them all before the first end takes its node's
+-- rows: ended one after another, each end would take its tenant's quota after the previous end took
+-- node_resources and wake-ups, against the lock order (a deadlock with a placement or release
+-- holding that tenant's quota).
+CREATE OR REPLACE FUNCTION capacity_lock_refunds_of(p_ids text[]) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+  PERFORM 1 FROM quota_usage q
+    WHERE (q.tenant_id, q.resource) IN (SELECT r.tenant_id, x.resource FROM reservations r,
+             LATERAL capacity_charge_of(r.gpu_kind, r.gpu_count, r.vcpu, r.memory_mib, r.disk_gib) x
+             WHERE r.id = ANY(p_ids))
+    ORDER BY q.tenant_id, q.resource FOR UPDATE;
+END $$;
+
 -- Refunds one charge; returns how many resources were refunded.
 CREATE OR REPLACE FUNCTION capacity_refund(p_tenant text, p_kind text, p_count bigint, p_vcpu bigint, p_memory_mib bigint,
                                 p_disk_gib bigint) RETURNS int

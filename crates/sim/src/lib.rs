@@ -240,6 +240,11 @@ enum OpEnd {
 /// The most operations held for the next check; beyond, the oldest go unchecked.
 const MAX_ASKED_OPS: usize = 100_000;
 
+/// How often a client asks again for a create whose outcome the database's absence left in doubt,
+/// and how long it waits between (real time: the database restarting).
+const IN_DOUBT_RETRIES: u32 = 40;
+const IN_DOUBT_RETRY_AFTER: Duration = Duration::from_millis(250);
+
 /// Counts of what happened, for the summary line.
 #[derive(Default)]
 struct Tally {
@@ -247,6 +252,8 @@ struct Tally {
     placed: AtomicU64,
     refused: AtomicU64,
     unavailable: AtomicU64,
+    /// Creates asked again with their key after the database went away under them.
+    asked_again: AtomicU64,
     commands: AtomicU64,
     /// Creates and releases the batch placer did in a batch.
     batched: AtomicU64,
@@ -508,13 +515,14 @@ impl Sim {
         Ok(SeedReport {
             violations,
             summary: format!(
-                "{} operations ({} placed, {} creates and releases in batches, {} commands, {} refused, {} failed while the database was away); faults: {}; {} reboots; {} maintenance workflows ({}; {} held and cancelled at the end); {} usage windows metered; {} instances created, {} of their usage windows metered; {audited} audit entries placed and verified ({creates_audited} reservation creates, {} requests checked against their entries); {idle_intervals} intervals without a placement",
+                "{} operations ({} placed, {} creates and releases in batches, {} commands, {} refused, {} failed while the database was away, {} creates asked again with their key); faults: {}; {} reboots; {} maintenance workflows ({}; {} held and cancelled at the end); {} usage windows metered; {} instances created, {} of their usage windows metered; {audited} audit entries placed and verified ({creates_audited} reservation creates, {} requests checked against their entries); {idle_intervals} intervals without a placement",
                 t.ops.load(Ordering::SeqCst),
                 t.placed.load(Ordering::SeqCst),
                 t.batched.load(Ordering::SeqCst),
                 t.commands.load(Ordering::SeqCst),
                 t.refused.load(Ordering::SeqCst),
                 t.unavailable.load(Ordering::SeqCst),
+                t.asked_again.load(Ordering::SeqCst),
                 if faults.is_empty() { "none".into() } else { faults.join(", ") },
                 self.reboots.lock().expect("reboots").len(),
                 t.workflows.load(Ordering::SeqCst),
@@ -943,8 +951,20 @@ impl Sim {
                 };
                 // As an API request: its audit entry commits with it (checked in `check`).
                 *asked = Some(("reservations.create", true));
-                let create = service.create(Caller { tenant_id: TENANTS[t], identity_id: "idn_sim" }, &req);
-                let r = serving(sim_request(TENANTS[t], "reservations.create", &tag), create).await?;
+                // A create the database went away under is in doubt: the client asks again with the
+                // same key (and request), and the key answers what the first one did, or it runs.
+                let mut tries = 0;
+                let r = loop {
+                    let create = service.create(Caller { tenant_id: TENANTS[t], identity_id: "idn_sim" }, &req);
+                    match serving(sim_request(TENANTS[t], "reservations.create", &tag), create).await {
+                        Err(e) if e.code == ErrorCode::Unavailable && tries < IN_DOUBT_RETRIES => {
+                            tries += 1;
+                            self.tally.asked_again.fetch_add(1, Ordering::Relaxed);
+                            tokio::time::sleep(IN_DOUBT_RETRY_AFTER).await;
+                        }
+                        r => break r?,
+                    }
+                };
                 if r.state == "placed" || r.state == "active" {
                     self.tally.placed.fetch_add(1, Ordering::Relaxed);
                     self.tally.interval_placed.fetch_add(1, Ordering::Relaxed);

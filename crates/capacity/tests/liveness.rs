@@ -117,16 +117,19 @@ async fn liveness_moves_through_each_grace_in_simulated_time_and_an_unreachable_
     }
     run_for(&h, (UNREACHABLE_AFTER_S - 5) as u64).await;
     assert_eq!(liveness_of(&h, &node).await.0, "disconnected");
-    // An outage: the job does not run for a minute. A node disconnected across it gets 5 minutes
-    // on its own 40 s, counted from its own disconnection (35 s before the outage), not a window
-    // from the outage's end.
+    // An outage: the job does not run for a minute. A node disconnected across it (35 s before the
+    // outage) gets 40 s + 5 min counted from the outage's end, never less than the grace the job
+    // records.
     h.db().advance(Duration::from_secs(60)).await;
     assert!(evaluate(&h).await.outage_grace);
+    let grace_until: std::time::SystemTime = c.query_one("SELECT outage_grace_until FROM liveness_runs", &[]).await.unwrap().get(0);
+    assert_eq!(grace_until, h.db().now().await + Duration::from_secs(OUTAGE_GRACE_S as u64));
     assert_eq!(liveness_of(&h, &node).await.0, "disconnected", "outage grace");
-    run_for(&h, (UNREACHABLE_AFTER_S + OUTAGE_GRACE_S - 35 - 60 - 5) as u64).await;
+    run_for(&h, (UNREACHABLE_AFTER_S + OUTAGE_GRACE_S - 5) as u64).await;
     assert_eq!(liveness_of(&h, &node).await.0, "disconnected", "still inside its outage grace");
+    assert!(h.db().now().await > grace_until);
     run_for(&h, 5).await;
-    assert_eq!(liveness_of(&h, &node).await.0, "unreachable", "40 s + 5 min after its own disconnection");
+    assert_eq!(liveness_of(&h, &node).await.0, "unreachable", "40 s + 5 min after the outage ended");
     assert_eq!(reservations::get(&**c, ME, &reservation.id).await.unwrap().state, "placed");
 }
 
@@ -149,4 +152,23 @@ async fn only_provider_and_vps_host_pools_lose_unreachable_nodes_after_lost_afte
     assert_eq!((l.as_str(), reasons), ("lost", vec!["lost".to_owned()]));
     // The job is registered and runs under the harness.
     assert!(h.registry().job_names().contains(&"liveness"));
+}
+
+#[tokio::test]
+async fn a_silent_sessions_node_is_unreachable_40_s_after_it_was_last_heard() {
+    let h = harness().await;
+    let f = fleet(&h, &exclusive(1), 1).await;
+    let node = f.nodes[0].clone();
+    let c = h.db().client().await;
+    c.execute("UPDATE nodes SET joined_at = compute_now() WHERE id = $1", &[&node]).await.unwrap();
+    Lease::acquire(&**c, &session::gateway_lease_name("gw_1"), "gw_1", Duration::from_secs(3600), None).await.unwrap().unwrap();
+    let epoch = open_session(&h, &node, "gw_1").await;
+    evaluate(&h).await; // the job's first run: no outage grace
+    // Last heard 10 s from now; the gateway keeps its lease but hears nothing more.
+    run_for(&h, 10).await;
+    session::flush_last_seen(&**c, "gw_1", std::slice::from_ref(&node), &[epoch], &[0.0]).await.unwrap();
+    run_for(&h, (UNREACHABLE_AFTER_S - 5) as u64).await;
+    assert_eq!(liveness_of(&h, &node).await.0, "connected", "35 s silent");
+    run_for(&h, 5).await;
+    assert_eq!(liveness_of(&h, &node).await.0, "unreachable", "40 s after it was last heard, not 40 s after the silence was noticed");
 }

@@ -8,10 +8,12 @@
 //!   counted from the join for a node that never opened one. Unreachable joins
 //!   `noScheduleReasons` and raises `node.unreachable` (NodeUnreachable); nothing is released;
 //! - unreachable → lost only in `provider` and `vps-host` pools with `lostAfter`, never bare metal;
-//! - after a gap in this job's own runs longer than [`OUTAGE_GAP_S`] (the database or the
-//!   controllers were down), every node disconnected then, and every node that disconnects in the
-//!   [`OUTAGE_GRACE_S`] after, gets [`OUTAGE_GRACE_S`] of grace on its own 40 s: each becomes
-//!   unreachable 40 s + 5 min after its own disconnection.
+//! - a session silent for [`SILENT_SESSION_S`] counts as closed when the node was last heard, so
+//!   its node is unreachable 40 s after it was last heard (plus any grace);
+//! - a gap in this job's own runs longer than [`OUTAGE_GAP_S`] (the database or the controllers
+//!   were down) ends an outage; every node disconnected then, and every node that disconnects in
+//!   the [`OUTAGE_GRACE_S`] after, becomes unreachable 40 s + 5 min after the later of its own
+//!   disconnection and the outage's end.
 //!
 //! A new session makes the node connected again (see [`crate::session::open`]).
 
@@ -65,38 +67,22 @@ async fn ids(tx: &impl GenericClient, sql: &str) -> Result<Vec<String>, DbError>
 
 /// One pass over every joined node. Runs in the caller's (fenced) transaction.
 pub async fn evaluate(tx: &impl GenericClient) -> Result<LivenessReport, DbError> {
-    // The job's own heartbeat; a long gap since the last run starts the outage grace.
+    // The job's own heartbeat; a long gap since the last run ends an outage, and its grace runs
+    // from now.
     let run = tx
         .query_one(
             &format!(
-                "WITH prev AS (SELECT last_run_at FROM liveness_runs WHERE singleton)
-                 INSERT INTO liveness_runs AS l (singleton, last_run_at, outage_grace_until) VALUES (true, compute_now(), compute_now())
+                "INSERT INTO liveness_runs AS l (singleton, last_run_at, outage_grace_until) VALUES (true, compute_now(), compute_now())
                  ON CONFLICT (singleton) DO UPDATE SET
                     outage_grace_until = CASE WHEN l.last_run_at < compute_now() - make_interval(secs => {OUTAGE_GAP_S})
                                               THEN compute_now() + make_interval(secs => {OUTAGE_GRACE_S}) ELSE l.outage_grace_until END,
                     last_run_at = compute_now()
-                 RETURNING outage_grace_until > compute_now(),
-                           coalesce((SELECT last_run_at < compute_now() - make_interval(secs => {OUTAGE_GAP_S}) FROM prev), false)"
+                 RETURNING outage_grace_until > compute_now()"
             ),
             &[],
         )
         .await?;
-    let (outage_grace, outage_began): (bool, bool) = (run.get(0), run.get(1));
-    let mut report = LivenessReport { outage_grace, ..Default::default() };
-    // The outage's grace is each node's own: every node already disconnected when it is seen, and
-    // every node that disconnects while it lasts, becomes unreachable only 40 s + 5 min after its
-    // own disconnection, not at the end of one window for all.
-    if outage_began {
-        tx.execute(
-            &format!(
-                "UPDATE nodes SET disconnect_grace_s = GREATEST(disconnect_grace_s, {OUTAGE_GRACE_S})
-                  WHERE id IN (SELECT id FROM nodes WHERE liveness = 'disconnected' AND joined_at IS NOT NULL ORDER BY id FOR UPDATE)"
-            ),
-            &[],
-        )
-        .await?;
-    }
-    let outage_extra = if outage_grace { OUTAGE_GRACE_S } else { 0 };
+    let mut report = LivenessReport { outage_grace: run.get(0), ..Default::default() };
 
     // Lock order: nodes, then node_sessions. Each pass skips the nodes another transaction holds
     // (a session opening or closing, a daemon's report): their state is changing under them, and
@@ -113,7 +99,7 @@ pub async fn evaluate(tx: &impl GenericClient) -> Result<LivenessReport, DbError
     .await?;
     for id in &gateway_lost {
         close_session(tx, id, "gateway-lost").await?;
-        crate::session::mark_disconnected(tx, id, GATEWAY_LOSS_GRACE_S.max(outage_extra)).await?;
+        crate::session::mark_disconnected(tx, id, GATEWAY_LOSS_GRACE_S).await?;
     }
     report.gateway_lost = gateway_lost.len() as u64;
 
@@ -122,16 +108,26 @@ pub async fn evaluate(tx: &impl GenericClient) -> Result<LivenessReport, DbError
         &format!(
             "SELECT n.id FROM nodes n LEFT JOIN node_sessions s ON s.node_id = n.id AND s.closed_at IS NULL
               WHERE n.liveness = 'connected' AND n.joined_at IS NOT NULL
-                AND (s.node_id IS NULL OR s.last_seen_at < compute_now() - make_interval(secs => {SILENT_SESSION_S}))
+                AND (s.node_id IS NULL OR s.last_seen_at <= compute_now() - make_interval(secs => {SILENT_SESSION_S}))
               ORDER BY n.id LIMIT $1 FOR UPDATE OF n SKIP LOCKED"
         ),
     )
     .await?;
     for id in &silent {
         close_session(tx, id, "silent").await?;
-        crate::session::mark_disconnected(tx, id, outage_extra).await?;
+        crate::session::mark_disconnected(tx, id, 0).await?;
+        // Without a session since it was last heard, not since the silence was noticed.
+        tx.execute(
+            "UPDATE nodes n SET liveness_since = LEAST(n.liveness_since, s.last_seen_at) FROM node_sessions s WHERE n.id = $1 AND s.node_id = n.id",
+            &[id],
+        )
+        .await?;
     }
     report.silent = silent.len() as u64;
+
+    if report.outage_grace {
+        outage_grace(tx).await?;
+    }
 
     let unreachable = ids(
         tx,
@@ -164,6 +160,26 @@ pub async fn evaluate(tx: &impl GenericClient) -> Result<LivenessReport, DbError
     }
     report.lost = lost.len() as u64;
     Ok(report)
+}
+
+/// An outage's grace counts from its end: every node disconnected before the outage ended, or
+/// while its grace lasts (a session closed, gone silent, its gateway lost), becomes unreachable no
+/// earlier than 40 s + 5 min after the later of its own disconnection and the outage's end, so
+/// never before `liveness_runs.outage_grace_until`.
+async fn outage_grace(tx: &impl GenericClient) -> Result<(), DbError> {
+    tx.execute(
+        &format!(
+            "WITH ended AS (SELECT outage_grace_until - make_interval(secs => {OUTAGE_GRACE_S}) AS at FROM liveness_runs WHERE singleton),
+                  owed AS (SELECT n.id, {OUTAGE_GRACE_S} + greatest(0, ceil(extract(epoch FROM e.at - n.liveness_since)))::int AS grace_s
+                             FROM nodes n, ended e WHERE n.liveness = 'disconnected' AND n.joined_at IS NOT NULL),
+                  raised AS (SELECT n.id, o.grace_s FROM nodes n JOIN owed o ON o.id = n.id WHERE n.disconnect_grace_s < o.grace_s
+                              ORDER BY n.id FOR UPDATE OF n SKIP LOCKED)
+             UPDATE nodes n SET disconnect_grace_s = r.grace_s FROM raised r WHERE n.id = r.id"
+        ),
+        &[],
+    )
+    .await?;
+    Ok(())
 }
 
 async fn close_session(tx: &impl GenericClient, node_id: &str, reason: &str) -> Result<(), DbError> {

@@ -234,7 +234,7 @@ impl Serialize for CommandBodyJson<'_> {
 }
 
 /// Wakes the gateway holding the node's session, after commit; best effort (gateways also poll).
-pub async fn poke_gateway(db: &impl GenericClient, node_id: &str) {
+pub async fn poke_gateway(db: &tokio_postgres::Client, node_id: &str) {
     work_queue::notify(db, COMMANDS_CHANNEL, node_id).await;
 }
 

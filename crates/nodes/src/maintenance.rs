@@ -74,7 +74,7 @@ async fn command_step(cx: &StepContext<'_>, kind: &str, payload: serde_json::Val
                 },
             )
             .await?;
-            commands::poke_gateway(cx.tx, cx.node_id).await;
+            cx.after_commit.poke(commands::COMMANDS_CHANNEL, cx.node_id);
             c
         }
     };
@@ -96,7 +96,7 @@ async fn cancel_command(cx: &StepContext<'_>) -> Result<(), DbError> {
     if matches!(c.state.as_str(), "pending" | "sent" | "running") {
         commands::cancel(cx.tx, cx.node_id, id).await?;
         better_compute_audit::entry::record_job(cx.tx, "workflow", "commands.cancel", id, None).await?;
-        commands::poke_gateway(cx.tx, cx.node_id).await;
+        cx.after_commit.poke(commands::COMMANDS_CHANNEL, cx.node_id);
     }
     Ok(())
 }

@@ -10,6 +10,7 @@ use tokio_postgres::Transaction;
 
 use crate::desired::NODESPEC;
 use crate::reconciler::{Kind, Outcome, ReconcileContext, Reconciler, RunError};
+use crate::work_queue;
 
 /// The channel a gateway listens on for "this node's desired state changed"; the payload is the
 /// node id. Sent after commit; gateways also poll.
@@ -71,7 +72,7 @@ pub const NODESPEC_BATCH: usize = 64;
 
 /// The `nodespec` reconciler; the registry adds it with the parts of every module. It recomputes
 /// up to [`NODESPEC_BATCH`] nodes of a shard in one fenced transaction: one locking read, one
-/// statement per part, one write of the specs that changed, one wake-up statement.
+/// statement per part, one write of the specs that changed; the wake-ups follow the commit.
 pub struct NodeSpecController {
     pub(crate) parts: Vec<Arc<dyn NodeSpecPart>>,
 }
@@ -125,10 +126,10 @@ impl NodeSpecController {
                 &[&changed_ids, &changed_specs],
             )
             .await?;
-            // Sent at commit, so a gateway never reads a spec older than its wake-up.
-            tx.execute("SELECT pg_notify($1, id) FROM unnest($2::text[]) AS id", &[&NODESPEC_CHANNEL, &changed_ids]).await?;
         }
         tx.commit().await?;
+        // After the commit, so a gateway never reads a spec older than its wake-up.
+        work_queue::notify_many(&**c, NODESPEC_CHANNEL, &changed_ids).await;
         ctx.count("changed", done.changed);
         ctx.count("unchanged", done.unchanged);
         Ok(done)

@@ -63,7 +63,7 @@ pub const POKE_CHANNEL: &str = "better_compute_work";
 /// end of its transaction, so inside a business transaction it would serialise every commit
 /// (fsync included) behind it. Best effort: a lost poke only delays, since workers also poll.
 /// Where the process installed a [`Poker`], the poke is folded into its next NOTIFY instead.
-pub async fn poke(db: &impl GenericClient) {
+pub async fn poke(db: &tokio_postgres::Client) {
     match POKER.get() {
         Some(p) => p.poke(),
         None => notify(db, POKE_CHANNEL, "").await,
@@ -76,7 +76,7 @@ pub async fn poke(db: &impl GenericClient) {
 /// (`join!` polls in order, and a query queues its request at its first poll), and the connection
 /// runs requests in order, so the NOTIFY runs after the statement has committed, as a poke must; a
 /// statement that failed gets a harmless extra poke. Returns the statement's result.
-pub async fn poke_after<T>(db: &impl GenericClient, statement: impl std::future::Future<Output = T>) -> T {
+pub async fn poke_after<T>(db: &tokio_postgres::Client, statement: impl std::future::Future<Output = T>) -> T {
     match POKER.get() {
         Some(p) => {
             let r = statement.await;
@@ -144,12 +144,59 @@ impl Poker {
 }
 
 /// Sends one notification, best effort, over the simple query protocol: no prepared statement, so
-/// it is safe outside a transaction behind PgBouncer in transaction pooling mode.
-pub async fn notify(db: &impl GenericClient, channel: &str, payload: &str) {
+/// it is safe outside a transaction behind PgBouncer in transaction pooling mode. A client, not a
+/// transaction: pokes follow the commit (see [`AfterCommit`]).
+pub async fn notify(db: &tokio_postgres::Client, channel: &str, payload: &str) {
     let quote = |s: &str| format!("'{}'", s.replace('\'', "''"));
     let sql = format!("SELECT pg_notify({}, {})", quote(channel), quote(payload));
     if let Err(e) = db.batch_execute(&sql).await {
         tracing::debug!(error = %e, channel, "notify failed; listeners also poll");
+    }
+}
+
+/// Sends one notification per payload on `channel`, best effort, in one statement over the simple
+/// query protocol (as [`notify`]).
+pub async fn notify_many(db: &tokio_postgres::Client, channel: &str, payloads: &[String]) {
+    if payloads.is_empty() {
+        return;
+    }
+    let quote = |s: &str| format!("'{}'", s.replace('\'', "''"));
+    let list: Vec<String> = payloads.iter().map(|p| quote(p)).collect();
+    let sql = format!("SELECT pg_notify({}, p) FROM unnest(ARRAY[{}]::text[]) AS p", quote(channel), list.join(","));
+    if let Err(e) = db.batch_execute(&sql).await {
+        tracing::debug!(error = %e, channel, "notify failed; listeners also poll");
+    }
+}
+
+/// The most pokes one [`AfterCommit`] holds; beyond, they are dropped (listeners also poll).
+pub const AFTER_COMMIT_POKES: usize = 1024;
+
+/// Pokes a transaction asks for, sent once it has committed. Pokes follow the commit: a NOTIFY
+/// inside a transaction takes the database's one notification lock at commit, so every committing
+/// transaction that sent one waits for the others; and a listener woken by it must find the change.
+#[derive(Debug, Default)]
+pub struct AfterCommit {
+    pokes: std::sync::Mutex<Vec<(&'static str, String)>>,
+}
+
+impl AfterCommit {
+    /// Asks for a NOTIFY on `channel` with `payload` once the transaction has committed.
+    pub fn poke(&self, channel: &'static str, payload: &str) {
+        let mut p = self.pokes.lock().expect("pokes");
+        if p.len() < AFTER_COMMIT_POKES && !p.iter().any(|(c, x)| *c == channel && x == payload) {
+            p.push((channel, payload.to_owned()));
+        }
+    }
+
+    /// Sends them (call after the commit, outside any transaction), best effort.
+    pub async fn send(self, db: &tokio_postgres::Client) {
+        let pokes = self.pokes.into_inner().expect("pokes");
+        let mut channels: Vec<&'static str> = pokes.iter().map(|(c, _)| *c).collect();
+        channels.dedup();
+        for channel in channels {
+            let payloads: Vec<String> = pokes.iter().filter(|(c, _)| *c == channel).map(|(_, p)| p.clone()).collect();
+            notify_many(db, channel, &payloads).await;
+        }
     }
 }
 

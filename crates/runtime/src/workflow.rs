@@ -137,6 +137,9 @@ pub struct StepContext<'a> {
     /// The workflow's key in the `workflow` job, to be woken when its command ends:
     /// (kind, key, shard), as commands take their owner.
     pub owner: (&'static str, &'a str, i16),
+    /// Pokes sent once the step's transaction has committed (a command enqueued or cancelled
+    /// wakes its gateway).
+    pub after_commit: &'a work_queue::AfterCommit,
 }
 
 /// One kind of step: a command of a registered kind, a wait on a condition, or a call into a
@@ -847,7 +850,31 @@ impl Reconciler for WorkflowJob {
 
     async fn run(&self, ctx: &ReconcileContext, key: &str) -> Result<Outcome, RunError> {
         let mut client = ctx.client().await?;
-        let tx = ctx.begin_fenced(&mut client).await?;
+        let after_commit = work_queue::AfterCommit::default();
+        // Every path commits before it returns Ok; an error rolled back, and asks for no poke.
+        let outcome = self.advance(ctx, &mut client, key, &after_commit).await?;
+        after_commit.send(&**client).await;
+        Ok(outcome)
+    }
+
+    async fn keys(&self, ctx: &ReconcileContext, shards: &[i16]) -> Result<Vec<String>, RunError> {
+        // Every open workflow of these shards: a lost wake-up delays it by one resync at most.
+        let client = ctx.read().await?;
+        let rows = client.query("SELECT id FROM workflows WHERE ended_at IS NULL AND state <> 'held' ORDER BY id", &[]).await?;
+        Ok(rows.iter().map(|r| r.get::<_, String>(0)).filter(|k| shards.contains(&WORKFLOW.shard_of(k))).collect())
+    }
+}
+
+impl WorkflowJob {
+    /// One run of a workflow, in fenced transactions it commits.
+    async fn advance(
+        &self,
+        ctx: &ReconcileContext,
+        client: &mut deadpool_postgres::Client,
+        key: &str,
+        after_commit: &work_queue::AfterCommit,
+    ) -> Result<Outcome, RunError> {
+        let tx = ctx.begin_fenced(client).await?;
         let row = tx
             .query_opt(
                 "SELECT definition, target, node_id, params, parent_id, state, current_step, failure FROM workflows WHERE id = $1 FOR UPDATE",
@@ -889,7 +916,7 @@ impl Reconciler for WorkflowJob {
         if w.state == WorkflowState::Cancelling {
             if let (Some(sd), Some(s)) = (defs.get(w.current), steps.get(w.current)) {
                 let command_key = format!("wf:{key}:{}.{}", s.name, s.attempts);
-                let cx = context(&tx, registry, key, def.as_ref(), &node_id, &w, &s.memory, &earlier, &command_key, s.elapsed_s, shard);
+                let cx = context(&tx, registry, key, def.as_ref(), &node_id, &w, &s.memory, &earlier, &command_key, s.elapsed_s, shard, after_commit);
                 // Held (failed) or retrying too: a fleet-wide run's children are still open.
                 if matches!(s.state, WorkflowStepState::Running | WorkflowStepState::Retrying | WorkflowStepState::Failed) {
                     sd.step.cancel(&cx).await?;
@@ -952,7 +979,7 @@ impl Reconciler for WorkflowJob {
                 other => return Err(format!("workflow {key}: its current step {} is {}", s.name, other.as_str()).into()),
             }
             let command_key = format!("wf:{key}:{}.{}", s.name, s.attempts);
-            let cx = context(&tx, registry, key, def.as_ref(), &node_id, &w, &s.memory, &earlier, &command_key, s.elapsed_s, shard);
+            let cx = context(&tx, registry, key, def.as_ref(), &node_id, &w, &s.memory, &earlier, &command_key, s.elapsed_s, shard, after_commit);
             let mut outcome = sd.step.advance(&cx).await?;
             crash_point("advanced")?;
             if let StepOutcome::Wait { message, .. } = &outcome
@@ -1051,13 +1078,6 @@ impl Reconciler for WorkflowJob {
         ctx.count("steps succeeded", counts.0);
         Ok(Outcome::Done)
     }
-
-    async fn keys(&self, ctx: &ReconcileContext, shards: &[i16]) -> Result<Vec<String>, RunError> {
-        // Every open workflow of these shards: a lost wake-up delays it by one resync at most.
-        let client = ctx.read().await?;
-        let rows = client.query("SELECT id FROM workflows WHERE ended_at IS NULL AND state <> 'held' ORDER BY id", &[]).await?;
-        Ok(rows.iter().map(|r| r.get::<_, String>(0)).filter(|k| shards.contains(&WORKFLOW.shard_of(k))).collect())
-    }
 }
 
 /// Wakes the running workflows of the nodes events are about (a drain ended, a node came back),
@@ -1104,6 +1124,7 @@ fn context<'a>(
     command_key: &'a str,
     attempt_elapsed_s: f64,
     shard: i16,
+    after_commit: &'a work_queue::AfterCommit,
 ) -> StepContext<'a> {
     StepContext {
         tx,
@@ -1118,6 +1139,7 @@ fn context<'a>(
         command_key,
         attempt_elapsed_s,
         owner: (WORKFLOW.name, key, shard),
+        after_commit,
     }
 }
 

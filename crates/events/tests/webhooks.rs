@@ -142,12 +142,12 @@ async fn emit(h: &Harness, tenant: &str, subject: &str) -> String {
     id
 }
 
-/// Runs the fan-out until `event` has its deliveries. The outbox is read only behind every running
+/// Runs the fan-out job (`events.fanout`, ticked alone) until `event` has its deliveries. The outbox is read only behind every running
 /// transaction of the cluster (other tests' too), so an event may take a few passes to show.
 async fn fan_out(h: &Harness, event: &str) {
     tokio::time::timeout(Duration::from_secs(30), async {
         loop {
-            h.job("outbox-dispatch").drain(5).await;
+            h.job("events.fanout").drain(5).await;
             let c = h.db().connect().await;
             let n: i64 = c.query_one("SELECT count(*) FROM webhook_deliveries WHERE event_id = $1", &[&event]).await.unwrap().get(0);
             if n > 0 {

@@ -302,9 +302,11 @@ impl Registry {
         self.command_kinds.iter().find(|k| k.name == name)
     }
 
-    /// Every job name: the reconcilers', then the built-in ones.
+    /// Every job name: the reconcilers', the outbox sinks' (each a job of its own, run by
+    /// `outbox-dispatch`), then the built-in ones.
     pub fn job_names(&self) -> Vec<&str> {
         let mut names: Vec<&str> = self.reconcilers.iter().map(|r| r.kind().name).collect();
+        names.extend(self.outbox_sinks.iter().map(|s| s.name()));
         names.push(EVENT_SUBSCRIBERS_JOB);
         names.push(OUTBOX_DISPATCH_JOB);
         names

@@ -387,6 +387,9 @@ impl Worker {
             self.tick_sinks(self.registry.subscribers()).await?
         } else if name == OUTBOX_DISPATCH_JOB {
             self.tick_sinks(self.registry.outbox_sinks()).await?
+        } else if let Some(sink) = self.registry.outbox_sinks().iter().chain(self.registry.subscribers()).find(|s| s.name() == name) {
+            // One sink alone (`events.fanout`), as its dispatcher would run it.
+            self.tick_sinks(std::slice::from_ref(sink)).await?
         } else {
             let r = self
                 .registry

@@ -997,6 +997,8 @@ FUNCTION capacity_charge(p_tenant text, p_kind text, p_count bigint, p_vcpu bigi
 FUNCTION capacity_charge_many(p_tenants text[], p_kinds text[], p_counts bigint[], p_vcpus bigint[], p_memory_mibs bigint[], p_disk_gibs bigint[]) RETURNS text[] LANGUAGE plpgsql VOLATILE;
 FUNCTION capacity_charge_of(p_kind text, p_count bigint, p_vcpu bigint, p_memory_mib bigint, p_disk_gib bigint) RETURNS TABLE(resource text, amount bigint) LANGUAGE sql IMMUTABLE;
 FUNCTION capacity_end(p_id text, p_tenant text, p_to text, p_event_id text, p_shard smallint) RETURNS jsonb LANGUAGE plpgsql VOLATILE SET enable_seqscan=off SET enable_indexonlyscan=off;
+FUNCTION capacity_ended_at(r reservations) RETURNS timestamp with time zone LANGUAGE sql STABLE;
+FUNCTION capacity_lock_refunds_of(p_ids text[]) RETURNS void LANGUAGE plpgsql VOLATILE;
 FUNCTION capacity_node_inventory_changed() RETURNS trigger LANGUAGE plpgsql VOLATILE;
 FUNCTION capacity_node_open(p_observed_generation bigint, p_no_schedule_reasons text[], p_taints jsonb) RETURNS boolean LANGUAGE sql IMMUTABLE;
 FUNCTION capacity_node_open_changed() RETURNS trigger LANGUAGE plpgsql VOLATILE;

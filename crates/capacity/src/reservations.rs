@@ -124,8 +124,12 @@ pub struct ReservationView {
     pub disk_gib: i64,
     /// Start.
     pub starts_at: String,
-    /// End.
+    /// End, as booked (or extended).
     pub ends_at: String,
+    /// RFC 3339, once it has ended: when it actually ended (its end, or the instant of a release,
+    /// an eviction or a failure before it); metering bills up to here.
+    #[serde(default)]
+    pub ended_at: Option<String>,
     /// The node, once placed.
     pub node_id: Option<String>,
     /// The atoms booked; once ended, those it held (none if it ended before its start).

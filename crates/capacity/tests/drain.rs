@@ -131,6 +131,12 @@ async fn an_evicting_drain_tells_each_tenant_at_once_and_releases_at_the_deadlin
     h.job("drain").drain(5).await;
     let ended = reservations::get(&**c, ME, &held.id).await.unwrap();
     assert_eq!((ended.state.as_str(), ended.end_reason.as_deref()), ("released", Some("drained")));
+    // It says when it actually ended (the deadline), beside the end it had booked.
+    assert_eq!(held.ended_at, None);
+    let ended_at = better_compute_core::time::parse_rfc3339(ended.ended_at.as_deref().expect("an ended reservation says when")).unwrap();
+    assert_eq!(ended_at, h.db().now().await);
+    assert_eq!(ended.ends_at, held.ends_at);
+    assert!(better_compute_core::time::parse_rfc3339(&ended.ends_at).unwrap() > ended_at);
     let used_after: i64 = c.query_one("SELECT coalesce(sum(used), 0)::int8 FROM quota_usage WHERE tenant_id = $1", &[&TENANT]).await.unwrap().get(0);
     assert_eq!(used_after, 0, "quota refunded from the deadline");
     let bookings: i64 = c.query_one("SELECT count(*) FROM device_bookings WHERE allocation_id = $1", &[&held.id]).await.unwrap().get(0);

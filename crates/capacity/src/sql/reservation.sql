@@ -33,6 +33,14 @@ CREATE OR REPLACE TRIGGER reservations_state_guard BEFORE UPDATE OF state ON res
 -- The view of a reservation given its atoms: an expression without subqueries, so the planner
 -- inlines it into the statement that calls it, and a batch builds its views from the atoms it has in
 -- hand instead of running capacity_view's lookups once per request.
+-- When an ended reservation actually ended: its end, or, ended early (a release, an eviction), the
+-- instant it ended (its last change, updated_at). NULL while it has not ended. Metering bills up to
+-- here (usage.sql), and the view shows it, so a tenant can check a bill against it.
+CREATE OR REPLACE FUNCTION capacity_ended_at(r reservations) RETURNS timestamptz
+LANGUAGE sql STABLE AS $$
+  SELECT CASE WHEN r.state IN ('released', 'expired', 'failed') THEN least(upper(r.during), r.updated_at) END
+$$;
+
 CREATE OR REPLACE FUNCTION capacity_view_of(r reservations, p_atoms jsonb) RETURNS jsonb
 LANGUAGE sql STABLE AS $$
   SELECT jsonb_build_object(
@@ -41,6 +49,7 @@ LANGUAGE sql STABLE AS $$
     'vcpu', r.vcpu, 'memoryMib', r.memory_mib, 'diskGib', r.disk_gib,
     'startsAt', to_char(lower(r.during) AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
     'endsAt', to_char(upper(r.during) AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+    'endedAt', to_char(capacity_ended_at(r) AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
     'nodeId', r.node_id,
     'atoms', p_atoms,
     'endReason', r.end_reason,

@@ -21,7 +21,7 @@ LANGUAGE sql STABLE AS $$
   SELECT r.state <> 'pending'
      AND (r.usage_version IS DISTINCT FROM r.version
           OR coalesce(r.usage_closed_until, '-infinity') < least(p_closed,
-               CASE WHEN r.state IN ('released', 'expired', 'failed') THEN least(upper(r.during), r.updated_at) ELSE upper(r.during) END))
+               coalesce(capacity_ended_at(r), upper(r.during))))
 $$;
 
 -- The range a reservation held its node's scalars: from its start (a placement books from then
@@ -30,8 +30,8 @@ $$;
 CREATE OR REPLACE FUNCTION capacity_usage_held(r reservations) RETURNS tstzrange
 LANGUAGE sql STABLE AS $$
   SELECT CASE WHEN r.node_id IS NULL OR r.state = 'pending' THEN 'empty'::tstzrange
-              WHEN r.state IN ('released', 'expired', 'failed')
-                THEN tstzrange(lower(r.during), greatest(lower(r.during), least(upper(r.during), r.updated_at)), '[)')
+              WHEN capacity_ended_at(r) IS NOT NULL
+                THEN tstzrange(lower(r.during), greatest(lower(r.during), capacity_ended_at(r)), '[)')
               ELSE r.during END
 $$;
 

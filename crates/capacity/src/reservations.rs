@@ -540,6 +540,23 @@ pub async fn extend(
     if RESERVATION_STATE_TABLE.is_terminal(state) {
         return Err(Error::failed_precondition(format!("reservation {id} is {} and cannot be extended", state.as_str())));
     }
+    // A reservation on a draining node is not extended: a wait drain would otherwise be held for
+    // ever. Its node's row FOR SHARE (the lock order: reservation, then nodes), so a drain
+    // requested meanwhile sees this extension or this extension sees the drain.
+    let draining = tx
+        .query_opt(
+            "SELECT n.id FROM reservations r JOIN nodes n ON n.id = r.node_id
+              WHERE r.id = $1 AND 'draining' = ANY(n.no_schedule_reasons) FOR SHARE OF n",
+            &[&id],
+        )
+        .await
+        .map_err(DbError::from)?;
+    if let Some(node) = draining {
+        return Err(Error::failed_precondition(format!(
+            "reservation {id} cannot be extended: its node {} is being drained; reserve again to run longer",
+            node.get::<_, String>(0)
+        )));
+    }
     let row = tx
         .query_one(
             &format!(

@@ -366,3 +366,68 @@ async fn evictions_batch_placements_and_releases_running_together_never_deadlock
     let deadlocks: Vec<String> = h.db().server_log().into_iter().filter(|l| l.contains("deadlock detected")).collect();
     assert_eq!(deadlocks, Vec::<String>::new(), "the server logged deadlocks");
 }
+
+async fn in_minutes(h: &Harness, m: i32) -> String {
+    h.db()
+        .client()
+        .await
+        .query_one("SELECT to_char((compute_now() + make_interval(mins => $1)) AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')", &[&m])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+#[tokio::test]
+async fn an_evicting_drain_asked_again_moves_its_deadline_only_earlier_and_tells_its_tenants_again() {
+    let h = harness().await;
+    let f = fleet(&h, &exclusive(2), 2).await;
+    let held = reserve_on(&h, &f, 0).await;
+    let (thirty, ten, forty) = (in_minutes(&h, 30).await, in_minutes(&h, 10).await, in_minutes(&h, 40).await);
+    let first = request(&h, &f.nodes[0], DrainMode::Evict, Some(&thirty)).await.unwrap();
+    h.job("drain").drain(5).await;
+    let told = async || -> Vec<String> {
+        h.db()
+            .client()
+            .await
+            .query("SELECT data->>'deadline' FROM outbox WHERE type = 'reservation.evictionRequested' AND subject = $1 ORDER BY id", &[&held.id])
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect()
+    };
+    assert_eq!(told().await.len(), 1);
+    // The same request again changes nothing; a later deadline is refused, saying why.
+    assert_eq!(request(&h, &f.nodes[0], DrainMode::Evict, Some(&thirty)).await.unwrap().deadline, first.deadline);
+    let later = request(&h, &f.nodes[0], DrainMode::Evict, Some(&forty)).await.unwrap_err();
+    assert_eq!(later.code, ErrorCode::Conflict, "{later}");
+    assert!(later.message.contains("only moves earlier"), "{later}");
+    // An earlier one moves it, and the tenant is told the new deadline.
+    let moved = request(&h, &f.nodes[0], DrainMode::Evict, Some(&ten)).await.unwrap();
+    assert_eq!((moved.id.as_str(), moved.deadline.as_deref().map(|d| d.starts_with(&ten[..16]))), (first.id.as_str(), Some(true)), "{moved:?}");
+    h.job("drain").drain(5).await;
+    let told = told().await;
+    assert_eq!(told.len(), 2, "{told:?}");
+    assert_ne!(told[0], told[1], "told the new deadline");
+    h.db().advance(Duration::from_secs(600)).await;
+    h.job("drain").drain(5).await;
+    let c = h.db().client().await;
+    assert_eq!(reservations::get(&**c, ME, &held.id).await.unwrap().state, "released", "ended at the earlier deadline");
+}
+
+#[tokio::test]
+async fn a_reservation_on_a_draining_node_is_not_extended_so_a_wait_drain_ends() {
+    let h = harness().await;
+    let f = fleet(&h, &exclusive(2), 2).await;
+    let held = reserve_on(&h, &f, 0).await;
+    let mut c = h.db().client().await;
+    let later = better_compute_core::time::rfc3339(better_compute_core::time::parse_rfc3339(&held.ends_at).unwrap() + Duration::from_secs(600));
+    request(&h, &f.nodes[0], DrainMode::Wait, None).await.unwrap();
+    let e = reservations::extend(&mut c, ME, &held.id, &later, None).await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::FailedPrecondition, "{e}");
+    assert!(e.message.contains("being drained"), "{e}");
+    assert_eq!(reservations::get(&**c, ME, &held.id).await.unwrap().ends_at, held.ends_at, "nothing changed");
+    // Undrained, it may be extended again.
+    in_tx(&h, async |tx| drain::undrain(tx, &f.nodes[0]).await.unwrap()).await;
+    assert_eq!(reservations::extend(&mut c, ME, &held.id, &later, None).await.unwrap().ends_at[..19], later[..19]);
+}

@@ -182,7 +182,10 @@ pub async fn request(tx: &impl GenericClient, r: &DrainRequest<'_>) -> Result<Dr
     }
     if let Some(open) = open_drain(tx, r.node_id).await? {
         if open.mode == r.mode && open.reason == r.reason {
-            return Ok(open);
+            return match (r.deadline, &open.deadline) {
+                (Some(asked), Some(_)) => move_deadline_earlier(tx, &open, &pool_id, asked).await,
+                _ => Ok(open),
+            };
         }
         return Err(Error::conflict(format!(
             "node {} already has a {} drain ({}); undrain it first to change it",
@@ -212,6 +215,35 @@ pub async fn request(tx: &impl GenericClient, r: &DrainRequest<'_>) -> Result<Dr
     .await?;
     work_queue::enqueue(tx, &DRAIN_KIND, &pool_id).await?;
     Ok(drain)
+}
+
+/// An evicting drain asked again with a deadline: an earlier one moves the deadline (its tenants
+/// are told again, with the new one), the same one changes nothing, a later one is refused.
+async fn move_deadline_earlier(tx: &impl GenericClient, open: &DrainView, pool_id: &str, asked: &str) -> Result<DrainView, DbError> {
+    let row = tx
+        .query_one(
+            "WITH old AS (SELECT deadline FROM node_drains WHERE id = $1 FOR UPDATE)
+             UPDATE node_drains d SET deadline = least(d.deadline, $2::text::timestamptz),
+                    eviction_requested_at = CASE WHEN $2::text::timestamptz < d.deadline THEN NULL ELSE d.eviction_requested_at END,
+                    version = d.version + CASE WHEN $2::text::timestamptz < d.deadline THEN 1 ELSE 0 END
+               FROM old WHERE d.id = $1
+             RETURNING $2::text::timestamptz < old.deadline, $2::text::timestamptz > old.deadline",
+            &[&open.id, &asked],
+        )
+        .await?;
+    if row.get::<_, bool>(1) {
+        let deadline = open.deadline.as_deref().unwrap_or_default();
+        return Err(Error::conflict(format!(
+            "node {}'s evicting drain ends what holds the node at {deadline}; a drain's deadline only moves earlier (undrain it first to set a later one)",
+            open.node_id
+        ))
+        .into());
+    }
+    let moved = open_drain(tx, &open.node_id).await?.ok_or_else(|| Error::internal("the drain just changed is missing"))?;
+    if moved.deadline != open.deadline {
+        work_queue::enqueue(tx, &DRAIN_KIND, pool_id).await?;
+    }
+    Ok(moved)
 }
 
 async fn move_drain(tx: &impl GenericClient, id: &str, from: DrainState, to: DrainState, set: &str) -> Result<(), DbError> {

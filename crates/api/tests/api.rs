@@ -253,7 +253,7 @@ fn bodies() -> Vec<(&'static str, Value)> {
         ("usage.export", json!({"tenantId": "{ten}", "from": "2020-01-01T00:00:00Z", "to": "2040-01-01T00:00:00Z"})),
         ("instanceUsage.list", json!({"tenantId": "{ten}", "from": "2020-01-01T00:00:00Z", "to": "2040-01-01T00:00:00Z", "groupBy": "flavour"})),
         ("instanceUsage.export", json!({"tenantId": "{ten}", "from": "2020-01-01T00:00:00Z", "to": "2040-01-01T00:00:00Z"})),
-        ("workflows.start", json!({"tenantId": "{ten}", "definition": "node.maintenance", "target": {"nodeId": "{node}"}, "idempotencyKey": "k"})),
+        ("workflows.start", json!({"tenantId": "{ten}", "definition": "node.maintenance", "target": {"nodeId": "{node}"}, "params": {"reason": "r"}, "idempotencyKey": "k"})),
         ("workflows.get", json!({"tenantId": "{ten}", "workflowId": "{wf}"})),
         ("workflows.list", json!({"tenantId": "{ten}", "nodeId": "{node}"})),
         ("workflows.cancel", json!({"tenantId": "{ten}", "workflowId": "{wf}"})),
@@ -341,7 +341,7 @@ async fn another_tenant_can_neither_read_nor_change_nor_learn_of_anything_of_a_t
     let dlv = api.ok(&b.token, "webhooks.test", json!({"webhookId": wh["webhook"]["id"]})).await;
     let site = api.ok(&api.op, "pools.get", json!({"poolId": api.pool})).await["siteId"].as_str().unwrap().to_owned();
     // An operator's fleet-wide workflow over the pool (its selector matches no node, so it changes nothing).
-    let wf = api.ok(&api.op, "workflows.start", json!({"definition": "node.maintenance", "target": {"poolId": api.pool, "labels": {"rack": "none"}}, "idempotencyKey": "op-wf"})).await;
+    let wf = api.ok(&api.op, "workflows.start", json!({"definition": "node.maintenance", "target": {"poolId": api.pool, "labels": {"rack": "none"}}, "params": {"reason": "r"}, "idempotencyKey": "op-wf"})).await;
     let vms = api.vps_host().await;
     let ins = api.ok(&b.token, "instances.create", instance(&vms, "b-vm")).await;
     assert_eq!(ins["state"], "requested", "{ins}");
@@ -527,7 +527,11 @@ async fn workflows_start_once_per_key_refuse_bad_input_with_stable_codes_and_can
         (json!({"definition": "node.maintenance", "target": {"nodeId": api.node}, "params": {"drainMode": "now"}, "idempotencyKey": "b-5"}), "INVALID_ARGUMENT"),
         (json!({"definition": "node.maintenance", "target": {"poolId": api.pool}, "params": {"parallel": 65}, "idempotencyKey": "b-6"}), "INVALID_ARGUMENT"),
         (json!({"definition": "node.recover", "target": {"nodeId": api.node}, "idempotencyKey": "b-7"}), "INVALID_ARGUMENT"),
-        (json!({"definition": "node.maintenance", "target": {"nodeId": "node_01aaaaaaaaaaaaaaaaaaaaaaaa"}, "idempotencyKey": "b-8"}), "NOT_FOUND"),
+        (json!({"definition": "node.maintenance", "target": {"nodeId": api.node}, "idempotencyKey": "b-9"}), "INVALID_ARGUMENT"),
+        (json!({"definition": "node.maintenance", "target": {"nodeId": api.node}, "params": {"reason": " "}, "idempotencyKey": "b-10"}), "INVALID_ARGUMENT"),
+        (json!({"definition": "node.recover", "target": {"nodeId": api.node}, "params": {"gpuUuid": "GPU-of-no-node"}, "idempotencyKey": "b-11"}), "NOT_FOUND"),
+        (json!({"definition": "node.recover", "target": {"poolId": api.pool}, "params": {"gpuUuid": "GPU-of-no-node"}, "idempotencyKey": "b-12"}), "INVALID_ARGUMENT"),
+        (json!({"definition": "node.maintenance", "target": {"nodeId": "node_01aaaaaaaaaaaaaaaaaaaaaaaa"}, "params": {"reason": "r"}, "idempotencyKey": "b-8"}), "NOT_FOUND"),
         (json!({"definition": "node.maintenance", "target": {"nodeId": api.node}}), "INVALID_ARGUMENT"),
     ] {
         let (status, v) = api.call(&api.op, "workflows.start", body.clone()).await;
@@ -1777,7 +1781,7 @@ async fn every_change_through_the_api_writes_one_audit_entry_with_it_and_a_refus
         (&api.op, "commands.cancel", json!({"nodeId": api.node, "commandId": "{cmd}"})),
         (&b.token, "instances.create", instance("{vms}", "audit-vm")),
         (&b.token, "instances.delete", json!({"instanceId": "{ins}"})),
-        (&api.op, "workflows.start", json!({"definition": "node.maintenance", "target": {"poolId": api.pool, "labels": {"rack": "none"}}, "idempotencyKey": "audit-wf"})),
+        (&api.op, "workflows.start", json!({"definition": "node.maintenance", "target": {"poolId": api.pool, "labels": {"rack": "none"}}, "params": {"reason": "r"}, "idempotencyKey": "audit-wf"})),
         (&api.op, "workflows.cancel", json!({"workflowId": "{wf}"})),
         (&b.token, "reservations.create", reservation(&api.pool, Some("audit-res"))),
         (&b.token, "reservations.extend", json!({"reservationId": "{res}", "endsAt": "2030-01-02T00:00:00Z", "idempotencyKey": "audit-ext"})),
@@ -1832,6 +1836,8 @@ async fn every_change_through_the_api_writes_one_audit_entry_with_it_and_a_refus
     assert!(cordon.get::<_, Option<String>>(3).is_some_and(|t| t.starts_with("tok_")));
     let created = rows.iter().find(|r| r.get::<_, String>(0) == "reservations.create").unwrap();
     assert!(created.get::<_, String>(5).starts_with("res_"), "a create's target is what it made");
+    let started = rows.iter().find(|r| r.get::<_, String>(0) == "workflows.start").unwrap();
+    assert!(started.get::<_, String>(5).starts_with("wf_"), "a started workflow's entry names it: {:?}", started.get::<_, String>(5));
     // A retire needs a drained node: drained again, then retired, with one entry.
     api.ok(&api.op, "nodes.drain", json!({"nodeId": api.node, "reason": "audit again", "mode": "evict"})).await;
     api.h.job("drain").drain(5).await;

@@ -206,7 +206,7 @@ async fn a_crash_at_any_point_of_a_run_never_sends_a_steps_command_twice_nor_ski
         let mut crashed = 0;
         let (node, gpus) = (&f.nodes[i], &f.gpus[i]);
         connect(&h, node, "boot-1").await;
-        let id = start(&h, on(node), serde_json::json!({})).await;
+        let id = start(&h, on(node), serde_json::json!({"reason": "r"})).await;
         // A crash in each run: starting the drain, finishing it and sending the reboot, …
         crashed += u32::from(crash_then_run(&h, node, &id, point).await);
         crashed += u32::from(crash_then_run(&h, node, &id, point).await);
@@ -238,7 +238,7 @@ async fn a_cancelled_workflow_cancels_its_steps_command_and_stops() {
     let f = fleet(&h, &exclusive(1), 1).await;
     let node = &f.nodes[0];
     connect(&h, node, "boot-1").await;
-    let id = start(&h, on(node), serde_json::json!({})).await;
+    let id = start(&h, on(node), serde_json::json!({"reason": "r"})).await;
     run(&h).await;
     assert_eq!(commands_of(&h, node, &id).await.len(), 1);
     {
@@ -277,7 +277,7 @@ async fn a_failed_check_quarantines_the_gpu_and_holds_and_a_resume_goes_on() {
     let f = fleet(&h, &exclusive(1), 2).await;
     let node = &f.nodes[0];
     connect(&h, node, "boot-1").await;
-    let id = start(&h, on(node), serde_json::json!({})).await;
+    let id = start(&h, on(node), serde_json::json!({"reason": "r"})).await;
     run(&h).await;
     reboot_lands(&h, node, &format!("wf:{id}:reboot.1"), "boot-2").await;
     run(&h).await;
@@ -322,7 +322,7 @@ async fn a_failed_reboot_is_retried_after_its_backoff_with_a_new_key_then_holds(
     let f = fleet(&h, &exclusive(1), 1).await;
     let node = &f.nodes[0];
     connect(&h, node, "boot-1").await;
-    let id = start(&h, on(node), serde_json::json!({})).await;
+    let id = start(&h, on(node), serde_json::json!({"reason": "r"})).await;
     run(&h).await;
     finish(&h, node, &format!("wf:{id}:reboot.1"), false, serde_json::json!({})).await;
     run(&h).await;
@@ -351,7 +351,7 @@ async fn a_drain_that_cannot_start_runs_the_uncordon_compensation_and_fails_leav
         drain::request(&*tx, &DrainRequest { node_id: node, reason: "rack move", mode: DrainMode::Wait, deadline: None, requested_by: "ops" }).await.unwrap();
         tx.commit().await.unwrap();
     }
-    let id = start(&h, on(node), serde_json::json!({})).await;
+    let id = start(&h, on(node), serde_json::json!({"reason": "r"})).await;
     run(&h).await;
     let w = get(&h, &id).await;
     assert_eq!((w.state.as_str(), w.reason.as_deref()), ("failed", Some("DRAIN_CONFLICT")), "{w:?}");
@@ -374,7 +374,7 @@ async fn a_fleet_wide_run_goes_node_by_node_and_pauses_on_the_first_failure() {
         connect(&h, n, "boot-1").await;
     }
     let target = Target { pool_id: Some(f.pool_id.clone()), ..Target::default() };
-    let id = start(&h, target, serde_json::json!({"parallel": 1})).await;
+    let id = start(&h, target, serde_json::json!({"reason": "r", "parallel": 1})).await;
     run(&h).await;
     let k = kids(&h, &id).await;
     assert_eq!(k.len(), 1, "one node at a time");

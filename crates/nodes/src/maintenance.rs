@@ -382,7 +382,7 @@ impl WorkflowDefinition for Maintenance {
     fn summary(&self) -> &'static str {
         "Takes a node out for maintenance and brings it back: drain within the pool's budget, a signed reboot, \
          wait for the new boot and convergence, check every GPU, uncordon if healthy (else quarantine and hold). \
-         A failed drain undrains the node and fails. Params: `reason`, `drainMode` (`evict`, the default, or `wait`), \
+         A failed drain undrains the node and fails. Params: `reason` (required), `drainMode` (`evict`, the default, or `wait`), \
          `drainDeadlineS` (when an evicting drain ends what still holds the node; default an hour), `diagLevel` (1-3)."
     }
 
@@ -392,10 +392,13 @@ impl WorkflowDefinition for Maintenance {
 
     fn check_params(&self, params: &serde_json::Value) -> Result<(), Error> {
         check_params(params, &["reason", "drainMode", "drainDeadlineS", "diagLevel"])?;
-        if let Some(r) = params.get("reason") {
-            let r = r.as_str().ok_or_else(|| Error::invalid_argument("params.reason must be a string"))?;
-            better_compute_core::bounds::check_text("params.reason", r, better_compute_core::bounds::NOTE_CHARS)?;
-        }
+        // The drain's reason: shown to operators and, when it evicts, to tenants.
+        let r = params
+            .get("reason")
+            .and_then(|r| r.as_str())
+            .filter(|r| !r.trim().is_empty())
+            .ok_or_else(|| Error::invalid_argument("params.reason is required: why the node is maintained (shown to operators, and to tenants when its drain evicts)"))?;
+        better_compute_core::bounds::check_text("params.reason", r, better_compute_core::bounds::NOTE_CHARS)?;
         if !params.get("drainMode").is_none_or(|m| m == "wait" || m == "evict") {
             return Err(Error::invalid_argument("params.drainMode must be evict or wait"));
         }
@@ -452,7 +455,7 @@ impl WorkflowDefinition for Recover {
 
     fn summary(&self) -> &'static str {
         "Resets a suspect GPU that something held when the `health` job wanted to reset it: waits until it is free, \
-         resets and checks it, and hands it back to the `health` job. Params: `gpuUuid` (required)."
+         resets and checks it, and hands it back to the `health` job. Targets one node; params: `gpuUuid` (required, a GPU of that node)."
     }
 
     fn steps(&self) -> &[StepDef] {
@@ -463,6 +466,18 @@ impl WorkflowDefinition for Recover {
         check_params(params, &["gpuUuid"])?;
         if text(params, "gpuUuid").is_none_or(|g| g.is_empty() || g.len() > 128) {
             return Err(Error::invalid_argument("params.gpuUuid is required: the GPU to reset"));
+        }
+        Ok(())
+    }
+
+    async fn check_target(&self, tx: &Transaction<'_>, target: &Target, params: &serde_json::Value) -> Result<(), DbError> {
+        let Some(node_id) = target.node_id.as_deref() else {
+            return Err(Error::invalid_argument("node.recover resets one GPU: target its node (target.nodeId)").into());
+        };
+        let gpu = text(params, "gpuUuid").unwrap_or_default();
+        let found = tx.query_opt("SELECT 1 FROM devices WHERE id = $1 AND node_id = $2 AND parent_id IS NULL", &[&gpu, &node_id]).await?;
+        if found.is_none() {
+            return Err(Error::not_found("GPU", &format!("{gpu} on node {node_id}")).into());
         }
         Ok(())
     }

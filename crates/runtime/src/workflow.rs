@@ -211,6 +211,12 @@ pub trait WorkflowDefinition: Send + Sync + 'static {
     /// The pool of `node_id`, checking that the node exists and can run it.
     async fn node_pool(&self, tx: &Transaction<'_>, node_id: &str) -> Result<String, DbError>;
 
+    /// Checks `params` against the target in the database (a device the params name belongs to
+    /// the target's node); INVALID_ARGUMENT or NOT_FOUND when not. Runs after [`Self::node_pool`].
+    async fn check_target(&self, _tx: &Transaction<'_>, _target: &Target, _params: &serde_json::Value) -> Result<(), DbError> {
+        Ok(())
+    }
+
     /// The nodes of a fleet target, in the order a fleet-wide run works through them.
     async fn expand(&self, tx: &Transaction<'_>, target: &Target) -> Result<Vec<String>, DbError>;
 }
@@ -510,6 +516,7 @@ pub async fn start(tx: &Transaction<'_>, registry: &Registry, w: &NewWorkflow<'_
         (Some(n), _) => Some(def.node_pool(tx, n).await?),
         (None, p) => p.clone(),
     };
+    def.check_target(tx, w.target, &params).await?;
     let id = WorkflowId::generate().to_string();
     insert(tx, &id, def.as_ref(), w, pool_id.as_deref(), None, w.params).await?;
     get(tx, &id).await

@@ -133,7 +133,7 @@ pub(super) fn methods() -> Vec<Method> {
                 let w = NewWorkflow { definition: &r.definition, target: &r.target, params: &params, requested_by: &by };
                 let v = workflow::start(&tx, &registry, &w).await?;
                 idempotency::complete(&tx, scope, &serde_json::to_value(&v).expect("a view serializes")).await?;
-                better_compute_audit::entry::record_change(&tx).await?;
+                better_compute_audit::entry::record_change_of(&tx, &v.id).await?;
                 tx.commit().await.map_err(DbError::from)?;
                 better_compute_runtime::work_queue::poke(&**db).await;
                 Ok(v)

@@ -120,6 +120,29 @@ async fn drive_healthy(h: &Harness, node: &str, gpus: &[String], id: &str, boot:
 }
 
 #[tokio::test]
+async fn node_maintenance_keeps_its_drains_first_deadline_while_the_drain_waits_for_it() {
+    let h = signed_harness().await;
+    let f = fleet(&h, &exclusive(1), 2).await;
+    let node = &f.nodes[0];
+    connect(&h, node, "boot-1").await;
+    let mut c = h.db().client().await;
+    let held = better_compute_capacity::reservations::create(&mut c, ME, &whole(&f.pool_id, 1)).await.unwrap();
+    assert_eq!(held.node_id.as_deref(), Some(node.as_str()));
+    let id = start(&h, on(node), serde_json::json!({"reason": "bios", "drainDeadlineS": 300})).await;
+    // The drain step runs every 10 s while the drain waits for its deadline; each run would
+    // compute a later one.
+    for _ in 0..5 {
+        run(&h).await;
+    }
+    let w = get(&h, &id).await;
+    assert_eq!((w.state.as_str(), w.current_step.as_deref()), ("running", Some("drain")), "{:?}", step_states(&w));
+    h.db().advance(Duration::from_secs(300)).await;
+    run(&h).await;
+    let w = get(&h, &id).await;
+    assert_eq!(w.current_step.as_deref(), Some("reboot"), "drained at the first deadline: {:?}", step_states(&w));
+}
+
+#[tokio::test]
 async fn node_maintenance_drains_reboots_waits_for_the_new_boot_checks_and_uncordons() {
     let h = signed_harness().await;
     let f = fleet(&h, &exclusive(1), 2).await;

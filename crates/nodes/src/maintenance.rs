@@ -110,10 +110,12 @@ impl Step for DrainStep {
         let reason = format!("maintenance: {}", text(cx.params, "reason").unwrap_or("node.maintenance"));
         let mode = if text(cx.params, "drainMode") == Some("wait") { DrainMode::Wait } else { DrainMode::Evict };
         let requested_by = format!("workflow:{}", cx.workflow_id);
-        // An evicting drain's deadline: `drainDeadlineS` from the drain's first request (the
-        // drain keeps the deadline it was opened with; a repeat returns it unchanged).
+        // An evicting drain's deadline: `drainDeadlineS` from the drain's first request. Later
+        // runs ask without one, which returns the drain as it is (a later deadline would be
+        // refused: a drain's deadline only moves earlier).
+        let first = cx.memory.get("drainId").is_none();
         let deadline: Option<String> = match (mode, cx.params.get("drainDeadlineS").and_then(|v| v.as_f64())) {
-            (DrainMode::Evict, Some(s)) => Some(
+            (DrainMode::Evict, Some(s)) if first => Some(
                 cx.tx
                     .query_one(&format!("SELECT {}", better_compute_db::clock::rfc3339_sql("compute_now() + make_interval(secs => $1)")), &[&s])
                     .await?

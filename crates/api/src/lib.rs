@@ -275,7 +275,12 @@ async fn handle(state: &Arc<ApiState>, name: &str, request_id: &str, source: Opt
     let bytes = tokio::time::timeout(state.body_read_timeout, axum::body::to_bytes(body, MAX_BODY_BYTES))
         .await
         .map_err(|_| Error::invalid_argument(format!("the body did not arrive within {} ms", state.body_read_timeout.as_millis())))?
-        .map_err(|_| too_large())?;
+        // A declared length passed the check above, so a body that fails to arrive in full is
+        // shorter than it said; without one, the limit is what stopped it.
+        .map_err(|_| match headers.get(header::CONTENT_LENGTH) {
+            Some(_) => Error::invalid_argument("the body ended before its Content-Length"),
+            None => too_large(),
+        })?;
     // What the audit log records of this request: made only for a change or a refusal, so a read
     // spends no digest of its body.
     let (identity_id, token_id, tenant_id) = (principal.identity_id.clone(), principal.token_id.clone(), principal.tenant_id.clone());

@@ -336,6 +336,11 @@ async fn another_tenant_can_neither_read_nor_change_nor_learn_of_anything_of_a_t
     let idn = api.ok(&b.token, "identities.create", json!({"name": "robot", "kind": "service"})).await;
     let tok = api.ok(&b.token, "tokens.create", json!({"identityId": idn["id"]})).await;
     let rb = api.ok(&b.token, "roleBindings.create", json!({"identityId": idn["id"], "role": "tenant-viewer", "scopeKind": "tenant"})).await;
+    // A scopeId where the scope has none, or one too long to be an id, is refused, not ignored.
+    for (kind, scope_id) in [("tenant", "x".repeat(2000)), ("fleet", "f".into()), ("pool", "p".repeat(2000))] {
+        let (_, v) = api.call(&b.token, "roleBindings.create", json!({"identityId": idn["id"], "role": "tenant-viewer", "scopeKind": kind, "scopeId": scope_id})).await;
+        assert_eq!(v["code"], "INVALID_ARGUMENT", "{kind}: {v}");
+    }
     let cmd = api.ok(&api.op, "commands.run", json!({"nodeId": api.node, "kind": "diag.nvml", "idempotencyKey": "op-1"})).await;
     let wh = api.ok(&b.token, "webhooks.create", json!({"url": "https://example.com/b", "eventTypes": ["reservation.placed"]})).await;
     let dlv = api.ok(&b.token, "webhooks.test", json!({"webhookId": wh["webhook"]["id"]})).await;
@@ -1387,6 +1392,12 @@ async fn the_http_layer_answers_its_own_refusals_as_json_and_drops_slow_and_idle
     let n = tokio::time::timeout(Duration::from_secs(60), stalled.read(&mut answer)).await.expect("no answer to a stalled body").unwrap();
     let text = String::from_utf8_lossy(&answer[..n]);
     assert!(text.starts_with("HTTP/1.1 400") && text.contains("did not arrive"), "{text}");
+    // A body shorter than its Content-Length (the client stops sending): said so, not "too large".
+    let mut short = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    short.write_all(head.as_bytes()).await.unwrap();
+    short.shutdown().await.unwrap();
+    let text = closed(&mut short).await;
+    assert!(text.starts_with("HTTP/1.1 400") && text.contains("ended before its Content-Length"), "{text}");
     // An idle keep-alive connection after an answer: closed too.
     let mut idle = tokio::net::TcpStream::connect(&addr).await.unwrap();
     let request = format!("POST /v1/roles.list HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{{}}", api.op);
@@ -1528,14 +1539,14 @@ async fn a_new_watch_starts_from_now_across_a_txid_digit_rollover_and_a_bad_curs
     assert_eq!(sse_until_subject(&mut s, "new").await.0, vec!["new".to_owned()], "a new watch replayed history");
     // A cursor past every event, one that is not a cursor, and a header that is not ASCII.
     let mut refused = 0;
-    for (what, value) in [("from the future", reqwest::header::HeaderValue::from_static("99999999999-1")), ("not a cursor", reqwest::header::HeaderValue::from_static("yesterday")), ("not ASCII", reqwest::header::HeaderValue::from_bytes("1-ä".as_bytes()).unwrap())] {
+    for (what, value) in [("from the future", reqwest::header::HeaderValue::from_static("99999999999-1")), ("not a cursor", reqwest::header::HeaderValue::from_static("yesterday")), ("not ASCII", reqwest::header::HeaderValue::from_bytes("1-ä".as_bytes()).unwrap()), ("signed", reqwest::header::HeaderValue::from_static("+1-1"))] {
         let r = api.http.get(format!("{}/v1/watch", api.url)).bearer_auth(&b.token).header("Last-Event-ID", value).send().await.unwrap();
         assert_eq!(r.status().as_u16(), 400, "{what}");
         let v: Value = r.json().await.unwrap();
         assert_eq!(v["code"], "INVALID_ARGUMENT", "{what}: {v}");
         refused += 1;
     }
-    assert_eq!(refused, 3);
+    assert_eq!(refused, 4);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

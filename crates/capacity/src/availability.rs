@@ -40,13 +40,13 @@ pub async fn of(db: &impl GenericClient, pool_id: &str, gpu: &GpuRequest, durati
     if !(1..=366 * 86_400).contains(&duration_s) {
         return Err(Error::invalid_argument("durationS must be between 1 and 31622400 (366 days)").into());
     }
+    let profile = crate::reservations::gpu_class(gpu)?;
     if !(1..=64).contains(&gpu.count) {
         return Err(Error::invalid_argument("gpu.count must be between 1 and 64").into());
     }
     if db.query_opt("SELECT 1 FROM pools WHERE id = $1", &[&pool_id]).await?.is_none() {
         return Err(Error::not_found("pool", pool_id).into());
     }
-    let profile = gpu.profile.clone().unwrap_or_default();
     let row = db
         .query_one(
             "WITH atoms AS (

@@ -170,8 +170,9 @@ struct Demand {
     duration_s: Option<f64>,
 }
 
-fn demand(req: &CreateReservation) -> Result<Demand, Error> {
-    let g = &req.gpu;
+/// The class a GPU request names (kind, model, profile), checked as every request that names one
+/// is; returns its profile (empty unless kind mig).
+pub(crate) fn gpu_class(g: &GpuRequest) -> Result<String, Error> {
     if !["gpu", "mig", "slot"].contains(&g.kind.as_str()) {
         return Err(Error::invalid_argument("gpu.kind must be gpu, mig or slot"));
     }
@@ -179,12 +180,17 @@ fn demand(req: &CreateReservation) -> Result<Demand, Error> {
         return Err(Error::invalid_argument("gpu.model is required"));
     }
     bounds::check_text("gpu.model", &g.model, bounds::VALUE_CHARS)?;
-    let profile = match (g.kind.as_str(), &g.profile) {
+    Ok(match (g.kind.as_str(), &g.profile) {
         ("mig", Some(p)) if better_compute_nodes::layout::parse_mig_profile(p).is_some() => p.clone(),
         ("mig", _) => return Err(Error::invalid_argument("gpu.profile must be a MIG profile like \"3g.40gb\" for kind mig")),
         (_, Some(_)) => return Err(Error::invalid_argument("gpu.profile is only for kind mig")),
         (_, None) => String::new(),
-    };
+    })
+}
+
+fn demand(req: &CreateReservation) -> Result<Demand, Error> {
+    let g = &req.gpu;
+    let profile = gpu_class(g)?;
     if !(0..=MAX_GPUS).contains(&g.count) {
         return Err(Error::invalid_argument(format!("gpu.count must be between 0 and {MAX_GPUS}")));
     }

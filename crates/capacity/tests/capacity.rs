@@ -297,6 +297,12 @@ async fn what_fits_and_when_counts_one_nodes_free_atoms_and_finds_the_end_of_a_b
     assert_eq!(e.code, ErrorCode::InvalidArgument);
     let e = better_compute_core::Error::from(availability::of(&c, "pool_nope", &gpu(1), 60).await.unwrap_err());
     assert_eq!(e.code, ErrorCode::NotFound);
+    // The class is checked as a create checks it: a kind, a profile only for MIG.
+    for (kind, profile) in [("tpu", None), ("gpu", Some("3g.40gb")), ("mig", None), ("mig", Some("huge"))] {
+        let bad = GpuRequest { kind: kind.into(), profile: profile.map(String::from), ..gpu(1) };
+        let e = better_compute_core::Error::from(availability::of(&c, &f.pool_id, &bad, 60).await.unwrap_err());
+        assert_eq!(e.code, ErrorCode::InvalidArgument, "{kind} {profile:?}: {e}");
+    }
 }
 
 #[tokio::test]

@@ -9,6 +9,12 @@ use better_compute_proto::v1::LogsCollect;
 /// Bytes of log lines kept.
 pub const KEEP_BYTES: usize = 1 << 20;
 
+/// What a line costs in a `logs.collect` result: its JSON string (escapes included) and a comma.
+/// The server bounds `maxBytes` so that this many bytes of lines come back through the gateway.
+pub fn result_bytes(line: &str) -> usize {
+    serde_json::to_string(line).map_or(line.len() * 6 + 2, |s| s.len()) + 1
+}
+
 /// A bounded ring of recent log lines.
 #[derive(Default)]
 pub struct LogRing {
@@ -44,11 +50,12 @@ impl LogRing {
                 break;
             }
             let stamped = format!("{} {line}", t.duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0));
-            if bytes + stamped.len() > max_bytes {
+            let cost = result_bytes(&stamped);
+            if bytes + cost > max_bytes {
                 truncated = true;
                 break;
             }
-            bytes += stamped.len();
+            bytes += cost;
             out.push(stamped);
         }
         out.reverse();
@@ -65,7 +72,7 @@ pub async fn collect(ring: &LogRing, req: &LogsCollect) -> serde_json::Value {
     for unit in &req.units {
         if unit == "better-compute-daemon" {
             let (lines, cut) = ring.recent(since, left);
-            left = left.saturating_sub(lines.iter().map(|l| l.len() + 1).sum());
+            left = left.saturating_sub(lines.iter().map(|l| result_bytes(l)).sum());
             truncated |= cut;
             units.push(serde_json::json!({"unit": unit, "lines": lines}));
             continue;
@@ -81,9 +88,9 @@ pub async fn collect(ring: &LogRing, req: &LogsCollect) -> serde_json::Value {
             Ok(Ok(o)) if o.status.success() => {
                 let text = String::from_utf8_lossy(&o.stdout);
                 let mut lines: Vec<&str> = text.lines().collect();
-                let mut bytes: usize = lines.iter().map(|l| l.len() + 1).sum();
+                let mut bytes: usize = lines.iter().map(|l| result_bytes(l)).sum();
                 while bytes > left && !lines.is_empty() {
-                    bytes -= lines.remove(0).len() + 1;
+                    bytes -= result_bytes(lines.remove(0));
                     truncated = true;
                 }
                 left -= bytes;
@@ -110,6 +117,18 @@ mod tests {
         let (some, cut) = r.recent(Duration::from_secs(60), 200);
         assert!(cut && !some.is_empty() && some.len() < 100);
         assert!(some.last().unwrap().ends_with("line 099"));
-        assert!(some.iter().map(String::len).sum::<usize>() <= 200);
+        assert!(some.iter().map(|l| result_bytes(l)).sum::<usize>() <= 200);
+    }
+
+    #[test]
+    fn lines_are_counted_as_the_result_carries_them_escaped() {
+        let r = LogRing::default();
+        for _ in 0..100 {
+            r.line("\u{1}".repeat(50));
+        }
+        let (some, cut) = r.recent(Duration::from_secs(60), 4096);
+        let json = serde_json::to_string(&some).unwrap();
+        assert!(cut && !some.is_empty());
+        assert!(json.len() <= 4096 + 2, "{} bytes of JSON for 4096 asked", json.len());
     }
 }

@@ -272,9 +272,18 @@ pub async fn lock_identity_for(tx: &impl GenericClient, tenant_id: &str, actor_i
 /// anyone an operator nor bind `fleet-admin` at tenant scope (PERMISSION_DENIED).
 pub async fn bind(tx: &impl GenericClient, b: &NewBinding<'_>) -> Result<RoleBindingView, Error> {
     let scope_id = match b.scope_kind {
+        "fleet" | "tenant" if !b.scope_id.is_empty() && (b.scope_kind == "fleet" || b.scope_id != b.tenant_id) => {
+            return Err(Error::invalid_argument(format!(
+                "scopeId is for site, pool and node scopes; a {} binding names none (it is your tenant's)",
+                b.scope_kind
+            )));
+        }
         "fleet" => "",
         "tenant" => b.tenant_id,
-        "site" | "pool" | "node" => b.scope_id,
+        "site" | "pool" | "node" => {
+            better_compute_core::bounds::check_text("scopeId", b.scope_id, better_compute_core::bounds::KEY_CHARS)?;
+            b.scope_id
+        }
         _ => return Err(Error::invalid_argument("scopeKind must be fleet, tenant, site, pool or node")),
     };
     // Lock order: the identity row first, so concurrent bindings of one identity project in turn.

@@ -15,6 +15,7 @@ fn parse<T: serde::de::DeserializeOwned + Default>(kind: &str, payload: &serde_j
 }
 
 fn diag_nvml(p: &serde_json::Value) -> Result<CommandBody, Error> {
+    check_counts("diag.nvml", p, &["level"])?;
     let mut m: DiagNvml = parse("diag.nvml", p)?;
     if m.level == 0 {
         m.level = 1;
@@ -42,7 +43,23 @@ fn inventory_refresh(p: &serde_json::Value) -> Result<CommandBody, Error> {
     Ok(CommandBody { payload: Some(Payload::InventoryRefresh(m)) })
 }
 
+/// What a `logs.collect` result may hold: its lines, JSON-escaped, fit in what a gateway passes
+/// on from a daemon (1 MiB, `gateway::service`'s result limit) with room for the envelope.
+pub const LOGS_MAX_BYTES: u64 = 768 << 10;
+/// `maxBytes` when a request names none.
+pub const LOGS_DEFAULT_BYTES: u64 = 512 << 10;
+
+/// Each of `fields` present in `p` is a whole number, 0 or more (the generic parse would answer
+/// with the decoder's wording).
+fn check_counts(kind: &str, p: &serde_json::Value, fields: &[&str]) -> Result<(), Error> {
+    match fields.iter().find(|f| p.get(**f).is_some_and(|v| v.as_u64().is_none())) {
+        Some(f) => Err(Error::invalid_argument(format!("payload of {kind}: {f} must be a whole number, 0 or more"))),
+        None => Ok(()),
+    }
+}
+
 fn logs_collect(p: &serde_json::Value) -> Result<CommandBody, Error> {
+    check_counts("logs.collect", p, &["sinceSeconds", "maxBytes"])?;
     let mut m: LogsCollect = parse("logs.collect", p)?;
     if m.units.is_empty() {
         m.units = vec!["better-compute-daemon".into()];
@@ -51,15 +68,16 @@ fn logs_collect(p: &serde_json::Value) -> Result<CommandBody, Error> {
         m.since_seconds = 3600;
     }
     if m.max_bytes == 0 {
-        m.max_bytes = 8 << 20;
+        m.max_bytes = LOGS_DEFAULT_BYTES;
     }
-    if m.since_seconds > 7 * 86_400 || m.max_bytes > 64 << 20 {
-        return Err(Error::invalid_argument("payload of logs.collect: sinceSeconds is at most 7 days and maxBytes at most 64 MiB"));
+    if m.since_seconds > 7 * 86_400 || m.max_bytes > LOGS_MAX_BYTES {
+        return Err(Error::invalid_argument("payload of logs.collect: sinceSeconds is at most 7 days and maxBytes at most 786432 (768 KiB)"));
     }
     Ok(CommandBody { payload: Some(Payload::LogsCollect(m)) })
 }
 
 fn node_reboot(p: &serde_json::Value) -> Result<CommandBody, Error> {
+    check_counts("node.reboot", p, &["graceSeconds"])?;
     let m: NodeReboot = parse("node.reboot", p)?;
     if m.reason.trim().is_empty() || m.reason.len() > 500 {
         return Err(Error::invalid_argument("payload of node.reboot: a reason of 1 to 500 characters is required"));
@@ -99,7 +117,7 @@ pub fn command_kinds() -> Vec<CommandKind> {
         },
         CommandKind {
             name: "logs.collect",
-            summary: "Gathers the listed units' logs (default: the daemon's) for the last `sinceSeconds` (default 3600, at most 7 days), at most `maxBytes` (default 8 MiB, at most 64 MiB), and uploads them.",
+            summary: "Gathers the listed units' logs (default: the daemon's) for the last `sinceSeconds` (default 3600, at most 7 days), at most `maxBytes` of JSON-escaped lines (default 512 KiB, at most 768 KiB, so the result always comes back whole), the newest kept.",
             lane: "default",
             timeout: Duration::from_secs(300),
             retry_safe: true,
@@ -122,4 +140,25 @@ pub fn command_kinds() -> Vec<CommandKind> {
             encode: node_reboot,
         },
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn logs_collect_defaults_to_what_comes_back_whole_and_refuses_bad_counts_plainly() {
+        let Some(Payload::LogsCollect(m)) = logs_collect(&serde_json::json!({})).unwrap().payload else { panic!("a logs.collect body") };
+        assert_eq!(m.max_bytes, LOGS_DEFAULT_BYTES);
+        // Room for the envelope within the gateway's 1 MiB result limit.
+        assert!(LOGS_MAX_BYTES + (64 << 10) <= 1 << 20);
+        for bad in [serde_json::json!({"maxBytes": -1}), serde_json::json!({"maxBytes": 1.5}), serde_json::json!({"sinceSeconds": "soon"})] {
+            let e = logs_collect(&bad).unwrap_err();
+            assert!(e.message.contains("must be a whole number"), "{bad}: {e}");
+        }
+        let e = logs_collect(&serde_json::json!({"maxBytes": 8 << 20})).unwrap_err();
+        assert!(e.message.contains("768 KiB"), "{e}");
+        let e = node_reboot(&serde_json::json!({"reason": "r", "graceSeconds": -5})).unwrap_err();
+        assert!(e.message.contains("graceSeconds must be a whole number"), "{e}");
+    }
 }

@@ -87,6 +87,11 @@ impl std::str::FromStr for Cursor {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let bad = || better_compute_core::Error::invalid_argument(format!("{:?} is not an event id like 1234-5", better_compute_core::bounds::echo(s)));
         let (t, q) = s.split_once('-').ok_or_else(bad)?;
+        // Digits only: `parse` would also take a sign ("+1-1").
+        let digits = |x: &str| !x.is_empty() && x.bytes().all(|b| b.is_ascii_digit());
+        if !digits(t) || !digits(q) {
+            return Err(bad());
+        }
         Ok(Cursor { txid: t.parse().map_err(|_| bad())?, seq: q.parse().map_err(|_| bad())? })
     }
 }
@@ -313,6 +318,9 @@ mod tests {
         assert_eq!("812-44".parse::<Cursor>().unwrap(), c);
         assert!("812".parse::<Cursor>().is_err());
         assert!("a-1".parse::<Cursor>().is_err());
+        for signed in ["+1-1", "1-+1", "-1-1", " 1-1", "1-"] {
+            assert!(signed.parse::<Cursor>().is_err(), "{signed:?}");
+        }
         assert!(Cursor { txid: 811, seq: 99 } < c);
         assert!(Cursor { txid: 812, seq: 43 } < c);
     }

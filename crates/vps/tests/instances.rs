@@ -357,10 +357,12 @@ async fn an_instances_console_keeps_each_byte_once_and_the_last_64_kib_while_its
     assert_eq!((t.offset, t.next_offset, t.text.as_str(), t.truncated), (0, 14, "boot 1\nlogin: ", false));
     let t = read(Some(7)).await;
     assert_eq!((t.offset, t.text.as_str()), (7, "login: "));
+    assert_eq!((read(Some(14)).await.offset, read(Some(14)).await.text.as_str()), (14, ""), "its end is an offset it sent");
     // Another tenant sees no such instance.
     let other = Caller { tenant_id: "ten_b", identity_id: "idn_b" };
     assert_eq!(instances::console(&**c, other, &v.id, None).await.unwrap_err().code, ErrorCode::NotFound);
     assert_eq!(instances::console(&**c, ME, &v.id, Some(-1)).await.unwrap_err().code, ErrorCode::InvalidArgument);
+    assert_eq!(instances::console(&**c, ME, &v.id, Some(i64::MAX)).await.unwrap_err().code, ErrorCode::InvalidArgument, "past the console's end");
     // Past 64 KiB the oldest bytes go; a reader from before them is told so.
     let big = vec![b'x'; 35_000];
     apply(&h, &node, vec![console(&v.id, 14, &big), console(&v.id, 35_014, &big)]).await;

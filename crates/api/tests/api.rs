@@ -1879,6 +1879,15 @@ async fn every_change_through_the_api_writes_one_audit_entry_with_it_and_a_refus
     assert_eq!(api.ok(&d.token, "audit.list", json!({"action": "tokens.revoke"})).await["items"], json!([]));
     let fleet = api.ok(&api.op, "audit.list", json!({"allTenants": true, "action": "nodes.cordon"})).await;
     assert_eq!(fleet["items"].as_array().map(Vec::len), Some(1), "{fleet}");
+    // An operator's change to B's quota is in B's log, with the operator as its actor.
+    api.ok(&api.op, "quotas.set", json!({"tenantId": b.id, "resource": "gpus", "max": 7})).await;
+    let quota = api.ok(&b.token, "audit.list", json!({"action": "quotas.set"})).await;
+    let items = quota["items"].as_array().unwrap();
+    let of_b = items.iter().filter(|e| e["target"] == json!(b.id) && e["tenantId"] == json!(b.id)).count();
+    assert!(of_b >= 1, "{quota}");
+    assert_eq!(items.len(), of_b, "B's log holds only changes of B's quota: {quota}");
+    let of_d = api.ok(&d.token, "audit.list", json!({"action": "quotas.set"})).await;
+    assert!(of_d["items"].as_array().unwrap().iter().all(|e| e["target"] == json!(d.id)), "another tenant sees only its own: {of_d}");
     // The whole log as JSON lines, for `audit verify`: operators only.
     let signer = Arc::new(better_compute_runtime::signing::CommandSigner::generate());
     let key = signer.public_key();

@@ -120,6 +120,15 @@ pub async fn record_change_of(tx: &impl GenericClient, target: &str) -> Result<(
     record(tx, &request.entry(Outcome::Ok)).await.map(|_| ())
 }
 
+/// [`record_change`] in another tenant's log than the caller's: a fleet operator's change to what
+/// one tenant owns (its quota) is that tenant's to read in `audit.list`, with the operator as
+/// its actor.
+pub async fn record_change_in(tx: &impl GenericClient, tenant_id: &str) -> Result<(), DbError> {
+    let Ok(mut request) = REQUEST.try_with(Request::clone) else { return Ok(()) };
+    request.tenant_id = tenant_id.to_owned();
+    record(tx, &request.entry(Outcome::Ok)).await.map(|_| ())
+}
+
 /// Runs `f` in a transaction on `client` and commits it with the change's entry
 /// ([`record_change`]): how a request's change that is one transaction is served.
 pub async fn in_recorded_tx<T, E: From<DbError>>(

@@ -118,7 +118,13 @@ pub(super) fn methods() -> Vec<Method> {
                 // Tenant-scope bindings never set quotas, even one's own.
                 ctx.check("compute:quotas:write", Resource::Fleet).await?;
             }
-            ctx.in_tx(async |tx| -> Result<Quota, Error> { Ok(quota::set(tx, &tenant, &r.resource, r.max).await?) }).await
+            // In the tenant's own audit log: its quota is what changed.
+            let mut db = ctx.db().await?;
+            let tx = (**db).transaction().await.map_err(better_compute_db::DbError::from)?;
+            let q = quota::set(&tx, &tenant, &r.resource, r.max).await?;
+            better_compute_audit::entry::record_change_in(&tx, &tenant).await?;
+            tx.commit().await.map_err(better_compute_db::DbError::from)?;
+            Ok::<Quota, Error>(q)
         }),
         method("quotas.get", "Read a tenant's quotas.", "compute:quotas:read at tenant scope (your own) or fleet scope", |ctx: Ctx, r: GetQuotas| async move {
             let tenant = quota_tenant(&ctx, r.tenant_id.as_deref(), "compute:quotas:read").await?;

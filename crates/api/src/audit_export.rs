@@ -47,6 +47,11 @@ fn lines(page: &[ExportLine]) -> Result<String, Error> {
     Ok(out)
 }
 
+/// The export's last line: how far it reaches, so a stream cut short does not verify as complete.
+fn end_line(tree_size: i64) -> Result<String, Error> {
+    lines(&[ExportLine::End(better_compute_audit::verify::End { tree_size })])
+}
+
 async fn open(state: &Arc<ApiState>, headers: &HeaderMap, query: Result<Query<ExportQuery>, axum::extract::rejection::QueryRejection>) -> Result<Response, Error> {
     let principal = state.iam.authenticate(crate::bearer(headers)?).await?;
     state.rate_limiter.take(&principal.token_id, &principal.tenant_id)?;
@@ -65,6 +70,9 @@ async fn open(state: &Arc<ApiState>, headers: &HeaderMap, query: Result<Query<Ex
         let page = better_compute_audit::log::export_page(&*db, from, PAGE_ENTRIES).await?;
         first.push_str(&lines(&page)?);
         let n = entries(&page);
+        if n < PAGE_ENTRIES {
+            first.push_str(&end_line(from + n)?);
+        }
         (first, n, from + n)
     };
     // The next page starts where the last left off; a short page was the last.
@@ -76,7 +84,11 @@ async fn open(state: &Arc<ApiState>, headers: &HeaderMap, query: Result<Query<Ex
             let db = better_compute_db::pool::read_tx(&pool).await?;
             let page = better_compute_audit::log::export_page(&*db, from, PAGE_ENTRIES).await?;
             let n = entries(&page);
-            Ok((lines(&page)?, (n == PAGE_ENTRIES).then_some(from + n)))
+            let mut text = lines(&page)?;
+            if n < PAGE_ENTRIES {
+                text.push_str(&end_line(from + n)?);
+            }
+            Ok((text, (n == PAGE_ENTRIES).then_some(from + n)))
         }
     });
     let mut r = (StatusCode::OK, body).into_response();

@@ -164,9 +164,10 @@ pub async fn export_all(db: &impl GenericClient) -> Result<Vec<ExportLine>, DbEr
         let page = export_page(db, from, 10_000).await?;
         let entries = page.iter().filter(|l| matches!(l, ExportLine::Entry(_))).count() as i64;
         out.extend(page);
+        from += entries;
         if entries < 10_000 {
+            out.push(ExportLine::End(crate::verify::End { tree_size: from }));
             return Ok(out);
         }
-        from += entries;
     }
 }

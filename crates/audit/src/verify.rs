@@ -16,6 +16,16 @@ pub enum ExportLine {
     Entry(Entry),
     /// A checkpoint, after the last entry it covers.
     Checkpoint(CheckpointView),
+    /// Last: how far the export reaches. Without it the export was cut short.
+    End(End),
+}
+
+/// The last line of an export.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct End {
+    /// The log index the export reaches: it holds every placed entry below it (from the anchor on).
+    pub tree_size: i64,
 }
 
 /// The checkpoint a pruned log starts from, with the frontier to go on from.
@@ -35,7 +45,10 @@ pub struct Verified {
     pub entries: u64,
     /// Checkpoints whose root, chain hash and signature verified.
     pub checkpoints: u64,
-    /// The first problem, if any: what is wrong and where.
+    /// The log index the export says it reaches (its end line), once verified against the entries.
+    pub reaches: Option<u64>,
+    /// The first problem, if any: what is wrong and where. An export without its end line (cut
+    /// short) is one.
     pub problem: Option<String>,
 }
 
@@ -71,6 +84,10 @@ pub fn verify(lines: &[ExportLine], trusted_key: Option<&[u8]>) -> Verified {
     let mut prev: Hash = [0; 32];
     let mut tree = Frontier::default();
     for (i, line) in lines.iter().enumerate() {
+        if out.reaches.is_some() {
+            out.problem = Some(format!("line {} comes after the export's end line", i + 1));
+            return out;
+        }
         match line {
             ExportLine::Anchor(a) => {
                 let c = &a.checkpoint;
@@ -129,7 +146,17 @@ pub fn verify(lines: &[ExportLine], trusted_key: Option<&[u8]>) -> Verified {
                 }
                 out.checkpoints += 1;
             }
+            ExportLine::End(e) => {
+                if e.tree_size != tree.size() as i64 {
+                    out.problem = Some(format!("the export says it reaches log index {} but holds entries up to {}", e.tree_size, tree.size()));
+                    return out;
+                }
+                out.reaches = Some(tree.size());
+            }
         }
+    }
+    if out.reaches.is_none() {
+        out.problem = Some(format!("the export has no end line: it was cut short after {} entries (export it again)", tree.size()));
     }
     out
 }

@@ -104,6 +104,15 @@ async fn entries_are_placed_once_in_commit_order_and_an_export_verifies_offline_
     assert!(entries.iter().enumerate().all(|(i, e)| e.log_index == Some(i as i64)));
     let v = verify(&lines, Some(&key));
     assert!(v.entries == 162 && v.checkpoints >= 2 && v.problem.is_none(), "{v:?}");
+    assert_eq!(v.reaches, Some(162), "it says how far it reaches");
+    // Cut short (its last lines gone), it does not verify as complete, at a checkpoint or not.
+    for keep in [lines.len() - 1, lines.len() - 2] {
+        let cut = verify(&lines[..keep], Some(&key));
+        assert!(cut.problem.as_deref().is_some_and(|p| p.contains("cut short")), "{keep}: {cut:?}");
+    }
+    let mut longer = lines.clone();
+    longer.push(longer[0].clone());
+    assert!(verify(&longer, Some(&key)).problem.unwrap().contains("after the export's end line"));
     // Another key is not trusted.
     assert!(verify(&lines, Some(&[7u8; 32])).problem.unwrap().contains("not the trusted key"));
     // Proofs: entry 17 is in the last checkpoint, which is consistent with the first.

@@ -77,6 +77,9 @@ async fn export(url: &str, out: Option<&std::path::Path>) -> anyhow::Result<()> 
             break;
         }
     }
+    // How far it reaches, so a file cut short is told apart from a complete one.
+    serde_json::to_writer(&mut w, &ExportLine::End(better_compute_audit::verify::End { tree_size: from }))?;
+    w.write_all(b"\n")?;
     w.flush()?;
     eprintln!("\rexported {entries} entries; check it with `better-compute audit verify FILE --public-key …`");
     Ok(())
@@ -100,6 +103,11 @@ fn verify_file(file: &std::path::Path, public_key: Option<&str>) -> anyhow::Resu
     if key.is_none() {
         eprintln!("no --public-key: the checkpoints were checked against their own keys only");
     }
-    println!("ok: {} entries chained, {} checkpoints signed and matching", v.entries, v.checkpoints);
+    println!(
+        "ok: complete up to log index {}: {} entries chained, {} checkpoints signed and matching",
+        v.reaches.unwrap_or_default(),
+        v.entries,
+        v.checkpoints
+    );
     Ok(())
 }

@@ -83,8 +83,15 @@ async fn an_audit_export_verifies_offline_and_a_changed_entry_is_named() {
     .await
     .unwrap();
     assert!(exported.0 && exported.2.contains("exported 12 entries"), "{exported:?}");
-    assert_eq!(std::fs::read_to_string(&file).unwrap().lines().count(), 13, "12 entries and their checkpoint");
-    assert!(verified.0 && verified.1.contains("ok: 12 entries chained, 1 checkpoints"), "{verified:?}");
+    assert_eq!(std::fs::read_to_string(&file).unwrap().lines().count(), 14, "12 entries, their checkpoint and the end line");
+    assert!(verified.0 && verified.1.contains("ok: complete up to log index 12: 12 entries chained, 1 checkpoints"), "{verified:?}");
+    // Cut short, the file is not taken as the whole log.
+    let text = std::fs::read_to_string(&file).unwrap();
+    let cut = dir.path().join("cut.jsonl");
+    std::fs::write(&cut, text.lines().take(13).collect::<Vec<_>>().join("\n")).unwrap();
+    let (c_file, k) = (cut.to_str().unwrap().to_owned(), key.clone());
+    let short = tokio::task::spawn_blocking(move || try_run(&["audit", "verify", &c_file, "--public-key", &k])).await.unwrap();
+    assert!(!short.0 && short.2.contains("cut short"), "{short:?}");
     assert!(!wrong_key.0 && wrong_key.2.contains("not the trusted key"), "{wrong_key:?}");
     // An owner of the database edits an entry: the export no longer verifies, and says which.
     c.batch_execute("ALTER TABLE audit_entries DISABLE TRIGGER audit_entries_append_only; UPDATE audit_entries SET target = 'node_x' WHERE log_index = 4").await.unwrap();

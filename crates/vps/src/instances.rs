@@ -282,9 +282,11 @@ pub async fn console(db: &impl GenericClient, caller: Caller<'_>, id: &str, from
         Some(node) => better_compute_nodes::consoles::read(db, node, id, from, CONSOLE_PAGE_BYTES).await?,
         None => None,
     };
-    // An offset this console's stream sent is never past what it has written.
-    let end = kept.as_ref().map_or(0, |t| t.next_offset);
-    if let Some(f) = from.filter(|f| *f > end) {
+    // An offset this console's stream sent is never past what it has written (with nothing kept,
+    // the end is unknown and the tail is empty wherever it is asked).
+    if let (Some(f), Some(end)) = (from, kept.as_ref().map(|t| t.next_offset))
+        && f > end
+    {
         return Err(Error::invalid_argument(format!("offset {f} is past the console's end ({end} bytes written so far)")));
     }
     let at = from.unwrap_or(0);

@@ -1232,12 +1232,18 @@ impl Sim {
                 tx.commit().await?;
                 self.tally.workflows_held.fetch_add(held.len() as u64, Ordering::Relaxed);
             }
-            // Every workflow ended (succeeded, failed, cancelled) or holds for an operator.
+            // Every workflow ended (succeeded, failed, cancelled) or holds for an operator; a
+            // node.recover may still wait for its GPU to be free while a reservation holds it (a
+            // suspect GPU takes no new reservations, and the ones it has run to their end).
             for r in db
                 .query(
                     "SELECT w.id, w.node_id, w.state, s.name, s.message FROM workflows w
                        LEFT JOIN workflow_steps s ON s.workflow_id = w.id AND s.idx = w.current_step
-                      WHERE w.state IN ('running', 'cancelling')",
+                      WHERE w.state IN ('running', 'cancelling')
+                        AND NOT (w.definition = 'node.recover' AND w.state = 'running' AND s.name = 'wait-free'
+                                 AND EXISTS (SELECT 1 FROM devices a JOIN device_bookings b ON b.device_id = a.id
+                                              WHERE (a.id = w.params->>'gpuUuid' OR a.parent_id = w.params->>'gpuUuid')
+                                                AND b.during @> compute_now()))",
                     &[],
                 )
                 .await?

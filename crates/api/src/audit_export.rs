@@ -47,9 +47,14 @@ fn lines(page: &[ExportLine]) -> Result<String, Error> {
     Ok(out)
 }
 
-/// The export's last line: how far it reaches, so a stream cut short does not verify as complete.
-fn end_line(tree_size: i64) -> Result<String, Error> {
-    lines(&[ExportLine::End(better_compute_audit::verify::End { tree_size })])
+/// A page's lines, and after the last page (a short one) the export's end line: how far it
+/// reaches, so a stream cut short does not verify as complete. `to` is the log index after it.
+fn page_lines(page: &[ExportLine], n: i64, to: i64) -> Result<String, Error> {
+    let mut text = lines(page)?;
+    if n < PAGE_ENTRIES {
+        text.push_str(&lines(&[ExportLine::End(better_compute_audit::verify::End { tree_size: to })])?);
+    }
+    Ok(text)
 }
 
 async fn open(state: &Arc<ApiState>, headers: &HeaderMap, query: Result<Query<ExportQuery>, axum::extract::rejection::QueryRejection>) -> Result<Response, Error> {
@@ -68,11 +73,8 @@ async fn open(state: &Arc<ApiState>, headers: &HeaderMap, query: Result<Query<Ex
             first = lines(&[ExportLine::Anchor(a)])?;
         }
         let page = better_compute_audit::log::export_page(&*db, from, PAGE_ENTRIES).await?;
-        first.push_str(&lines(&page)?);
         let n = entries(&page);
-        if n < PAGE_ENTRIES {
-            first.push_str(&end_line(from + n)?);
-        }
+        first.push_str(&page_lines(&page, n, from + n)?);
         (first, n, from + n)
     };
     // The next page starts where the last left off; a short page was the last.
@@ -84,11 +86,7 @@ async fn open(state: &Arc<ApiState>, headers: &HeaderMap, query: Result<Query<Ex
             let db = better_compute_db::pool::read_tx(&pool).await?;
             let page = better_compute_audit::log::export_page(&*db, from, PAGE_ENTRIES).await?;
             let n = entries(&page);
-            let mut text = lines(&page)?;
-            if n < PAGE_ENTRIES {
-                text.push_str(&end_line(from + n)?);
-            }
-            Ok((text, (n == PAGE_ENTRIES).then_some(from + n)))
+            Ok((page_lines(&page, n, from + n)?, (n == PAGE_ENTRIES).then_some(from + n)))
         }
     });
     let mut r = (StatusCode::OK, body).into_response();

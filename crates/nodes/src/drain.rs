@@ -227,11 +227,11 @@ async fn move_deadline_earlier(tx: &impl GenericClient, open: &DrainView, pool_i
                     eviction_requested_at = CASE WHEN $2::text::timestamptz < d.deadline THEN NULL ELSE d.eviction_requested_at END,
                     version = d.version + CASE WHEN $2::text::timestamptz < d.deadline THEN 1 ELSE 0 END
                FROM old WHERE d.id = $1
-             RETURNING $2::text::timestamptz < old.deadline, $2::text::timestamptz > old.deadline",
+             RETURNING $2::text::timestamptz > old.deadline",
             &[&open.id, &asked],
         )
         .await?;
-    if row.get::<_, bool>(1) {
+    if row.get::<_, bool>(0) {
         let deadline = open.deadline.as_deref().unwrap_or_default();
         return Err(Error::conflict(format!(
             "node {}'s evicting drain ends what holds the node at {deadline}; a drain's deadline only moves earlier (undrain it first to set a later one)",

@@ -147,11 +147,7 @@ impl Poker {
 /// it is safe outside a transaction behind PgBouncer in transaction pooling mode. A client, not a
 /// transaction: pokes follow the commit (see [`AfterCommit`]).
 pub async fn notify(db: &tokio_postgres::Client, channel: &str, payload: &str) {
-    let quote = |s: &str| format!("'{}'", s.replace('\'', "''"));
-    let sql = format!("SELECT pg_notify({}, {})", quote(channel), quote(payload));
-    if let Err(e) = db.batch_execute(&sql).await {
-        tracing::debug!(error = %e, channel, "notify failed; listeners also poll");
-    }
+    notify_many(db, channel, &[payload.to_owned()]).await;
 }
 
 /// Sends one notification per payload on `channel`, best effort, in one statement over the simple
@@ -192,6 +188,7 @@ impl AfterCommit {
     pub async fn send(self, db: &tokio_postgres::Client) {
         let pokes = self.pokes.into_inner().expect("pokes");
         let mut channels: Vec<&'static str> = pokes.iter().map(|(c, _)| *c).collect();
+        channels.sort_unstable();
         channels.dedup();
         for channel in channels {
             let payloads: Vec<String> = pokes.iter().filter(|(c, _)| *c == channel).map(|(_, p)| p.clone()).collect();

@@ -938,6 +938,7 @@ CREATE INDEX authz_changes_cursor ON public.authz_changes USING btree (txid, seq
 CREATE INDEX commands_node_pending ON public.commands USING btree (node_id, seq) WHERE (state = 'pending'::text);
 CREATE INDEX commands_open ON public.commands USING btree (not_after) WHERE (state = ANY (ARRAY['pending'::text, 'sent'::text, 'running'::text]));
 CREATE INDEX device_booking_history_allocation ON public.device_booking_history USING btree (allocation_id);
+CREATE INDEX device_booking_history_atom_end ON public.device_booking_history USING btree (device_id COLLATE "C", upper(during));
 CREATE INDEX device_bookings_allocation ON public.device_bookings USING btree (allocation_id);
 CREATE INDEX device_bookings_atom_end ON public.device_bookings USING btree (device_id COLLATE "C", upper(during));
 CREATE INDEX devices_bookable ON public.devices USING btree (node_id, kind) WHERE bookable;
@@ -1004,7 +1005,7 @@ FUNCTION capacity_node_open(p_observed_generation bigint, p_no_schedule_reasons 
 FUNCTION capacity_node_open_changed() RETURNS trigger LANGUAGE plpgsql VOLATILE;
 FUNCTION capacity_node_registered() RETURNS trigger LANGUAGE plpgsql VOLATILE;
 FUNCTION capacity_node_takes(p_observed_generation bigint, p_no_schedule_reasons text[], p_taints jsonb, p_tolerations jsonb) RETURNS boolean LANGUAGE sql IMMUTABLE;
-FUNCTION capacity_place(p_pool text, p_kind text, p_model text, p_profile text, p_count integer, p_vcpu integer, p_memory_mib bigint, p_disk_gib bigint, p_selector jsonb, p_tolerations jsonb, p_allocation text, p_during tstzrange, p_max_replans integer, OUT placed_node text, OUT placed_atoms text[], OUT tried text[], OUT raced boolean, OUT conflicts integer) RETURNS record LANGUAGE plpgsql VOLATILE SET enable_seqscan=off SET enable_indexonlyscan=off;
+FUNCTION capacity_place(p_pool text, p_kind text, p_model text, p_profile text, p_count integer, p_vcpu integer, p_memory_mib bigint, p_disk_gib bigint, p_selector jsonb, p_tolerations jsonb, p_allocation text, p_during tstzrange, p_max_replans integer, OUT placed_node text, OUT placed_atoms text[], OUT tried text[], OUT raced boolean, OUT conflicts integer, OUT placed_from timestamp with time zone) RETURNS record LANGUAGE plpgsql VOLATILE SET enable_seqscan=off SET enable_indexonlyscan=off;
 FUNCTION capacity_refresh_node_counts(p_node text) RETURNS void LANGUAGE plpgsql VOLATILE;
 FUNCTION capacity_refund(p_tenant text, p_kind text, p_count bigint, p_vcpu bigint, p_memory_mib bigint, p_disk_gib bigint) RETURNS integer LANGUAGE plpgsql VOLATILE;
 FUNCTION capacity_refund_many(p_tenants text[], p_kinds text[], p_counts bigint[], p_vcpus bigint[], p_memory_mibs bigint[], p_disk_gibs bigint[]) RETURNS integer LANGUAGE plpgsql VOLATILE;

@@ -23,11 +23,21 @@ async fn rows_of(db: &impl GenericClient, sql: &str) -> Result<Vec<String>, DbEr
 }
 
 /// The rules checked by one query each: a name, and a query listing the rows that break it.
-const RULES: [(&str, &str); 8] = [
+const RULES: [(&str, &str); 9] = [
     (
         "two overlapping bookings on one atom",
         "SELECT a.device_id || ' ' || a.allocation_id || ' ' || b.allocation_id FROM device_bookings a
            JOIN device_bookings b ON a.device_id = b.device_id AND a.ctid < b.ctid AND a.during && b.during",
+    ),
+    (
+        // What a tenant held stays its own: no later booking reaches back into it. Mode-change
+        // windows are the GPU's, not a tenant's (the next rule leaves them out too).
+        "a booking overlapping another reservation's ended booking on one atom",
+        "WITH b AS (SELECT device_id, allocation_id, during FROM device_bookings
+                    UNION ALL SELECT device_id, allocation_id, during FROM device_booking_history)
+         SELECT h.device_id || ' ' || h.allocation_id || ' ' || b.allocation_id FROM device_booking_history h
+           JOIN b ON b.device_id = h.device_id AND b.allocation_id <> h.allocation_id AND b.during && h.during
+          WHERE h.allocation_id NOT LIKE 'change:%' AND b.allocation_id NOT LIKE 'change:%'",
     ),
     (
         // The history too: a GPU's mode changes only once nothing on it is booked from now on.
@@ -138,7 +148,8 @@ pub async fn stale_open_flags(db: &impl GenericClient) -> Result<Vec<String>, Db
     .await
 }
 
-/// Checks every capacity invariant: no two overlapping bookings on an atom; never a parent and a
+/// Checks every capacity invariant: no two overlapping bookings on an atom, live or ended (a
+/// reservation's ended bookings are its own: mode-change windows aside); never a parent and a
 /// child atom booked at once (live or in the history); no ended reservation still booked; scalars
 /// equal the sum of live reservations and stay within `floor(allocatable * ratio)`; quota used
 /// equals the charges of non-terminal reservations and stays within max; every non-terminal

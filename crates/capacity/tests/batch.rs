@@ -20,12 +20,6 @@ async fn count(h: &Harness, sql: &str) -> i64 {
     h.db().client().await.query_one(sql, &[]).await.unwrap().get(0)
 }
 
-/// Every invariant of invariants::check holds.
-async fn assert_invariants_hold(c: &tokio_postgres::Client) {
-    let report = invariants::check(c, &HashMap::new()).await.unwrap();
-    assert!(report.violations.is_empty(), "{:?}", report.violations);
-}
-
 /// A batch placer over a pool of one connection, and that connection held: the batcher takes its
 /// first request and waits for it, so what the test submits next queues up for one batch. Drop the
 /// held connection to let the batches run.
@@ -227,6 +221,41 @@ async fn until_pool_waiters(pool: &deadpool_postgres::Pool, n: usize) {
         }
     };
     tokio::time::timeout(Duration::from_secs(30), waiting).await.expect("the batchers never asked for the connection");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_that_waited_never_books_a_released_gpu_from_before_its_release_ended_it() {
+    // A batch reads the clock when it begins; one that then waited for quota rows while the clock
+    // moved on and a release freed a GPU must not book that GPU from its earlier instant.
+    let h = harness().await;
+    let (f, mut c, full) = one_full_node(&h).await;
+    open_quota(&c, "ten_b").await;
+    let other = Caller { tenant_id: "ten_b", identity_id: "idn_b" };
+    let mut z = h.db().connect().await;
+    let quota_rows = z.transaction().await.unwrap();
+    quota_rows.execute("SELECT 1 FROM quota_usage WHERE tenant_id = 'ten_b' FOR UPDATE", &[]).await.unwrap();
+    let pool = better_compute_db::pool::connect_pool(h.db().connection_string(), 2).unwrap();
+    let p = BatchPlacer::start(pool, BatchSettings { retries: 0, ..BatchSettings::default() });
+    let (bp, mut bc, pool_id) = (p.clone(), h.db().connect().await, f.pool_id.clone());
+    let create = tokio::spawn(async move { reservations::create_batched(&bp, &mut bc, other, &whole(&pool_id, 1)).await });
+    waits_for_a_lock(&h, "capacity_reserve_batch", "the batch never waited for the quota rows").await;
+    h.db().advance(Duration::from_secs(5)).await;
+    reservations::release(&mut c, ME, &full.id).await.unwrap();
+    quota_rows.commit().await.unwrap();
+    let v = tokio::time::timeout(Duration::from_secs(60), create).await.expect("create hung").unwrap().unwrap();
+    assert_eq!(v.state, "placed", "{v:?}");
+    // The batch left it (its atoms' history ends after the batch's now) and it ran alone.
+    assert_eq!(p.counters().run_alone.load(Ordering::SeqCst), 1);
+    let starts: Vec<String> = c
+        .query("SELECT lower(during)::text FROM device_bookings WHERE allocation_id = $1", &[&v.id])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let ended: String = c.query_one("SELECT max(upper(during))::text FROM device_booking_history", &[]).await.unwrap().get(0);
+    assert_eq!(starts, vec![ended], "booked from the release's end");
+    assert_invariants_hold(&c).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -16,29 +16,6 @@ async fn count(h: &better_compute_runtime::harness::Harness, sql: &str) -> i64 {
     h.db().client().await.query_one(sql, &[]).await.unwrap().get(0)
 }
 
-/// Returns once a statement calling `function` waits for a lock (within 30 s, else fails with `why`).
-async fn waits_for_a_lock(h: &better_compute_runtime::harness::Harness, function: &str, why: &str) {
-    let watcher = h.db().client().await;
-    let waiting = async {
-        loop {
-            let n: i64 = watcher
-                .query_one(
-                    "SELECT count(*) FROM pg_stat_activity
-                      WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%' || $1 || '%'",
-                    &[&function],
-                )
-                .await
-                .unwrap()
-                .get(0);
-            if n > 0 {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(30), waiting).await.expect(why);
-}
-
 #[tokio::test]
 async fn a_reservation_books_whole_gpus_scalars_and_quota_on_one_node() {
     let h = harness().await;
@@ -742,6 +719,54 @@ async fn a_release_takes_the_nodes_counters_before_its_bookings_as_the_placer_do
     placement.rollback().await.unwrap();
     let v = tokio::time::timeout(Duration::from_secs(30), release).await.expect("release hung").unwrap().unwrap();
     assert_eq!(v.state, "released");
+}
+
+#[tokio::test]
+async fn a_placement_that_waited_books_a_released_gpu_only_from_the_instant_its_release_ended_it() {
+    // A create reads the clock when it begins. One that then waited (here for its tenant's quota
+    // rows) while the clock moved on and a release freed a GPU booked that GPU from its own earlier
+    // instant, over the end of the released reservation: two tenants on one GPU for the wait.
+    let h = harness().await;
+    let f = fleet(&h, &exclusive(1), 1).await;
+    let mut c = h.db().connect().await;
+    open_quota(&c, "ten_b").await;
+    let other = better_compute_capacity::Caller { tenant_id: "ten_b", identity_id: "idn_b" };
+    let held = reservations::create(&mut c, ME, &whole(&f.pool_id, 1)).await.unwrap();
+    let mut z = h.db().connect().await;
+    let quota_rows = z.transaction().await.unwrap();
+    quota_rows.execute("SELECT 1 FROM quota_usage WHERE tenant_id = 'ten_b' FOR UPDATE", &[]).await.unwrap();
+    let mut p = h.db().connect().await;
+    let pool = f.pool_id.clone();
+    let create = tokio::spawn(async move { reservations::create(&mut p, other, &whole(&pool, 1)).await });
+    waits_for_a_lock(&h, "capacity_reserve", "the create never waited for its quota rows").await;
+    h.db().advance(Duration::from_secs(5)).await;
+    reservations::release(&mut c, ME, &held.id).await.unwrap();
+    quota_rows.commit().await.unwrap();
+    let v = tokio::time::timeout(Duration::from_secs(30), create).await.expect("create hung").unwrap().unwrap();
+    assert_eq!((v.state.as_str(), &v.atoms), ("placed", &held.atoms));
+    let ended: String = c
+        .query_one("SELECT upper(during)::text FROM device_booking_history WHERE allocation_id = $1", &[&held.id])
+        .await
+        .unwrap()
+        .get(0);
+    let booked: Vec<String> = c
+        .query("SELECT lower(during)::text FROM device_bookings WHERE allocation_id = $1", &[&v.id])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(booked, vec![ended.clone()], "the new booking starts where the released one ended");
+    let starts: String = c.query_one("SELECT lower(during)::text FROM reservations WHERE id = $1", &[&v.id]).await.unwrap().get(0);
+    assert_eq!(starts, ended, "the reservation starts with its bookings");
+    assert_invariants_hold(&c).await;
+    // And the invariants catch the overlap as it was.
+    c.execute("UPDATE device_bookings SET during = tstzrange(lower(during) - interval '5 s', upper(during)) WHERE allocation_id = $1", &[&v.id])
+        .await
+        .unwrap();
+    let report = better_compute_capacity::invariants::check(&c, &Default::default()).await.unwrap();
+    let overlaps: Vec<_> = report.violations.iter().filter(|v| v.starts_with("a booking overlapping another reservation's ended")).collect();
+    assert_eq!(overlaps.len(), 1, "{:?}", report.violations);
 }
 
 #[tokio::test]

@@ -167,7 +167,10 @@ BEGIN
 
   -- 6. The atoms, node by node in id order, as capacity_place takes them (FOR NO KEY UPDATE SKIP
   --    LOCKED, healthy, not quarantined, free over the range: the longest of the node's requests),
-  --    each with whether it was idle; the node's requests take them in turn, each its count.
+  --    each with whether it was idle; the node's requests take them in turn, each its count. An
+  --    atom whose ended bookings end after our now (its release read a later clock) is not taken:
+  --    booked from now it would overlap them, and capacity_place, which books it from their end,
+  --    places a request short of atoms.
   WITH r AS (SELECT i, v_nodes[i] AS node, sum(p_counts[i]) OVER (PARTITION BY v_nodes[i] ORDER BY i) AS upto
                FROM generate_subscripts(p_ids, 1) i WHERE v_ok[i])
   SELECT array_agg(x.id ORDER BY x.id), array_agg(q.i ORDER BY x.id), array_agg(x.idle::int ORDER BY x.id)
@@ -184,6 +187,8 @@ BEGIN
                              AND coalesce((SELECT max(upper(b.during)) FROM device_bookings b
                                             WHERE b.device_id COLLATE "C" = a.id AND lower(b.during) < d.stop),
                                           '-infinity') <= v_now
+                             AND coalesce((SELECT max(upper(h.during)) FROM device_booking_history h
+                                            WHERE h.device_id COLLATE "C" = a.id), '-infinity') <= v_now
                            ORDER BY a.index LIMIT d.need
                            FOR NO KEY UPDATE OF a SKIP LOCKED) y) x,
          LATERAL (SELECT r.i FROM r WHERE r.node = d.node AND x.k <= r.upto AND x.k > r.upto - p_counts[r.i]) q;

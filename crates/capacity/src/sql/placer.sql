@@ -108,14 +108,16 @@ END $$;
 --
 -- It reports, beside where it placed, each node that turned it away (tried, with why), and how many
 -- of those a concurrent change turned away (conflicts) rather than a stale candidate hint:
--- better_compute_placer_replans_total counts both. Its result columns changed once, and
--- a function's result type cannot change in place, hence the drop.
+-- better_compute_placer_replans_total counts both, and the instant its bookings start
+-- (placed_from: the range's start, or later, see below). Its result columns have changed, and a
+-- function's result type cannot change in place, hence the drop.
 DROP FUNCTION IF EXISTS capacity_place(text, text, text, text, int, int, bigint, bigint, jsonb, jsonb, text, tstzrange, int);
 CREATE OR REPLACE FUNCTION capacity_place(
   p_pool text, p_kind text, p_model text, p_profile text, p_count int,
   p_vcpu int, p_memory_mib bigint, p_disk_gib bigint, p_selector jsonb, p_tolerations jsonb,
   p_allocation text, p_during tstzrange, p_max_replans int,
-  OUT placed_node text, OUT placed_atoms text[], OUT tried text[], OUT raced boolean, OUT conflicts int)
+  OUT placed_node text, OUT placed_atoms text[], OUT tried text[], OUT raced boolean, OUT conflicts int,
+  OUT placed_from timestamptz)
 LANGUAGE plpgsql SET enable_seqscan = off SET enable_indexonlyscan = off AS $$
 DECLARE
   v_excluded text[] := '{}';
@@ -130,6 +132,7 @@ DECLARE
   v_were_idle bigint;
   v_fits bigint;
   v_booked bigint;
+  v_from timestamptz;
 BEGIN
   tried := '{}';
   raced := false;
@@ -219,6 +222,17 @@ BEGIN
       IF cardinality(v_atoms) < p_count THEN
         RAISE EXCEPTION USING ERRCODE = 'BCFIT', MESSAGE = 'atoms booked in that range';
       END IF;
+      -- The bookings start no earlier than the atoms' ended bookings end. Our clock may read an
+      -- instant before the release that freed an atom (our transaction began first and waited
+      -- for a lock): booked from it, two tenants would hold the atom for that long. An atom free
+      -- in the statement above was released before its snapshot, so that history is seen here.
+      SELECT greatest(lower(p_during), max(e.at)) INTO v_from
+        FROM unnest(v_atoms) a(id),
+             LATERAL (SELECT max(upper(h.during)) AS at FROM device_booking_history h
+                       WHERE h.device_id COLLATE "C" = a.id) e;
+      IF NOT v_from < upper(p_during) THEN
+        RAISE EXCEPTION USING ERRCODE = 'BCFIT', MESSAGE = 'atoms booked in that range';
+      END IF;
       -- The scalars, guarded: only if they fit under floor(allocatable * ratio). A placement or
       -- release holding the row is waited for, not skipped: skipping turned measured waits into
       -- more replans, each dearer than the wait (the capacity bench, 64 clients).
@@ -237,7 +251,7 @@ BEGIN
       -- insert wait for it and then skip the row, which shows as fewer rows than atoms. In atom
       -- order, so two placements can never wait on each other's bookings in a cycle.
       INSERT INTO device_bookings (device_id, allocation_id, during)
-        SELECT a, p_allocation, p_during FROM unnest(v_atoms) a ORDER BY a
+        SELECT a, p_allocation, tstzrange(v_from, upper(p_during), '[)') FROM unnest(v_atoms) a ORDER BY a
         ON CONFLICT DO NOTHING;
       GET DIAGNOSTICS v_booked = ROW_COUNT;
       IF v_booked < cardinality(v_atoms) THEN
@@ -252,6 +266,7 @@ BEGIN
       END IF;
       placed_node := v_node;
       placed_atoms := v_atoms;
+      placed_from := v_from;
       RETURN;
     EXCEPTION
       WHEN SQLSTATE 'BCRAC' THEN

@@ -187,7 +187,8 @@ BEGIN
   INSERT INTO reservations (id, tenant_id, pool_id, state, gpu_kind, gpu_model, mig_profile, gpu_count, vcpu, memory_mib,
                             disk_gib, during, node_selector, tolerations, node_id, unschedulable, next_attempt_at, created_by)
   VALUES (p_id, p_tenant, p_pool, CASE WHEN v_place.placed_node IS NULL THEN 'pending' ELSE 'placed' END, p_kind, p_model,
-          nullif(p_profile, ''), p_count, p_vcpu, p_memory_mib, p_disk_gib, tstzrange(v_start, v_stop, '[)'), p_selector,
+          nullif(p_profile, ''), p_count, p_vcpu, p_memory_mib, p_disk_gib,
+          tstzrange(coalesce(v_place.placed_from, v_start), v_stop, '[)'), p_selector,
           p_tolerations, v_place.placed_node, v_unschedulable,
           CASE WHEN v_place.placed_node IS NULL THEN compute_now() + make_interval(secs => p_retry_s) END, p_identity)
   RETURNING * INTO r;
@@ -242,7 +243,8 @@ BEGIN
      WHERE id = p_id;
     RETURN 'still_pending';
   END IF;
-  UPDATE reservations SET state = 'placed', node_id = v_place.placed_node, during = v_during, unschedulable = NULL,
+  UPDATE reservations SET state = 'placed', node_id = v_place.placed_node,
+                          during = tstzrange(v_place.placed_from, upper(v_during), '[)'), unschedulable = NULL,
                           next_attempt_at = NULL, version = version + 1, updated_at = compute_now()
    WHERE id = p_id
   RETURNING * INTO r;

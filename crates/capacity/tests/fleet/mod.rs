@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use better_compute_capacity::reservations::{CreateReservation, GpuRequest};
-use better_compute_capacity::{quota, CapacityModule, Caller};
+use better_compute_capacity::{invariants, quota, CapacityModule, Caller};
 use better_compute_nodes::inventory::{self, NewGpu, NewNode, NewPool};
 use better_compute_nodes::layout::GpuMode;
 use better_compute_nodes::NodesModule;
@@ -132,4 +132,33 @@ pub async fn job_entries(h: &Harness, target: &str) -> Vec<(String, String, Stri
     .iter()
     .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
     .collect()
+}
+
+/// Every invariant of invariants::check holds.
+pub async fn assert_invariants_hold(c: &tokio_postgres::Client) {
+    let report = invariants::check(c, &std::collections::HashMap::new()).await.unwrap();
+    assert!(report.violations.is_empty(), "{:?}", report.violations);
+}
+
+/// Returns once a statement calling `function` waits for a lock (within 30 s, else fails with `why`).
+pub async fn waits_for_a_lock(h: &Harness, function: &str, why: &str) {
+    let watcher = h.db().client().await;
+    let waiting = async {
+        loop {
+            let n: i64 = watcher
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity
+                      WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%' || $1 || '%'",
+                    &[&function],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            if n > 0 {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(30), waiting).await.expect(why);
 }

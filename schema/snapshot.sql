@@ -565,6 +565,13 @@ CREATE TABLE pool_capacity_rollup (
   CONSTRAINT pool_capacity_rollup_pool_id_fkey FOREIGN KEY (pool_id) REFERENCES pools(id)
 );
 
+CREATE TABLE pool_health_circuits (
+  pool_id text NOT NULL,
+  open_since timestamp with time zone,
+  CONSTRAINT pool_health_circuits_pkey PRIMARY KEY (pool_id),
+  CONSTRAINT pool_health_circuits_pool_id_fkey FOREIGN KEY (pool_id) REFERENCES pools(id) ON DELETE CASCADE
+);
+
 CREATE TABLE pools (
   id text NOT NULL,
   site_id text NOT NULL,
@@ -580,7 +587,6 @@ CREATE TABLE pools (
   max_unavailable_percent integer,
   health_breaker_percent integer DEFAULT 10 NOT NULL,
   health_breaker_window_s integer DEFAULT 600 NOT NULL,
-  health_circuit_open_since timestamp with time zone,
   CONSTRAINT pools_check CHECK (((lost_after_s IS NULL) OR ((lost_after_s > 0) AND (kind = ANY (ARRAY['provider'::text, 'vps-host'::text]))))),
   CONSTRAINT pools_disk_ratio_check CHECK (((disk_ratio >= (1)::double precision) AND (disk_ratio <= (4)::double precision))),
   CONSTRAINT pools_health_breaker_percent_check CHECK (((health_breaker_percent >= 1) AND (health_breaker_percent <= 100))),
@@ -988,6 +994,7 @@ CREATE TRIGGER nodes_convergence_since BEFORE UPDATE OF generation, observed_gen
 CREATE TRIGGER nodes_open_counts AFTER UPDATE OF observed_generation, no_schedule_reasons, taints ON public.nodes FOR EACH ROW WHEN ((capacity_node_open(old.observed_generation, old.no_schedule_reasons, old.taints) IS DISTINCT FROM capacity_node_open(new.observed_generation, new.no_schedule_reasons, new.taints))) EXECUTE FUNCTION capacity_node_open_changed();
 CREATE TRIGGER nodes_resources AFTER INSERT ON public.nodes FOR EACH ROW EXECUTE FUNCTION capacity_node_registered();
 CREATE TRIGGER nodes_usable_resources AFTER UPDATE OF reported_inventory, vcpu, memory_mib, disk_gib ON public.nodes FOR EACH ROW WHEN ((((old.reported_inventory -> 'vcpu'::text) IS DISTINCT FROM (new.reported_inventory -> 'vcpu'::text)) OR ((old.reported_inventory -> 'memoryMib'::text) IS DISTINCT FROM (new.reported_inventory -> 'memoryMib'::text)) OR ((old.reported_inventory -> 'diskGib'::text) IS DISTINCT FROM (new.reported_inventory -> 'diskGib'::text)) OR (((old.vcpu IS DISTINCT FROM new.vcpu) OR (old.memory_mib IS DISTINCT FROM new.memory_mib)) OR (old.disk_gib IS DISTINCT FROM new.disk_gib)))) EXECUTE FUNCTION capacity_node_inventory_changed();
+CREATE TRIGGER pools_health_circuit AFTER INSERT ON public.pools FOR EACH ROW EXECUTE FUNCTION nodes_pool_health_circuit();
 CREATE TRIGGER reservations_state_guard BEFORE UPDATE OF state ON public.reservations FOR EACH ROW WHEN ((old.state IS DISTINCT FROM new.state)) EXECUTE FUNCTION capacity_reservation_state_guard();
 
 FUNCTION audit_entries_append_only() RETURNS trigger LANGUAGE plpgsql VOLATILE;
@@ -1040,6 +1047,7 @@ FUNCTION nodes_drain_may_become(p_from text, p_to text) RETURNS boolean LANGUAGE
 FUNCTION nodes_drain_state_guard() RETURNS trigger LANGUAGE plpgsql VOLATILE;
 FUNCTION nodes_inventory_findings(p_pool text, p_node text) RETURNS TABLE(kind text, node_id text, item text, message text) LANGUAGE sql STABLE;
 FUNCTION nodes_pool_budget(p_pool text) RETURNS integer LANGUAGE sql STABLE;
+FUNCTION nodes_pool_health_circuit() RETURNS trigger LANGUAGE plpgsql VOLATILE;
 FUNCTION nodes_ts(t timestamp with time zone) RETURNS text LANGUAGE sql STABLE;
 FUNCTION outbox_emit(p_id text, p_type text, p_tenant_id text, p_subject text, p_data jsonb) RETURNS text LANGUAGE plpgsql VOLATILE;
 FUNCTION outbox_emit_many(p_ids text[], p_types text[], p_tenant_ids text[], p_subjects text[], p_data jsonb[]) RETURNS integer LANGUAGE plpgsql VOLATILE;

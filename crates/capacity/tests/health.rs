@@ -186,7 +186,7 @@ async fn the_circuit_opens_when_too_many_gpus_leave_placement_and_waits_for_an_o
     let c = h.db().client().await;
     let waiting: i64 = c.query_one("SELECT count(*) FROM gpu_health_signals WHERE node_id = $1 AND processed_at IS NULL", &[&f.nodes[1]]).await.unwrap().get(0);
     assert_eq!(waiting, 2);
-    let open: bool = c.query_one("SELECT health_circuit_open_since IS NOT NULL FROM pools WHERE id = $1", &[&f.pool_id]).await.unwrap().get(0);
+    let open: bool = c.query_one("SELECT open_since IS NOT NULL FROM pool_health_circuits WHERE pool_id = $1", &[&f.pool_id]).await.unwrap().get(0);
     assert!(open);
     let events: i64 = c.query_one("SELECT count(*) FROM outbox WHERE type = 'health.circuitOpen' AND subject = $1", &[&f.pool_id]).await.unwrap().get(0);
     assert_eq!(events, 1, "raised once");
@@ -283,4 +283,33 @@ async fn a_pending_row_remap_resets_a_free_gpu_before_its_check_and_counters_sig
     tick(&h).await;
     assert_eq!(signals_of(&h, &free).await.last().map(|s| s.1.clone()), Some("fatal".to_owned()));
     assert_eq!(state_of(&h, &free).await, ("unhealthy".into(), false, true));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_health_run_never_holds_up_placements_in_its_pool() {
+    // A health run serialises with the pool's other runs (its circuit breaker counts the pool's
+    // GPUs), and placements take the pool's row FOR SHARE. A run that locked the pool's row for
+    // that stopped every placement in the pool until it committed: an XID storm would queue them.
+    let h = harness().await;
+    let f = fleet(&h, &exclusive(2), 2).await;
+    report(&h, &f.nodes[0], &f.gpus[0][0], &[79], false).await;
+    // The run waits, mid-way, for its node's row: held here.
+    let mut z = h.db().connect().await;
+    let node_row = z.transaction().await.unwrap();
+    node_row.execute("SELECT 1 FROM nodes WHERE id = $1 FOR NO KEY UPDATE", &[&f.nodes[0]]).await.unwrap();
+    let mut c = h.db().connect().await;
+    let mut req = whole(&f.pool_id, 1);
+    req.node_selector = serde_json::Map::from_iter([("rack".to_owned(), serde_json::json!("r1"))]);
+    let placement = async {
+        waits_for_a_lock(&h, "FROM nodes WHERE id = $1 FOR NO KEY UPDATE", "the health run never reached its node").await;
+        let v = tokio::select! {
+            v = reservations::create(&mut c, ME, &req) => v.unwrap(),
+            _ = waits_for_a_lock(&h, "capacity_reserve", "") => panic!("the placement waited for the health run"),
+        };
+        node_row.commit().await.unwrap();
+        v
+    };
+    let (_, v) = tokio::join!(tick(&h), placement);
+    assert_eq!((v.state.as_str(), v.node_id.as_deref()), ("placed", Some(f.nodes[1].as_str())));
+    assert_eq!(state_of(&h, &f.gpus[0][0]).await.0, "unhealthy");
 }

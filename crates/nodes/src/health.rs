@@ -320,7 +320,7 @@ impl Run<'_> {
             return Ok(true);
         }
         self.tx
-            .execute("UPDATE pools SET health_circuit_open_since = compute_now(), version = version + 1 WHERE id = $1 AND health_circuit_open_since IS NULL", &[&self.pool_id])
+            .execute("UPDATE pool_health_circuits SET open_since = compute_now() WHERE pool_id = $1 AND open_since IS NULL", &[&self.pool_id])
             .await?;
         let message = format!(
             "{left} GPU(s) of the pool left placement for health within {window_s} s (the breaker allows {allowed}, {percent}%): automatic health actions stop until an operator closes the circuit (pools.closeHealthCircuit)"
@@ -346,10 +346,11 @@ pub async fn evaluate(
         return Ok((HealthReport::default(), None, false));
     };
     let (pool_id, shard): (String, i16) = (node.get(0), node.get(1));
-    // The lock order: the pool's row (its circuit may open), the node's (a check takes its next
-    // command seq), then the GPUs in id order.
+    // The lock order: the pool's circuit (it may open; the pool's runs go one at a time, and its
+    // own row leaves the pool's, which placements share, alone), the node's row (a check takes its
+    // next command seq), then the GPUs in id order.
     let circuit_open: bool = tx
-        .query_one("SELECT health_circuit_open_since IS NOT NULL FROM pools WHERE id = $1 FOR NO KEY UPDATE", &[&pool_id])
+        .query_one("SELECT open_since IS NOT NULL FROM pool_health_circuits WHERE pool_id = $1 FOR NO KEY UPDATE", &[&pool_id])
         .await?
         .get(0);
     tx.execute("SELECT 1 FROM nodes WHERE id = $1 FOR NO KEY UPDATE", &[&node_id]).await?;
@@ -553,13 +554,13 @@ pub(crate) async fn on_release(tx: &impl GenericClient, uuid: &str) -> Result<()
 /// (recorded as such, not acted on) and automatic health actions resume.
 pub async fn close_circuit(tx: &impl GenericClient, pool_id: &str) -> Result<u64, DbError> {
     let open = tx
-        .query_opt("SELECT health_circuit_open_since IS NOT NULL FROM pools WHERE id = $1 FOR NO KEY UPDATE", &[&pool_id])
+        .query_opt("SELECT open_since IS NOT NULL FROM pool_health_circuits WHERE pool_id = $1 FOR NO KEY UPDATE", &[&pool_id])
         .await?
         .ok_or_else(|| Error::not_found("pool", pool_id))?;
     if !open.get::<_, bool>(0) {
         return Ok(0);
     }
-    tx.execute("UPDATE pools SET health_circuit_open_since = NULL, version = version + 1 WHERE id = $1", &[&pool_id]).await?;
+    tx.execute("UPDATE pool_health_circuits SET open_since = NULL WHERE pool_id = $1", &[&pool_id]).await?;
     let set_aside = tx
         .execute(
             "UPDATE gpu_health_signals s SET processed_at = compute_now(), outcome = 'set aside: an operator closed the circuit'

@@ -41,11 +41,13 @@ pub const NODES_MIGRATIONS: &[Migration] = &[
     Migration::numbered("nodes", "0009_command_keys", include_str!("migrations/nodes/0009_command_keys.sql")),
     Migration::numbered("nodes", "0010_vm_consoles", include_str!("migrations/nodes/0010_vm_consoles.sql")),
     Migration::numbered("nodes", "0011_command_trace", include_str!("migrations/nodes/0011_command_trace.sql")),
+    Migration::numbered("nodes", "0012_pool_health_circuits", include_str!("migrations/nodes/0012_pool_health_circuits.sql")),
     Migration::repeatable("nodes", "scope", include_str!("sql/scope.sql")),
     Migration::repeatable("nodes", "drain", include_str!("sql/drain.sql")),
     Migration::repeatable("nodes", "conditions", include_str!("sql/conditions.sql")),
     Migration::repeatable("nodes", "findings", include_str!("sql/findings.sql")),
     Migration::repeatable("nodes", "consoles", include_str!("sql/consoles.sql")),
+    Migration::repeatable("nodes", "health", include_str!("sql/health.sql")),
 ];
 
 /// The nodes module, for the registry.

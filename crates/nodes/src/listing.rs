@@ -111,7 +111,8 @@ fn pool(r: &tokio_postgres::Row) -> PoolView {
 }
 
 const POOL: &str = "SELECT id, site_id, name, kind, vcpu_ratio, memory_ratio, disk_ratio, lost_after_s, version,
-                           coalesce(max_unavailable::text, max_unavailable_percent::text || '%'), nodes_ts(health_circuit_open_since) FROM pools";
+                           coalesce(max_unavailable::text, max_unavailable_percent::text || '%'),
+                           nodes_ts((SELECT c.open_since FROM pool_health_circuits c WHERE c.pool_id = pools.id)) FROM pools";
 
 /// One site.
 pub async fn get_site(db: &impl GenericClient, id: &str) -> Result<SiteView, Error> {

@@ -37,9 +37,9 @@ LANGUAGE sql STABLE AS $$
                                string_agg(g.id || ' (' || g.health_state || ': ' || coalesce(g.health_reason, '') || ')', ', ' ORDER BY g.index)))
       FROM devices g WHERE g.node_id = n.id AND g.parent_id IS NULL AND NOT g.healthy HAVING count(*) > 0
     UNION ALL
-    SELECT 6, jsonb_build_object('type', 'HealthCircuitOpen', 'reason', 'CircuitOpen', 'since', nodes_ts(p.health_circuit_open_since),
+    SELECT 6, jsonb_build_object('type', 'HealthCircuitOpen', 'reason', 'CircuitOpen', 'since', nodes_ts(p.open_since),
              'message', 'too many of the pool''s GPUs left placement for health at once: automatic health actions wait for an operator (pools.closeHealthCircuit)')
-      FROM pools p WHERE p.id = n.pool_id AND p.health_circuit_open_since IS NOT NULL
+      FROM pool_health_circuits p WHERE p.pool_id = n.pool_id AND p.open_since IS NOT NULL
     UNION ALL
     SELECT 7, jsonb_build_object('type', 'QuarantinedGpus', 'reason', 'Quarantined', 'since', NULL,
              'message', format('%s GPU(s) quarantined: %s', count(*), string_agg(g.id || ' (' || coalesce(g.quarantine_reason, '') || ')', ', ' ORDER BY g.index)))

@@ -8,6 +8,7 @@
 //! `CURRENT_TIME`, `CURRENT_DATE` and `LOCALTIME`. Exceptions: the migration that defines
 //! `compute_now()` (`crates/db/src/sql/clock.sql`), and any line marked `check-sql-now: allow`.
 
+pub mod crate_graph;
 pub mod ownership;
 
 use std::path::{Path, PathBuf};

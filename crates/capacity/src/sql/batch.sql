@@ -168,9 +168,9 @@ BEGIN
   -- 6. The atoms, node by node in id order, as capacity_place takes them (FOR NO KEY UPDATE SKIP
   --    LOCKED, healthy, not quarantined, free over the range: the longest of the node's requests),
   --    each with whether it was idle; the node's requests take them in turn, each its count. An
-  --    atom whose ended bookings end after our now (its release read a later clock) is not taken:
-  --    booked from now it would overlap them, and capacity_place, which books it from their end,
-  --    places a request short of atoms.
+  --    atom is not taken if its ended bookings end after v_now, because its release read a later
+  --    clock: booked from v_now it would overlap them. capacity_place, which books it from their
+  --    end, places a request left short of atoms.
   WITH r AS (SELECT i, v_nodes[i] AS node, sum(p_counts[i]) OVER (PARTITION BY v_nodes[i] ORDER BY i) AS upto
                FROM generate_subscripts(p_ids, 1) i WHERE v_ok[i])
   SELECT array_agg(x.id ORDER BY x.id), array_agg(q.i ORDER BY x.id), array_agg(x.idle::int ORDER BY x.id)

@@ -246,13 +246,7 @@ async fn a_batch_that_waited_never_books_a_released_gpu_from_before_its_release_
     assert_eq!(v.state, "placed", "{v:?}");
     // The batch left it (its atoms' history ends after the batch's now) and it ran alone.
     assert_eq!(p.counters().run_alone.load(Ordering::SeqCst), 1);
-    let starts: Vec<String> = c
-        .query("SELECT lower(during)::text FROM device_bookings WHERE allocation_id = $1", &[&v.id])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let starts = booking_starts(&c, &v.id).await;
     let ended: String = c.query_one("SELECT max(upper(during))::text FROM device_booking_history", &[]).await.unwrap().get(0);
     assert_eq!(starts, vec![ended], "booked from the release's end");
     assert_invariants_hold(&c).await;

@@ -749,13 +749,7 @@ async fn a_placement_that_waited_books_a_released_gpu_only_from_the_instant_its_
         .await
         .unwrap()
         .get(0);
-    let booked: Vec<String> = c
-        .query("SELECT lower(during)::text FROM device_bookings WHERE allocation_id = $1", &[&v.id])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let booked = booking_starts(&c, &v.id).await;
     assert_eq!(booked, vec![ended.clone()], "the new booking starts where the released one ended");
     let starts: String = c.query_one("SELECT lower(during)::text FROM reservations WHERE id = $1", &[&v.id]).await.unwrap().get(0);
     assert_eq!(starts, ended, "the reservation starts with its bookings");

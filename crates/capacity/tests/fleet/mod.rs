@@ -162,3 +162,9 @@ pub async fn waits_for_a_lock(h: &Harness, function: &str, why: &str) {
     };
     tokio::time::timeout(std::time::Duration::from_secs(30), waiting).await.expect(why);
 }
+
+/// Where each of `allocation`'s live bookings starts, as text.
+pub async fn booking_starts(c: &tokio_postgres::Client, allocation: &str) -> Vec<String> {
+    let rows = c.query("SELECT lower(during)::text FROM device_bookings WHERE allocation_id = $1", &[&allocation]).await.unwrap();
+    rows.iter().map(|r| r.get(0)).collect()
+}

@@ -32,6 +32,7 @@ pub const CAPACITY_MIGRATIONS: &[Migration] = &[
     Migration::numbered("capacity", "0003_usable", include_str!("migrations/capacity/0003_usable.sql")),
     Migration::numbered("capacity", "0004_usage", include_str!("migrations/capacity/0004_usage.sql")),
     Migration::numbered("capacity", "0005_history_atom_end", include_str!("migrations/capacity/0005_history_atom_end.sql")),
+    Migration::repeatable("capacity", "state_guards", include_str!("sql/state_guards.sql")),
     Migration::repeatable("capacity", "eligibility", include_str!("sql/eligibility.sql")),
     Migration::repeatable("capacity", "resources", include_str!("sql/resources.sql")),
     Migration::repeatable("capacity", "counts", include_str!("sql/counts.sql")),

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use better_compute_capacity::batch::{BatchPlacer, BatchSettings};
 use better_compute_capacity::reservations::{self, CreateReservation, ReservationView};
-use better_compute_capacity::{invariants, quota, Caller};
+use better_compute_capacity::{quota, Caller};
 use better_compute_core::ErrorCode;
 use better_compute_nodes::actions;
 use better_compute_runtime::harness::Harness;

@@ -662,7 +662,7 @@ async fn the_database_allows_exactly_the_transitions_of_the_reservation_state_ta
                 continue;
             }
             let allowed: bool = c
-                .query_one("SELECT capacity_reservation_may_become($1, $2)", &[&from.as_str(), &to.as_str()])
+                .query_one("SELECT reservations_state_may_become($1, $2)", &[&from.as_str(), &to.as_str()])
                 .await
                 .unwrap()
                 .get(0);

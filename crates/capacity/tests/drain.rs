@@ -280,7 +280,7 @@ async fn the_database_allows_exactly_the_drain_state_tables_transitions() {
     let mut checked = 0;
     for from in DrainState::ALL {
         for to in DrainState::ALL {
-            let db: bool = c.query_one("SELECT nodes_drain_may_become($1, $2)", &[&from.as_str(), &to.as_str()]).await.unwrap().get(0);
+            let db: bool = c.query_one("SELECT node_drains_state_may_become($1, $2)", &[&from.as_str(), &to.as_str()]).await.unwrap().get(0);
             assert_eq!(db, DRAIN_STATE_TABLE.allows(*from, *to), "{from:?} -> {to:?}");
             checked += 1;
         }

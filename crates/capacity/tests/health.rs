@@ -33,7 +33,9 @@ async fn finish_check(h: &Harness, gpu: &str, passed: bool) {
     let mut c = h.db().client().await;
     let id: String = c.query_one("SELECT check_command_id FROM devices WHERE id = $1", &[&gpu]).await.unwrap().get(0);
     let tx = c.transaction().await.unwrap();
-    tx.execute("UPDATE commands SET state = 'running' WHERE id = $1 AND state = 'pending'", &[&id]).await.unwrap();
+    // As a daemon would have it: sent, then running (the state table's edges).
+    tx.execute("UPDATE commands SET state = 'sent' WHERE id = $1 AND state = 'pending'", &[&id]).await.unwrap();
+    tx.execute("UPDATE commands SET state = 'running' WHERE id = $1 AND state = 'sent'", &[&id]).await.unwrap();
     let result = serde_json::json!({"backend": "fake", "gpus": [{"uuid": gpu, "passed": passed}]});
     commands::finish(&*tx, &id, true, None, &result).await.unwrap();
     tx.commit().await.unwrap();

@@ -90,7 +90,9 @@ async fn finish(h: &Harness, node: &str, key: &str, ok: bool, result: serde_json
     let mut c = h.db().client().await;
     let id: String = c.query_one("SELECT id FROM commands WHERE node_id = $1 AND idempotency_key = $2", &[&node, &key]).await.unwrap().get(0);
     let tx = c.transaction().await.unwrap();
-    tx.execute("UPDATE commands SET state = 'running' WHERE id = $1 AND state IN ('pending', 'sent')", &[&id]).await.unwrap();
+    // As a daemon would have it: sent, then running (the state table's edges).
+    tx.execute("UPDATE commands SET state = 'sent' WHERE id = $1 AND state = 'pending'", &[&id]).await.unwrap();
+    tx.execute("UPDATE commands SET state = 'running' WHERE id = $1 AND state = 'sent'", &[&id]).await.unwrap();
     commands::finish(&*tx, &id, ok, (!ok).then_some("exit 1"), &result).await.unwrap();
     tx.commit().await.unwrap();
 }

@@ -105,3 +105,33 @@ async fn an_audit_export_verifies_offline_and_a_changed_entry_is_named() {
     .unwrap();
     assert!(!tampered.0 && tampered.2.contains(&id) && tampered.2.contains("4 entries and 0 checkpoints verified before it"), "{tampered:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_database_allows_exactly_the_transitions_of_every_state_table() {
+    use better_compute_core::state::GUARDED_COLUMNS;
+    let db = TestDb::core().await;
+    let url = db.connection_string().to_owned();
+    tokio::task::spawn_blocking(move || run(&["migrate", "--database-url", &url])).await.unwrap();
+    let c = db.client().await;
+    let mut checked = 0;
+    for g in GUARDED_COLUMNS {
+        let trigger: i64 = c
+            .query_one(
+                "SELECT count(*) FROM pg_trigger WHERE tgrelid = $1::text::regclass AND tgfoid = $2::text::regprocedure AND tgenabled = 'O'",
+                &[&g.table, &format!("{}_{}_guard()", g.table, g.column)],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(trigger, 1, "{}.{} has no enabled guard", g.table, g.column);
+        let may_become = format!("SELECT {}_{}_may_become($1, $2)", g.table, g.column);
+        for from in g.states.state_names() {
+            for to in g.states.state_names() {
+                let allowed: bool = c.query_one(&may_become, &[&from, &to]).await.unwrap().get(0);
+                assert_eq!(allowed, g.states.allows_names(from, to), "{}.{}: {from} -> {to}", g.table, g.column);
+                checked += 1;
+            }
+        }
+    }
+    assert_eq!(checked, 6 * 6 + 7 * 7 + 4 * 4 + 5 * 5 + 6 * 6 + 7 * 7 + 8 * 8);
+}

@@ -65,6 +65,41 @@ impl<S: State> StateTable<S> {
         }
     }
 
+    /// The database's guard of this table on `table.column`: `<table>_<column>_may_become(from, to)`
+    /// and a trigger that refuses any update of the column along an edge the table does not
+    /// declare, with the error [`Self::check`] gives (SQLSTATE BCFPC: `FAILED_PRECONDITION`, reason
+    /// `ILLEGAL_TRANSITION`). A new row may start anywhere (inserts are the owner's to check); only
+    /// edges are guarded.
+    pub fn sql_guard(&self, table: &str, column: &str) -> String {
+        let edges: Vec<String> = self.transitions.iter().map(|t| format!("('{}', '{}')", t.from.as_str(), t.to.as_str())).collect();
+        let name = format!("{table}_{column}");
+        let trigger = if column == "state" { format!("{table}_state_guard") } else { format!("{name}_guard") };
+        format!(
+            "-- {aggregate}: no statement moves {table}.{column} along an edge the state table does not declare.
+CREATE OR REPLACE FUNCTION {name}_may_become(p_from text, p_to text) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+  SELECT (p_from, p_to) IN ({edges})
+$$;
+
+CREATE OR REPLACE FUNCTION {name}_guard() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+  IF NOT {name}_may_become(OLD.{column}, NEW.{column}) THEN
+    RAISE EXCEPTION USING ERRCODE = 'BCFPC',
+      MESSAGE = format('a {aggregate} in state %s cannot become %s', OLD.{column}, NEW.{column}),
+      DETAIL = jsonb_build_object('reason', 'ILLEGAL_TRANSITION', 'from', OLD.{column}, 'to', NEW.{column})::text;
+  END IF;
+  RETURN NEW;
+END $$;
+
+CREATE OR REPLACE TRIGGER {trigger} BEFORE UPDATE OF {column} ON {table}
+  FOR EACH ROW WHEN (OLD.{column} IS DISTINCT FROM NEW.{column}) EXECUTE FUNCTION {name}_guard();
+",
+            aggregate = self.aggregate,
+            edges = edges.join(", "),
+        )
+    }
+
     /// Whether `s` is terminal.
     pub fn is_terminal(&self, s: S) -> bool {
         self.terminal.contains(&s)
@@ -460,6 +495,67 @@ pub static WORKFLOW_STEP_STATE_TABLE: StateTable<WorkflowStepState> = {
         ],
     }
 };
+
+/// A state table seen through its states' names, so tables of different state types sit in one
+/// list ([`GUARDED_COLUMNS`]).
+pub trait NamedStateTable: Sync {
+    /// Every state's name.
+    fn state_names(&self) -> Vec<&'static str>;
+    /// Whether `from -> to` is legal, by name (an unknown name: no).
+    fn allows_names(&self, from: &str, to: &str) -> bool;
+    /// [`StateTable::sql_guard`].
+    fn sql_guard_of(&self, table: &str, column: &str) -> String;
+}
+
+impl<S: State> NamedStateTable for StateTable<S> {
+    fn state_names(&self) -> Vec<&'static str> {
+        S::ALL.iter().map(|s| s.as_str()).collect()
+    }
+    fn allows_names(&self, from: &str, to: &str) -> bool {
+        matches!((S::parse(from), S::parse(to)), (Some(f), Some(t)) if self.allows(f, t))
+    }
+    fn sql_guard_of(&self, table: &str, column: &str) -> String {
+        self.sql_guard(table, column)
+    }
+}
+
+/// A column a state table guards in the database: its owning module, table and column.
+#[derive(Clone, Copy)]
+pub struct GuardedColumn {
+    /// The module that owns the table; its `src/sql/state_guards.sql` holds the guard.
+    pub module: &'static str,
+    /// The table.
+    pub table: &'static str,
+    /// The state column.
+    pub column: &'static str,
+    /// Its state table.
+    pub states: &'static dyn NamedStateTable,
+}
+
+/// Every stateful table's guard. (`PROVISION_STATE_TABLE` has no table yet.)
+pub static GUARDED_COLUMNS: &[GuardedColumn] = &[
+    GuardedColumn { module: "capacity", table: "reservations", column: "state", states: &RESERVATION_STATE_TABLE },
+    GuardedColumn { module: "nodes", table: "commands", column: "state", states: &COMMAND_STATE_TABLE },
+    GuardedColumn { module: "nodes", table: "devices", column: "health_state", states: &GPU_HEALTH_STATE_TABLE },
+    GuardedColumn { module: "nodes", table: "node_drains", column: "state", states: &DRAIN_STATE_TABLE },
+    GuardedColumn { module: "runtime", table: "workflows", column: "state", states: &WORKFLOW_STATE_TABLE },
+    GuardedColumn { module: "runtime", table: "workflow_steps", column: "state", states: &WORKFLOW_STEP_STATE_TABLE },
+    GuardedColumn { module: "vps", table: "instances", column: "state", states: &INSTANCE_STATE_TABLE },
+];
+
+/// The generated `src/sql/state_guards.sql` of `module`: the guards of its tables.
+pub fn state_guards_sql(module: &str) -> String {
+    let mut out = String::from(
+        "-- Generated from better_compute_core::state (GUARDED_COLUMNS); do not edit. The state tables'\n\
+         -- guards for this module's tables: the database refuses an illegal edge whoever writes it.\n\
+         -- Rewrite with: UPDATE_STATE_GUARDS=1 cargo nextest run -p better-compute-core\n",
+    );
+    for g in GUARDED_COLUMNS.iter().filter(|g| g.module == module) {
+        out.push('\n');
+        out.push_str(&g.states.sql_guard_of(g.table, g.column));
+    }
+    out
+}
 
 #[cfg(test)]
 mod tests {

@@ -226,28 +226,6 @@ pub async fn acquire_many(
     Ok(out)
 }
 
-/// Renews many leases in one statement; returns the names still held (same owner and epoch).
-pub async fn renew_many(db: &impl GenericClient, leases: &[Lease], clock: Option<&Clock>) -> Result<Vec<String>, DbError> {
-    let Some(first) = leases.first() else { return Ok(Vec::new()) };
-    let names: Vec<&str> = leases.iter().map(|l| l.name.as_str()).collect();
-    let epochs: Vec<i64> = leases.iter().map(|l| l.epoch).collect();
-    let ttls: Vec<f64> = leases.iter().map(|l| l.ttl.as_secs_f64()).collect();
-    let sent = Instant::now();
-    let rows = db
-        .query(
-            "UPDATE leases l SET expires_at = compute_now() + make_interval(secs => h.ttl)
-               FROM unnest($1::text[], $2::int8[], $4::float8[]) AS h(name, epoch, ttl)
-              WHERE l.name = h.name AND l.epoch = h.epoch AND l.owner = $3 AND l.expires_at > compute_now()
-             RETURNING l.name, compute_now()",
-            &[&names, &epochs, &first.owner, &ttls],
-        )
-        .await?;
-    if let Some(r) = rows.first() {
-        observe(clock, r.get(1), sent);
-    }
-    Ok(rows.iter().map(|r| r.get(0)).collect())
-}
-
 /// Releases many leases at once, skipping those a fenced transaction holds.
 pub async fn release_many(db: &impl GenericClient, leases: &[Lease]) -> Result<(), DbError> {
     let Some(first) = leases.first() else { return Ok(()) };

@@ -1,8 +1,7 @@
 //! PostgreSQL, the single source of truth: the self-starting cluster, the pool, migrations, the one
-//! clock, leases with fencing, workers, idempotency keys, version-guarded transitions, and the test
+//! clock, leases with fencing, workers, idempotency keys, and the test
 //! support that gives every test its own migrated database.
 
-pub mod aggregate;
 pub mod clock;
 pub mod error;
 pub mod idempotency;
@@ -20,7 +19,6 @@ pub mod testing;
 pub mod tls;
 pub mod workers;
 
-pub use aggregate::{Aggregate, Transitioned};
 pub use clock::Clock;
 pub use error::DbError;
 pub use lease::{FencedTransaction, Lease};

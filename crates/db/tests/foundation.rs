@@ -1,15 +1,14 @@
 //! The foundation against a real PostgreSQL: migrations, the clock, leases and fencing, idempotency
-//! keys and version-guarded transitions.
+//! keys.
 
 use std::time::Duration;
 
-use better_compute_core::state::{CommandState, COMMAND_STATE_TABLE};
 use better_compute_core::ErrorCode;
 use better_compute_db::idempotency::{self, Claim, IdempotencyScope};
 use better_compute_db::launcher::{FileLock, LaunchError, PgBinaries};
 use better_compute_db::lease::WORKER_LEASE_TTL;
 use better_compute_db::testing::TestDb;
-use better_compute_db::{clock, migrate, workers, Aggregate, Clock, DbError, Lease, Migration, FOUNDATION_MIGRATIONS};
+use better_compute_db::{clock, migrate, workers, Clock, DbError, Lease, Migration, FOUNDATION_MIGRATIONS};
 
 /// Fails loudly instead of hanging when a lock is never released.
 async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
@@ -418,81 +417,6 @@ async fn fifty_concurrent_calls_with_one_key_create_exactly_one_result() {
     }
     assert!(responses.iter().all(|r| *r == responses[0]), "{responses:?}");
     assert_eq!(widget_count(&db).await, 1);
-}
-
-static COMMANDS: Aggregate<CommandState> = Aggregate { table: "scratch_commands", states: &COMMAND_STATE_TABLE };
-
-async fn commands_db() -> TestDb {
-    let db = TestDb::core().await;
-    db.client()
-        .await
-        .batch_execute(
-            "CREATE TABLE scratch_commands (id text PRIMARY KEY, state text NOT NULL, version bigint NOT NULL);
-             INSERT INTO scratch_commands VALUES ('cmd_1', 'pending', 1);",
-        )
-        .await
-        .unwrap();
-    db
-}
-
-#[tokio::test]
-async fn a_legal_transition_bumps_the_version() {
-    let db = commands_db().await;
-    let c = db.client().await;
-    let t = COMMANDS.transition(&**c, "cmd_1", 1, CommandState::Sent).await.unwrap();
-    assert_eq!((t.from, t.to, t.version), (CommandState::Pending, CommandState::Sent, 2));
-    let t = COMMANDS.transition(&**c, "cmd_1", 2, CommandState::Running).await.unwrap();
-    assert_eq!(t.version, 3);
-}
-
-#[tokio::test]
-async fn an_illegal_transition_is_refused_and_changes_nothing() {
-    let db = commands_db().await;
-    let c = db.client().await;
-    let err = COMMANDS.transition(&**c, "cmd_1", 1, CommandState::Succeeded).await;
-    let err = better_compute_core::Error::from(err.unwrap_err());
-    assert_eq!(err.code, ErrorCode::FailedPrecondition);
-    assert_eq!(err.details["reason"], "ILLEGAL_TRANSITION");
-    let row = c.query_one("SELECT state, version FROM scratch_commands", &[]).await.unwrap();
-    assert_eq!((row.get::<_, String>(0), row.get::<_, i64>(1)), ("pending".to_owned(), 1));
-}
-
-#[tokio::test]
-async fn a_stale_version_is_a_conflict() {
-    let db = commands_db().await;
-    let c = db.client().await;
-    COMMANDS.transition(&**c, "cmd_1", 1, CommandState::Sent).await.unwrap();
-    let err = better_compute_core::Error::from(COMMANDS.transition(&**c, "cmd_1", 1, CommandState::Cancelled).await.unwrap_err());
-    assert_eq!(err.code, ErrorCode::Conflict);
-    assert_eq!(err.details["currentVersion"], 2);
-    let missing = COMMANDS.transition(&**c, "cmd_nope", 1, CommandState::Sent).await.unwrap_err();
-    assert_eq!(code(missing), ErrorCode::NotFound);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn racing_transitions_from_one_version_let_exactly_one_win() {
-    let db = commands_db().await;
-    let mut tasks = Vec::new();
-    for to in [CommandState::Sent, CommandState::Cancelled, CommandState::Expired, CommandState::Sent] {
-        let pool = db.pool.clone();
-        tasks.push(tokio::spawn(async move {
-            let mut c = pool.get().await.unwrap();
-            let tx = c.transaction().await.unwrap();
-            let r = COMMANDS.transition(&*tx, "cmd_1", 1, to).await.map_err(code);
-            tx.commit().await.unwrap();
-            r
-        }));
-    }
-    let mut wins = 0;
-    for t in tasks {
-        match within("transition", t).await.unwrap() {
-            Ok(_) => wins += 1,
-            Err(c) => assert_eq!(c, ErrorCode::Conflict),
-        }
-    }
-    assert_eq!(wins, 1);
-    let v: i64 = db.client().await.query_one("SELECT version FROM scratch_commands", &[]).await.unwrap().get(0);
-    assert_eq!(v, 2);
 }
 
 #[test]

@@ -42,6 +42,7 @@ pub const NODES_MIGRATIONS: &[Migration] = &[
     Migration::numbered("nodes", "0010_vm_consoles", include_str!("migrations/nodes/0010_vm_consoles.sql")),
     Migration::numbered("nodes", "0011_command_trace", include_str!("migrations/nodes/0011_command_trace.sql")),
     Migration::numbered("nodes", "0012_pool_health_circuits", include_str!("migrations/nodes/0012_pool_health_circuits.sql")),
+    Migration::repeatable("nodes", "state_guards", include_str!("sql/state_guards.sql")),
     Migration::repeatable("nodes", "scope", include_str!("sql/scope.sql")),
     Migration::repeatable("nodes", "drain", include_str!("sql/drain.sql")),
     Migration::repeatable("nodes", "conditions", include_str!("sql/conditions.sql")),

@@ -32,6 +32,7 @@ pub use worker::{Worker, WorkerConfig};
 pub const RUNTIME_MIGRATIONS: &[better_compute_db::Migration] = &[
     better_compute_db::Migration::numbered("runtime", "0001_runtime", include_str!("migrations/runtime/0001_runtime.sql")),
     better_compute_db::Migration::numbered("runtime", "0002_workflows", include_str!("migrations/runtime/0002_workflows.sql")),
+    better_compute_db::Migration::repeatable("runtime", "state_guards", include_str!("sql/state_guards.sql")),
     better_compute_db::Migration::repeatable("runtime", "work_queue", include_str!("sql/work_queue.sql")),
     better_compute_db::Migration::repeatable("runtime", "outbox", include_str!("sql/outbox.sql")),
 ];

@@ -26,6 +26,7 @@ pub const VPS_MIGRATIONS: &[Migration] = &[
     Migration::numbered("vps", "0002_hosts", include_str!("migrations/vps/0002_hosts.sql")),
     Migration::numbered("vps", "0003_usage", include_str!("migrations/vps/0003_usage.sql")),
     Migration::numbered("vps", "0004_images", include_str!("migrations/vps/0004_images.sql")),
+    Migration::repeatable("vps", "state_guards", include_str!("sql/state_guards.sql")),
     Migration::repeatable("vps", "usage", include_str!("sql/usage.sql")),
 ];
 

@@ -5,30 +5,10 @@
 -- first, then the rest of the lock order (docs/architecture.md), and runs with enable_seqscan = off,
 -- as capacity_place does.
 
--- reservationStateTable (better_compute_core::state::RESERVATION_STATE_TABLE) as the database
--- enforces it: no statement moves a reservation along a transition the table does not declare. A
--- test compares the two.
-CREATE OR REPLACE FUNCTION capacity_reservation_may_become(p_from text, p_to text) RETURNS boolean
-LANGUAGE plpgsql IMMUTABLE AS $$
-BEGIN
-  RETURN (p_from, p_to) IN (('pending', 'placed'), ('pending', 'released'), ('pending', 'expired'), ('pending', 'failed'),
-                            ('placed', 'active'), ('placed', 'released'), ('placed', 'expired'), ('placed', 'failed'),
-                            ('active', 'released'), ('active', 'expired'), ('active', 'failed'));
-END $$;
-
-CREATE OR REPLACE FUNCTION capacity_reservation_state_guard() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-  IF NOT capacity_reservation_may_become(OLD.state, NEW.state) THEN
-    RAISE EXCEPTION USING ERRCODE = 'BCFPC',
-      MESSAGE = format('a reservation in state %s cannot become %s', OLD.state, NEW.state),
-      DETAIL = jsonb_build_object('reason', 'ILLEGAL_TRANSITION', 'from', OLD.state, 'to', NEW.state)::text;
-  END IF;
-  RETURN NEW;
-END $$;
-
-CREATE OR REPLACE TRIGGER reservations_state_guard BEFORE UPDATE OF state ON reservations
-  FOR EACH ROW WHEN (OLD.state IS DISTINCT FROM NEW.state) EXECUTE FUNCTION capacity_reservation_state_guard();
+-- The reservation state table's guard is generated (state_guards.sql); these were its hand-written
+-- copy.
+DROP FUNCTION IF EXISTS capacity_reservation_state_guard();
+DROP FUNCTION IF EXISTS capacity_reservation_may_become(text, text);
 
 -- The view of a reservation given its atoms: an expression without subqueries, so the planner
 -- inlines it into the statement that calls it, and a batch builds its views from the atoms it has in

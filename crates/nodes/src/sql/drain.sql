@@ -1,26 +1,8 @@
 -- Drains (drain.rs).
 
--- DRAIN_STATE_TABLE (better_compute_core::state) as the database enforces it: no statement moves a
--- drain along a transition the table does not declare. A test compares the two.
-CREATE OR REPLACE FUNCTION nodes_drain_may_become(p_from text, p_to text) RETURNS boolean
-LANGUAGE sql IMMUTABLE AS $$
-  SELECT (p_from, p_to) IN (('queued', 'draining'), ('queued', 'cancelled'), ('draining', 'drained'),
-                            ('draining', 'cancelled'), ('drained', 'cancelled'), ('drained', 'retired'))
-$$;
-
-CREATE OR REPLACE FUNCTION nodes_drain_state_guard() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-  IF NOT nodes_drain_may_become(OLD.state, NEW.state) THEN
-    RAISE EXCEPTION USING ERRCODE = 'BCFPC',
-      MESSAGE = format('a drain in state %s cannot become %s', OLD.state, NEW.state),
-      DETAIL = jsonb_build_object('reason', 'ILLEGAL_TRANSITION', 'from', OLD.state, 'to', NEW.state)::text;
-  END IF;
-  RETURN NEW;
-END $$;
-
-CREATE OR REPLACE TRIGGER node_drains_state_guard BEFORE UPDATE OF state ON node_drains
-  FOR EACH ROW WHEN (OLD.state IS DISTINCT FROM NEW.state) EXECUTE FUNCTION nodes_drain_state_guard();
+-- The drain state table's guard is generated (state_guards.sql); these were its hand-written copy.
+DROP FUNCTION IF EXISTS nodes_drain_state_guard();
+DROP FUNCTION IF EXISTS nodes_drain_may_become(text, text);
 
 -- How many of a pool's nodes its disruption budget lets be unavailable at once (NULL: no limit).
 -- A share is of the pool's nodes that are not retired, rounded up.

@@ -6,10 +6,10 @@
 use better_compute_capacity::occupant::{self, NodeReservation};
 use better_compute_core::Error;
 use better_compute_nodes::commands::{self, CommandView};
-use better_compute_nodes::devices::{self, DeviceView};
+use better_compute_nodes::inventory::devices::{self, DeviceView};
 use better_compute_nodes::drain::{self, DrainView};
 use better_compute_nodes::inventory::{self, NodeView};
-use better_compute_nodes::session::{self, SessionView};
+use better_compute_nodes::sessions::{self, SessionView};
 use serde::Serialize;
 use tokio_postgres::GenericClient;
 
@@ -68,7 +68,7 @@ pub async fn node(db: &impl GenericClient, node_id: &str) -> Result<NodeDescript
     Ok(NodeDescription {
         reservations: occupant::on_node(db, node_id, DESCRIBE_ITEMS).await?,
         drain: drain::open_drain(db, node_id).await?,
-        session: session::latest(db, node_id).await?,
+        session: sessions::latest(db, node_id).await?,
         recent_commands: commands::recent(db, node_id, DESCRIBE_ITEMS).await?,
         recent_events,
         node,

@@ -11,7 +11,7 @@ pub mod describe;
 pub mod http;
 pub mod method;
 mod methods;
-mod metrics;
+pub mod metrics;
 pub mod tls;
 pub mod openapi;
 pub mod rate_limit;
@@ -85,7 +85,8 @@ impl ApiState {
     /// service's batchers started (call it inside the server's runtime).
     pub fn new(pool: Pool, iam: Arc<Iam>, registry: Arc<Registry>) -> Arc<ApiState> {
         let methods = methods::all().into_iter().map(|m| (m.name, m)).collect();
-        better_compute_runtime::metrics::install();
+        better_compute_runtime::metrics::install(&registry.metrics());
+        better_compute_runtime::metrics::install(metrics::METRICS);
         let (feed, _) = tokio::sync::broadcast::channel(watch::FEED_CAPACITY);
         let reservations = better_compute_capacity::service::Reservations::start(pool.clone(), Default::default());
         Arc::new(ApiState { pool, iam, registry, methods, watch_slow_client_timeout: watch::SLOW_CLIENT_TIMEOUT, watch_revalidate_interval: watch::REVALIDATE_INTERVAL, body_read_timeout: BODY_READ_TIMEOUT, usage_export_page_rows: usage_export::PAGE_ROWS, rate_limiter: rate_limit::RateLimiter::new(Default::default()), clock: tokio::sync::OnceCell::new(), feed, reservations })
@@ -281,29 +282,15 @@ async fn handle(state: &Arc<ApiState>, name: &str, request_id: &str, source: Opt
             Some(_) => Error::invalid_argument("the body ended before its Content-Length"),
             None => too_large(),
         })?;
-    // What the audit log records of this request: made only for a change or a refusal, so a read
-    // spends no digest of its body.
-    let (identity_id, token_id, tenant_id) = (principal.identity_id.clone(), principal.token_id.clone(), principal.tenant_id.clone());
-    let body = bytes.clone();
-    let request = move || better_compute_audit::entry::Request {
-        identity_id: identity_id.clone(),
-        token_id: token_id.clone(),
-        tenant_id: tenant_id.clone(),
-        action: m.name.to_owned(),
-        target: method::target_of(&body),
-        request_id: request_id.to_owned(),
-        source: source.clone(),
-        request_digest: better_compute_audit::entry::digest(&body),
-    };
-    let ctx = Ctx { state: state.clone(), principal };
-    let call = tokio::time::timeout(REQUEST_TIMEOUT, (m.call)(ctx, &bytes));
-    // The changes a mutating method commits are recorded as this request's.
-    let r = if method::reads_only(m.name) { call.await } else { better_compute_audit::entry::serving(request(), call).await };
+    // The request is the actor of what a changing method changes, and of a refusal.
+    let request = Arc::new(method::request_of(&principal, m.name, &bytes, request_id, source));
+    let ctx = Ctx { state: state.clone(), principal, actor: better_compute_audit::Actor::Request(request.clone()), changes: m.changes };
+    let r = tokio::time::timeout(REQUEST_TIMEOUT, (m.call)(ctx, &bytes)).await;
     let r = r.unwrap_or_else(|_| Err(Error::new(ErrorCode::Unavailable, format!("{name} took longer than {}s; retry (with the same idempotency key)", REQUEST_TIMEOUT.as_secs()))));
     // A refusal changed nothing; its entry is written on its own.
     if let Err(e) = &r
         && e.code == ErrorCode::PermissionDenied
-        && let Err(failed) = record_refusal(state, &request()).await
+        && let Err(failed) = record_refusal(state, &request).await
     {
         tracing::warn!(error = %failed, "the refusal's audit entry could not be written");
     }

@@ -5,6 +5,8 @@
 use std::future::Future;
 use std::sync::Arc;
 
+use better_compute_audit::entry::Request;
+use better_compute_audit::Actor;
 use better_compute_core::{Caller, Error};
 use better_compute_db::DbError;
 use better_compute_iam::Principal;
@@ -16,17 +18,17 @@ use serde::Serialize;
 
 use crate::ApiState;
 
-/// What a handler gets: the server's state, who is calling, and the request's id.
+/// What a handler gets: the server's state, who is calling, and the request it makes.
 pub struct Ctx {
     /// Shared state.
     pub state: Arc<ApiState>,
     /// The authenticated caller.
     pub principal: Principal,
-}
-
-/// Whether a method only reads (its last word is a reading verb): reads are not audited.
-pub fn reads_only(method: &str) -> bool {
-    matches!(method.rsplit('.').next(), Some("get" | "list" | "describe" | "findings" | "console" | "export" | "proof" | "availability"))
+    /// The request, as the actor of the changes it makes: a changing method passes it to every
+    /// module function that records one, and [`Ctx::in_tx`] records the others.
+    pub actor: Actor,
+    /// Whether the method changes anything ([`Method::changes`]).
+    pub(crate) changes: bool,
 }
 
 /// The fields a request's target is taken from, in order.
@@ -39,6 +41,20 @@ const TARGET_FIELDS: &[&str] = &[
 pub fn target_of(body: &[u8]) -> String {
     let Ok(serde_json::Value::Object(m)) = serde_json::from_slice::<serde_json::Value>(body) else { return String::new() };
     TARGET_FIELDS.iter().find_map(|f| m.get(*f).and_then(|v| v.as_str()).map(str::to_owned)).unwrap_or_default()
+}
+
+/// What the audit log records of a request to `method` with `body`.
+pub(crate) fn request_of(principal: &Principal, method: &str, body: &[u8], request_id: &str, source: Option<String>) -> Request {
+    Request {
+        identity_id: principal.identity_id.clone(),
+        token_id: principal.token_id.clone(),
+        tenant_id: principal.tenant_id.clone(),
+        action: method.to_owned(),
+        target: target_of(body),
+        request_id: request_id.to_owned(),
+        source,
+        request_digest: better_compute_audit::entry::digest(body),
+    }
 }
 
 impl Ctx {
@@ -58,11 +74,18 @@ impl Ctx {
         Ok(better_compute_db::pool::read_tx(&self.state.pool).await?)
     }
 
-    /// Runs `f` in a transaction on a pooled connection, committing when it succeeds; the change
-    /// is recorded in the audit log in the same transaction (`better_compute_audit::entry`).
+    /// Runs `f` in a transaction on a pooled connection, committing when it succeeds with the
+    /// request's audit entry ([`Actor::record`]): how a change that is one transaction is served.
     pub async fn in_tx<T>(&self, f: impl AsyncFnOnce(&tokio_postgres::Transaction<'_>) -> Result<T, Error>) -> Result<T, Error> {
         let mut db = self.db().await?;
-        better_compute_audit::entry::in_recorded_tx(&mut db, f).await
+        let tx = (**db).transaction().await.map_err(DbError::from)?;
+        let v = f(&tx).await?;
+        if self.changes {
+            let request = self.actor.request().expect("an API call's actor is its request");
+            self.actor.record(&tx, &request.action, &request.target, None).await?;
+        }
+        tx.commit().await.map_err(DbError::from)?;
+        Ok(v)
     }
 
     /// Asks IAM; NOT_FOUND or PERMISSION_DENIED as the resolver decides.
@@ -98,6 +121,9 @@ pub struct Method {
     pub summary: &'static str,
     /// The permission it checks, and where.
     pub permission: &'static str,
+    /// Whether it changes anything: a change's request is its actor, recorded in the audit log
+    /// with what it changed; a read records nothing.
+    pub changes: bool,
     /// The request body's schema.
     pub request: fn(&mut SchemaGenerator) -> Schema,
     /// The response body's schema.
@@ -138,8 +164,29 @@ pub fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, Error> {
     Ok(value)
 }
 
-/// Declares a method over a typed handler.
-pub fn method<Req, Resp, F, Fut>(name: &'static str, summary: &'static str, permission: &'static str, handler: F) -> Method
+/// Declares a method that only reads.
+pub fn read<Req, Resp, F, Fut>(name: &'static str, summary: &'static str, permission: &'static str, handler: F) -> Method
+where
+    Req: DeserializeOwned + JsonSchema + Send + 'static,
+    Resp: Serialize + JsonSchema + 'static,
+    F: Fn(Ctx, Req) -> Fut + Send + Sync + Copy + 'static,
+    Fut: Future<Output = Result<Resp, Error>> + Send + 'static,
+{
+    method(name, summary, permission, false, handler)
+}
+
+/// Declares a method that changes something, recorded in the audit log as its request's.
+pub fn change<Req, Resp, F, Fut>(name: &'static str, summary: &'static str, permission: &'static str, handler: F) -> Method
+where
+    Req: DeserializeOwned + JsonSchema + Send + 'static,
+    Resp: Serialize + JsonSchema + 'static,
+    F: Fn(Ctx, Req) -> Fut + Send + Sync + Copy + 'static,
+    Fut: Future<Output = Result<Resp, Error>> + Send + 'static,
+{
+    method(name, summary, permission, true, handler)
+}
+
+fn method<Req, Resp, F, Fut>(name: &'static str, summary: &'static str, permission: &'static str, changes: bool, handler: F) -> Method
 where
     Req: DeserializeOwned + JsonSchema + Send + 'static,
     Resp: Serialize + JsonSchema + 'static,
@@ -150,6 +197,7 @@ where
         name,
         summary,
         permission,
+        changes,
         request: |g| g.subschema_for::<Req>(),
         response: |g| g.subschema_for::<Resp>(),
         call: Arc::new(move |ctx, body| {

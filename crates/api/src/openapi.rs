@@ -193,7 +193,9 @@ pub fn reference_page<'a>(methods: impl IntoIterator<Item = &'a Method>) -> Stri
          `NOT_FOUND` 404 (also for what you may not see), `CONFLICT` 409, `QUOTA_EXCEEDED` 409 (final until usage or\n\
          the quota changes, so generic retry middleware does not retry it), `FAILED_PRECONDITION` 412,\n\
          `UNSUPPORTED` 422, `RATE_LIMITED` 429 (with `Retry-After`), `UNAVAILABLE` 503, `INTERNAL` 500. Lists take `pageSize` and\n\
-         `pageToken` and answer `items` and `nextPageToken`. The machine-readable document is `GET /v1/openapi.json`.\n\n",
+         `pageToken` and answer `items` and `nextPageToken`. A field's name ends in its unit: `S` for seconds\n\
+         (`durationS`, `ttlS`), `Mib`, `Gib`, `Percent`, `PerS` (the older `ttlSeconds`, `notAfterSeconds` and\n\
+         `graceSeconds` are accepted too). The machine-readable document is `GET /v1/openapi.json`.\n\n",
     );
     for (path, item) in doc["paths"].as_object().into_iter().flatten() {
         let name = path.trim_start_matches("/v1/");

@@ -97,7 +97,7 @@ fn csv_field(v: &Value) -> String {
 pub(crate) async fn export(State(state): State<Arc<ApiState>>, headers: HeaderMap, query: Result<Query<ExportQuery>, axum::extract::rejection::QueryRejection>) -> Response {
     let request_id = crate::new_request_id();
     let started = std::time::Instant::now();
-    let r = open(&state, &headers, query).await;
+    let r = open(&state, &headers, query, &request_id).await;
     crate::metrics::observe("usage.export", r.as_ref().map_or_else(|e| e.code.as_str(), |_| "OK"), started.elapsed());
     match r {
         Ok(r) => r,
@@ -105,11 +105,12 @@ pub(crate) async fn export(State(state): State<Arc<ApiState>>, headers: HeaderMa
     }
 }
 
-async fn open(state: &Arc<ApiState>, headers: &HeaderMap, query: Result<Query<ExportQuery>, axum::extract::rejection::QueryRejection>) -> Result<Response, Error> {
+async fn open(state: &Arc<ApiState>, headers: &HeaderMap, query: Result<Query<ExportQuery>, axum::extract::rejection::QueryRejection>, request_id: &str) -> Result<Response, Error> {
     let principal = state.iam.authenticate(crate::bearer(headers)?).await?;
     state.rate_limiter.take(&principal.token_id, &principal.tenant_id)?;
     let Query(q) = query.map_err(|e| Error::invalid_argument(format!("bad usage.export query: {e}")))?;
-    let ctx = Ctx { state: state.clone(), principal };
+    let request = crate::method::request_of(&principal, "usage.export", b"", request_id, None);
+    let ctx = Ctx { state: state.clone(), principal, actor: better_compute_audit::Actor::Request(std::sync::Arc::new(request)), changes: false };
     let tenant = crate::methods::usage_scope(&ctx, q.tenant_id.as_deref(), q.all_tenants).await?;
     // The first page is read before the answer starts, so a bad period or an unreachable
     // database is an error answer, not a cut stream.

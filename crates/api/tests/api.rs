@@ -8,7 +8,7 @@ use std::time::Duration;
 use better_compute_api::ApiState;
 use better_compute_iam::Iam;
 use better_compute_nodes::inventory::{self, NewGpu, NewNode, NewPool};
-use better_compute_nodes::layout::GpuMode;
+use better_compute_core::gpu_mode::GpuMode;
 use better_compute_runtime::harness::Harness;
 use serde_json::{json, Value};
 
@@ -68,7 +68,7 @@ impl Api {
         .unwrap();
         inventory::adopt(&tx, &node).await.unwrap();
         inventory::report_observed_generation(&tx, &node, 1).await.unwrap();
-        better_compute_capacity::reconcilers::refresh_nodes(&tx, std::slice::from_ref(&node)).await.unwrap();
+        better_compute_capacity::inventory::refresh_nodes(&tx, std::slice::from_ref(&node)).await.unwrap();
         tx.commit().await.unwrap();
         let pg = better_compute_db::pool::connect_pool(&h.db().pgbouncer_connection_string().await, 8).unwrap();
         let iam = Arc::new(Iam::new(pg.clone()));
@@ -143,7 +143,7 @@ impl Api {
         let node = inventory::register_node(&tx, &node).await.unwrap();
         inventory::adopt(&tx, &node).await.unwrap();
         inventory::report_observed_generation(&tx, &node, 1).await.unwrap();
-        better_compute_capacity::reconcilers::refresh_nodes(&tx, std::slice::from_ref(&node)).await.unwrap();
+        better_compute_capacity::inventory::refresh_nodes(&tx, std::slice::from_ref(&node)).await.unwrap();
         tx.commit().await.unwrap();
         pool
     }
@@ -1206,6 +1206,8 @@ async fn a_caller_without_the_permission_learns_nothing_of_the_input_not_even_a_
         (&bare, "commands.run", json!({"nodeId": api.node, "kind": "diag.nvml"})),
         (&bare, "commands.run", json!({"nodeId": api.node, "kind": "diag.nvml", "idempotencyKey": "has space"})),
         (&b.token, "commands.run", json!({"nodeId": api.node, "kind": "diag.nvml"})),
+        (&bare, "commands.cancel", json!({"nodeId": api.node, "commandId": "cmd_x"})),
+        (&bare, "commands.run", json!({"nodeId": "node_hidden", "kind": "diag.nvml", "idempotencyKey": "k"})),
         (&bare, "reservations.create", reservation(&api.pool, None)),
         (&bare, "reservations.extend", json!({"reservationId": "res_x", "endsAt": "2031-01-01T00:00:00Z", "idempotencyKey": ""})),
     ] {
@@ -1213,7 +1215,7 @@ async fn a_caller_without_the_permission_learns_nothing_of_the_input_not_even_a_
         assert!(matches!((s, v["code"].as_str()), (403, Some("PERMISSION_DENIED")) | (404, Some("NOT_FOUND"))), "{m} {body}: {s} {v}");
         refused += 1;
     }
-    assert_eq!(refused, 5);
+    assert_eq!(refused, 7);
     assert_eq!((api.count("commands").await, api.count("idempotency_keys").await), before, "a refused request wrote something");
 }
 
@@ -1859,8 +1861,13 @@ async fn every_change_through_the_api_writes_one_audit_entry_with_it_and_a_refus
     let methods: Vec<String> = api.openapi().await["paths"].as_object().unwrap().iter().filter(|(_, i)| i.get("post").is_some()).map(|(p, _)| p.trim_start_matches("/v1/").to_owned()).collect();
     let mut covered: Vec<&str> = calls.iter().map(|c| c.1).collect();
     covered.extend(["identities.create", "tokens.create", "roleBindings.create", "nodes.retire"]);
+    // What each method declared at registration; a method declared a read must read by its name.
+    let declared: std::collections::HashMap<&str, bool> = better_compute_api::all_methods().iter().map(|m| (m.name, m.changes)).collect();
+    const READ_VERBS: &[&str] = &["get", "list", "describe", "findings", "console", "export", "proof", "availability"];
     for m in &methods {
-        if better_compute_api::method::reads_only(m) || m == "audit.proof" {
+        let changes = declared[m.as_str()];
+        assert_eq!(changes, !READ_VERBS.contains(&m.rsplit('.').next().unwrap()), "{m} is declared {}", if changes { "a change" } else { "a read" });
+        if !changes {
             continue;
         }
         assert!(

@@ -12,21 +12,16 @@
 use std::time::Duration;
 
 use better_compute_db::DbError;
-use better_compute_runtime::{Kind, Outcome, Periodic, ReconcileContext, Reconciler, RunError, ShardBy};
 use serde::Serialize;
 use tokio_postgres::GenericClient;
 
 use crate::entry::{canonical, chain_hash, entry_of, COLUMNS};
 use crate::merkle::{leaf_hash, Frontier, Hash};
 
-/// The job's kind: one singleton key, `all`.
-pub const CHECKPOINT_KIND: Kind = Kind { name: "audit.checkpoint", shard_by: ShardBy::None };
 /// How often it runs.
 pub const EVERY: Duration = Duration::from_secs(10);
 /// Entries placed per run; more makes it run again at once.
 pub const BATCH: i64 = 5000;
-
-const PERIODIC: &[Periodic] = &[Periodic { key: "all", every: EVERY }];
 
 /// What a checkpoint's signature covers.
 pub fn signed_message(tree_size: i64, root: &[u8], chain: &[u8]) -> Vec<u8> {
@@ -126,30 +121,4 @@ pub async fn place(tx: &impl GenericClient, batch: i64, signer: Option<&better_c
     )
     .await?;
     Ok(Placed { entries: rows.len(), tree_size: size })
-}
-
-/// `audit.checkpoint`.
-pub struct CheckpointJob;
-
-#[async_trait::async_trait]
-impl Reconciler for CheckpointJob {
-    fn kind(&self) -> Kind {
-        CHECKPOINT_KIND
-    }
-
-    fn periodic(&self) -> &[Periodic] {
-        PERIODIC
-    }
-
-    async fn run(&self, ctx: &ReconcileContext, _key: &str) -> Result<Outcome, RunError> {
-        let mut c = ctx.client().await?;
-        let tx = ctx.begin_fenced(&mut c).await?;
-        let placed = place(&*tx, BATCH, ctx.registry().command_signer()).await?;
-        let pruned = crate::prune::prune(&*tx).await?;
-        tx.commit().await?;
-        ctx.count("entries placed", placed.entries as u64);
-        ctx.count("entries pruned", pruned);
-        ctx.count("checkpoints", u64::from(placed.entries > 0));
-        Ok(if placed.entries as i64 == BATCH { Outcome::SyncAgain } else { Outcome::Done })
-    }
 }

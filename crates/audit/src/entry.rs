@@ -9,9 +9,9 @@ use serde::Serialize;
 use sha2::Digest;
 use tokio_postgres::GenericClient;
 
-/// Who acted.
+/// Who acted, as an entry holds it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Actor<'a> {
+pub enum EntryActor<'a> {
     /// A person or service through the API, with the token it used.
     Identity {
         /// `idn_…`.
@@ -36,7 +36,7 @@ pub enum Outcome {
 #[derive(Debug, Clone)]
 pub struct NewEntry<'a> {
     /// Who.
-    pub actor: Actor<'a>,
+    pub actor: EntryActor<'a>,
     /// The tenant acted in (none: the fleet).
     pub tenant_id: Option<&'a str>,
     /// What: an API method (`nodes.cordon`) or a job's decision (`health.quarantine`).
@@ -58,7 +58,7 @@ pub fn digest(body: &[u8]) -> String {
     format!("{:x}", sha2::Sha256::digest(body))
 }
 
-/// The API request a task serves: who makes the changes it commits, and how it asked.
+/// An API request: who makes the changes it commits, and how it asked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Request {
     /// `idn_…`.
@@ -83,7 +83,7 @@ impl Request {
     /// The entry of this request with `outcome`.
     pub fn entry(&self, outcome: Outcome) -> NewEntry<'_> {
         NewEntry {
-            actor: Actor::Identity { identity_id: &self.identity_id, token_id: &self.token_id },
+            actor: EntryActor::Identity { identity_id: &self.identity_id, token_id: &self.token_id },
             tenant_id: Some(&self.tenant_id),
             action: &self.action,
             target: &self.target,
@@ -95,63 +95,43 @@ impl Request {
     }
 }
 
-tokio::task_local! {
-    static REQUEST: Request;
+/// Who makes a change: passed explicitly to every module function that records one, and recorded
+/// with [`Actor::record`] in the change's transaction (a batch's with [`with_batch_entries`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Actor {
+    /// A person or service through the API: the request it made.
+    Request(std::sync::Arc<Request>),
+    /// A job of the control plane acting on its own: its kind (`health`) or what acts for it
+    /// (`workflow`).
+    Job(std::borrow::Cow<'static, str>),
 }
 
-/// Runs `f` as serving `request`: each change it commits through [`record_change`] is recorded as
-/// the request's.
-pub async fn serving<F: std::future::Future>(request: Request, f: F) -> F::Output {
-    REQUEST.scope(request, f).await
-}
+impl Actor {
+    /// A job acting on its own, by its kind.
+    pub const fn job(kind: &'static str) -> Actor {
+        Actor::Job(std::borrow::Cow::Borrowed(kind))
+    }
 
-/// Records, in `tx` (the transaction that makes the change), the change the request this task
-/// serves makes; nothing when it serves none (a job, a test). Call it once per committed change,
-/// not on a replayed answer.
-pub async fn record_change(tx: &impl GenericClient) -> Result<(), DbError> {
-    let Ok(request) = REQUEST.try_with(Request::clone) else { return Ok(()) };
-    record(tx, &request.entry(Outcome::Ok)).await.map(|_| ())
-}
+    /// The API request this actor makes, if it is one.
+    pub fn request(&self) -> Option<&Request> {
+        match self {
+            Actor::Request(r) => Some(r),
+            Actor::Job(_) => None,
+        }
+    }
 
-/// [`record_change`] with another target than the request named (the id a create made).
-pub async fn record_change_of(tx: &impl GenericClient, target: &str) -> Result<(), DbError> {
-    let Ok(mut request) = REQUEST.try_with(Request::clone) else { return Ok(()) };
-    request.target = target.to_owned();
-    record(tx, &request.entry(Outcome::Ok)).await.map(|_| ())
-}
-
-/// [`record_change`] in another tenant's log than the caller's: a fleet operator's change to what
-/// one tenant owns (its quota) is that tenant's to read in `audit.list`, with the operator as
-/// its actor.
-pub async fn record_change_in(tx: &impl GenericClient, tenant_id: &str) -> Result<(), DbError> {
-    let Ok(mut request) = REQUEST.try_with(Request::clone) else { return Ok(()) };
-    request.tenant_id = tenant_id.to_owned();
-    record(tx, &request.entry(Outcome::Ok)).await.map(|_| ())
-}
-
-/// Runs `f` in a transaction on `client` and commits it with the change's entry
-/// ([`record_change`]): how a request's change that is one transaction is served.
-pub async fn in_recorded_tx<T, E: From<DbError>>(
-    client: &mut tokio_postgres::Client,
-    f: impl AsyncFnOnce(&tokio_postgres::Transaction<'_>) -> Result<T, E>,
-) -> Result<T, E> {
-    let tx = client.transaction().await.map_err(DbError::from)?;
-    let v = f(&tx).await?;
-    record_change(&tx).await?;
-    tx.commit().await.map_err(DbError::from)?;
-    Ok(v)
-}
-
-/// Records, in `tx`, a decision job `job` took on its own (a node found unreachable, a
-/// reservation ended by a drain, a command it sent).
-pub async fn record_job(tx: &impl GenericClient, job: &str, action: &str, target: &str, tenant_id: Option<&str>) -> Result<(), DbError> {
-    let e = NewEntry { actor: Actor::Job(job), tenant_id, action, target, request_id: None, source: None, outcome: Outcome::Ok, request_digest: None };
-    record(tx, &e).await.map(|_| ())
-}
-
-/// The request this task serves, if any (for work it hands to another task).
-pub fn current_request() -> Option<Request> {
-    REQUEST.try_with(Request::clone).ok()
+    /// Records, in `tx` (the transaction that makes the change), that this actor changed `target`:
+    /// a request's entry names the method its caller called, in the caller's tenant unless
+    /// `tenant_id` names another (a fleet operator's change to what one tenant owns is that
+    /// tenant's to read); a job's names `action`, in `tenant_id` (none: the fleet). Call it once
+    /// per committed change, not on a replayed answer.
+    pub async fn record(&self, tx: &impl GenericClient, action: &str, target: &str, tenant_id: Option<&str>) -> Result<(), DbError> {
+        let e = match self {
+            Actor::Request(r) => NewEntry { target, tenant_id: Some(tenant_id.unwrap_or(&r.tenant_id)), ..r.entry(Outcome::Ok) },
+            Actor::Job(job) => NewEntry { actor: EntryActor::Job(job), tenant_id, action, target, request_id: None, source: None, outcome: Outcome::Ok, request_digest: None },
+        };
+        record(tx, &e).await.map(|_| ())
+    }
 }
 
 fn clip(s: &str, max: usize) -> &str {
@@ -166,8 +146,8 @@ fn clip(s: &str, max: usize) -> &str {
 pub async fn record(tx: &impl GenericClient, e: &NewEntry<'_>) -> Result<String, DbError> {
     let id = AuditEntryId::generate().to_string();
     let (kind, actor_id, token_id) = match e.actor {
-        Actor::Identity { identity_id, token_id } => ("identity", identity_id, Some(token_id)),
-        Actor::Job(job) => ("job", job, None),
+        EntryActor::Identity { identity_id, token_id } => ("identity", identity_id, Some(token_id)),
+        EntryActor::Job(job) => ("job", job, None),
     };
     let outcome = match e.outcome {
         Outcome::Ok => "ok",
@@ -296,18 +276,20 @@ pub(crate) fn entry_of(r: &tokio_postgres::Row) -> Entry {
     }
 }
 
-/// The audit entries of a batch of requests as columns, the parameters of [`with_batch_entries`]:
-/// `(id, identity, token, tenant, action, target, request id, source, digest)`, the entry id NULL
-/// for a request that serves no API call.
-pub type BatchColumns = [Vec<Option<String>>; 9];
+/// The audit entries of a batch's changes as columns, the parameters of [`with_batch_entries`]:
+/// `(id, actor kind, actor, token, tenant, action, target, request id, source, digest)`.
+pub type BatchColumns = [Vec<Option<String>>; 10];
 
-/// [`BatchColumns`] of a batch's requests: each its target and the API request it serves, if any.
-pub fn batch_columns<'a>(jobs: impl Iterator<Item = (&'a str, Option<&'a Request>)>) -> BatchColumns {
+/// [`BatchColumns`] of a batch's changes: each its action (a job's; a request's entry names its
+/// method), its target, its tenant and who made it.
+pub fn batch_columns<'a>(changes: impl Iterator<Item = (&'a str, &'a str, &'a str, &'a Actor)>) -> BatchColumns {
     let mut c: BatchColumns = Default::default();
-    for (target, r) in jobs {
-        let f: [Option<String>; 9] = match r {
-            Some(r) => [
-                Some(AuditEntryId::generate().to_string()),
+    for (action, target, tenant, actor) in changes {
+        let id = Some(AuditEntryId::generate().to_string());
+        let f: [Option<String>; 10] = match actor {
+            Actor::Request(r) => [
+                id,
+                Some("identity".into()),
                 Some(r.identity_id.clone()),
                 Some(r.token_id.clone()),
                 Some(r.tenant_id.clone()),
@@ -317,7 +299,7 @@ pub fn batch_columns<'a>(jobs: impl Iterator<Item = (&'a str, Option<&'a Request
                 r.source.clone(),
                 Some(r.request_digest.clone()),
             ],
-            None => Default::default(),
+            Actor::Job(job) => [id, Some("job".into()), Some(job.to_string()), None, Some(tenant.to_owned()), Some(action.to_owned()), Some(target.to_owned()), None, None, None],
         };
         for (col, v) in c.iter_mut().zip(f) {
             col.push(v);
@@ -328,15 +310,15 @@ pub fn batch_columns<'a>(jobs: impl Iterator<Item = (&'a str, Option<&'a Request
 
 /// Wraps a batch statement whose one column `v` holds a view per request (NULL where the request
 /// was not done) so that each done request's audit entry is written by the same statement; the
-/// entries' columns are parameters `$first` to `$first + 8`.
+/// entries' columns ([`BatchColumns`]) are parameters `$first` to `$first + 9`.
 pub fn with_batch_entries(statement: &str, first: usize) -> String {
-    let p: Vec<String> = (first..first + 9).map(|i| format!("${i}::text[]")).collect();
+    let p: Vec<String> = (first..first + 10).map(|i| format!("${i}::text[]")).collect();
     format!(
         "WITH r AS ({statement}),
               a AS (INSERT INTO audit_entries (id, actor_kind, actor_id, token_id, tenant_id, action, target, request_id, source, outcome, request_digest)
-                    SELECT u.aid, 'identity', u.idn, u.tok, u.ten, u.act, u.tgt, u.req, u.src, 'ok', u.dig
-                      FROM r, unnest({}) WITH ORDINALITY AS u(aid, idn, tok, ten, act, tgt, req, src, dig, n)
-                     WHERE u.aid IS NOT NULL AND r.v[u.n::int] IS NOT NULL)
+                    SELECT u.aid, u.kind, u.who, u.tok, u.ten, u.act, u.tgt, u.req, u.src, 'ok', u.dig
+                      FROM r, unnest({}) WITH ORDINALITY AS u(aid, kind, who, tok, ten, act, tgt, req, src, dig, n)
+                     WHERE r.v[u.n::int] IS NOT NULL)
          SELECT v FROM r",
         p.join(", ")
     )

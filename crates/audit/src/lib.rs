@@ -2,17 +2,20 @@
 //!
 //! An entry ([`entry::record`]) is written in the transaction that makes the change it records,
 //! with no hash, so recording takes no log-wide lock. The `audit.checkpoint` job
-//! ([`checkpoint::CheckpointJob`]) places entries in the log in commit order, chains them
+//! ([`jobs::checkpoint::CheckpointJob`]) places entries in the log in commit order, chains them
 //! (`sha256(previous || canonical entry)`) and signs a checkpoint of the Merkle tree over them
 //! (RFC 6962). [`verify::verify`] checks an export offline; [`log`] reads entries, checkpoints and
 //! proofs.
 
 pub mod checkpoint;
 pub mod entry;
+pub mod jobs;
 pub mod log;
 pub mod merkle;
 pub mod prune;
 pub mod verify;
+
+pub use entry::Actor;
 
 use std::sync::Arc;
 
@@ -39,7 +42,7 @@ impl better_compute_runtime::Module for AuditModule {
     }
 
     fn reconcilers(&self) -> Vec<Arc<dyn Reconciler>> {
-        vec![Arc::new(checkpoint::CheckpointJob)]
+        vec![Arc::new(jobs::checkpoint::CheckpointJob)]
     }
 
     fn permissions(&self) -> Vec<better_compute_runtime::authz::Permission> {
@@ -58,6 +61,6 @@ struct JobDecisions;
 #[async_trait::async_trait]
 impl better_compute_runtime::decisions::DecisionLog for JobDecisions {
     async fn record(&self, tx: &tokio_postgres::Transaction<'_>, d: &better_compute_runtime::decisions::Decision<'_>) -> Result<(), better_compute_db::DbError> {
-        entry::record_job(tx, d.job, d.action, d.target, d.tenant_id).await
+        entry::Actor::Job(d.job.to_owned().into()).record(tx, d.action, d.target, d.tenant_id).await
     }
 }

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use better_compute_audit::entry::{record, Actor, NewEntry, Outcome};
+use better_compute_audit::entry::{record, EntryActor, NewEntry, Outcome};
 use better_compute_audit::verify::{verify, ExportLine};
 use better_compute_audit::{log, merkle, AuditModule};
 use better_compute_runtime::harness::Harness;
@@ -20,7 +20,7 @@ async fn harness() -> (Harness, Vec<u8>) {
 
 fn entry<'a>(target: &'a str) -> NewEntry<'a> {
     NewEntry {
-        actor: Actor::Identity { identity_id: "idn_a", token_id: "tok_a" },
+        actor: EntryActor::Identity { identity_id: "idn_a", token_id: "tok_a" },
         tenant_id: Some("ten_a"),
         action: "nodes.cordon",
         target,

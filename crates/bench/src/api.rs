@@ -139,7 +139,7 @@ pub async fn run(b: ApiBench) -> anyhow::Result<()> {
     let (s, tn, idn) = (service.clone(), tenant.clone(), identity.clone());
     let in_create = measure(b.clients, b.requests / 4, move |_, i| {
         let (s, tn, idn) = (s.clone(), tn.clone(), idn.clone());
-        async move { s.create(Caller { tenant_id: &tn, identity_id: &idn }, &request(&tn, format!("in-{i}"))).await.is_ok() }
+        async move { s.create(&better_compute_audit::Actor::job("bench"), Caller { tenant_id: &tn, identity_id: &idn }, &request(&tn, format!("in-{i}"))).await.is_ok() }
     })
     .await;
     line("reservations.create in-process", &in_create);

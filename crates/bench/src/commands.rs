@@ -87,7 +87,7 @@ pub async fn run(b: CommandsBench) -> anyhow::Result<()> {
                         not_after: Some(Duration::from_secs(600)),
                         min_generation: 0,
                         owner: None,
-                        requested_by: None,
+                        actor: &better_compute_audit::Actor::job("bench"),
                     },
                 )
                 .await

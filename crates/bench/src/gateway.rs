@@ -325,7 +325,7 @@ async fn latency_run(
                 let v = commands::enqueue(
                     &tx,
                     &registry,
-                    NewCommand { node_id: node, kind: "diag.nvml", payload: &payload, idempotency_key: &key, not_after: Some(Duration::from_secs(600)), min_generation: 0, owner: None, requested_by: None },
+                    NewCommand { node_id: node, kind: "diag.nvml", payload: &payload, idempotency_key: &key, not_after: Some(Duration::from_secs(600)), min_generation: 0, owner: None, actor: &better_compute_audit::Actor::job("bench") },
                 )
                 .await?;
                 tx.commit().await?;

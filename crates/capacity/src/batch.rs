@@ -16,7 +16,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use better_compute_audit::entry::Request;
+use better_compute_audit::Actor;
 use better_compute_db::idempotency::{self, IDEMPOTENCY_KEY_TTL};
 use better_compute_db::{DbError, Pool};
 use better_compute_runtime::work_queue;
@@ -79,8 +79,8 @@ struct CreateJob {
     key_hash: Option<Vec<u8>>,
     event_id: String,
     shard: i16,
-    /// The API request it serves: its audit entry commits with the batch.
-    audit: Option<Request>,
+    /// Who asks for it: its audit entry commits with the batch.
+    actor: Actor,
 }
 
 /// A release, in the terms `capacity_release_batch` takes.
@@ -89,8 +89,8 @@ struct ReleaseJob {
     tenant: String,
     event_id: String,
     shard: i16,
-    /// The API request it serves.
-    audit: Option<Request>,
+    /// Who asks for it.
+    actor: Actor,
 }
 
 /// What the batch did with a request.
@@ -170,7 +170,7 @@ impl BatchPlacer {
 
     /// Places a [`batchable`] request in the next batch. `id`, `event_id` and `shard` are the
     /// reservation's id, its event's and its key's shard.
-    pub(crate) async fn place(&self, caller: Caller<'_>, req: &CreateReservation, id: &str, event_id: String, shard: i16) -> Outcome {
+    pub(crate) async fn place(&self, actor: &Actor, caller: Caller<'_>, req: &CreateReservation, id: &str, event_id: String, shard: i16) -> Outcome {
         let key_hash = req
             .idempotency_key
             .as_ref()
@@ -192,15 +192,15 @@ impl BatchPlacer {
             key_hash,
             event_id,
             shard,
-            audit: better_compute_audit::entry::current_request(),
+            actor: actor.clone(),
         };
         submit(&self.creates, &self.counters, job).await
     }
 
     /// Releases the caller's reservation `id` in the next batch.
-    pub(crate) async fn release(&self, caller: Caller<'_>, id: &str, event_id: String, shard: i16) -> Outcome {
-        let audit = better_compute_audit::entry::current_request();
-        submit(&self.releases, &self.counters, ReleaseJob { id: id.to_owned(), tenant: caller.tenant_id.to_owned(), event_id, shard, audit }).await
+    pub(crate) async fn release(&self, actor: &Actor, caller: Caller<'_>, id: &str, event_id: String, shard: i16) -> Outcome {
+        let job = ReleaseJob { id: id.to_owned(), tenant: caller.tenant_id.to_owned(), event_id, shard, actor: actor.clone() };
+        submit(&self.releases, &self.counters, job).await
     }
 }
 
@@ -316,7 +316,7 @@ async fn reserve_batch(db: &tokio_postgres::Client, jobs: &[CreateJob], share: i
     let key_hashes: Vec<Option<&[u8]>> = jobs.iter().map(|j| j.key_hash.as_deref()).collect();
     let shards: Vec<i16> = jobs.iter().map(|j| j.shard).collect();
     let (ttl_s, max_duration_s) = (IDEMPOTENCY_KEY_TTL.as_secs_f64(), MAX_DURATION.as_secs_f64());
-    let audit = better_compute_audit::entry::batch_columns(jobs.iter().map(|j| (j.id.as_str(), j.audit.as_ref())));
+    let audit = better_compute_audit::entry::batch_columns(jobs.iter().map(|j| ("reservations.create", j.id.as_str(), j.tenant.as_str(), &j.actor)));
     let mut params: Vec<(&(dyn ToSql + Sync), Type)> = vec![
         (&ids, Type::TEXT_ARRAY),
         (&tenants, Type::TEXT_ARRAY),
@@ -356,7 +356,7 @@ async fn release_batch(db: &tokio_postgres::Client, jobs: &[ReleaseJob]) -> Resu
     let tenants: Vec<&str> = jobs.iter().map(|j| j.tenant.as_str()).collect();
     let event_ids: Vec<&str> = jobs.iter().map(|j| j.event_id.as_str()).collect();
     let shards: Vec<i16> = jobs.iter().map(|j| j.shard).collect();
-    let audit = better_compute_audit::entry::batch_columns(jobs.iter().map(|j| (j.id.as_str(), j.audit.as_ref())));
+    let audit = better_compute_audit::entry::batch_columns(jobs.iter().map(|j| ("reservations.release", j.id.as_str(), j.tenant.as_str(), &j.actor)));
     let mut params: Vec<(&(dyn ToSql + Sync), Type)> = vec![
         (&ids, Type::TEXT_ARRAY),
         (&tenants, Type::TEXT_ARRAY),

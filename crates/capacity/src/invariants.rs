@@ -6,7 +6,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::SystemTime;
 
 use better_compute_db::DbError;
-use better_compute_nodes::layout::GpuMode;
+use better_compute_core::gpu_mode::GpuMode;
 use tokio_postgres::GenericClient;
 
 /// What [`check`] found.

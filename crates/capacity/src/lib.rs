@@ -7,13 +7,14 @@
 
 pub mod availability;
 pub mod batch;
+pub mod inventory;
 #[cfg(feature = "testing")]
 pub mod invariants;
+pub mod jobs;
 pub mod mode;
 pub mod occupant;
 pub mod placer;
 pub mod quota;
-pub mod reconcilers;
 pub mod reservations;
 pub mod service;
 pub mod spec;
@@ -22,7 +23,7 @@ pub mod usage;
 use std::sync::Arc;
 
 use better_compute_db::Migration;
-use better_compute_runtime::{Kind, Reconciler, ShardBy, Sink};
+use better_compute_runtime::{Reconciler, Sink};
 
 /// The capacity module's migrations: its tables, then its functions, one file per concept, in the
 /// order they call each other (a SQL-language function's callees must exist when it is made).
@@ -44,13 +45,9 @@ pub const CAPACITY_MIGRATIONS: &[Migration] = &[
     Migration::repeatable("capacity", "usage", include_str!("sql/usage.sql")),
 ];
 
-/// Moves a reservation through time (start, end) and retries it while pending; key: reservation
-/// id. One key per reservation, so reservations never contend on a shared queue row.
-pub const RESERVATIONS_KIND: Kind = Kind { name: "capacity.reservations", shard_by: ShardBy::Key };
-/// Keeps a pool's `pool_capacity_rollup` true; key: pool id.
-pub const ROLLUP_KIND: Kind = Kind { name: "capacity.rollup", shard_by: ShardBy::Pool };
-/// `capacity.usage`: one key per pool, closing its reservations' usage windows.
-pub const USAGE_KIND: Kind = Kind { name: "capacity.usage", shard_by: ShardBy::Pool };
+pub use jobs::reservations::RESERVATIONS_KIND;
+pub use jobs::rollup::ROLLUP_KIND;
+pub use jobs::usage::USAGE_KIND;
 
 pub use better_compute_core::Caller;
 
@@ -66,12 +63,21 @@ impl better_compute_runtime::Module for CapacityModule {
         CAPACITY_MIGRATIONS
     }
 
+    fn metrics(&self) -> &'static [better_compute_runtime::metrics::Metric] {
+        use better_compute_runtime::metrics::{m, MetricKind::Counter};
+        const METRICS: &[better_compute_runtime::metrics::Metric] = &[
+            m("better_compute_placements_total", Counter, &["outcome"], "api", "Reservation creates by outcome: placed (or active), pending (no room yet; retried), refused (quota, pool, bad request), unavailable (the database was away)."),
+            m("better_compute_placer_replans_total", Counter, &["reason"], "api", "Nodes that turned a placement away under the lock, each followed by a replan unless the request's attempts were spent: conflict (a concurrent placement took the atoms, or a change made the node ineligible), stale (the candidate index said it fit; under the lock it did not)."),
+        ];
+        METRICS
+    }
+
     fn reconcilers(&self) -> Vec<Arc<dyn Reconciler>> {
-        vec![Arc::new(reconcilers::ReservationsJob), Arc::new(reconcilers::Rollup), Arc::new(reconcilers::UsageJob)]
+        vec![Arc::new(jobs::ReservationsJob), Arc::new(jobs::Rollup), Arc::new(jobs::UsageJob)]
     }
 
     fn subscribers(&self) -> Vec<Arc<dyn Sink>> {
-        vec![Arc::new(reconcilers::InventoryWatcher)]
+        vec![Arc::new(inventory::InventoryWatcher)]
     }
 
     fn node_spec_parts(&self) -> Vec<Arc<dyn better_compute_runtime::nodespec::NodeSpecPart>> {

@@ -11,7 +11,7 @@ use std::time::Duration;
 use better_compute_core::Error;
 use better_compute_db::DbError;
 use better_compute_nodes::inventory;
-use better_compute_nodes::layout::GpuMode;
+use better_compute_core::gpu_mode::GpuMode;
 use better_compute_runtime::outbox::{self, NewEvent};
 use better_compute_runtime::{desired, work_queue};
 use tokio_postgres::Client;
@@ -27,7 +27,7 @@ pub fn change_allocation(uuid: &str, version: i64) -> String {
 }
 
 /// Changes GPU `uuid` to `mode`. `FAILED_PRECONDITION` while anything on it is booked.
-pub async fn change_gpu_mode(client: &mut Client, uuid: &str, mode: &GpuMode) -> Result<(), Error> {
+pub async fn change_gpu_mode(client: &mut Client, actor: &better_compute_audit::Actor, uuid: &str, mode: &GpuMode) -> Result<(), Error> {
     let tx = client.transaction().await.map_err(DbError::from)?;
     // Lock order: nodes, devices. The node row FOR SHARE (an eligibility change waits), then the GPU
     // and every atom of it FOR UPDATE, so no placement can lock them FOR SHARE until we are done.
@@ -116,8 +116,8 @@ pub async fn change_gpu_mode(client: &mut Client, uuid: &str, mode: &GpuMode) ->
         },
     )
     .await?;
-    // Served for a request, its audit entry commits with the change.
-    better_compute_audit::entry::record_change_of(&tx, uuid).await?;
+    // Its audit entry commits with the change.
+    actor.record(&tx, "devices.setMode", uuid, None).await?;
     tx.commit().await.map_err(DbError::from)?;
     work_queue::poke(&*client).await;
     Ok(())

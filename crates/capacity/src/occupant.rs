@@ -68,7 +68,7 @@ impl NodeOccupant for ReservationOccupant {
         for (id, tenant) in &ids {
             let (event_id, shard) = crate::reservations::change_ids(id);
             tx.query_one("SELECT capacity_end($1, NULL, 'released', $2, $3)", &[id, &event_id, &shard]).await?;
-            better_compute_audit::entry::record_job(tx, "drain", "reservations.evict", id, Some(tenant)).await?;
+            better_compute_audit::Actor::job("drain").record(tx, "reservations.evict", id, Some(tenant)).await?;
         }
         Ok(ids.len() as u64)
     }

@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use better_compute_audit::entry as audit;
+use better_compute_audit::Actor;
 use better_compute_core::bounds;
 use better_compute_core::id::{EventId, ReservationId};
 use better_compute_core::state::{ReservationState, State, RESERVATION_STATE_TABLE};
@@ -181,7 +181,7 @@ pub(crate) fn gpu_class(g: &GpuRequest) -> Result<String, Error> {
     }
     bounds::check_text("gpu.model", &g.model, bounds::VALUE_CHARS)?;
     Ok(match (g.kind.as_str(), &g.profile) {
-        ("mig", Some(p)) if better_compute_nodes::layout::parse_mig_profile(p).is_some() => p.clone(),
+        ("mig", Some(p)) if better_compute_core::gpu_mode::parse_mig_profile(p).is_some() => p.clone(),
         ("mig", _) => return Err(Error::invalid_argument("gpu.profile must be a MIG profile like \"3g.40gb\" for kind mig")),
         (_, Some(_)) => return Err(Error::invalid_argument("gpu.profile is only for kind mig")),
         (_, None) => String::new(),
@@ -310,17 +310,17 @@ pub async fn create_in(tx: &Transaction<'_>, caller: Caller<'_>, req: &CreateRes
 /// reservation pending with an `Unschedulable` condition, retried every 30 s. Without an
 /// idempotency key it is one statement; with one, the key's claim and its stored response share
 /// the statement's transaction.
-pub async fn create(client: &mut Client, caller: Caller<'_>, req: &CreateReservation) -> Result<ReservationView, Error> {
+pub async fn create(client: &mut Client, actor: &Actor, caller: Caller<'_>, req: &CreateReservation) -> Result<ReservationView, Error> {
     let d = demand(req)?;
-    create_alone(client, caller, req, &d, &ReservationId::generate().to_string()).await
+    create_alone(client, actor, caller, req, &d, &ReservationId::generate().to_string()).await
 }
 
 /// `reservations.create` through the batch placer (batch.rs): a request of the kind it batches goes
 /// into the next batch, and runs alone as [`create`] does if the batch did not place it.
-pub async fn create_batched(placer: &BatchPlacer, client: &mut Client, caller: Caller<'_>, req: &CreateReservation) -> Result<ReservationView, Error> {
-    match create_in_batch(placer, caller, req).await? {
+pub async fn create_batched(placer: &BatchPlacer, client: &mut Client, actor: &Actor, caller: Caller<'_>, req: &CreateReservation) -> Result<ReservationView, Error> {
+    match create_in_batch(placer, actor, caller, req).await? {
         Ok(v) => Ok(v),
-        Err(alone) => create_run_alone(client, caller, req, alone).await,
+        Err(alone) => create_run_alone(client, actor, caller, req, alone).await,
     }
 }
 
@@ -344,12 +344,12 @@ impl RunAlone {
 /// one (the API: a request holding a pooled connection while it waits for a batcher could starve
 /// the batchers of theirs): the view if the batch placed the request, else what to run alone.
 /// Errors: the request's shape (INVALID_ARGUMENT), as [`create`].
-pub async fn create_in_batch(placer: &BatchPlacer, caller: Caller<'_>, req: &CreateReservation) -> Result<Result<ReservationView, RunAlone>, Error> {
+pub async fn create_in_batch(placer: &BatchPlacer, actor: &Actor, caller: Caller<'_>, req: &CreateReservation) -> Result<Result<ReservationView, RunAlone>, Error> {
     let demand = demand(req)?;
     let id = ReservationId::generate().to_string();
     if batch::batchable(req) {
         let (event_id, shard) = change_ids(&id);
-        match placer.place(caller, req, &id, event_id, shard).await {
+        match placer.place(actor, caller, req, &id, event_id, shard).await {
             Outcome::Done(v) => return Ok(Ok(*v)),
             Outcome::Failed(e) => return Err(e),
             Outcome::RunAlone => {}
@@ -359,21 +359,18 @@ pub async fn create_in_batch(placer: &BatchPlacer, caller: Caller<'_>, req: &Cre
 }
 
 /// The second half of [`create_batched`]: `reservations.create` alone, as [`create`].
-pub async fn create_run_alone(client: &mut Client, caller: Caller<'_>, req: &CreateReservation, alone: RunAlone) -> Result<ReservationView, Error> {
-    create_alone(client, caller, req, &alone.demand, &alone.id).await
+pub async fn create_run_alone(client: &mut Client, actor: &Actor, caller: Caller<'_>, req: &CreateReservation, alone: RunAlone) -> Result<ReservationView, Error> {
+    create_alone(client, actor, caller, req, &alone.demand, &alone.id).await
 }
 
 /// `reservations.create` as one `capacity_reserve` run, with the idempotency key's claim in its
 /// transaction when there is one.
-async fn create_alone(client: &mut Client, caller: Caller<'_>, req: &CreateReservation, d: &Demand, id: &str) -> Result<ReservationView, Error> {
+async fn create_alone(client: &mut Client, actor: &Actor, caller: Caller<'_>, req: &CreateReservation, d: &Demand, id: &str) -> Result<ReservationView, Error> {
     let Some(key) = req.idempotency_key.as_deref() else {
-        if audit::current_request().is_none() {
-            return Ok(work_queue::poke_after(&*client, reserve(&*client, caller, req, d, id)).await?);
-        }
-        // An API request: its audit entry commits with the reservation.
+        // The audit entry commits with the reservation.
         let tx = client.transaction().await.map_err(DbError::from)?;
         let v = reserve(&tx, caller, req, d, id).await?;
-        audit::record_change_of(&tx, id).await?;
+        actor.record(&tx, "reservations.create", id, Some(caller.tenant_id)).await?;
         tx.commit().await.map_err(DbError::from)?;
         work_queue::poke(&*client).await;
         return Ok(v);
@@ -403,7 +400,7 @@ async fn create_alone(client: &mut Client, caller: Caller<'_>, req: &CreateReser
         Err(e) => return Err(e),
     };
     idempotency::complete(&tx, scope, &serde_json::to_value(&v).expect("view serializes")).await?;
-    audit::record_change_of(&tx, id).await?;
+    actor.record(&tx, "reservations.create", id, Some(caller.tenant_id)).await?;
     tx.commit().await.map_err(DbError::from)?;
     work_queue::poke(&*client).await;
     Ok(v)
@@ -473,46 +470,41 @@ pub async fn list(
 
 /// `reservations.release`: ends the reservation now and returns its quota, devices and scalars, in
 /// one statement (`capacity_end`). Releasing a finished reservation returns it unchanged.
-pub async fn release(client: &mut Client, caller: Caller<'_>, id: &str) -> Result<ReservationView, Error> {
-    release_alone(client, caller, id).await
+pub async fn release(client: &mut Client, actor: &Actor, caller: Caller<'_>, id: &str) -> Result<ReservationView, Error> {
+    release_alone(client, actor, caller, id).await
 }
 
 /// `reservations.release` through the batch placer (batch.rs): in the next batch of releases, and
 /// alone as [`release`] if the batch did not release it (not found, already ended, or the batch
 /// failed).
-pub async fn release_batched(placer: &BatchPlacer, client: &mut Client, caller: Caller<'_>, id: &str) -> Result<ReservationView, Error> {
-    match release_in_batch(placer, caller, id).await? {
+pub async fn release_batched(placer: &BatchPlacer, client: &mut Client, actor: &Actor, caller: Caller<'_>, id: &str) -> Result<ReservationView, Error> {
+    match release_in_batch(placer, actor, caller, id).await? {
         Some(v) => Ok(v),
-        None => release_alone(client, caller, id).await,
+        None => release_alone(client, actor, caller, id).await,
     }
 }
 
 /// The first half of [`release_batched`] (see [`create_in_batch`]): the view if the batch released
 /// it; `None`: run [`release`].
-pub async fn release_in_batch(placer: &BatchPlacer, caller: Caller<'_>, id: &str) -> Result<Option<ReservationView>, Error> {
+pub async fn release_in_batch(placer: &BatchPlacer, actor: &Actor, caller: Caller<'_>, id: &str) -> Result<Option<ReservationView>, Error> {
     let (event_id, shard) = change_ids(id);
-    match placer.release(caller, id, event_id, shard).await {
+    match placer.release(actor, caller, id, event_id, shard).await {
         Outcome::Done(v) => Ok(Some(*v)),
         Outcome::Failed(e) => Err(e),
         Outcome::RunAlone => Ok(None),
     }
 }
 
-async fn release_alone(client: &mut Client, caller: Caller<'_>, id: &str) -> Result<ReservationView, Error> {
+async fn release_alone(client: &mut Client, actor: &Actor, caller: Caller<'_>, id: &str) -> Result<ReservationView, Error> {
     let (event_id, shard) = change_ids(id);
     let params: [(&(dyn ToSql + Sync), Type); 4] =
         [(&id, Type::TEXT), (&caller.tenant_id, Type::TEXT), (&event_id, Type::TEXT), (&shard, Type::INT2)];
-    if audit::current_request().is_some() {
-        // An API request: its audit entry commits with the release.
-        let tx = client.transaction().await.map_err(DbError::from)?;
-        let row = tx.query_typed_one("SELECT capacity_end($1, $2, 'released', $3, $4)", &params).await.map_err(DbError::from)?;
-        audit::record_change_of(&tx, id).await?;
-        tx.commit().await.map_err(DbError::from)?;
-        work_queue::poke(&*client).await;
-        return Ok(from_json(row.get(0))?);
-    }
-    let end = client.query_typed_one("SELECT capacity_end($1, $2, 'released', $3, $4)", &params);
-    let row = work_queue::poke_after(&*client, end).await.map_err(DbError::from)?;
+    // The audit entry commits with the release.
+    let tx = client.transaction().await.map_err(DbError::from)?;
+    let row = tx.query_typed_one("SELECT capacity_end($1, $2, 'released', $3, $4)", &params).await.map_err(DbError::from)?;
+    actor.record(&tx, "reservations.release", id, Some(caller.tenant_id)).await?;
+    tx.commit().await.map_err(DbError::from)?;
+    work_queue::poke(&*client).await;
     Ok(from_json(row.get(0))?)
 }
 
@@ -522,6 +514,7 @@ async fn release_alone(client: &mut Client, caller: Caller<'_>, id: &str) -> Res
 /// answer is `CONFLICT`.
 pub async fn extend(
     client: &mut Client,
+    actor: &Actor,
     caller: Caller<'_>,
     id: &str,
     ends_at: &str,
@@ -639,7 +632,7 @@ pub async fn extend(
     if let Some(scope) = scope {
         idempotency::complete(&tx, scope, &serde_json::to_value(&v).expect("view serializes")).await?;
     }
-    audit::record_change(&tx).await?;
+    actor.record(&tx, "reservations.extend", id, Some(caller.tenant_id)).await?;
     tx.commit().await.map_err(DbError::from)?;
     work_queue::poke(&*client).await;
     Ok(v)
@@ -683,7 +676,7 @@ pub async fn step(tx: &mut Transaction<'_>, id: &str) -> Result<Step, DbError> {
     // The job's move of a reservation through time is its decision, in the tenant's audit log.
     if let Some(action) = action {
         let tenant: String = tx.query_one("SELECT tenant_id FROM reservations WHERE id = $1", &[&id]).await?.get(0);
-        audit::record_job(&*tx, crate::RESERVATIONS_KIND.name, action, id, Some(&tenant)).await?;
+        Actor::job(crate::RESERVATIONS_KIND.name).record(&*tx, action, id, Some(&tenant)).await?;
     }
     Ok(step)
 }

@@ -3,6 +3,7 @@
 //! service's pool. The API, the simulator and the benchmarks hold one each, so the path users hit
 //! is the path the simulator attacks and the benchmarks measure.
 
+use better_compute_audit::Actor;
 use better_compute_core::Error;
 use better_compute_db::{DbError, Pool};
 
@@ -39,8 +40,8 @@ impl Reservations {
 
     /// `reservations.create` (see [`reservations::create`]). A connection is taken only if the
     /// request runs alone: waiting for a batcher while holding one could starve the batchers.
-    pub async fn create(&self, caller: Caller<'_>, req: &CreateReservation) -> Result<ReservationView, Error> {
-        let created = self.create_batched_or_alone(caller, req).await;
+    pub async fn create(&self, actor: &Actor, caller: Caller<'_>, req: &CreateReservation) -> Result<ReservationView, Error> {
+        let created = self.create_batched_or_alone(actor, caller, req).await;
         let outcome = match &created {
             Ok(v) if v.state == "pending" => "pending",
             Ok(_) => "placed",
@@ -51,33 +52,33 @@ impl Reservations {
         created
     }
 
-    async fn create_batched_or_alone(&self, caller: Caller<'_>, req: &CreateReservation) -> Result<ReservationView, Error> {
+    async fn create_batched_or_alone(&self, actor: &Actor, caller: Caller<'_>, req: &CreateReservation) -> Result<ReservationView, Error> {
         let alone = match &self.placer {
-            Some(placer) => match reservations::create_in_batch(placer, caller, req).await? {
+            Some(placer) => match reservations::create_in_batch(placer, actor, caller, req).await? {
                 Ok(v) => return Ok(v),
                 Err(alone) => alone,
             },
             None => reservations::RunAlone::new(req)?,
         };
         let mut c = self.client().await?;
-        reservations::create_run_alone(&mut c, caller, req, alone).await
+        reservations::create_run_alone(&mut c, actor, caller, req, alone).await
     }
 
     /// `reservations.release` (see [`reservations::release`]).
-    pub async fn release(&self, caller: Caller<'_>, id: &str) -> Result<ReservationView, Error> {
+    pub async fn release(&self, actor: &Actor, caller: Caller<'_>, id: &str) -> Result<ReservationView, Error> {
         if let Some(placer) = &self.placer
-            && let Some(v) = reservations::release_in_batch(placer, caller, id).await?
+            && let Some(v) = reservations::release_in_batch(placer, actor, caller, id).await?
         {
             return Ok(v);
         }
         let mut c = self.client().await?;
-        reservations::release(&mut c, caller, id).await
+        reservations::release(&mut c, actor, caller, id).await
     }
 
     /// `reservations.extend` (see [`reservations::extend`]).
-    pub async fn extend(&self, caller: Caller<'_>, id: &str, ends_at: &str, idempotency_key: Option<&str>) -> Result<ReservationView, Error> {
+    pub async fn extend(&self, actor: &Actor, caller: Caller<'_>, id: &str, ends_at: &str, idempotency_key: Option<&str>) -> Result<ReservationView, Error> {
         let mut c = self.client().await?;
-        reservations::extend(&mut c, caller, id, ends_at, idempotency_key).await
+        reservations::extend(&mut c, actor, caller, id, ends_at, idempotency_key).await
     }
 
     /// `reservations.get` (see [`reservations::get`]).

@@ -1,5 +1,5 @@
 //! Usage metering: the fleet's window size, and reading the usage windows the `capacity.usage` job
-//! closes (`reconcilers/usage.rs`, `src/sql/usage.sql`).
+//! closes (`jobs/usage.rs`, `src/sql/usage.sql`).
 
 use better_compute_core::Error;
 use better_compute_db::DbError;

@@ -4,6 +4,7 @@
 
 mod fleet;
 
+use better_compute_audit::Actor;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -15,6 +16,9 @@ use better_compute_core::ErrorCode;
 use better_compute_nodes::actions;
 use better_compute_runtime::harness::Harness;
 use fleet::*;
+
+/// Who makes the changes these tests make.
+static TEST_ACTOR: Actor = Actor::job("test");
 
 async fn count(h: &Harness, sql: &str) -> i64 {
     h.db().client().await.query_one(sql, &[]).await.unwrap().get(0)
@@ -51,7 +55,7 @@ async fn create_together(
     let mut tasks = Vec::new();
     for (caller, req) in reqs {
         let (p, mut c) = (p.clone(), h.db().connect().await);
-        tasks.push(tokio::spawn(async move { reservations::create_batched(&p, &mut c, caller, &req).await }));
+        tasks.push(tokio::spawn(async move { reservations::create_batched(&p, &mut c, &TEST_ACTOR, caller, &req).await }));
     }
     until_waiting(p, n).await;
     drop(held);
@@ -190,7 +194,7 @@ async fn what_a_batch_cannot_place_runs_alone_and_ends_as_it_would_have() {
     assert_eq!(out.iter().filter(|r| r.as_ref().is_ok_and(|v| v.state == "placed")).count(), 1, "{out:?}");
     assert!(p.counters().run_alone.load(Ordering::SeqCst) >= 2);
     // The cordoned node took nothing, and a request with no room left goes pending alone.
-    let v = reservations::create_batched(&p, &mut h.db().connect().await, other, &whole(&f.pool_id, 3)).await.unwrap();
+    let v = reservations::create_batched(&p, &mut h.db().connect().await, &TEST_ACTOR, other, &whole(&f.pool_id, 3)).await.unwrap();
     assert_eq!(v.state, "pending", "{v:?}");
     assert_eq!(v.conditions[0]["type"], "Unschedulable");
     assert_eq!(count(&h, &format!("SELECT count(*) FROM reservations WHERE node_id = '{}'", f.nodes[1])).await, 0);
@@ -209,7 +213,7 @@ async fn index_entries_read(tx: &tokio_postgres::Transaction<'_>, index: &str) -
 async fn one_full_node(h: &Harness) -> (Fleet, tokio_postgres::Client, ReservationView) {
     let f = fleet(h, &exclusive(1), 4).await;
     let mut c = h.db().connect().await;
-    let full = reservations::create(&mut c, ME, &whole(&f.pool_id, 4)).await.unwrap();
+    let full = reservations::create(&mut c, &TEST_ACTOR, ME, &whole(&f.pool_id, 4)).await.unwrap();
     (f, c, full)
 }
 
@@ -237,10 +241,10 @@ async fn a_batch_that_waited_never_books_a_released_gpu_from_before_its_release_
     let pool = better_compute_db::pool::connect_pool(h.db().connection_string(), 2).unwrap();
     let p = BatchPlacer::start(pool, BatchSettings { retries: 0, ..BatchSettings::default() });
     let (bp, mut bc, pool_id) = (p.clone(), h.db().connect().await, f.pool_id.clone());
-    let create = tokio::spawn(async move { reservations::create_batched(&bp, &mut bc, other, &whole(&pool_id, 1)).await });
+    let create = tokio::spawn(async move { reservations::create_batched(&bp, &mut bc, &TEST_ACTOR, other, &whole(&pool_id, 1)).await });
     waits_for_a_lock(&h, "capacity_reserve_batch", "the batch never waited for the quota rows").await;
     h.db().advance(Duration::from_secs(5)).await;
-    reservations::release(&mut c, ME, &full.id).await.unwrap();
+    reservations::release(&mut c, &TEST_ACTOR, ME, &full.id).await.unwrap();
     quota_rows.commit().await.unwrap();
     let v = tokio::time::timeout(Duration::from_secs(60), create).await.expect("create hung").unwrap().unwrap();
     assert_eq!(v.state, "placed", "{v:?}");
@@ -262,10 +266,10 @@ async fn a_request_a_batch_turned_away_is_placed_by_the_next_batch_once_a_releas
     let held = pool.get().await.unwrap();
     let p = BatchPlacer::start(pool.clone(), BatchSettings { retries: 1, ..BatchSettings::default() });
     let (pc, mut cc) = (p.clone(), h.db().connect().await);
-    let create = tokio::spawn(async move { reservations::create_batched(&pc, &mut cc, ME, &whole(&f.pool_id, 2)).await });
+    let create = tokio::spawn(async move { reservations::create_batched(&pc, &mut cc, &TEST_ACTOR, ME, &whole(&f.pool_id, 2)).await });
     until_pool_waiters(&pool, 1).await;
     let (pr, mut cr, id) = (p.clone(), h.db().connect().await, full.id.clone());
-    let release = tokio::spawn(async move { reservations::release_batched(&pr, &mut cr, ME, &id).await });
+    let release = tokio::spawn(async move { reservations::release_batched(&pr, &mut cr, &TEST_ACTOR, ME, &id).await });
     until_pool_waiters(&pool, 2).await;
     drop(held);
     let wait = |t: tokio::task::JoinHandle<_>| async { tokio::time::timeout(Duration::from_secs(60), t).await.expect("hung").unwrap() };
@@ -288,7 +292,7 @@ async fn a_request_tries_as_many_further_batches_as_set_then_runs_alone() {
     for retries in [0u8, 2] {
         let pool = better_compute_db::pool::connect_pool(h.db().connection_string(), 2).unwrap();
         let p = BatchPlacer::start(pool, BatchSettings { retries, ..BatchSettings::default() });
-        let v = reservations::create_batched(&p, &mut c, ME, &whole(&f.pool_id, 1)).await.unwrap();
+        let v = reservations::create_batched(&p, &mut c, &TEST_ACTOR, ME, &whole(&f.pool_id, 1)).await.unwrap();
         assert_eq!(v.state, "pending", "the one-request path decides what fits nowhere: {v:?}");
         assert_eq!(p.counters().retried.load(Ordering::SeqCst), retries as u64);
         assert_eq!(p.counters().run_alone.load(Ordering::SeqCst), 1);
@@ -305,7 +309,7 @@ async fn a_request_carried_to_the_next_batch_never_waits_on_another_batcher_wait
     let pool = better_compute_db::pool::connect_pool(h.db().connection_string(), 4).unwrap();
     let p = BatchPlacer::start(pool, BatchSettings { batchers: 2, retries: 1, ..BatchSettings::default() });
     let req = whole(&f.pool_id, 1);
-    let create = reservations::create_batched(&p, &mut c, ME, &req);
+    let create = reservations::create_batched(&p, &mut c, &TEST_ACTOR, ME, &req);
     let v = tokio::time::timeout(Duration::from_secs(60), create).await.expect("the carried request waited for the queue").unwrap();
     assert_eq!(v.state, "pending", "{v:?}");
     assert_eq!(p.counters().retried.load(Ordering::SeqCst), 1);
@@ -333,9 +337,9 @@ async fn an_idempotency_key_in_a_batch_places_once_and_replays_after() {
         .get(0);
     assert_eq!(stored["id"], a.id.as_str(), "the batch stores the key's response");
     let mut c = h.db().connect().await;
-    assert_eq!(&reservations::create_batched(&p, &mut c, ME, &req).await.unwrap(), a, "a retry replays");
+    assert_eq!(&reservations::create_batched(&p, &mut c, &TEST_ACTOR, ME, &req).await.unwrap(), a, "a retry replays");
     req.gpu.count = 2;
-    assert_eq!(reservations::create_batched(&p, &mut c, ME, &req).await.unwrap_err().code, ErrorCode::Conflict);
+    assert_eq!(reservations::create_batched(&p, &mut c, &TEST_ACTOR, ME, &req).await.unwrap_err().code, ErrorCode::Conflict);
     assert_eq!(count(&h, "SELECT count(*) FROM reservations").await, 2);
 }
 
@@ -347,15 +351,15 @@ async fn a_batched_release_gives_everything_back_once() {
     let mut c = h.db().connect().await;
     let mut held = Vec::new();
     for n in [1, 2, 3] {
-        held.push(reservations::create(&mut c, ME, &whole(&f.pool_id, n)).await.unwrap());
+        held.push(reservations::create(&mut c, &TEST_ACTOR, ME, &whole(&f.pool_id, n)).await.unwrap());
     }
     let ahead = whole_between(&f.pool_id, 2, "2030-01-01T05:00:00Z", "2030-01-01T06:00:00Z");
-    let future = reservations::create(&mut c, ME, &ahead).await.unwrap();
+    let future = reservations::create(&mut c, &TEST_ACTOR, ME, &ahead).await.unwrap();
     h.db().advance(Duration::from_secs(60)).await;
     let mut tasks = Vec::new();
     for id in held.iter().map(|v| v.id.clone()).chain([future.id.clone(), future.id.clone()]) {
         let (p, mut c) = (placer.clone(), h.db().connect().await);
-        tasks.push(tokio::spawn(async move { reservations::release_batched(&p, &mut c, ME, &id).await }));
+        tasks.push(tokio::spawn(async move { reservations::release_batched(&p, &mut c, &TEST_ACTOR, ME, &id).await }));
     }
     let mut views = Vec::new();
     for t in tasks {
@@ -376,9 +380,9 @@ async fn a_batched_release_gives_everything_back_once() {
     assert_eq!(count(&h, "SELECT (sum(total) - sum(idle))::int8 FROM node_atom_counts").await, 0);
     // Not the caller's, or not there: NOT_FOUND from the one-request path.
     let other = Caller { tenant_id: "ten_b", identity_id: "idn_b" };
-    let fresh = reservations::create(&mut c, ME, &whole(&f.pool_id, 1)).await.unwrap();
-    assert_eq!(reservations::release_batched(&placer, &mut c, other, &fresh.id).await.unwrap_err().code, ErrorCode::NotFound);
-    assert_eq!(reservations::release_batched(&placer, &mut c, ME, "res_nope").await.unwrap_err().code, ErrorCode::NotFound);
+    let fresh = reservations::create(&mut c, &TEST_ACTOR, ME, &whole(&f.pool_id, 1)).await.unwrap();
+    assert_eq!(reservations::release_batched(&placer, &mut c, &TEST_ACTOR, other, &fresh.id).await.unwrap_err().code, ErrorCode::NotFound);
+    assert_eq!(reservations::release_batched(&placer, &mut c, &TEST_ACTOR, ME, "res_nope").await.unwrap_err().code, ErrorCode::NotFound);
     assert_eq!(placer.counters().retried.load(Ordering::SeqCst), 0, "a release the batch did not do is not tried again");
     assert_eq!(reservations::get(&c, ME, &fresh.id).await.unwrap().state, "placed");
 }
@@ -389,12 +393,12 @@ async fn a_release_batch_shows_a_reservation_only_to_its_own_tenant() {
     let f = fleet(&h, &exclusive(2), 8).await;
     let (p, held) = held_placer(&h).await;
     let mut c = h.db().connect().await;
-    let first = reservations::create(&mut c, ME, &whole(&f.pool_id, 1)).await.unwrap();
-    let mine = reservations::create(&mut c, ME, &whole(&f.pool_id, 1)).await.unwrap();
+    let first = reservations::create(&mut c, &TEST_ACTOR, ME, &whole(&f.pool_id, 1)).await.unwrap();
+    let mine = reservations::create(&mut c, &TEST_ACTOR, ME, &whole(&f.pool_id, 1)).await.unwrap();
     // Releases `id` through the placer, on connection `c`.
     let release = |caller: Caller<'static>, id: String, mut c: tokio_postgres::Client| {
         let p = p.clone();
-        tokio::spawn(async move { reservations::release_batched(&p, &mut c, caller, &id).await })
+        tokio::spawn(async move { reservations::release_batched(&p, &mut c, &TEST_ACTOR, caller, &id).await })
     };
     // The batcher takes the first release alone and waits for the held connection; the other
     // tenant's release of `mine`, then the owner's, queue up behind it for one batch.
@@ -422,8 +426,8 @@ async fn a_release_batch_reads_only_its_own_reservations_however_many_have_ended
     let f = fleet(&h, &exclusive(2), 8).await;
     let mut c = h.db().connect().await;
     let live: Vec<String> = [
-        reservations::create(&mut c, ME, &whole(&f.pool_id, 1)).await.unwrap().id,
-        reservations::create(&mut c, ME, &whole(&f.pool_id, 1)).await.unwrap().id,
+        reservations::create(&mut c, &TEST_ACTOR, ME, &whole(&f.pool_id, 1)).await.unwrap().id,
+        reservations::create(&mut c, &TEST_ACTOR, ME, &whole(&f.pool_id, 1)).await.unwrap().id,
     ]
     .into();
     // Ended reservations of other tenants, `n` more of them.
@@ -506,17 +510,17 @@ async fn concurrent_batches_and_single_placements_never_double_book_nor_overchar
             for k in 0..6 {
                 let req = whole(&pool_id, 1 + ((i + k) % 3) as i32);
                 let r = if (i + k) % 2 == 0 {
-                    reservations::create_batched(&p, &mut c, me, &req).await
+                    reservations::create_batched(&p, &mut c, &TEST_ACTOR, me, &req).await
                 } else {
-                    reservations::create(&mut c, me, &req).await
+                    reservations::create(&mut c, &TEST_ACTOR, me, &req).await
                 };
                 if let Ok(v) = r
                     && k % 2 == 1
                 {
                     let released = if i % 2 == 0 {
-                        reservations::release_batched(&p, &mut c, me, &v.id).await
+                        reservations::release_batched(&p, &mut c, &TEST_ACTOR, me, &v.id).await
                     } else {
-                        reservations::release(&mut c, me, &v.id).await
+                        reservations::release(&mut c, &TEST_ACTOR, me, &v.id).await
                     };
                     assert_eq!(released.unwrap().state, "released");
                 }

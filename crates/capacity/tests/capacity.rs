@@ -3,14 +3,18 @@
 
 mod fleet;
 
+use better_compute_audit::Actor;
 use std::time::Duration;
 
 use better_compute_capacity::reservations::{self, GpuRequest, Toleration};
 use better_compute_capacity::{mode, quota};
 use better_compute_core::ErrorCode;
 use better_compute_nodes::actions;
-use better_compute_nodes::layout::GpuMode;
+use better_compute_core::gpu_mode::GpuMode;
 use fleet::*;
+
+/// Who makes the changes these tests make.
+static TEST_ACTOR: Actor = Actor::job("test");
 
 async fn count(h: &better_compute_runtime::harness::Harness, sql: &str) -> i64 {
     h.db().client().await.query_one(sql, &[]).await.unwrap().get(0)
@@ -21,7 +25,7 @@ async fn a_reservation_books_whole_gpus_scalars_and_quota_on_one_node() {
     let h = harness().await;
     let f = fleet(&h, &exclusive(3), 8).await;
     let mut c = h.db().connect().await;
-    let r = reservations::create(&mut c, ME, &whole(&f.pool_id, 4)).await.unwrap();
+    let r = reservations::create(&mut c, &TEST_ACTOR, ME, &whole(&f.pool_id, 4)).await.unwrap();
     assert_eq!(r.state, "placed");
     assert_eq!(r.atoms.len(), 4);
     let node = r.node_id.clone().unwrap();
@@ -32,7 +36,7 @@ async fn a_reservation_books_whole_gpus_scalars_and_quota_on_one_node() {
     let vcpu: i32 = c.query_one("SELECT vcpu_allocated FROM node_resources WHERE node_id = $1", &[&node]).await.unwrap().get(0);
     assert_eq!(vcpu, 8);
     // Packing: the next reservation goes to the same, busier node while it fits.
-    let r2 = reservations::create(&mut c, ME, &whole(&f.pool_id, 2)).await.unwrap();
+    let r2 = reservations::create(&mut c, &TEST_ACTOR, ME, &whole(&f.pool_id, 2)).await.unwrap();
     assert_eq!(r2.node_id, r.node_id);
     assert_eq!(reservations::get(&c, ME, &r.id).await.unwrap(), r);
 }
@@ -42,10 +46,10 @@ async fn another_tenant_cannot_see_or_release_a_reservation() {
     let h = harness().await;
     let f = fleet(&h, &exclusive(1), 8).await;
     let mut c = h.db().connect().await;
-    let r = reservations::create(&mut c, ME, &whole(&f.pool_id, 1)).await.unwrap();
+    let r = reservations::create(&mut c, &TEST_ACTOR, ME, &whole(&f.pool_id, 1)).await.unwrap();
     let other = better_compute_capacity::Caller { tenant_id: "ten_b", identity_id: "idn_b" };
     assert_eq!(reservations::get(&c, other, &r.id).await.unwrap_err().code, ErrorCode::NotFound);
-    assert_eq!(reservations::release(&mut c, other, &r.id).await.unwrap_err().code, ErrorCode::NotFound);
+    assert_eq!(reservations::release(&mut c, &TEST_ACTOR, other, &r.id).await.unwrap_err().code, ErrorCode::NotFound);
     assert!(reservations::list(&c, other, None, None, 10).await.unwrap().items.is_empty());
 }
 
@@ -55,8 +59,8 @@ async fn quota_exceeded_is_final_and_writes_nothing() {
     let f = fleet(&h, &exclusive(2), 8).await;
     let mut c = h.db().connect().await;
     quota::set(&c, TENANT, "gpus", 3).await.unwrap();
-    reservations::create(&mut c, ME, &whole(&f.pool_id, 2)).await.unwrap();
-    let err = reservations::create(&mut c, ME, &whole(&f.pool_id, 2)).await.unwrap_err();
+    reservations::create(&mut c, &TEST_ACTOR, ME, &whole(&f.pool_id, 2)).await.unwrap();
+    let err = reservations::create(&mut c, &TEST_ACTOR, ME, &whole(&f.pool_id, 2)).await.unwrap_err();
     assert_eq!(err.code, ErrorCode::QuotaExceeded);
     assert!(err.message.contains("2 of 3 used"), "{}", err.message);
     assert_eq!(count(&h, "SELECT count(*) FROM reservations").await, 1);
@@ -64,7 +68,7 @@ async fn quota_exceeded_is_final_and_writes_nothing() {
     assert_eq!(count(&h, "SELECT used FROM quota_usage WHERE resource = 'vcpu'").await, 8);
     // A tenant without a quota line gets a message that says what to do.
     let stranger = better_compute_capacity::Caller { tenant_id: "ten_new", identity_id: "idn_new" };
-    let err = reservations::create(&mut c, stranger, &whole(&f.pool_id, 1)).await.unwrap_err();
+    let err = reservations::create(&mut c, &TEST_ACTOR, stranger, &whole(&f.pool_id, 1)).await.unwrap_err();
     assert!(err.message.contains("ask an operator"), "{}", err.message);
     // Lowering a quota below what is in use is refused.
     assert_eq!(
@@ -93,7 +97,7 @@ async fn bad_input_is_refused_with_the_field_named_and_nothing_written() {
         (whole(&f.pool_id, 9), ErrorCode::FailedPrecondition, "most on one node is 8"),
     ];
     for (req, code, needle) in cases {
-        let err = reservations::create(&mut c, ME, &req).await.unwrap_err();
+        let err = reservations::create(&mut c, &TEST_ACTOR, ME, &req).await.unwrap_err();
         assert_eq!(err.code, code, "{needle}: {}", err.message);
         assert!(err.message.contains(needle), "expected {needle:?} in {:?}", err.message);
     }
@@ -117,18 +121,18 @@ async fn ineligible_nodes_and_gpus_are_skipped() {
     }
     // Node 3 has not converged yet.
     c.execute("UPDATE nodes SET observed_generation = 0 WHERE id = $1", &[&f.nodes[3]]).await.unwrap();
-    let r = reservations::create(&mut c, ME, &whole(&f.pool_id, 1)).await.unwrap();
+    let r = reservations::create(&mut c, &TEST_ACTOR, ME, &whole(&f.pool_id, 1)).await.unwrap();
     assert_eq!(r.state, "pending", "{r:?}");
     assert_eq!(r.conditions[0]["type"], "Unschedulable");
     // Tolerating the taint opens node 1.
     let mut tolerant = whole(&f.pool_id, 2);
     tolerant.tolerations = vec![Toleration { key: "dedicated".into(), value: Some("team-x".into()) }];
-    let r = reservations::create(&mut c, ME, &tolerant).await.unwrap();
+    let r = reservations::create(&mut c, &TEST_ACTOR, ME, &tolerant).await.unwrap();
     assert_eq!(r.node_id.as_deref(), Some(f.nodes[1].as_str()));
     // A node selector that no node matches.
     let mut picky = whole(&f.pool_id, 1);
     picky.node_selector.insert("rack".into(), serde_json::json!("r9"));
-    assert_eq!(reservations::create(&mut c, ME, &picky).await.unwrap().state, "pending");
+    assert_eq!(reservations::create(&mut c, &TEST_ACTOR, ME, &picky).await.unwrap().state, "pending");
 }
 
 /// Whether a node's atom counts say it is open (all its rows agree, or this fails).
@@ -200,9 +204,9 @@ async fn a_stale_open_flag_costs_a_replan_never_a_placement_and_the_rollup_puts_
     c.execute("UPDATE node_atom_counts SET open = true, idle = 1 WHERE node_id = $1", &[&f.nodes[0]]).await.unwrap();
     // The only candidate: tried, and turned away by the recheck under the node's lock, which the
     // placer's replan counter shows (the recorder is this test process's own).
-    better_compute_runtime::metrics::install();
+    better_compute_runtime::metrics::install(&[]);
     let before = replans("conflict");
-    let r = reservations::create(&mut c, ME, &whole(&f.pool_id, 1)).await.unwrap();
+    let r = reservations::create(&mut c, &TEST_ACTOR, ME, &whole(&f.pool_id, 1)).await.unwrap();
     assert_eq!(r.state, "pending", "{r:?}");
     let why = r.conditions[0]["message"].as_str().unwrap_or_default().to_owned();
     assert!(why.contains(&format!("{}: became ineligible", f.nodes[0])), "{why}");
@@ -214,7 +218,7 @@ async fn a_stale_open_flag_costs_a_replan_never_a_placement_and_the_rollup_puts_
         tx.commit().await.unwrap();
     }
     for _ in 0..3 {
-        let r = reservations::create(&mut c, ME, &whole(&f.pool_id, 1)).await.unwrap();
+        let r = reservations::create(&mut c, &TEST_ACTOR, ME, &whole(&f.pool_id, 1)).await.unwrap();
         assert_eq!(r.node_id.as_deref(), Some(f.nodes[1].as_str()), "{r:?}");
     }
     // The pool's rollup, as after any inventory change, closes it again.
@@ -231,14 +235,14 @@ async fn a_stale_idle_count_costs_a_replan_that_the_replan_counter_shows() {
     let h = harness().await;
     let f = fleet(&h, &exclusive(2), 4).await;
     let mut c = h.db().connect().await;
-    let full = reservations::create(&mut c, ME, &whole(&f.pool_id, 4)).await.unwrap();
+    let full = reservations::create(&mut c, &TEST_ACTOR, ME, &whole(&f.pool_id, 4)).await.unwrap();
     let full_node = full.node_id.clone().unwrap();
     // The full node's count says one GPU is idle: best fit tries it first, and the atoms' own
     // bookings turn it away under the lock.
     c.execute("UPDATE node_atom_counts SET idle = 1 WHERE node_id = $1", &[&full_node]).await.unwrap();
-    better_compute_runtime::metrics::install();
+    better_compute_runtime::metrics::install(&[]);
     let (conflict, stale) = (replans("conflict"), replans("stale"));
-    let r = reservations::create(&mut c, ME, &whole(&f.pool_id, 1)).await.unwrap();
+    let r = reservations::create(&mut c, &TEST_ACTOR, ME, &whole(&f.pool_id, 1)).await.unwrap();
     assert_eq!(r.state, "placed", "{r:?}");
     assert_ne!(r.node_id.as_deref(), Some(full_node.as_str()));
     assert_eq!((replans("conflict") - conflict, replans("stale") - stale), (0, 1));
@@ -252,15 +256,15 @@ async fn what_fits_and_when_counts_one_nodes_free_atoms_and_finds_the_end_of_a_b
     let mut c = h.db().connect().await;
     let gpu = |count| GpuRequest { kind: "gpu".into(), model: MODEL.into(), profile: None, count };
     // Node A full for an hour, node B with one GPU left for two.
-    let a = reservations::create(&mut c, ME, &whole(&f.pool_id, 4)).await.unwrap();
-    let b = reservations::create(&mut c, ME, &reservations::CreateReservation { duration_s: Some(7200), ..whole(&f.pool_id, 3) }).await.unwrap();
+    let a = reservations::create(&mut c, &TEST_ACTOR, ME, &whole(&f.pool_id, 4)).await.unwrap();
+    let b = reservations::create(&mut c, &TEST_ACTOR, ME, &reservations::CreateReservation { duration_s: Some(7200), ..whole(&f.pool_id, 3) }).await.unwrap();
     assert_ne!(a.node_id, b.node_id);
     let two = availability::of(&c, &f.pool_id, &gpu(2), 1800).await.unwrap();
     assert_eq!((two.placeable_atoms, two.most_free_on_one_node_now, two.fits_now), (8, 1, false), "{two:?}");
     // The earliest start is A's end; a reservation made for then is placed.
     let at = |s: &str| better_compute_core::time::parse_rfc3339(s).unwrap();
     assert_eq!(two.earliest_start.as_deref().map(at), Some(at(&a.ends_at)), "{two:?} {a:?}");
-    let later = reservations::create(&mut c, ME, &whole_between(&f.pool_id, 2, &a.ends_at, &b.ends_at)).await.unwrap();
+    let later = reservations::create(&mut c, &TEST_ACTOR, ME, &whole_between(&f.pool_id, 2, &a.ends_at, &b.ends_at)).await.unwrap();
     assert_eq!((later.state.as_str(), later.node_id.as_deref()), ("placed", a.node_id.as_deref()), "{later:?}");
     // One fits now; more than a node has never does; a quarantined GPU is not placeable.
     let one = availability::of(&c, &f.pool_id, &gpu(1), 1800).await.unwrap();
@@ -287,15 +291,15 @@ async fn a_pending_reservation_is_retried_every_30_seconds_and_placed_when_capac
     let h = harness().await;
     let f = fleet(&h, &exclusive(1), 2).await;
     let mut c = h.db().connect().await;
-    let first = reservations::create(&mut c, ME, &whole(&f.pool_id, 2)).await.unwrap();
-    let waiting = reservations::create(&mut c, ME, &whole(&f.pool_id, 1)).await.unwrap();
+    let first = reservations::create(&mut c, &TEST_ACTOR, ME, &whole(&f.pool_id, 2)).await.unwrap();
+    let waiting = reservations::create(&mut c, &TEST_ACTOR, ME, &whole(&f.pool_id, 1)).await.unwrap();
     assert_eq!(waiting.state, "pending");
     assert_eq!(waiting.conditions[0]["reason"], "NoCandidates");
     // Pending still holds its quota charge.
     assert_eq!(count(&h, "SELECT used FROM quota_usage WHERE resource = 'gpus'").await, 3);
     h.job("capacity.reservations").drain(5).await;
     assert_eq!(reservations::get(&c, ME, &waiting.id).await.unwrap().state, "pending");
-    reservations::release(&mut c, ME, &first.id).await.unwrap();
+    reservations::release(&mut c, &TEST_ACTOR, ME, &first.id).await.unwrap();
     h.db().advance(Duration::from_secs(29)).await;
     h.job("capacity.reservations").drain(5).await;
     assert_eq!(reservations::get(&c, ME, &waiting.id).await.unwrap().state, "pending");
@@ -313,7 +317,7 @@ async fn reservations_become_active_at_their_start_and_expire_at_their_end_givin
     let f = fleet(&h, &exclusive(1), 8).await;
     let mut c = h.db().connect().await;
     let later = whole_between(&f.pool_id, 2, "2030-01-01T01:00:00Z", "2030-01-01T02:00:00Z");
-    let r = reservations::create(&mut c, ME, &later).await.unwrap();
+    let r = reservations::create(&mut c, &TEST_ACTOR, ME, &later).await.unwrap();
     assert_eq!((r.state.as_str(), r.starts_at.as_str()), ("placed", "2030-01-01T01:00:00.000000Z"));
     h.job("capacity.reservations").drain(5).await;
     assert_eq!(reservations::get(&c, ME, &r.id).await.unwrap().state, "placed");
@@ -333,7 +337,7 @@ async fn reservations_become_active_at_their_start_and_expire_at_their_end_givin
         .map(|r| r.get(0))
         .collect();
     assert_eq!(events, ["reservation.placed", "reservation.active", "reservation.expired"]);
-    // The job's moves are in the tenant's audit log (its create, made by no request, has none).
+    // The job's moves are in the tenant's audit log (beside its create, the test's own).
     let job = |action: &str| ("capacity.reservations".to_owned(), action.to_owned(), r.id.clone(), Some(TENANT.to_owned()));
     assert_eq!(job_entries(&h, &r.id).await, [job("reservations.activate"), job("reservations.expire")]);
     // Its bookings left the live table whole, for the history.
@@ -349,9 +353,9 @@ async fn release_gives_back_quota_scalars_and_the_future_of_the_bookings_once() 
     let h = harness().await;
     let f = fleet(&h, &exclusive(1), 8).await;
     let mut c = h.db().connect().await;
-    let r = reservations::create(&mut c, ME, &whole(&f.pool_id, 3)).await.unwrap();
+    let r = reservations::create(&mut c, &TEST_ACTOR, ME, &whole(&f.pool_id, 3)).await.unwrap();
     h.db().advance(Duration::from_secs(600)).await;
-    let released = reservations::release(&mut c, ME, &r.id).await.unwrap();
+    let released = reservations::release(&mut c, &TEST_ACTOR, ME, &r.id).await.unwrap();
     assert_eq!(released.state, "released");
     assert_eq!(count(&h, "SELECT coalesce(sum(used), 0)::bigint FROM quota_usage").await, 0);
     assert_eq!(count(&h, "SELECT sum(vcpu_allocated)::bigint FROM node_resources").await, 0);
@@ -365,7 +369,7 @@ async fn release_gives_back_quota_scalars_and_the_future_of_the_bookings_once() 
     );
     assert_eq!((released.atoms.len(), &released.atoms), (3, &r.atoms));
     // Again: unchanged, nothing refunded twice.
-    assert_eq!(reservations::release(&mut c, ME, &r.id).await.unwrap(), released);
+    assert_eq!(reservations::release(&mut c, &TEST_ACTOR, ME, &r.id).await.unwrap(), released);
     assert_eq!(count(&h, "SELECT coalesce(sum(used), 0)::bigint FROM quota_usage").await, 0);
 }
 
@@ -377,22 +381,22 @@ async fn extend_books_the_added_time_or_changes_nothing() {
     let mut first = whole(&f.pool_id, 1);
     first.duration_s = None;
     first.ends_at = Some("2030-01-01T01:00:00Z".into());
-    let r = reservations::create(&mut c, ME, &first).await.unwrap();
-    let e = reservations::extend(&mut c, ME, &r.id, "2030-01-01T02:00:00Z", Some("ext-1")).await.unwrap();
+    let r = reservations::create(&mut c, &TEST_ACTOR, ME, &first).await.unwrap();
+    let e = reservations::extend(&mut c, &TEST_ACTOR, ME, &r.id, "2030-01-01T02:00:00Z", Some("ext-1")).await.unwrap();
     assert_eq!((e.ends_at.as_str(), e.version), ("2030-01-01T02:00:00.000000Z", r.version + 1));
     // A retry with the same key replays.
-    assert_eq!(reservations::extend(&mut c, ME, &r.id, "2030-01-01T02:00:00Z", Some("ext-1")).await.unwrap(), e);
+    assert_eq!(reservations::extend(&mut c, &TEST_ACTOR, ME, &r.id, "2030-01-01T02:00:00Z", Some("ext-1")).await.unwrap(), e);
     // Someone books the GPU after our end; extending into it is a conflict and changes nothing.
     let next = whole_between(&f.pool_id, 1, "2030-01-01T02:00:00Z", "2030-01-01T03:00:00Z");
-    assert_eq!(reservations::create(&mut c, ME, &next).await.unwrap().state, "placed");
-    let err = reservations::extend(&mut c, ME, &r.id, "2030-01-01T02:30:00Z", None).await.unwrap_err();
+    assert_eq!(reservations::create(&mut c, &TEST_ACTOR, ME, &next).await.unwrap().state, "placed");
+    let err = reservations::extend(&mut c, &TEST_ACTOR, ME, &r.id, "2030-01-01T02:30:00Z", None).await.unwrap_err();
     assert_eq!(err.code, ErrorCode::Conflict);
     assert_eq!(reservations::get(&c, ME, &r.id).await.unwrap(), e);
-    let err = reservations::extend(&mut c, ME, &r.id, "2030-01-01T01:30:00Z", None).await.unwrap_err();
+    let err = reservations::extend(&mut c, &TEST_ACTOR, ME, &r.id, "2030-01-01T01:30:00Z", None).await.unwrap_err();
     assert_eq!(err.code, ErrorCode::InvalidArgument);
     // Once its end has come it is over, whether or not capacity.reservations has marked it expired.
     h.db().advance(Duration::from_secs(7200)).await;
-    let err = reservations::extend(&mut c, ME, &r.id, "2030-01-01T05:00:00Z", None).await.unwrap_err();
+    let err = reservations::extend(&mut c, &TEST_ACTOR, ME, &r.id, "2030-01-01T05:00:00Z", None).await.unwrap_err();
     assert_eq!((err.code, err.message.contains("ended at 2030-01-01T02:00:00")), (ErrorCode::FailedPrecondition, true), "{err:?}");
     assert_eq!(reservations::get(&c, ME, &r.id).await.unwrap(), e);
 }
@@ -406,14 +410,14 @@ async fn extend_locks_its_atoms_before_booking_them_as_a_mode_change_does() {
     let h = harness().await;
     let f = fleet(&h, &exclusive(1), 1).await;
     let mut c = h.db().connect().await;
-    let r = reservations::create(&mut c, ME, &whole_between(&f.pool_id, 1, "2030-01-01T00:00:00Z", "2030-01-01T01:00:00Z"))
+    let r = reservations::create(&mut c, &TEST_ACTOR, ME, &whole_between(&f.pool_id, 1, "2030-01-01T00:00:00Z", "2030-01-01T01:00:00Z"))
         .await
         .unwrap();
     let atom = r.atoms[0].clone();
     let mut m = h.db().connect().await;
     let change = m.transaction().await.unwrap();
     change.execute("SELECT 1 FROM devices WHERE id = $1 FOR UPDATE", &[&atom]).await.unwrap();
-    let extend = async { reservations::extend(&mut c, ME, &r.id, "2030-01-01T02:00:00Z", None).await };
+    let extend = async { reservations::extend(&mut c, &TEST_ACTOR, ME, &r.id, "2030-01-01T02:00:00Z", None).await };
     let standin = async {
         waits_for_a_lock(&h, "device", "the extend never waited for the GPU").await;
         let held = change
@@ -442,12 +446,12 @@ async fn an_idempotency_key_makes_a_retried_create_return_the_first_reservation(
     let mut c = h.db().connect().await;
     let mut req = whole(&f.pool_id, 1);
     req.idempotency_key = Some("create-1".into());
-    let a = reservations::create(&mut c, ME, &req).await.unwrap();
-    let b = reservations::create(&mut c, ME, &req).await.unwrap();
+    let a = reservations::create(&mut c, &TEST_ACTOR, ME, &req).await.unwrap();
+    let b = reservations::create(&mut c, &TEST_ACTOR, ME, &req).await.unwrap();
     assert_eq!(a, b);
     assert_eq!(count(&h, "SELECT count(*) FROM reservations").await, 1);
     req.gpu.count = 2;
-    assert_eq!(reservations::create(&mut c, ME, &req).await.unwrap_err().code, ErrorCode::Conflict);
+    assert_eq!(reservations::create(&mut c, &TEST_ACTOR, ME, &req).await.unwrap_err().code, ErrorCode::Conflict);
 }
 
 #[tokio::test]
@@ -457,7 +461,7 @@ async fn list_pages_through_the_tenants_reservations() {
     let mut c = h.db().connect().await;
     let mut ids = Vec::new();
     for _ in 0..5 {
-        ids.push(reservations::create(&mut c, ME, &whole(&f.pool_id, 1)).await.unwrap().id);
+        ids.push(reservations::create(&mut c, &TEST_ACTOR, ME, &whole(&f.pool_id, 1)).await.unwrap().id);
     }
     ids.sort();
     let p1 = reservations::list(&c, ME, None, None, 2).await.unwrap();
@@ -477,16 +481,16 @@ async fn mig_instances_and_slots_are_atoms_and_their_parent_never_is() {
     let mut c = h.db().connect().await;
     let mut mig = whole(&f.pool_id, 2);
     mig.gpu = GpuRequest { kind: "mig".into(), model: MODEL.into(), profile: Some("3g.40gb".into()), count: 2 };
-    let r = reservations::create(&mut c, ME, &mig).await.unwrap();
+    let r = reservations::create(&mut c, &TEST_ACTOR, ME, &mig).await.unwrap();
     assert_eq!(r.atoms, [format!("{}/mig0", f.gpus[0][0]), format!("{}/mig1", f.gpus[0][0])]);
     let mut slots = whole(&f.pool_id, 3);
     slots.gpu = GpuRequest { kind: "slot".into(), model: MODEL.into(), profile: None, count: 3 };
-    let s = reservations::create(&mut c, ME, &slots).await.unwrap();
+    let s = reservations::create(&mut c, &TEST_ACTOR, ME, &slots).await.unwrap();
     assert_eq!(s.atoms.len(), 3);
     assert!(s.atoms.iter().all(|a| a.starts_with(&format!("{}/s", f.gpus[1][0]))));
     // No whole GPU is bookable: both are shared.
     assert_eq!(
-        reservations::create(&mut c, ME, &whole(&f.pool_id, 1)).await.unwrap_err().code,
+        reservations::create(&mut c, &TEST_ACTOR, ME, &whole(&f.pool_id, 1)).await.unwrap_err().code,
         ErrorCode::InvalidArgument
     );
     let q = quota::get(&c, TENANT).await.unwrap();
@@ -500,29 +504,29 @@ async fn a_mode_change_waits_for_an_empty_gpu_then_replaces_its_atoms() {
     let f = fleet(&h, &[GpuMode::Exclusive], 1).await;
     let gpu = f.gpus[0][0].clone();
     let mut c = h.db().connect().await;
-    let r = reservations::create(&mut c, ME, &whole(&f.pool_id, 1)).await.unwrap();
+    let r = reservations::create(&mut c, &TEST_ACTOR, ME, &whole(&f.pool_id, 1)).await.unwrap();
     let to_mig = GpuMode::Mig { layout: vec!["3g.40gb".into(), "3g.40gb".into()] };
-    let err = mode::change_gpu_mode(&mut c, &gpu, &to_mig).await.unwrap_err();
+    let err = mode::change_gpu_mode(&mut c, &TEST_ACTOR, &gpu, &to_mig).await.unwrap_err();
     assert_eq!(err.code, ErrorCode::FailedPrecondition);
     assert!(err.message.contains(&r.id), "{}", err.message);
-    reservations::release(&mut c, ME, &r.id).await.unwrap();
-    mode::change_gpu_mode(&mut c, &gpu, &to_mig).await.unwrap();
+    reservations::release(&mut c, &TEST_ACTOR, ME, &r.id).await.unwrap();
+    mode::change_gpu_mode(&mut c, &TEST_ACTOR, &gpu, &to_mig).await.unwrap();
     // The parent is no longer bookable; its instances are, after the change window.
     let mut mig = whole(&f.pool_id, 1);
     mig.gpu = GpuRequest { kind: "mig".into(), model: MODEL.into(), profile: Some("3g.40gb".into()), count: 1 };
-    assert_eq!(reservations::create(&mut c, ME, &mig).await.unwrap().state, "pending");
+    assert_eq!(reservations::create(&mut c, &TEST_ACTOR, ME, &mig).await.unwrap().state, "pending");
     h.db().advance(mode::CHANGE_WINDOW).await;
-    let on_mig = reservations::create(&mut c, ME, &mig).await.unwrap();
+    let on_mig = reservations::create(&mut c, &TEST_ACTOR, ME, &mig).await.unwrap();
     assert_eq!(on_mig.state, "placed");
-    assert_eq!(reservations::create(&mut c, ME, &whole(&f.pool_id, 1)).await.unwrap_err().code, ErrorCode::InvalidArgument);
+    assert_eq!(reservations::create(&mut c, &TEST_ACTOR, ME, &whole(&f.pool_id, 1)).await.unwrap_err().code, ErrorCode::InvalidArgument);
     // The node's desired state was invalidated, and a bad layout is refused.
     assert!(count(&h, "SELECT count(*) FROM work_queue WHERE kind = 'nodespec'").await >= 1);
     let bad = GpuMode::Mig { layout: vec!["7g.80gb".into(), "1g.10gb".into()] };
-    assert_eq!(mode::change_gpu_mode(&mut c, &gpu, &bad).await.unwrap_err().code, ErrorCode::InvalidArgument);
+    assert_eq!(mode::change_gpu_mode(&mut c, &TEST_ACTOR, &gpu, &bad).await.unwrap_err().code, ErrorCode::InvalidArgument);
     // The next change moves the ended window (the parent and both instances) to the history: only
     // its own window stays live.
-    reservations::release(&mut c, ME, &on_mig.id).await.unwrap();
-    mode::change_gpu_mode(&mut c, &gpu, &GpuMode::Exclusive).await.unwrap();
+    reservations::release(&mut c, &TEST_ACTOR, ME, &on_mig.id).await.unwrap();
+    mode::change_gpu_mode(&mut c, &TEST_ACTOR, &gpu, &GpuMode::Exclusive).await.unwrap();
     let live = "SELECT count(DISTINCT allocation_id) FROM device_bookings";
     assert_eq!(count(&h, live).await, 1);
     assert_eq!(count(&h, "SELECT count(*) FROM device_booking_history WHERE allocation_id LIKE 'change:%'").await, 3);
@@ -534,9 +538,9 @@ async fn a_release_before_the_start_gives_its_atoms_back_to_the_idle_counts() {
     let f = fleet(&h, &exclusive(1), 4).await;
     let mut c = h.db().connect().await;
     let later = whole_between(&f.pool_id, 2, "2030-01-01T01:00:00Z", "2030-01-01T02:00:00Z");
-    let r = reservations::create(&mut c, ME, &later).await.unwrap();
+    let r = reservations::create(&mut c, &TEST_ACTOR, ME, &later).await.unwrap();
     assert_eq!(count(&h, "SELECT sum(total - idle)::bigint FROM node_atom_counts").await, 2);
-    let released = reservations::release(&mut c, ME, &r.id).await.unwrap();
+    let released = reservations::release(&mut c, &TEST_ACTOR, ME, &r.id).await.unwrap();
     // Nothing was held, so nothing is kept; both atoms are idle again.
     assert!(released.atoms.is_empty(), "{released:?}");
     assert_eq!(count(&h, "SELECT count(*) FROM device_bookings").await + count(&h, "SELECT count(*) FROM device_booking_history").await, 0);
@@ -549,7 +553,7 @@ async fn the_rollup_counts_a_pools_atoms_nodes_and_free_scalars() {
     let modes = [GpuMode::Exclusive, GpuMode::Exclusive, GpuMode::TimeSlice { slots: 4 }];
     let f = fleet(&h, &modes, 2).await;
     let mut c = h.db().connect().await;
-    reservations::create(&mut c, ME, &whole(&f.pool_id, 2)).await.unwrap();
+    reservations::create(&mut c, &TEST_ACTOR, ME, &whole(&f.pool_id, 2)).await.unwrap();
     {
         let tx = c.transaction().await.unwrap();
         actions::cordon(&tx, &f.nodes[1]).await.unwrap();
@@ -587,7 +591,7 @@ async fn concurrent_reservations_never_charge_past_the_quota_nor_book_an_atom_tw
         let pool = f.pool_id.clone();
         tasks.push(tokio::spawn(async move {
             let mut c = better_compute_db::pool::connect(&conn).await.unwrap();
-            reservations::create(&mut c, ME, &whole(&pool, 1)).await
+            reservations::create(&mut c, &TEST_ACTOR, ME, &whole(&pool, 1)).await
         }));
     }
     let (mut placed, mut refused) = (0, 0);
@@ -628,14 +632,14 @@ async fn a_nodes_desired_state_follows_its_reservations_and_gpu_modes() {
     assert_eq!(s["agent"]["lanes"][0]["name"], "default");
     assert!(s["allocations"].get("allocations").is_none(), "{s}");
     // A reservation exposes its atoms to its allocation: one new generation.
-    let r = reservations::create(&mut c, ME, &whole(&f.pool_id, 1)).await.unwrap();
+    let r = reservations::create(&mut c, &TEST_ACTOR, ME, &whole(&f.pool_id, 1)).await.unwrap();
     h.job("nodespec").drain(5).await;
     let (generation, _, s) = spec_of(&c, &node).await;
     assert_eq!(generation, 2);
     assert_eq!(s["allocations"]["allocations"][0]["allocationId"], r.id.as_str());
     assert_eq!(s["allocations"]["allocations"][0]["atoms"], serde_json::json!(r.atoms));
     // Released: gone from the spec, one more generation.
-    reservations::release(&mut c, ME, &r.id).await.unwrap();
+    reservations::release(&mut c, &TEST_ACTOR, ME, &r.id).await.unwrap();
     h.job("nodespec").drain(5).await;
     assert_eq!(spec_of(&c, &node).await.0, 3);
     // A daemon's reports only move observedGeneration up.
@@ -644,7 +648,7 @@ async fn a_nodes_desired_state_follows_its_reservations_and_gpu_modes() {
     let v = better_compute_nodes::inventory::get_node(&c, &node).await.unwrap();
     assert_eq!((v.generation, v.observed_generation), (3, 3));
     // A mode change changes the gpus section.
-    mode::change_gpu_mode(&mut c, &f.gpus[0][1], &GpuMode::TimeSlice { slots: 2 }).await.unwrap();
+    mode::change_gpu_mode(&mut c, &TEST_ACTOR, &f.gpus[0][1], &GpuMode::TimeSlice { slots: 2 }).await.unwrap();
     h.job("nodespec").drain(5).await;
     let (generation, _, s) = spec_of(&c, &node).await;
     assert_eq!(generation, 4);
@@ -676,8 +680,8 @@ async fn an_undeclared_transition_is_refused_by_the_database_and_changes_nothing
     let h = harness().await;
     let f = fleet(&h, &exclusive(1), 8).await;
     let mut c = h.db().connect().await;
-    let r = reservations::create(&mut c, ME, &whole(&f.pool_id, 1)).await.unwrap();
-    reservations::release(&mut c, ME, &r.id).await.unwrap();
+    let r = reservations::create(&mut c, &TEST_ACTOR, ME, &whole(&f.pool_id, 1)).await.unwrap();
+    reservations::release(&mut c, &TEST_ACTOR, ME, &r.id).await.unwrap();
     // released is terminal: even a statement written by hand cannot bring it back.
     let err = c.execute("UPDATE reservations SET state = 'active' WHERE id = $1", &[&r.id]).await.unwrap_err();
     let err: better_compute_core::Error = better_compute_db::DbError::from(err).into();
@@ -696,13 +700,13 @@ async fn a_release_takes_the_nodes_counters_before_its_bookings_as_the_placer_do
     let h = harness().await;
     let f = fleet(&h, &exclusive(1), 1).await;
     let mut c = h.db().connect().await;
-    let r = reservations::create(&mut c, ME, &whole(&f.pool_id, 1)).await.unwrap();
+    let r = reservations::create(&mut c, &TEST_ACTOR, ME, &whole(&f.pool_id, 1)).await.unwrap();
     let (node, atom) = (r.node_id.clone().unwrap(), r.atoms[0].clone());
     let mut p = h.db().connect().await;
     let placement = p.transaction().await.unwrap();
     placement.execute("UPDATE node_resources SET vcpu_allocated = vcpu_allocated + 1 WHERE node_id = $1", &[&node]).await.unwrap();
     let id = r.id.clone();
-    let release = tokio::spawn(async move { reservations::release(&mut c, ME, &id).await });
+    let release = tokio::spawn(async move { reservations::release(&mut c, &TEST_ACTOR, ME, &id).await });
     // The release now waits for the node's row, having touched no booking yet.
     waits_for_a_lock(&h, "capacity_end", "the release never waited for the node's counters").await;
     // The placement books the same atom: the release's booking is committed and untouched, so the
@@ -731,16 +735,16 @@ async fn a_placement_that_waited_books_a_released_gpu_only_from_the_instant_its_
     let mut c = h.db().connect().await;
     open_quota(&c, "ten_b").await;
     let other = better_compute_capacity::Caller { tenant_id: "ten_b", identity_id: "idn_b" };
-    let held = reservations::create(&mut c, ME, &whole(&f.pool_id, 1)).await.unwrap();
+    let held = reservations::create(&mut c, &TEST_ACTOR, ME, &whole(&f.pool_id, 1)).await.unwrap();
     let mut z = h.db().connect().await;
     let quota_rows = z.transaction().await.unwrap();
     quota_rows.execute("SELECT 1 FROM quota_usage WHERE tenant_id = 'ten_b' FOR UPDATE", &[]).await.unwrap();
     let mut p = h.db().connect().await;
     let pool = f.pool_id.clone();
-    let create = tokio::spawn(async move { reservations::create(&mut p, other, &whole(&pool, 1)).await });
+    let create = tokio::spawn(async move { reservations::create(&mut p, &TEST_ACTOR, other, &whole(&pool, 1)).await });
     waits_for_a_lock(&h, "capacity_reserve", "the create never waited for its quota rows").await;
     h.db().advance(Duration::from_secs(5)).await;
-    reservations::release(&mut c, ME, &held.id).await.unwrap();
+    reservations::release(&mut c, &TEST_ACTOR, ME, &held.id).await.unwrap();
     quota_rows.commit().await.unwrap();
     let v = tokio::time::timeout(Duration::from_secs(30), create).await.expect("create hung").unwrap().unwrap();
     assert_eq!((v.state.as_str(), &v.atoms), ("placed", &held.atoms));
@@ -776,7 +780,7 @@ async fn a_reservation_run_commits_each_step_so_its_wake_ups_never_wait_on_a_rel
     let node = f.nodes[0].clone();
     let mut c = h.db().connect().await;
     let later = whole_between(&f.pool_id, 2, "2030-01-01T01:00:00Z", "2030-01-01T01:00:20Z");
-    let r = reservations::create(&mut c, ME, &later).await.unwrap();
+    let r = reservations::create(&mut c, &TEST_ACTOR, ME, &later).await.unwrap();
     h.job("capacity.reservations").drain(5).await;
     h.db().advance(Duration::from_secs(3610)).await;
     // The worker renews its leases (and queues its periodic keys) now; the clock will move 12 s
@@ -845,7 +849,7 @@ async fn a_taint_and_a_refresh_lock_a_nodes_count_rows_in_the_same_order() {
     let f = fleet(&h, &exclusive(1), 2).await;
     let node = f.nodes[0].clone();
     let mut c = h.db().connect().await;
-    mode::change_gpu_mode(&mut c, &f.gpus[0][1], &GpuMode::Mig { layout: vec!["3g.40gb".into(), "3g.40gb".into()] }).await.unwrap();
+    mode::change_gpu_mode(&mut c, &TEST_ACTOR, &f.gpus[0][1], &GpuMode::Mig { layout: vec!["3g.40gb".into(), "3g.40gb".into()] }).await.unwrap();
     settle_outbox(&h).await;
     h.job("event-subscribers").drain(20).await;
     // A new version of the gpu row: in the heap it now comes after the mig row, though before it in
@@ -883,7 +887,7 @@ async fn two_releases_racing_end_a_reservation_once_and_give_its_atoms_back_once
     let h = harness().await;
     let f = fleet(&h, &exclusive(1), 4).await;
     let mut c = h.db().connect().await;
-    let r = reservations::create(&mut c, ME, &whole(&f.pool_id, 2)).await.unwrap();
+    let r = reservations::create(&mut c, &TEST_ACTOR, ME, &whole(&f.pool_id, 2)).await.unwrap();
     h.db().advance(Duration::from_secs(60)).await;
     let mut a = h.db().connect().await;
     let first = a.transaction().await.unwrap();
@@ -893,7 +897,7 @@ async fn two_releases_racing_end_a_reservation_once_and_give_its_atoms_back_once
         .unwrap()
         .get(0);
     let id = r.id.clone();
-    let second = tokio::spawn(async move { reservations::release(&mut c, ME, &id).await });
+    let second = tokio::spawn(async move { reservations::release(&mut c, &TEST_ACTOR, ME, &id).await });
     waits_for_a_lock(&h, "capacity_end", "the second release never waited for the first").await;
     first.commit().await.unwrap();
     let v = tokio::time::timeout(Duration::from_secs(30), second).await.expect("release hung").unwrap().unwrap();
@@ -1073,7 +1077,7 @@ async fn a_creates_poke_reaches_the_workers_only_after_the_create_has_committed(
     while pokes.try_recv().is_ok() {}
     let mut c = h.db().connect().await;
     let pool = f.pool_id.clone();
-    let create = tokio::spawn(async move { reservations::create(&mut c, ME, &whole(&pool, 1)).await });
+    let create = tokio::spawn(async move { reservations::create(&mut c, &TEST_ACTOR, ME, &whole(&pool, 1)).await });
     waits_for_a_lock(&h, "capacity_reserve", "the create never waited for the quota lock").await;
     // Queued behind the waiting statement, the poke cannot have run, however long we look.
     assert!(tokio::time::timeout(Duration::from_millis(200), pokes.recv()).await.is_err(), "a poke arrived before the create committed");
@@ -1117,29 +1121,29 @@ async fn a_quarantined_or_unhealthy_gpu_leaves_a_request_pending_and_only_the_ha
     settle_outbox(&h).await;
     h.job("event-subscribers").drain(20).await;
     // The node has 8 GPUs, two out for now: 8 waits instead of being refused as too many.
-    let eight = reservations::create(&mut c, ME, &whole(&f.pool_id, 8)).await.unwrap();
+    let eight = reservations::create(&mut c, &TEST_ACTOR, ME, &whole(&f.pool_id, 8)).await.unwrap();
     assert_eq!(eight.state, "pending", "{eight:?}");
     // Every MIG parent is quarantined: a MIG instance waits too, the pool has them.
     let mut mig = whole(&f.pool_id, 1);
     mig.gpu = GpuRequest { kind: "mig".into(), model: MODEL.into(), profile: Some("3g.40gb".into()), count: 1 };
-    let instance = reservations::create(&mut c, ME, &mig).await.unwrap();
+    let instance = reservations::create(&mut c, &TEST_ACTOR, ME, &mig).await.unwrap();
     assert_eq!(instance.state, "pending", "{instance:?}");
     // What the hardware can never hold is still refused, at once.
-    let err = reservations::create(&mut c, ME, &whole(&f.pool_id, 9)).await.unwrap_err();
+    let err = reservations::create(&mut c, &TEST_ACTOR, ME, &whole(&f.pool_id, 9)).await.unwrap_err();
     assert_eq!((err.code, err.message.contains("most on one node is 8")), (ErrorCode::FailedPrecondition, true), "{err:?}");
     mig.gpu.profile = Some("1g.10gb".into());
-    let err = reservations::create(&mut c, ME, &mig).await.unwrap_err();
+    let err = reservations::create(&mut c, &TEST_ACTOR, ME, &mig).await.unwrap_err();
     assert_eq!(err.code, ErrorCode::InvalidArgument, "{err:?}");
     // A CPU-only request names the GPU model of the nodes it may land on: one the pool lacks can
     // never be placed, and neither can more vCPU, memory or disk than any node has when empty.
     let mut cpu_only = whole(&f.pool_id, 0);
     cpu_only.gpu.model = "A100-40GB".into();
-    let err = reservations::create(&mut c, ME, &cpu_only).await.unwrap_err();
+    let err = reservations::create(&mut c, &TEST_ACTOR, ME, &cpu_only).await.unwrap_err();
     assert_eq!((err.code, err.message.contains("has no gpu A100-40GB atoms")), (ErrorCode::InvalidArgument, true), "{err:?}");
     for (vcpu, memory_mib, disk_gib) in [(129, 1024, 1), (1, 1_048_577, 1), (1, 1024, 8_001)] {
         for gpus in [0, 1] {
             let req = reservations::CreateReservation { vcpu, memory_mib, disk_gib, ..whole(&f.pool_id, gpus) };
-            let err = reservations::create(&mut c, ME, &req).await.unwrap_err();
+            let err = reservations::create(&mut c, &TEST_ACTOR, ME, &req).await.unwrap_err();
             assert_eq!(
                 (err.code, err.message.contains("128 vCPU, 1048576 MiB memory and 8000 GiB disk")),
                 (ErrorCode::FailedPrecondition, true),
@@ -1149,13 +1153,14 @@ async fn a_quarantined_or_unhealthy_gpu_leaves_a_request_pending_and_only_the_ha
     }
     // Exactly a whole node's scalars still fits (the quarantines do not matter to a CPU-only one).
     let full = reservations::CreateReservation { vcpu: 128, memory_mib: 1_048_576, disk_gib: 8_000, ..whole(&f.pool_id, 0) };
-    let v = reservations::create(&mut c, ME, &full).await.unwrap();
+    let v = reservations::create(&mut c, &TEST_ACTOR, ME, &full).await.unwrap();
     assert_eq!(v.state, "placed", "{v:?}");
     assert_eq!(count(&h, "SELECT count(*) FROM reservations").await, 3);
 }
 
-fn request(action: &str) -> better_compute_audit::entry::Request {
-    better_compute_audit::entry::Request {
+/// An API request of `ME`'s to `action`, as the actor of what it changes.
+fn request(action: &str) -> Actor {
+    Actor::Request(std::sync::Arc::new(better_compute_audit::entry::Request {
         identity_id: ME.identity_id.into(),
         token_id: "tok_a".into(),
         tenant_id: ME.tenant_id.into(),
@@ -1164,12 +1169,11 @@ fn request(action: &str) -> better_compute_audit::entry::Request {
         request_id: "req_a".into(),
         source: None,
         request_digest: "0".repeat(64),
-    }
+    }))
 }
 
 #[tokio::test]
 async fn a_reservation_changed_alone_for_an_api_request_commits_its_audit_entry_with_it_and_a_replay_none() {
-    use better_compute_audit::entry::serving;
     let h = harness().await;
     let f = fleet(&h, &exclusive(1), 8).await;
     let mut c = h.db().connect().await;
@@ -1177,18 +1181,20 @@ async fn a_reservation_changed_alone_for_an_api_request_commits_its_audit_entry_
         h.db().connect().await.query("SELECT target FROM audit_entries WHERE action = $1 ORDER BY position", &[&action]).await.unwrap().iter().map(|r| r.get(0)).collect()
     };
     // Without a key, with one, its replay, and one refused (nothing written, nothing recorded).
-    let a = serving(request("reservations.create"), reservations::create(&mut c, ME, &whole(&f.pool_id, 1))).await.unwrap();
+    let a = reservations::create(&mut c, &request("reservations.create"), ME, &whole(&f.pool_id, 1)).await.unwrap();
     let mut keyed = whole(&f.pool_id, 1);
     keyed.idempotency_key = Some("audit-1".into());
-    let b = serving(request("reservations.create"), reservations::create(&mut c, ME, &keyed)).await.unwrap();
-    assert_eq!(serving(request("reservations.create"), reservations::create(&mut c, ME, &keyed)).await.unwrap(), b);
-    assert!(serving(request("reservations.create"), reservations::create(&mut c, ME, &whole("pool_none", 1))).await.is_err());
+    let b = reservations::create(&mut c, &request("reservations.create"), ME, &keyed).await.unwrap();
+    assert_eq!(reservations::create(&mut c, &request("reservations.create"), ME, &keyed).await.unwrap(), b);
+    assert!(reservations::create(&mut c, &request("reservations.create"), ME, &whole("pool_none", 1)).await.is_err());
     assert_eq!(entries("reservations.create").await, [a.id.clone(), b.id.clone()]);
-    serving(request("reservations.extend"), reservations::extend(&mut c, ME, &a.id, "2030-01-01T03:00:00Z", None)).await.unwrap();
-    serving(request("reservations.release"), reservations::release(&mut c, ME, &b.id)).await.unwrap();
+    reservations::extend(&mut c, &request("reservations.extend"), ME, &a.id, "2030-01-01T03:00:00Z", None).await.unwrap();
+    reservations::release(&mut c, &request("reservations.release"), ME, &b.id).await.unwrap();
     assert_eq!(entries("reservations.extend").await.len(), 1);
     assert_eq!(entries("reservations.release").await, std::slice::from_ref(&b.id));
-    // Outside a request (a job, a test) nothing is recorded.
-    reservations::release(&mut c, ME, &a.id).await.unwrap();
-    assert_eq!(entries("reservations.release").await.len(), 1);
+    // A job's change is recorded too, as the job's.
+    reservations::release(&mut c, &TEST_ACTOR, ME, &a.id).await.unwrap();
+    assert_eq!(entries("reservations.release").await.len(), 2);
+    let kinds: Vec<String> = c.query("SELECT actor_kind FROM audit_entries WHERE action = 'reservations.release' ORDER BY position", &[]).await.unwrap().iter().map(|r| r.get(0)).collect();
+    assert_eq!(kinds, ["identity", "job"]);
 }

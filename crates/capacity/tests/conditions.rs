@@ -6,7 +6,7 @@ mod fleet;
 
 use std::time::Duration;
 
-use better_compute_nodes::conditions::NODE_KIND;
+use better_compute_nodes::jobs::node::NODE_KIND;
 use better_compute_nodes::{actions, inventory};
 use better_compute_runtime::harness::Harness;
 use better_compute_runtime::work_queue;

@@ -5,6 +5,7 @@
 
 mod fleet;
 
+use better_compute_audit::Actor;
 use std::time::Duration;
 
 use better_compute_capacity::reservations;
@@ -14,6 +15,9 @@ use better_compute_nodes::actions;
 use better_compute_nodes::drain::{self, Budget, DrainMode, DrainRequest, DrainView};
 use better_compute_runtime::harness::Harness;
 use fleet::*;
+
+/// Who makes the changes these tests make.
+static TEST_ACTOR: Actor = Actor::job("test");
 
 async fn request(h: &Harness, node: &str, mode: DrainMode, deadline: Option<&str>) -> Result<DrainView, better_compute_core::Error> {
     let mut c = h.db().client().await;
@@ -53,7 +57,7 @@ async fn reserve_on(h: &Harness, f: &Fleet, node: usize) -> reservations::Reserv
     let mut c = h.db().client().await;
     let mut req = whole(&f.pool_id, 1);
     req.node_selector = serde_json::Map::from_iter([("rack".to_owned(), serde_json::json!(format!("r{}", node % 4)))]);
-    let r = reservations::create(&mut c, ME, &req).await.unwrap();
+    let r = reservations::create(&mut c, &TEST_ACTOR, ME, &req).await.unwrap();
     assert_eq!(r.node_id.as_deref(), Some(f.nodes[node].as_str()), "{r:?}");
     r
 }
@@ -82,7 +86,7 @@ async fn a_wait_drain_cordons_at_once_and_is_drained_when_the_last_reservation_e
     let mut c = h.db().client().await;
     let mut req = whole(&f.pool_id, 1);
     req.node_selector = serde_json::Map::from_iter([("rack".to_owned(), serde_json::json!("r0"))]);
-    assert_eq!(reservations::create(&mut c, ME, &req).await.unwrap().state, "pending");
+    assert_eq!(reservations::create(&mut c, &TEST_ACTOR, ME, &req).await.unwrap().state, "pending");
 
     // The reservation runs to its end; the drain follows without anyone asking.
     h.db().advance(Duration::from_secs(3601)).await;
@@ -319,12 +323,12 @@ async fn evictions_batch_placements_and_releases_running_together_never_deadlock
         workers.push(tokio::spawn(async move {
             let mut created = 0;
             for round in 0..ROUNDS {
-                let v = reservations::create_batched(&placer, &mut c, caller, &whole(&pool_id, 1)).await.expect("create");
+                let v = reservations::create_batched(&placer, &mut c, &TEST_ACTOR, caller, &whole(&pool_id, 1)).await.expect("create");
                 created += 1;
                 let released = if round % 2 == 0 {
-                    reservations::release(&mut c, caller, &v.id).await
+                    reservations::release(&mut c, &TEST_ACTOR, caller, &v.id).await
                 } else {
-                    reservations::release_batched(&placer, &mut c, caller, &v.id).await
+                    reservations::release_batched(&placer, &mut c, &TEST_ACTOR, caller, &v.id).await
                 };
                 // Released by the tenant, or evicted first (released too).
                 assert_eq!(released.expect("release").state, "released");
@@ -339,14 +343,14 @@ async fn evictions_batch_placements_and_releases_running_together_never_deadlock
             for caller in TENANTS.iter().rev() {
                 let mut req = whole(&pool_id, 1);
                 req.node_selector = serde_json::Map::from_iter([("rack".to_owned(), serde_json::json!("r0"))]);
-                let v = reservations::create(&mut c, *caller, &req).await.expect("create on the evicted node");
+                let v = reservations::create(&mut c, &TEST_ACTOR, *caller, &req).await.expect("create on the evicted node");
                 // Pending when the tenants' placements hold the node's atoms at that moment.
                 match v.node_id.as_deref() {
                     Some(n) => {
                         assert_eq!(n, node);
                         placed += 1;
                     }
-                    None => assert_eq!(reservations::release(&mut c, *caller, &v.id).await.unwrap().state, "released"),
+                    None => assert_eq!(reservations::release(&mut c, &TEST_ACTOR, *caller, &v.id).await.unwrap().state, "released"),
                 }
             }
             let tx = c.transaction().await.unwrap();
@@ -423,11 +427,11 @@ async fn a_reservation_on_a_draining_node_is_not_extended_so_a_wait_drain_ends()
     let mut c = h.db().client().await;
     let later = better_compute_core::time::rfc3339(better_compute_core::time::parse_rfc3339(&held.ends_at).unwrap() + Duration::from_secs(600));
     request(&h, &f.nodes[0], DrainMode::Wait, None).await.unwrap();
-    let e = reservations::extend(&mut c, ME, &held.id, &later, None).await.unwrap_err();
+    let e = reservations::extend(&mut c, &TEST_ACTOR, ME, &held.id, &later, None).await.unwrap_err();
     assert_eq!(e.code, ErrorCode::FailedPrecondition, "{e}");
     assert!(e.message.contains("being drained"), "{e}");
     assert_eq!(reservations::get(&**c, ME, &held.id).await.unwrap().ends_at, held.ends_at, "nothing changed");
     // Undrained, it may be extended again.
     in_tx(&h, async |tx| drain::undrain(tx, &f.nodes[0]).await.unwrap()).await;
-    assert_eq!(reservations::extend(&mut c, ME, &held.id, &later, None).await.unwrap().ends_at[..19], later[..19]);
+    assert_eq!(reservations::extend(&mut c, &TEST_ACTOR, ME, &held.id, &later, None).await.unwrap().ends_at[..19], later[..19]);
 }

@@ -6,6 +6,7 @@
 
 mod fleet;
 
+use better_compute_audit::Actor;
 use std::time::Duration;
 
 use better_compute_capacity::reservations;
@@ -14,6 +15,9 @@ use better_compute_nodes::{actions, commands, health};
 use better_compute_proto::v1::{GpuHealth, Health};
 use better_compute_runtime::harness::Harness;
 use fleet::*;
+
+/// Who makes the changes these tests make.
+static TEST_ACTOR: Actor = Actor::job("test");
 
 async fn report(h: &Harness, node: &str, gpu: &str, xids: &[u32], healthy: bool) {
     let mut c = h.db().client().await;
@@ -52,7 +56,7 @@ async fn a_fatal_xid_quarantines_the_gpu_at_once_and_the_reservation_on_it_keeps
     let mut c = h.db().client().await;
     let mut req = whole(&f.pool_id, 2);
     req.node_selector = serde_json::Map::from_iter([("rack".to_owned(), serde_json::json!("r0"))]);
-    let held = reservations::create(&mut c, ME, &req).await.unwrap();
+    let held = reservations::create(&mut c, &TEST_ACTOR, ME, &req).await.unwrap();
     assert_eq!(held.node_id.as_deref(), Some(f.nodes[0].as_str()));
     // The node is unreachable as well: still nothing is released.
     {
@@ -248,7 +252,7 @@ async fn a_pending_row_remap_resets_a_free_gpu_before_its_check_and_counters_sig
     // A reservation holds the second GPU.
     let mut one = whole(&f.pool_id, 1);
     one.node_selector = serde_json::Map::from_iter([("rack".to_owned(), serde_json::json!("r0"))]);
-    let first = reservations::create(&mut c, ME, &one).await.unwrap();
+    let first = reservations::create(&mut c, &TEST_ACTOR, ME, &one).await.unwrap();
     let held_atoms: Vec<String> = c.query("SELECT device_id FROM device_bookings WHERE allocation_id = $1", &[&first.id]).await.unwrap().iter().map(|r| r.get(0)).collect();
     assert_eq!(held_atoms.len(), 1);
     let (free, held_gpu) = if held_atoms[0] == free { (held_gpu, free) } else { (free, held_gpu) };
@@ -305,7 +309,7 @@ async fn a_health_run_never_holds_up_placements_in_its_pool() {
     let placement = async {
         waits_for_a_lock(&h, "FROM nodes WHERE id = $1 FOR NO KEY UPDATE", "the health run never reached its node").await;
         let v = tokio::select! {
-            v = reservations::create(&mut c, ME, &req) => v.unwrap(),
+            v = reservations::create(&mut c, &TEST_ACTOR, ME, &req) => v.unwrap(),
             _ = waits_for_a_lock(&h, "capacity_reserve", "") => panic!("the placement waited for the health run"),
         };
         node_row.commit().await.unwrap();

@@ -4,15 +4,20 @@
 
 mod fleet;
 
+use better_compute_audit::Actor;
 use std::time::Duration;
 
-use better_compute_nodes::findings::{self, HYGIENE_KIND};
-use better_compute_nodes::{listing, session};
+use better_compute_nodes::inventory::findings;
+use better_compute_nodes::jobs::inventory_hygiene::HYGIENE_KIND;
+use better_compute_nodes::{listing, sessions};
 use better_compute_proto::v1::{GpuInfo, Inventory};
 use better_compute_runtime::harness::Harness;
 use better_compute_capacity::reservations::CreateReservation;
 use better_compute_runtime::work_queue;
 use fleet::*;
+
+/// Who makes the changes these tests make.
+static TEST_ACTOR: Actor = Actor::job("test");
 
 async fn report(h: &Harness, node: &str, gpus: &[&str]) {
     report_host(h, node, gpus, 128, 8_000).await;
@@ -29,7 +34,7 @@ async fn report_host(h: &Harness, node: &str, gpus: &[&str], vcpu: u32, disk_gib
     };
     let mut c = h.db().client().await;
     let tx = c.transaction().await.unwrap();
-    session::report_inventory(&*tx, node, &inv).await.unwrap();
+    sessions::report_inventory(&*tx, node, &inv).await.unwrap();
     tx.commit().await.unwrap();
 }
 
@@ -91,7 +96,7 @@ async fn hygiene_finds_expired_tokens_expiring_certificates_nodes_that_never_con
     // A retired node a reservation still holds (no drain emptied it first).
     let mut req = whole(&f.pool_id, 1);
     req.node_selector = serde_json::Map::from_iter([("rack".to_owned(), serde_json::json!("r2"))]);
-    better_compute_capacity::reservations::create(&mut c, ME, &req).await.unwrap();
+    better_compute_capacity::reservations::create(&mut c, &TEST_ACTOR, ME, &req).await.unwrap();
     c.execute("UPDATE nodes SET retired_at = compute_now() WHERE id = $1", &[&f.nodes[2]]).await.unwrap();
 
     h.db().advance(Duration::from_secs(11 * 60)).await;
@@ -139,22 +144,22 @@ async fn allocatable_follows_the_reported_cpus_down_but_never_below_what_reserva
     let (node, gpus) = (&f.nodes[0], &f.gpus[0]);
     let mut c = h.db().client().await;
     assert_eq!(vcpu_of(&h, node).await, (128, 128, 8_000), "the registration");
-    let held = better_compute_capacity::reservations::create(&mut c, ME, &CreateReservation { vcpu: 100, ..whole(&f.pool_id, 1) }).await.unwrap();
+    let held = better_compute_capacity::reservations::create(&mut c, &TEST_ACTOR, ME, &CreateReservation { vcpu: 100, ..whole(&f.pool_id, 1) }).await.unwrap();
     assert_eq!(held.state, "placed");
 
     // The node now has 64 vCPUs: nothing held is released, and nothing more fits.
     report_vcpu(&h, node, gpus, 64).await;
     assert_eq!(vcpu_of(&h, node).await, (64, 100, 8_000), "held up at what the reservation holds; a disk of 0 is no report");
-    let waits = better_compute_capacity::reservations::create(&mut c, ME, &CreateReservation { vcpu: 1, ..whole(&f.pool_id, 1) }).await.unwrap();
+    let waits = better_compute_capacity::reservations::create(&mut c, &TEST_ACTOR, ME, &CreateReservation { vcpu: 1, ..whole(&f.pool_id, 1) }).await.unwrap();
     assert_eq!(waits.state, "pending", "no vCPU left above what is held");
     assert_eq!(better_compute_capacity::invariants::check(&**c, &Default::default()).await.unwrap().violations, Vec::<String>::new());
 
     // It ends: allocatable comes down to what the node has, and the waiting one fits.
-    better_compute_capacity::reservations::release(&mut c, ME, &held.id).await.unwrap();
+    better_compute_capacity::reservations::release(&mut c, &TEST_ACTOR, ME, &held.id).await.unwrap();
     assert_eq!(vcpu_of(&h, node).await, (64, 64, 8_000));
-    let fits = better_compute_capacity::reservations::create(&mut c, ME, &CreateReservation { vcpu: 64, ..whole(&f.pool_id, 1) }).await.unwrap();
+    let fits = better_compute_capacity::reservations::create(&mut c, &TEST_ACTOR, ME, &CreateReservation { vcpu: 64, ..whole(&f.pool_id, 1) }).await.unwrap();
     assert_eq!(fits.state, "placed");
-    let too_much = better_compute_capacity::reservations::create(&mut c, ME, &CreateReservation { vcpu: 65, ..whole(&f.pool_id, 1) }).await.unwrap_err();
+    let too_much = better_compute_capacity::reservations::create(&mut c, &TEST_ACTOR, ME, &CreateReservation { vcpu: 65, ..whole(&f.pool_id, 1) }).await.unwrap_err();
     assert_eq!(too_much.code, better_compute_core::ErrorCode::FailedPrecondition, "no node has 65 vCPUs now: {too_much}");
 
     // Back to 128, then more than it was registered with: the registration is the ceiling.

@@ -3,14 +3,18 @@
 
 mod fleet;
 
+use better_compute_audit::Actor;
 use std::time::Duration;
 
 use better_compute_capacity::reservations;
 use better_compute_db::Lease;
-use better_compute_nodes::liveness::{self, GATEWAY_LOSS_GRACE_S, OUTAGE_GRACE_S, UNREACHABLE_AFTER_S};
-use better_compute_nodes::session;
+use better_compute_nodes::sessions::liveness::{self, GATEWAY_LOSS_GRACE_S, OUTAGE_GRACE_S, UNREACHABLE_AFTER_S};
+use better_compute_nodes::sessions;
 use better_compute_runtime::harness::Harness;
 use fleet::*;
+
+/// Who makes the changes these tests make.
+static TEST_ACTOR: Actor = Actor::job("test");
 
 async fn evaluate(h: &Harness) -> liveness::LivenessReport {
     let mut c = h.db().client().await;
@@ -36,9 +40,9 @@ async fn run_for(h: &Harness, secs: u64) {
 async fn open_session(h: &Harness, node: &str, gateway: &str) -> i64 {
     let mut c = h.db().client().await;
     let tx = c.transaction().await.unwrap();
-    let o = session::open(
+    let o = sessions::open(
         &*tx,
-        &session::Hello { node_id: node, gateway_id: gateway, boot_id: "b", journal_id: "j", daemon_version: "t" },
+        &sessions::Hello { node_id: node, gateway_id: gateway, boot_id: "b", journal_id: "j", daemon_version: "t" },
     )
     .await
     .unwrap();
@@ -52,7 +56,7 @@ async fn liveness_moves_through_each_grace_in_simulated_time_and_an_unreachable_
     let f = fleet(&h, &exclusive(1), 2).await;
     let node = f.nodes[0].clone();
     let mut rc = h.db().client().await;
-    let reservation = reservations::create(&mut rc, ME, &whole(&f.pool_id, 1)).await.unwrap();
+    let reservation = reservations::create(&mut rc, &TEST_ACTOR, ME, &whole(&f.pool_id, 1)).await.unwrap();
     assert_eq!(reservation.state, "placed");
     let c = h.db().client().await;
     evaluate(&h).await; // the job's first run: no outage grace
@@ -80,10 +84,10 @@ async fn liveness_moves_through_each_grace_in_simulated_time_and_an_unreachable_
 
     // A session makes it connected again; then its gateway's lease lapses: disconnected with the
     // gateway-loss grace on top of the 40 s.
-    let lease = Lease::acquire(&**c, &session::gateway_lease_name("gw_1"), "gw_1", Duration::from_secs(20), None).await.unwrap().unwrap();
+    let lease = Lease::acquire(&**c, &sessions::gateway_lease_name("gw_1"), "gw_1", Duration::from_secs(20), None).await.unwrap().unwrap();
     open_session(&h, &node, "gw_1").await;
     assert_eq!(liveness_of(&h, &node).await, ("connected".to_owned(), vec![]));
-    session::flush_last_seen(&**c, "gw_1", std::slice::from_ref(&node), &[1], &[0.0]).await.unwrap();
+    sessions::flush_last_seen(&**c, "gw_1", std::slice::from_ref(&node), &[1], &[0.0]).await.unwrap();
     run_for(&h, 15).await;
     assert_eq!(liveness_of(&h, &node).await.0, "connected", "the lease still holds");
     run_for(&h, 10).await;
@@ -108,11 +112,11 @@ async fn liveness_moves_through_each_grace_in_simulated_time_and_an_unreachable_
 
     // A session that closes normally: 40 s, no extra grace.
     let epoch = open_session(&h, &node, "gw_1").await;
-    Lease::acquire(&**c, &session::gateway_lease_name("gw_1"), "gw_1", Duration::from_secs(3600), None).await.unwrap().unwrap();
+    Lease::acquire(&**c, &sessions::gateway_lease_name("gw_1"), "gw_1", Duration::from_secs(3600), None).await.unwrap().unwrap();
     {
         let mut c = h.db().client().await;
         let tx = c.transaction().await.unwrap();
-        assert!(session::close(&*tx, &node, epoch, "daemon-closed").await.unwrap());
+        assert!(sessions::close(&*tx, &node, epoch, "daemon-closed").await.unwrap());
         tx.commit().await.unwrap();
     }
     run_for(&h, (UNREACHABLE_AFTER_S - 5) as u64).await;
@@ -161,12 +165,12 @@ async fn a_silent_sessions_node_is_unreachable_40_s_after_it_was_last_heard() {
     let node = f.nodes[0].clone();
     let c = h.db().client().await;
     c.execute("UPDATE nodes SET joined_at = compute_now() WHERE id = $1", &[&node]).await.unwrap();
-    Lease::acquire(&**c, &session::gateway_lease_name("gw_1"), "gw_1", Duration::from_secs(3600), None).await.unwrap().unwrap();
+    Lease::acquire(&**c, &sessions::gateway_lease_name("gw_1"), "gw_1", Duration::from_secs(3600), None).await.unwrap().unwrap();
     let epoch = open_session(&h, &node, "gw_1").await;
     evaluate(&h).await; // the job's first run: no outage grace
     // Last heard 10 s from now; the gateway keeps its lease but hears nothing more.
     run_for(&h, 10).await;
-    session::flush_last_seen(&**c, "gw_1", std::slice::from_ref(&node), &[epoch], &[0.0]).await.unwrap();
+    sessions::flush_last_seen(&**c, "gw_1", std::slice::from_ref(&node), &[epoch], &[0.0]).await.unwrap();
     run_for(&h, (UNREACHABLE_AFTER_S - 5) as u64).await;
     assert_eq!(liveness_of(&h, &node).await.0, "connected", "35 s silent");
     run_for(&h, 5).await;

@@ -4,19 +4,24 @@
 
 mod fleet;
 
+use better_compute_audit::Actor;
 use std::time::Duration;
 
 use better_compute_capacity::reservations;
 use better_compute_core::ErrorCode;
-use better_compute_nodes::{actions, session, site_boot};
+use better_compute_nodes::actions;
+use better_compute_nodes::sessions::{self, site_boot};
 use better_compute_runtime::harness::Harness;
 use fleet::*;
 
-async fn open(h: &Harness, node: &str) -> Result<session::Opened, better_compute_core::Error> {
+/// Who makes the changes these tests make.
+static TEST_ACTOR: Actor = Actor::job("test");
+
+async fn open(h: &Harness, node: &str) -> Result<sessions::Opened, better_compute_core::Error> {
     let mut c = h.db().client().await;
     let tx = c.transaction().await.unwrap();
-    let hello = session::Hello { node_id: node, gateway_id: "gw_1", boot_id: "b2", journal_id: "j", daemon_version: "t" };
-    match session::open(&*tx, &hello).await {
+    let hello = sessions::Hello { node_id: node, gateway_id: "gw_1", boot_id: "b2", journal_id: "j", daemon_version: "t" };
+    match sessions::open(&*tx, &hello).await {
         Ok(o) => {
             tx.commit().await.unwrap();
             Ok(o)
@@ -61,7 +66,7 @@ async fn a_site_back_from_an_outage_admits_sessions_at_its_pace_and_holds_placem
     assert!(reasons.iter().all(|r| r.contains(&"site-boot".to_owned())), "placement on the whole site waits: {reasons:?}");
     settle_outbox(&h).await;
     h.job("event-subscribers").drain(20).await;
-    let held = reservations::create(&mut c, ME, &whole(&f.pool_id, 1)).await.unwrap();
+    let held = reservations::create(&mut c, &TEST_ACTOR, ME, &whole(&f.pool_id, 1)).await.unwrap();
     assert_eq!(held.state, "pending");
 
     // Sessions come back at two a second; the others are told to retry.

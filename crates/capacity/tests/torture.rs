@@ -11,6 +11,7 @@
 
 mod fleet;
 
+use better_compute_audit::Actor;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -23,9 +24,12 @@ use better_compute_capacity::{invariants, mode, quota, Caller};
 use better_compute_core::time::{parse_rfc3339, rfc3339};
 use better_compute_core::ErrorCode;
 use better_compute_nodes::actions;
-use better_compute_nodes::layout::GpuMode;
+use better_compute_core::gpu_mode::GpuMode;
 use better_compute_runtime::harness::Harness;
 use fleet::*;
+
+/// Who makes the changes these tests make.
+static TEST_ACTOR: Actor = Actor::job("test");
 
 const NODES: usize = 50;
 const GPUS: usize = 8;
@@ -90,9 +94,9 @@ async fn one_op(
                 req.starts_at = Some(rfc3339(start));
             }
             let r = if rng.below(2) == 0 {
-                reservations::create_batched(placer, c, caller, &req).await?
+                reservations::create_batched(placer, c, &TEST_ACTOR, caller, &req).await?
             } else {
-                reservations::create(c, caller, &req).await?
+                reservations::create(c, &TEST_ACTOR, caller, &req).await?
             };
             live.lock().unwrap().push((t, r.id));
             Ok("reserve")
@@ -106,16 +110,16 @@ async fn one_op(
             let cur = reservations::get(&tx, caller, &id).await?;
             tx.commit().await.map_err(db)?;
             let end = parse_rfc3339(&cur.ends_at).expect("the API writes RFC 3339") + Duration::from_secs(600 + rng.below(7200));
-            reservations::extend(c, caller, &id, &rfc3339(end), None).await?;
+            reservations::extend(c, &TEST_ACTOR, caller, &id, &rfc3339(end), None).await?;
             Ok("extend")
         }
         50..=64 => {
             let Some((t, id)) = pick_live(live, rng) else { return Ok("noop") };
             let caller = Caller { tenant_id: TENANTS[t], identity_id: "idn_torture" };
             if rng.below(2) == 0 {
-                reservations::release_batched(placer, c, caller, &id).await?;
+                reservations::release_batched(placer, c, &TEST_ACTOR, caller, &id).await?;
             } else {
-                reservations::release(c, caller, &id).await?;
+                reservations::release(c, &TEST_ACTOR, caller, &id).await?;
             }
             Ok("release")
         }
@@ -159,7 +163,7 @@ async fn one_op(
                 1 => GpuMode::Mig { layout: vec!["3g.40gb".into(), "3g.40gb".into()] },
                 _ => GpuMode::TimeSlice { slots: 4 },
             };
-            mode::change_gpu_mode(c, g, &m).await?;
+            mode::change_gpu_mode(c, &TEST_ACTOR, g, &m).await?;
             Ok("mode")
         }
         98 => {

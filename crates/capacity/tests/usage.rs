@@ -5,13 +5,17 @@
 
 mod fleet;
 
+use better_compute_audit::Actor;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use better_compute_capacity::reservations::{self, GpuRequest};
 use better_compute_nodes::actions;
-use better_compute_nodes::layout::GpuMode;
+use better_compute_core::gpu_mode::GpuMode;
 use better_compute_runtime::harness::Harness;
 use fleet::*;
+
+/// Who makes the changes these tests make.
+static TEST_ACTOR: Actor = Actor::job("test");
 
 /// An instant on an hour's boundary (UTC), after the harness's start.
 const HOUR0: u64 = 1_900_000_800;
@@ -74,7 +78,7 @@ async fn a_reservation_spanning_windows_is_metered_once_per_closed_window_and_su
     let mut req = whole(&f.pool_id, 2);
     req.duration_s = Some(3 * 3600);
     req.vcpu = 8;
-    let r = reservations::create(&mut c, ME, &req).await.unwrap();
+    let r = reservations::create(&mut c, &TEST_ACTOR, ME, &req).await.unwrap();
     // The node goes unreachable for a while: reserved time is billed all the same.
     {
         let tx = c.transaction().await.unwrap();
@@ -112,12 +116,12 @@ async fn an_early_release_stops_at_its_instant_an_extend_adds_to_open_windows_an
     // Released early: 10 minutes of a two-hour reservation.
     let mut req = whole(&f.pool_id, 1);
     req.duration_s = Some(2 * 3600);
-    let early = reservations::create(&mut c, ME, &req).await.unwrap();
+    let early = reservations::create(&mut c, &TEST_ACTOR, ME, &req).await.unwrap();
     at(&h, 600).await;
-    reservations::release(&mut c, ME, &early.id).await.unwrap();
+    reservations::release(&mut c, &TEST_ACTOR, ME, &early.id).await.unwrap();
     // 90 minutes, extended to two hours while it runs.
     req.duration_s = Some(90 * 60);
-    let extended = reservations::create(&mut c, ME, &req).await.unwrap();
+    let extended = reservations::create(&mut c, &TEST_ACTOR, ME, &req).await.unwrap();
     at(&h, 3600 + 1).await;
     meter(&h).await;
     let w = windows(&h, &early.id).await;
@@ -125,14 +129,14 @@ async fn an_early_release_stops_at_its_instant_an_extend_adds_to_open_windows_an
     assert_eq!(w[0].3, booked_atom_seconds(&h, &early.id).await);
     assert_eq!(windows(&h, &extended.id).await.iter().map(|w| w.3).collect::<Vec<_>>(), [3000.0]);
     let ends = better_compute_core::time::rfc3339(SystemTime::UNIX_EPOCH + Duration::from_secs(HOUR0 + 2 * 3600 + 600));
-    reservations::extend(&mut c, ME, &extended.id, &ends, None).await.unwrap();
+    reservations::extend(&mut c, &TEST_ACTOR, ME, &extended.id, &ends, None).await.unwrap();
     at(&h, 3 * 3600 + 1).await;
     meter(&h).await;
     let w = windows(&h, &extended.id).await;
     assert_eq!(w.iter().map(|w| (w.1, w.2, w.3)).collect::<Vec<_>>(), [(0, 0, 3000.0), (3600, 0, 3600.0), (7200, 0, 600.0)], "{w:?}");
     assert_eq!(w.iter().map(|w| w.3).sum::<f64>(), booked_atom_seconds(&h, &extended.id).await);
     // An ended reservation cannot be extended into the windows it closed.
-    let e = reservations::extend(&mut c, ME, &early.id, &ends, None).await.unwrap_err();
+    let e = reservations::extend(&mut c, &TEST_ACTOR, ME, &early.id, &ends, None).await.unwrap_err();
     assert_eq!(e.code, better_compute_core::ErrorCode::FailedPrecondition);
     // A late change to what it held (a correction of its history) is an adjustment for the
     // closed window; the window's row stays as it was.
@@ -157,10 +161,10 @@ async fn mig_and_slot_atoms_are_metered_by_their_class() {
     let mut c = h.db().client().await;
     let mut mig = whole(&f.pool_id, 2);
     mig.gpu = GpuRequest { kind: "mig".into(), model: MODEL.into(), profile: Some("3g.40gb".into()), count: 2 };
-    let mig = reservations::create(&mut c, ME, &mig).await.unwrap();
+    let mig = reservations::create(&mut c, &TEST_ACTOR, ME, &mig).await.unwrap();
     let mut slot = whole(&f.pool_id, 3);
     slot.gpu = GpuRequest { kind: "slot".into(), model: MODEL.into(), profile: None, count: 3 };
-    let slot = reservations::create(&mut c, ME, &slot).await.unwrap();
+    let slot = reservations::create(&mut c, &TEST_ACTOR, ME, &slot).await.unwrap();
     at(&h, 3600).await;
     meter(&h).await;
     let m = windows(&h, &mig.id).await;
@@ -183,7 +187,7 @@ async fn concurrent_meterings_of_one_pool_write_each_window_exactly_once() {
         let mut req = whole(&f.pool_id, 1);
         req.duration_s = Some(7200);
         req.idempotency_key = Some(format!("u-{i}"));
-        ids.push(reservations::create(&mut c, ME, &req).await.unwrap().id);
+        ids.push(reservations::create(&mut c, &TEST_ACTOR, ME, &req).await.unwrap().id);
     }
     at(&h, 3600 + 1).await;
     // Four meterings at once (as a zombie worker and its successor would be, were the lease's fence
@@ -229,7 +233,7 @@ async fn a_drain_eviction_stops_metering_at_the_eviction() {
     let mut c = h.db().client().await;
     let mut req = whole(&f.pool_id, 2);
     req.duration_s = Some(3 * 3600);
-    let r = reservations::create(&mut c, ME, &req).await.unwrap();
+    let r = reservations::create(&mut c, &TEST_ACTOR, ME, &req).await.unwrap();
     // Evicted 25 minutes in.
     let deadline = better_compute_core::time::rfc3339(UNIX_EPOCH + Duration::from_secs(HOUR0 + 25 * 60));
     {
@@ -266,7 +270,7 @@ async fn a_second_window_over_the_same_time_or_key_is_refused_by_the_database() 
     at(&h, 0).await;
     let f = fleet(&h, &exclusive(1), 1).await;
     let mut c = h.db().client().await;
-    let r = reservations::create(&mut c, ME, &whole(&f.pool_id, 1)).await.unwrap();
+    let r = reservations::create(&mut c, &TEST_ACTOR, ME, &whole(&f.pool_id, 1)).await.unwrap();
     at(&h, 3600 + 1).await;
     meter(&h).await;
     assert_eq!(windows(&h, &r.id).await.len(), 1);
@@ -317,17 +321,17 @@ async fn a_reservation_without_gpus_and_an_extended_one_are_billed_every_second_
     // vCPU, memory and disk alone, for 20 minutes, released after 10.
     let mut bare = whole(&f.pool_id, 0);
     bare.duration_s = Some(1200);
-    let bare = reservations::create(&mut c, ME, &bare).await.unwrap();
+    let bare = reservations::create(&mut c, &TEST_ACTOR, ME, &bare).await.unwrap();
     assert!(bare.node_id.is_some() && bare.atoms.is_empty(), "placed on a node with no atoms: {bare:?}");
     // 1 GPU and 8 vCPU for 30 s, extended by 60 s while it runs: two booking segments per atom.
     let mut short = whole(&f.pool_id, 1);
     short.duration_s = Some(30);
-    let short = reservations::create(&mut c, ME, &short).await.unwrap();
+    let short = reservations::create(&mut c, &TEST_ACTOR, ME, &short).await.unwrap();
     at(&h, 10).await;
     let ends = better_compute_core::time::rfc3339(UNIX_EPOCH + Duration::from_secs(HOUR0 + 90));
-    reservations::extend(&mut c, ME, &short.id, &ends, None).await.unwrap();
+    reservations::extend(&mut c, &TEST_ACTOR, ME, &short.id, &ends, None).await.unwrap();
     at(&h, 600).await;
-    reservations::release(&mut c, ME, &bare.id).await.unwrap();
+    reservations::release(&mut c, &TEST_ACTOR, ME, &bare.id).await.unwrap();
     at(&h, 3600 + 1).await;
     meter(&h).await;
 
@@ -360,7 +364,7 @@ async fn the_metering_invariant_catches_a_window_missing_its_scalars() {
     let mut c = h.db().client().await;
     let mut req = whole(&f.pool_id, 0);
     req.duration_s = Some(600);
-    let r = reservations::create(&mut c, ME, &req).await.unwrap();
+    let r = reservations::create(&mut c, &TEST_ACTOR, ME, &req).await.unwrap();
     at(&h, 3600 + 1).await;
     meter(&h).await;
     let report = better_compute_capacity::invariants::check(&**c, &Default::default()).await.unwrap();

@@ -6,18 +6,22 @@
 
 mod fleet;
 
+use better_compute_audit::Actor;
 use std::sync::Arc;
 use std::time::Duration;
 
 use better_compute_capacity::reservations;
 use better_compute_nodes::drain::{self, DrainMode, DrainRequest};
-use better_compute_nodes::session::{self, Hello};
+use better_compute_nodes::sessions::{self, Hello};
 use better_compute_nodes::{commands, health};
 use better_compute_proto::v1::{GpuHealth, Health};
 use better_compute_runtime::harness::Harness;
 use better_compute_runtime::signing::CommandSigner;
 use better_compute_runtime::workflow::{self, NewWorkflow, Target, WorkflowView};
 use fleet::*;
+
+/// Who makes the changes these tests make.
+static TEST_ACTOR: Actor = Actor::job("test");
 
 async fn signed_harness() -> Harness {
     let h = harness().await;
@@ -29,7 +33,7 @@ async fn signed_harness() -> Harness {
 async fn connect(h: &Harness, node: &str, boot: &str) {
     let mut c = h.db().client().await;
     let tx = c.transaction().await.unwrap();
-    session::open(&*tx, &Hello { node_id: node, gateway_id: "gw_t", boot_id: boot, journal_id: "j1", daemon_version: "t" }).await.unwrap();
+    sessions::open(&*tx, &Hello { node_id: node, gateway_id: "gw_t", boot_id: boot, journal_id: "j1", daemon_version: "t" }).await.unwrap();
     tx.commit().await.unwrap();
 }
 
@@ -128,7 +132,7 @@ async fn node_maintenance_keeps_its_drains_first_deadline_while_the_drain_waits_
     let node = &f.nodes[0];
     connect(&h, node, "boot-1").await;
     let mut c = h.db().client().await;
-    let held = better_compute_capacity::reservations::create(&mut c, ME, &whole(&f.pool_id, 1)).await.unwrap();
+    let held = better_compute_capacity::reservations::create(&mut c, &TEST_ACTOR, ME, &whole(&f.pool_id, 1)).await.unwrap();
     assert_eq!(held.node_id.as_deref(), Some(node.as_str()));
     let id = start(&h, on(node), serde_json::json!({"reason": "bios", "drainDeadlineS": 300})).await;
     // The drain step runs every 10 s while the drain waits for its deadline; each run would
@@ -442,7 +446,7 @@ async fn the_health_job_starts_node_recover_for_a_held_gpu_which_resets_it_once_
     let (node, gpu) = (&f.nodes[0], f.gpus[0][0].clone());
     let mut c = h.db().client().await;
     c.execute("UPDATE pools SET health_breaker_percent = 100 WHERE id = $1", &[&f.pool_id]).await.unwrap();
-    let r = reservations::create(&mut c, ME, &whole(&f.pool_id, 1)).await.unwrap();
+    let r = reservations::create(&mut c, &TEST_ACTOR, ME, &whole(&f.pool_id, 1)).await.unwrap();
     {
         let tx = c.transaction().await.unwrap();
         let g = GpuHealth { uuid: gpu.clone(), healthy: false, reason: "ECC".into(), ecc_uncorrected: 1, remapped_rows: 1, remap_pending: true, ..Default::default() };
@@ -463,7 +467,7 @@ async fn the_health_job_starts_node_recover_for_a_held_gpu_which_resets_it_once_
     h.job("health").drain(5).await;
     assert_eq!(workflow::list(&**c, &workflow::ListFilter { node_id: Some(node.clone()), ..Default::default() }, "", 10).await.unwrap().len(), 1);
 
-    reservations::release(&mut c, ME, &r.id).await.unwrap();
+    reservations::release(&mut c, &TEST_ACTOR, ME, &r.id).await.unwrap();
     h.db().advance(Duration::from_secs(61)).await;
     run(&h).await;
     let sent = commands_of(&h, node, &id).await;

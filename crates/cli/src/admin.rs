@@ -110,7 +110,7 @@ pub async fn run(args: AdminArgs) -> anyhow::Result<()> {
         AdminCmd::CommandKey(CommandKeyCmd::RetirePrevious { db, ca_dir }) => {
             let mut client = better_compute_db::pool::connect(&db.database_url).await?;
             let tx = client.transaction().await?;
-            let nodes = better_compute_nodes::command_keys::retire_previous(&tx).await?;
+            let nodes = better_compute_nodes::commands::keys::retire_previous(&tx).await?;
             tx.commit().await?;
             let previous = ca_dir.join(better_compute_runtime::signing::PREVIOUS_KEY_FILE);
             if previous.exists() {
@@ -139,11 +139,11 @@ async fn rotate_command_key(db: &better_compute_server::DatabaseArgs, ca_dir: &s
     println!("1/3 new key written: {}", ca_dir.join(NEXT_KEY_FILE).display());
     let mut client = better_compute_db::pool::connect(&db.database_url).await?;
     let tx = client.transaction().await?;
-    let announced = better_compute_nodes::command_keys::announced(&tx).await?;
+    let announced = better_compute_nodes::commands::keys::announced(&tx).await?;
     let nodes = if announced.iter().any(|k| k.public_key == next.public_key()) {
         0 // a run that stopped after this step
     } else {
-        better_compute_nodes::command_keys::rotate(&tx, &current, &next).await?
+        better_compute_nodes::commands::keys::rotate(&tx, &current, &next).await?
     };
     tx.commit().await?;
     println!("2/3 announced to every daemon, endorsed by the current key ({nodes} nodes' desired state changed)");

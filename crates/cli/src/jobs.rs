@@ -22,7 +22,7 @@ pub async fn run(args: JobsArgs) -> anyhow::Result<()> {
     let queues = status::queues(&client, &registry.job_names()).await?;
     let runs = status::job_runs(&client).await?;
     let holders = status::holders(&client).await?;
-    let gateways = better_compute_nodes::session::live_gateways(&client).await?;
+    let gateways = better_compute_nodes::sessions::live_gateways(&client).await?;
     let output = if args.json { crate::output::Output::Json } else { args.output };
     if !matches!(output, crate::output::Output::Table | crate::output::Output::Wide) {
         return crate::ops::print_as(&serde_json::json!({ "queues": queues, "runs": runs, "holders": holders, "gateways": gateways }), &output);

@@ -162,7 +162,7 @@ pub fn docs(args: DocsArgs) -> anyhow::Result<()> {
             Ok(())
         }
         DocsPage::Metrics => {
-            print!("{}", better_compute_runtime::metrics::reference_page());
+            print!("{}", better_compute_runtime::metrics::reference_page(&better_compute_server::metric_catalogue(&*better_compute_server::registry()?)));
             Ok(())
         }
         DocsPage::Workflows => {

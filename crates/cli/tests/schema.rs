@@ -57,7 +57,7 @@ async fn an_audit_export_verifies_offline_and_a_changed_entry_is_named() {
         let tx = c.transaction().await.unwrap();
         let target = format!("node_{i}");
         let e = better_compute_audit::entry::NewEntry {
-            actor: better_compute_audit::entry::Actor::Job("health"),
+            actor: better_compute_audit::entry::EntryActor::Job("health"),
             tenant_id: None,
             action: "health.quarantine",
             target: &target,

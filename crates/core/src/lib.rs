@@ -4,6 +4,7 @@
 
 pub mod bounds;
 pub mod error;
+pub mod gpu_mode;
 pub mod id;
 pub mod lease;
 pub mod seeded;

@@ -3,9 +3,7 @@
 //! (`events.deliver`), only to public addresses unless the operator says otherwise, and pruned
 //! (`events.prune`). The watch stream is served by the API from the same outbox.
 
-pub mod deliver;
-pub mod fanout;
-pub mod prune;
+pub mod jobs;
 pub mod signing;
 pub mod ssrf;
 pub mod webhooks;
@@ -16,7 +14,7 @@ use std::time::Duration;
 use better_compute_db::Migration;
 use better_compute_runtime::authz::Permission;
 use better_compute_runtime::events::EventType;
-use better_compute_runtime::{Kind, Reconciler, ShardBy, Sink};
+use better_compute_runtime::{Reconciler, Sink};
 
 pub use ssrf::EgressPolicy;
 
@@ -24,8 +22,7 @@ pub use ssrf::EgressPolicy;
 pub const EVENTS_MIGRATIONS: &[Migration] =
     &[Migration::numbered("events", "0001_events", include_str!("migrations/events/0001_events.sql"))];
 
-/// The deliverer's kind: a key per endpoint (its webhook id), and the sweep key `all`.
-pub const DELIVER: Kind = Kind { name: "events.deliver", shard_by: ShardBy::Key };
+pub use jobs::deliver::DELIVER;
 
 /// `compute:webhooks:read` (tenant).
 pub const WEBHOOKS_READ: &str = "compute:webhooks:read";
@@ -50,7 +47,7 @@ impl Default for EventsConfig {
         EventsConfig {
             policy: EgressPolicy::default(),
             timeout: Duration::from_secs(10),
-            endpoint_budget: deliver::ENDPOINT_BUDGET,
+            endpoint_budget: jobs::deliver::ENDPOINT_BUDGET,
             retention: Duration::from_secs(7 * 24 * 3600),
         }
     }
@@ -83,15 +80,23 @@ impl better_compute_runtime::Module for EventsModule {
         EVENTS_MIGRATIONS
     }
 
+    fn metrics(&self) -> &'static [better_compute_runtime::metrics::Metric] {
+        use better_compute_runtime::metrics::{m, MetricKind::Counter};
+        const METRICS: &[better_compute_runtime::metrics::Metric] = &[
+            m("better_compute_webhook_deliveries_total", Counter, &["outcome"], "worker", "Webhook delivery attempts by outcome: delivered, failed (retried later, or dead after the last attempt), gone (410: the endpoint is disabled), deferred (not sent within the run's budget)."),
+        ];
+        METRICS
+    }
+
     fn reconcilers(&self) -> Vec<Arc<dyn Reconciler>> {
         vec![
-            Arc::new(deliver::Deliverer { policy: self.config.policy, timeout: self.config.timeout, budget: self.config.endpoint_budget }),
-            Arc::new(prune::Pruner { retention: self.config.retention }),
+            Arc::new(jobs::deliver::Deliverer { policy: self.config.policy, timeout: self.config.timeout, budget: self.config.endpoint_budget }),
+            Arc::new(jobs::prune::Pruner { retention: self.config.retention }),
         ]
     }
 
     fn outbox_sinks(&self) -> Vec<Arc<dyn Sink>> {
-        vec![Arc::new(fanout::Fanout)]
+        vec![Arc::new(jobs::fanout::Fanout)]
     }
 
     fn permissions(&self) -> Vec<Permission> {

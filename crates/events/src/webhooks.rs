@@ -220,7 +220,7 @@ pub async fn delete(tx: &impl GenericClient, tenant_id: &str, id: &str) -> Resul
 /// Replaces the secret; the old one keeps signing (a second signature) for `grace_s`.
 pub async fn rotate_secret(tx: &impl GenericClient, tenant_id: &str, id: &str, grace_s: i64) -> Result<WebhookWithSecret, Error> {
     if !(0..=MAX_ROTATION_GRACE_S).contains(&grace_s) {
-        return Err(Error::invalid_argument(format!("graceSeconds must be between 0 and {MAX_ROTATION_GRACE_S}")));
+        return Err(Error::invalid_argument(format!("graceS must be between 0 and {MAX_ROTATION_GRACE_S}")));
     }
     let secret = new_secret();
     let n = tx

@@ -12,7 +12,8 @@ use axum::response::IntoResponse;
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
 use better_compute_events::webhooks::{self, WebhookWithSecret};
-use better_compute_events::{deliver, signing, EgressPolicy, EventsConfig, EventsModule};
+use better_compute_events::jobs::deliver;
+use better_compute_events::{signing, EgressPolicy, EventsConfig, EventsModule};
 use better_compute_runtime::harness::Harness;
 use better_compute_runtime::outbox::{self, NewEvent};
 use sha2::{Digest, Sha256};
@@ -354,10 +355,10 @@ async fn pruning_never_removes_a_row_a_cursor_still_needs() {
     }
     let retention = Duration::from_secs(3600);
     // Nothing is old enough yet.
-    assert_eq!(better_compute_events::prune::prune(&c, retention).await.unwrap().0, 0);
+    assert_eq!(better_compute_events::jobs::prune::prune(&c, retention).await.unwrap().0, 0);
     h.db().advance(Duration::from_secs(7200)).await;
     let recent = emit(&h, TENANT, "recent").await;
-    let (removed, _) = better_compute_events::prune::prune(&c, retention).await.unwrap();
+    let (removed, _) = better_compute_events::jobs::prune::prune(&c, retention).await.unwrap();
     assert_eq!(removed, 2);
     let left: Vec<String> = c.query("SELECT id FROM outbox ORDER BY txid, seq", &[]).await.unwrap().iter().map(|r| r.get(0)).collect();
     let mut expected: Vec<String> = ids[2..].to_vec();
@@ -425,7 +426,7 @@ async fn pruning_a_million_row_outbox_walks_it_once_instead_of_once_per_row() {
     );
     // And it runs: the ten old rows go, the million stay.
     let retention = Duration::from_secs(7 * 86400);
-    let (events, _) = tokio::time::timeout(Duration::from_secs(120), better_compute_events::prune::prune(&c, retention)).await.expect("prune hung").unwrap();
+    let (events, _) = tokio::time::timeout(Duration::from_secs(120), better_compute_events::jobs::prune::prune(&c, retention)).await.expect("prune hung").unwrap();
     assert_eq!(events, 10);
     let left: i64 = c.query_one("SELECT count(*) FROM outbox", &[]).await.unwrap().get(0);
     assert_eq!(left, 1_000_000);
@@ -433,7 +434,7 @@ async fn pruning_a_million_row_outbox_walks_it_once_instead_of_once_per_row() {
 
 #[test]
 fn retry_after_is_read_as_seconds_or_as_an_http_date() {
-    use better_compute_events::deliver::retry_after_s;
+    use better_compute_events::jobs::deliver::retry_after_s;
     let now = std::time::UNIX_EPOCH + Duration::from_secs(784_111_777); // Sun, 06 Nov 1994 08:49:37 GMT
     assert_eq!(retry_after_s("120", now), Some(120));
     assert_eq!(retry_after_s(" 7 ", now), Some(7));
@@ -516,7 +517,7 @@ async fn a_hanging_endpoints_backlog_holds_up_no_other_endpoint_and_sends_at_mos
     // longer than this wait, so all four are still in flight when it ends.
     let in_flight = || slow_rx.seen.lock().unwrap().len();
     tokio::time::timeout(Duration::from_secs(4), async {
-        while delivery(&h, &fast.webhook.id, &late).await.0 != "delivered" || in_flight() < better_compute_events::deliver::PER_ENDPOINT {
+        while delivery(&h, &fast.webhook.id, &late).await.0 != "delivered" || in_flight() < better_compute_events::jobs::deliver::PER_ENDPOINT {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     })
@@ -524,7 +525,7 @@ async fn a_hanging_endpoints_backlog_holds_up_no_other_endpoint_and_sends_at_mos
     .expect("the other endpoint waited behind the hanging one, or the slow one got fewer than four requests");
     assert_eq!(fast_rx.seen.lock().unwrap().len(), 1);
     assert!(!run.is_finished(), "the slow receiver was not in flight any more");
-    assert_eq!(in_flight(), better_compute_events::deliver::PER_ENDPOINT, "requests in flight at once");
+    assert_eq!(in_flight(), better_compute_events::jobs::deliver::PER_ENDPOINT, "requests in flight at once");
     let report = tokio::time::timeout(Duration::from_secs(60), run).await.expect("the run hung").unwrap();
     assert_eq!(report.errors, 0, "{report:?}");
     // One wave went before the budget ran out; the other six are due again, unsent and unattempted.

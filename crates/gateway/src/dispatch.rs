@@ -13,7 +13,7 @@ pub(crate) const DISPATCH_BATCH: usize = 256;
 pub(crate) struct Sent<'s> {
     node: &'s str,
     session: &'s hub::Session,
-    dispatched: session::Dispatched,
+    dispatched: sessions::Dispatched,
     slots: Reserved<'s>,
 }
 
@@ -105,7 +105,7 @@ impl Inner {
         let (work, behind) = {
             let mut c = self.pool.get().await?;
             let tx = c.transaction().await?;
-            let found = (session::nodes_with_work(&*tx, &self.cfg.id).await?, session::nodes_behind(&*tx, &self.cfg.id).await?);
+            let found = (sessions::nodes_with_work(&*tx, &self.cfg.id).await?, sessions::nodes_behind(&*tx, &self.cfg.id).await?);
             tx.commit().await?;
             found
         };
@@ -156,9 +156,9 @@ impl Inner {
         if reserved.is_empty() {
             return Ok(Vec::new());
         }
-        let want: Vec<session::DispatchFor<'_>> =
-            reserved.iter().map(|(node, s, room, _)| session::DispatchFor { node_id: node, epoch: s.epoch, limit: *room as i64 }).collect();
-        let mut found = session::dispatch_many(tx, &self.cfg.id, &want).await?;
+        let want: Vec<sessions::DispatchFor<'_>> =
+            reserved.iter().map(|(node, s, room, _)| sessions::DispatchFor { node_id: node, epoch: s.epoch, limit: *room as i64 }).collect();
+        let mut found = sessions::dispatch_many(tx, &self.cfg.id, &want).await?;
         let mut sent = Vec::with_capacity(reserved.len());
         for (node, s, _, slots) in reserved {
             match found.remove(node) {
@@ -200,7 +200,7 @@ impl Inner {
         let mut specs = {
             let mut c = self.pool.get().await?;
             let tx = c.transaction().await?;
-            let d = session::desired_states(&*tx, &ids).await?;
+            let d = sessions::desired_states(&*tx, &ids).await?;
             tx.commit().await?;
             d
         };
@@ -231,7 +231,7 @@ pub(crate) fn send_spec(node_id: &str, s: &hub::Session, generation: i64, json: 
     }
 }
 
-pub(crate) fn command_message(node_id: &str, c: &session::Dispatch) -> GatewayMessage {
+pub(crate) fn command_message(node_id: &str, c: &sessions::Dispatch) -> GatewayMessage {
     let body = CommandBody::decode(c.body.as_slice()).unwrap_or_default();
     GatewayMessage {
         msg: Some(gateway_message::Msg::Command(Command {

@@ -58,7 +58,7 @@ impl Inner {
         {
             let mut closed = 0;
             for (node, epoch) in &held {
-                match session::close(&*tx, node, *epoch, "the gateway stopped").await {
+                match sessions::close(&*tx, node, *epoch, "the gateway stopped").await {
                     Ok(true) => closed += 1,
                     Ok(false) => {}
                     Err(e) => tracing::warn!(node = %node, error = %e, "could not close a session on stop"),

@@ -21,12 +21,25 @@ use std::time::Duration;
 
 use better_compute_core::lease::GATEWAY_LEASE_RENEW_EVERY_S;
 use better_compute_db::{DbError, Lease, Pool};
-use better_compute_nodes::session;
+use better_compute_nodes::sessions;
 use better_compute_proto::v1::{gateway_message, Cancel, Command, CommandBody, DesiredState, GatewayMessage, NodeSpec};
 use prost::Message;
 use tokio::sync::{watch, Semaphore};
 
 pub use ca::Ca;
+
+/// The metrics the gateway writes.
+pub const METRICS: &[better_compute_runtime::metrics::Metric] = {
+    use better_compute_runtime::metrics::m;
+    use better_compute_runtime::metrics::MetricKind::{Counter, Gauge, Histogram};
+    &[
+        m("better_compute_gateway_sessions", Gauge, &[], "gateway", "Daemon sessions this gateway holds open."),
+        m("better_compute_gateway_commands_sent_total", Counter, &[], "gateway", "Commands sent to daemons."),
+        m("better_compute_gateway_commands_settled_total", Counter, &[], "gateway", "Command results the gateway settled."),
+        m("better_compute_gateway_dispatch_seconds", Histogram, &[], "gateway", "From a command's enqueue to its sending to the daemon."),
+        m("better_compute_gateway_report_flush_sessions", Histogram, &[], "gateway", "Sessions whose reports one flush wrote together."),
+    ]
+};
 
 /// How a gateway runs.
 #[derive(Debug, Clone)]
@@ -126,7 +139,7 @@ pub struct Gateway {
 impl Gateway {
     /// Takes the gateway lease, binds, and serves until `shutdown` turns true.
     pub async fn start(pool: Pool, ca: Arc<Ca>, cfg: GatewayConfig, shutdown: watch::Receiver<bool>) -> Result<Gateway, GatewayError> {
-        let lease_name = session::gateway_lease_name(&cfg.id);
+        let lease_name = sessions::gateway_lease_name(&cfg.id);
         let lease = {
             // Every statement in a transaction: safe behind PgBouncer in transaction pooling.
             let mut c = pool.get().await.map_err(DbError::from)?;

@@ -26,7 +26,7 @@ impl Inner {
                 let Ok(mut c) = self.pool.get().await else { break };
                 let flushed = async {
                     let tx = c.transaction().await?;
-                    let flushed = session::flush_last_seen(&*tx, &self.cfg.id, &nodes, &epochs, &ages).await?;
+                    let flushed = sessions::flush_last_seen(&*tx, &self.cfg.id, &nodes, &epochs, &ages).await?;
                     tx.commit().await?;
                     Ok::<_, DbError>(flushed)
                 };
@@ -50,7 +50,7 @@ impl Inner {
     /// Ends the streams of sessions the database no longer gives this gateway (the liveness job
     /// closed them as silent, say after the clock jumped, or another gateway took them over), so
     /// their daemons reconnect instead of heartbeating into a closed session forever.
-    pub(crate) fn end_lost_sessions(&self, nodes: &[String], epochs: &[i64], flushed: &session::Flushed) {
+    pub(crate) fn end_lost_sessions(&self, nodes: &[String], epochs: &[i64], flushed: &sessions::Flushed) {
         let held: std::collections::HashSet<&str> = flushed.written.iter().chain(&flushed.busy).map(String::as_str).collect();
         for (node, epoch) in nodes.iter().zip(epochs) {
             if held.contains(node.as_str()) {

@@ -11,7 +11,7 @@
 use std::sync::Arc;
 
 use better_compute_db::DbError;
-use better_compute_nodes::reports::{self, Applied, NodeLocks, SessionReports};
+use better_compute_nodes::inventory::reports::{self, Applied, NodeLocks, SessionReports};
 use tokio::sync::{mpsc, oneshot, watch, Mutex};
 
 use crate::hub::Session;

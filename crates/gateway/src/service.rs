@@ -5,9 +5,9 @@ use std::sync::Arc;
 use better_compute_core::{Error, ErrorCode};
 use better_compute_db::DbError;
 use better_compute_nodes::commands::Rejection;
-use better_compute_nodes::join::{self, IssuedCertificate};
-use better_compute_nodes::reports::{Report, SessionReports};
-use better_compute_nodes::session;
+use better_compute_nodes::inventory::join::{self, IssuedCertificate};
+use better_compute_nodes::inventory::reports::{Report, SessionReports};
+use better_compute_nodes::sessions;
 use better_compute_proto::v1::gateway_server::Gateway;
 use better_compute_proto::v1::{
     daemon_message, gateway_message, CertificateGrant, DaemonMessage, GatewayMessage, JoinRequest, JoinResponse, RejectReason,
@@ -152,20 +152,20 @@ impl Gateway for GatewayService {
         // One transaction: open the session, read what the daemon needs, and dispatch.
         let mut c = inner.pool.get().await.map_err(db)?;
         let tx = c.transaction().await.map_err(db)?;
-        let h = session::Hello {
+        let h = sessions::Hello {
             node_id: &node,
             gateway_id: &inner.cfg.id,
             boot_id: &hello.boot_id,
             journal_id: &hello.journal_id,
             daemon_version: &hello.daemon_version,
         };
-        let opened = session::open(&*tx, &h).await.map_err(db)?;
+        let opened = sessions::open(&*tx, &h).await.map_err(db)?;
         let s = Arc::new(Session::new(opened.session_epoch, out.clone(), hello.observed_generation, inner.hub.now_ms()));
         // The full desired state when the daemon is behind, and always while its site boots (a
         // node back from an outage may have lost what it had applied).
-        let spec = if hello.observed_generation < opened.generation || opened.site_booting { session::desired_state(&*tx, &node).await.map_err(db)? } else { None };
+        let spec = if hello.observed_generation < opened.generation || opened.site_booting { sessions::desired_state(&*tx, &node).await.map_err(db)? } else { None };
         // At least once: what was in flight goes again; the daemon's journal makes that safe.
-        let again = session::in_flight(&*tx, &node).await.map_err(db)?;
+        let again = sessions::in_flight(&*tx, &node).await.map_err(db)?;
         let held = s.clone(); // the dispatch's reserved slots borrow the session until they are used
         let dispatched = inner.dispatch_in(&*tx, &[(node.as_str(), &*held)]).await.map_err(db)?;
         tx.commit().await.map_err(db)?;
@@ -175,7 +175,7 @@ impl Gateway for GatewayService {
         if inner.stopping.load(std::sync::atomic::Ordering::SeqCst) {
             if let Ok(mut c) = inner.pool.get().await
                 && let Ok(tx) = c.transaction().await
-                && session::close(&*tx, &node, opened.session_epoch, "the gateway stopped").await.is_ok()
+                && sessions::close(&*tx, &node, opened.session_epoch, "the gateway stopped").await.is_ok()
             {
                 let _ = tx.commit().await;
             }
@@ -264,7 +264,7 @@ async fn read_session(inner: Arc<Inner>, node: String, s: Arc<Session>, mut inbo
     inner.hub.remove(&node, s.epoch, "the session ended");
     if let Ok(mut c) = inner.pool.get().await
         && let Ok(tx) = c.transaction().await
-        && session::close(&*tx, &node, s.epoch, reason).await.is_ok()
+        && sessions::close(&*tx, &node, s.epoch, reason).await.is_ok()
     {
         let _ = tx.commit().await;
     }

@@ -14,6 +14,9 @@ use better_compute_nodes::{listing, NodesModule};
 use better_compute_runtime::harness::Harness;
 use tokio::sync::watch;
 
+/// Who makes the changes these tests make.
+static TEST_ACTOR: better_compute_audit::Actor = better_compute_audit::Actor::job("test");
+
 /// Anything that waits for the system runs under this.
 const PATIENCE: Duration = Duration::from_secs(30);
 
@@ -197,7 +200,7 @@ impl Fleet {
                 not_after: Some(Duration::from_secs(600)),
                 min_generation: 0,
                 owner: None,
-                requested_by: None,
+                actor: &TEST_ACTOR,
             },
         )
         .await
@@ -357,15 +360,15 @@ async fn a_zombie_gateway_can_neither_route_nor_mark_liveness_after_the_node_rec
     {
         let mut c = f.h.db().client().await;
         let tx = c.transaction().await.unwrap();
-        let wrote = better_compute_nodes::session::flush_last_seen(&*tx, "gw_a", std::slice::from_ref(&node), &[1], &[0.0]).await.unwrap();
-        assert_eq!(wrote, better_compute_nodes::session::Flushed::default(), "a stale epoch holds no session");
+        let wrote = better_compute_nodes::sessions::flush_last_seen(&*tx, "gw_a", std::slice::from_ref(&node), &[1], &[0.0]).await.unwrap();
+        assert_eq!(wrote, better_compute_nodes::sessions::Flushed::default(), "a stale epoch holds no session");
         let wrote_nothing: bool = tx.query_one("SELECT pg_current_xact_id_if_assigned() IS NULL", &[]).await.unwrap().get(0);
         assert!(wrote_nothing, "the zombie's flush wrote a row");
     }
     {
         let mut c = f.h.db().client().await;
         let tx = c.transaction().await.unwrap();
-        assert!(better_compute_nodes::session::dispatch(&*tx, &node, "gw_a", 1, 10).await.unwrap().is_none());
+        assert!(better_compute_nodes::sessions::dispatch(&*tx, &node, "gw_a", 1, 10).await.unwrap().is_none());
     }
 
     // A command goes through B to the daemon B serves; A, poked too, routes nothing.
@@ -495,8 +498,8 @@ async fn a_key_rotation_is_followed_without_a_rejoin_both_keys_verify_until_the_
     {
         let mut c = f.h.db().client().await;
         let tx = c.transaction().await.unwrap();
-        assert_eq!(better_compute_nodes::command_keys::rotate(&*tx, &f.signer, &new_key).await.unwrap(), 1);
-        let again = better_compute_nodes::command_keys::rotate(&*tx, &f.signer, &new_key).await.unwrap_err();
+        assert_eq!(better_compute_nodes::commands::keys::rotate(&*tx, &f.signer, &new_key).await.unwrap(), 1);
+        let again = better_compute_nodes::commands::keys::rotate(&*tx, &f.signer, &new_key).await.unwrap_err();
         assert!(again.to_string().contains("under way"), "{again}");
         tx.commit().await.unwrap();
     }
@@ -521,7 +524,7 @@ async fn a_key_rotation_is_followed_without_a_rejoin_both_keys_verify_until_the_
     {
         let mut c = f.h.db().client().await;
         let tx = c.transaction().await.unwrap();
-        assert_eq!(better_compute_nodes::command_keys::retire_previous(&*tx).await.unwrap(), 1);
+        assert_eq!(better_compute_nodes::commands::keys::retire_previous(&*tx).await.unwrap(), 1);
         tx.commit().await.unwrap();
     }
     f.settle_spec().await;
@@ -550,7 +553,7 @@ async fn a_session_closed_underneath_its_gateway_ends_its_stream_and_the_daemon_
         let mut c = f.h.db().client().await;
         let tx = c.transaction().await.unwrap();
         tx.execute("UPDATE leases SET expires_at = compute_now() - interval '1 second' WHERE name = 'gateway:gw_a'", &[]).await.unwrap();
-        let report = better_compute_nodes::liveness::evaluate(&*tx).await.unwrap();
+        let report = better_compute_nodes::sessions::liveness::evaluate(&*tx).await.unwrap();
         assert_eq!(report.gateway_lost, 1);
         tx.commit().await.unwrap();
     }

@@ -78,7 +78,7 @@ fn view(r: &tokio_postgres::Row) -> TokenView {
 pub async fn issue(tx: &impl GenericClient, tenant_id: &str, actor_id: Option<&str>, identity_id: &str, name: &str, ttl_s: Option<i64>) -> Result<IssuedToken, Error> {
     let ttl_s = ttl_s.unwrap_or(DEFAULT_TTL_S);
     if !(60..=MAX_TTL_S).contains(&ttl_s) {
-        return Err(Error::invalid_argument(format!("ttlSeconds must be between 60 and {MAX_TTL_S}")));
+        return Err(Error::invalid_argument(format!("ttlS must be between 60 and {MAX_TTL_S}")));
     }
     if name.len() > 100 || name.chars().any(char::is_control) {
         return Err(Error::invalid_argument("name must be at most 100 printable characters"));

@@ -5,7 +5,7 @@
 //! (`sql/conditions.sql`), from the rows that own them, so what the API shows can never disagree
 //! with those rows; `noScheduleReasons` beside them says why the placer skips the node.
 //!
-//! The `node` job (one key per node) records them in `node_conditions`: since when each has held
+//! The `node` job (`jobs/node.rs`, one key per node) records them in `node_conditions`: since when each has held
 //! with its reason, where the owning rows do not say (a cordon, a quarantine), and an event
 //! `node.conditionChanged` for each that begins, changes its reason or ends. It is woken by the
 //! events about a node (but `node.connected` and `node.disconnected`: a reconnect wave would wake
@@ -13,7 +13,9 @@
 //! pool's health circuit or its site's boot ([`ConditionWaker`]), and resyncs every node besides.
 
 use better_compute_runtime::outbox::{self, Event, NewEvent};
-use better_compute_runtime::{work_queue, Kind, Outcome, ReconcileContext, Reconciler, RunError, ShardBy, Sink};
+use better_compute_runtime::{work_queue, RunError, Sink};
+
+use crate::jobs::node::NODE_KIND;
 use serde::Serialize;
 use tokio_postgres::{GenericClient, Transaction};
 
@@ -31,12 +33,6 @@ pub struct Condition {
     /// RFC 3339: since when this reason holds (none only before the `node` job first saw it).
     pub since: Option<String>,
 }
-
-/// The `node` job's kind.
-pub const NODE_KIND: Kind = Kind { name: "node", shard_by: ShardBy::Node };
-
-/// Nodes one run of the `node` job records at most (one statement over all of them).
-pub const NODE_BATCH: usize = 64;
 
 /// Conditions that follow every desired-state change (a new generation makes a node Converging,
 /// then Ready again): recorded, but not announced, so a busy fleet does not flood the event stream.
@@ -74,67 +70,6 @@ pub async fn record(tx: &impl GenericClient, nodes: &[String]) -> Result<Conditi
     }
     outbox::emit_many(tx, &events).await?;
     Ok(report)
-}
-
-/// The `node` job.
-pub struct NodeJob;
-
-#[async_trait::async_trait]
-impl Reconciler for NodeJob {
-    fn kind(&self) -> Kind {
-        NODE_KIND
-    }
-
-    async fn run(&self, ctx: &ReconcileContext, node_id: &str) -> Result<Outcome, RunError> {
-        self.run_many(ctx, &[node_id.to_owned()]).await.pop().expect("one outcome per key")
-    }
-
-    fn batch_size(&self) -> usize {
-        NODE_BATCH
-    }
-
-    async fn run_many(&self, ctx: &ReconcileContext, keys: &[String]) -> Vec<Result<Outcome, RunError>> {
-        let once = async {
-            let mut c = ctx.client().await?;
-            let tx = ctx.begin_fenced(&mut c).await?;
-            let r = record(&*tx, keys).await?;
-            tx.commit().await?;
-            ctx.count("conditions began", r.began);
-            ctx.count("conditions changed", r.changed);
-            ctx.count("conditions ended", r.ended);
-            Ok::<_, RunError>(())
-        };
-        match once.await {
-            Ok(()) => keys.iter().map(|_| Ok(Outcome::Done)).collect(),
-            Err(e) => {
-                let message = e.to_string();
-                keys.iter().map(|_| Err(message.clone().into())).collect()
-            }
-        }
-    }
-
-    /// The nodes whose record may be behind: those with a condition recorded beyond Ready (one
-    /// may have ended), and those something holds out of the ordinary (not connected, cordoned or
-    /// otherwise unschedulable, a GPU out of placement, a certificate near its end). A healthy
-    /// fleet's nodes are none of these, so a resync of 10,000 nodes does not fill the work queue
-    /// (that slowed every claim while a fleet converged: `bench gateway`).
-    async fn keys(&self, ctx: &ReconcileContext, shards: &[i16]) -> Result<Vec<String>, RunError> {
-        let c = ctx.read().await?;
-        let rows = c
-            .query(
-                "SELECT n.id FROM nodes n
-                  WHERE n.shard = ANY($1)
-                    AND (n.liveness <> 'connected' OR cardinality(n.no_schedule_reasons) > 0
-                         OR EXISTS (SELECT 1 FROM node_conditions o WHERE o.node_id = n.id AND o.type NOT IN ('Ready', 'Converging'))
-                         OR EXISTS (SELECT 1 FROM devices d WHERE d.node_id = n.id AND d.parent_id IS NULL AND (NOT d.healthy OR d.quarantined))
-                         OR EXISTS (SELECT 1 FROM node_certificates x WHERE x.node_id = n.id AND x.revoked_at IS NULL
-                                       AND x.not_after < compute_now() + interval '7 days'))
-                  ORDER BY n.id",
-                &[&shards],
-            )
-            .await?;
-        Ok(rows.iter().map(|r| r.get(0)).collect())
-    }
 }
 
 /// Wakes the `node` job for every node an event is about: a node's own events (but its sessions'

@@ -16,8 +16,6 @@
 //! from any open state. Lock order: a drain's own row is taken first, as the row being changed; the
 //! admission pass takes the pool's row before its drains (docs/architecture.md).
 
-use std::time::Duration;
-
 use better_compute_core::id::DrainId;
 use better_compute_core::state::{DrainState, State, DRAIN_STATE_TABLE};
 use better_compute_core::Error;
@@ -25,19 +23,16 @@ use better_compute_db::clock::rfc3339_sql as ts;
 use better_compute_db::DbError;
 use better_compute_runtime::occupancy::Occupancy;
 
-use better_compute_runtime::{work_queue, Kind, Outcome, ReconcileContext, Reconciler, RunError, ShardBy};
+use better_compute_runtime::work_queue;
 use serde::Serialize;
 use tokio_postgres::GenericClient;
 
 use crate::actions::{self, node_event};
 use crate::conditions::Condition;
+use crate::jobs::drain::DRAIN_KIND;
 
-/// The job's kind: one key per pool.
-pub const DRAIN_KIND: Kind = Kind { name: "drain", shard_by: ShardBy::Pool };
 /// An evicting drain's deadline when the request names none.
 pub const DEFAULT_EVICT_AFTER_S: i64 = 3600;
-/// Admitted drains one run brings forward, each in its own transaction; more makes it run again.
-const DRAINS_PER_RUN: usize = 32;
 /// After the first reservation is due to end, the drain looks again this much later, once the
 /// reservation's own job has ended it.
 const AFTER_END_S: f64 = 1.0;
@@ -484,55 +479,4 @@ pub async fn progress(
     set_condition(tx, drain_id, reason, &message).await?;
     let next = [occupancy.next_end_s.map(|s| s + AFTER_END_S), deadline_in_s].into_iter().flatten().fold(None, |a: Option<f64>, b| Some(a.map_or(b, |a| a.min(b))));
     Ok(Some(next.unwrap_or(AFTER_END_S).max(AFTER_END_S)))
-}
-
-/// The drain job: admits each pool's drains within its budget and brings the admitted ones to
-/// drained.
-pub struct DrainJob;
-
-#[async_trait::async_trait]
-impl Reconciler for DrainJob {
-    fn kind(&self) -> Kind {
-        DRAIN_KIND
-    }
-
-    async fn run(&self, ctx: &ReconcileContext, pool_id: &str) -> Result<Outcome, RunError> {
-        let mut report = DrainReport::default();
-        let mut c = ctx.client().await?;
-        // Admission alone, under the pool's row: an eviction takes reservations and quota, which
-        // come before pools in the lock order, so it runs in transactions of its own below.
-        let tx = ctx.begin_fenced(&mut c).await?;
-        admit(&*tx, pool_id, &mut report).await?;
-        let draining: Vec<String> = tx
-            .query("SELECT id FROM node_drains WHERE pool_id = $1 AND state = 'draining' ORDER BY id LIMIT $2", &[&pool_id, &(DRAINS_PER_RUN as i64 + 1)])
-            .await?
-            .iter()
-            .map(|r| r.get(0))
-            .collect();
-        tx.commit().await?;
-        report.more = draining.len() > DRAINS_PER_RUN;
-        let mut next: Option<f64> = None;
-        for id in draining.iter().take(DRAINS_PER_RUN) {
-            let tx = ctx.begin_fenced(&mut c).await?;
-            if let Some(s) = progress(&tx, ctx.occupants(), id, &mut report).await? {
-                next = Some(next.map_or(s, |n| n.min(s)));
-            }
-            if let Some(s) = next {
-                work_queue::enqueue_after(&*tx, &DRAIN_KIND, pool_id, Duration::from_secs_f64(s)).await?;
-            }
-            tx.commit().await?;
-        }
-        ctx.count("drains admitted", report.admitted);
-        ctx.count("drains waiting for budget", report.waiting);
-        ctx.count("nodes drained", report.drained);
-        ctx.count("evictions requested", report.eviction_requested);
-        ctx.count("evicted", report.evicted);
-        Ok(if report.more { Outcome::SyncAgain } else { Outcome::Done })
-    }
-
-    async fn keys(&self, ctx: &ReconcileContext, shards: &[i16]) -> Result<Vec<String>, RunError> {
-        let c = ctx.read().await?;
-        let rows = c.query("SELECT DISTINCT pool_id FROM node_drains WHERE state IN ('queued', 'draining')", &[]).await?;
-        Ok(rows.iter().map(|r| r.get::<_, String>(0)).filter(|p| shards.contains(&DRAIN_KIND.shard_of(p))).collect())
-    }
 }

@@ -34,13 +34,12 @@ use better_compute_core::Error;
 use better_compute_db::DbError;
 use better_compute_proto::v1::Health;
 use better_compute_runtime::outbox::{self, NewEvent};
-use better_compute_runtime::{work_queue, Kind, Outcome, ReconcileContext, Reconciler, RunError, ShardBy};
+use better_compute_runtime::work_queue;
 use tokio_postgres::{GenericClient, Transaction};
 
 use crate::commands::{self, NewCommand};
+use crate::jobs::health::HEALTH_KIND;
 
-/// The job's kind: one key per node.
-pub const HEALTH_KIND: Kind = Kind { name: "health", shard_by: ShardBy::Node };
 /// Passed checks in a row that make a recovering GPU healthy.
 pub const CLEAN_CHECKS: i32 = 3;
 /// Between two checks of a suspect or recovering GPU.
@@ -278,9 +277,9 @@ impl Run<'_> {
             Unhealthy => "devices.markUnhealthy",
             Recovering => "devices.markRecovering",
         };
-        better_compute_audit::entry::record_job(self.tx, HEALTH_KIND.name, action, &gpu.id, None).await?;
+        better_compute_audit::Actor::job(HEALTH_KIND.name).record(self.tx, action, &gpu.id, None).await?;
         if quarantine && !gpu.quarantined {
-            better_compute_audit::entry::record_job(self.tx, HEALTH_KIND.name, "devices.quarantine", &gpu.id, None).await?;
+            better_compute_audit::Actor::job(HEALTH_KIND.name).record(self.tx, "devices.quarantine", &gpu.id, None).await?;
             outbox::emit(
                 self.tx,
                 NewEvent { event_type: "device.quarantined", tenant_id: None, subject: &gpu.id, data: serde_json::json!({"nodeId": self.node_id, "reason": format!("health: {reason}")}) },
@@ -490,7 +489,7 @@ pub async fn evaluate(
                     not_after: Some(Duration::from_secs(300)),
                     min_generation: 0,
                     owner,
-                    requested_by: None,
+                    actor: &better_compute_audit::Actor::job(HEALTH_KIND.name),
                 },
             )
             .await?;
@@ -607,11 +606,11 @@ pub struct Signal {
 async fn start_recovery(tx: &Transaction<'_>, registry: &better_compute_runtime::Registry, node_id: &str, uuid: &str) -> Result<bool, DbError> {
     use better_compute_runtime::workflow;
     let params = serde_json::json!({"gpuUuid": uuid});
-    if registry.workflow(crate::maintenance::RECOVER).is_none() || workflow::open_with(tx, crate::maintenance::RECOVER, node_id, &params).await?.is_some() {
+    if registry.workflow(crate::workflows::RECOVER).is_none() || workflow::open_with(tx, crate::workflows::RECOVER, node_id, &params).await?.is_some() {
         return Ok(false);
     }
     let target = workflow::Target { node_id: Some(node_id.to_owned()), ..Default::default() };
-    let w = workflow::NewWorkflow { definition: crate::maintenance::RECOVER, target: &target, params: &params, requested_by: "job:health" };
+    let w = workflow::NewWorkflow { definition: crate::workflows::RECOVER, target: &target, params: &params, requested_by: "job:health" };
     workflow::start(tx, registry, &w).await?;
     Ok(true)
 }
@@ -628,50 +627,4 @@ pub async fn check_now(tx: &impl GenericClient, node_id: &str, uuid: &str) -> Re
         .await?;
     work_queue::enqueue(tx, &HEALTH_KIND, node_id).await?;
     Ok(n == 1)
-}
-
-/// The `health` job.
-pub struct HealthJob;
-
-#[async_trait::async_trait]
-impl Reconciler for HealthJob {
-    fn kind(&self) -> Kind {
-        HEALTH_KIND
-    }
-
-    async fn run(&self, ctx: &ReconcileContext, node_id: &str) -> Result<Outcome, RunError> {
-        let kinds = crate::kinds::command_kinds();
-        let diag = kinds.iter().find(|k| k.name == "diag.nvml").expect("the nodes module defines diag.nvml");
-        let mut c = ctx.client().await?;
-        let tx = ctx.begin_fenced(&mut c).await?;
-        let (r, next, more) = evaluate(&tx, ctx.registry(), node_id, diag).await?;
-        if let Some(s) = next {
-            work_queue::enqueue_after(&*tx, &HEALTH_KIND, node_id, Duration::from_secs_f64(s.max(1.0))).await?;
-        }
-        tx.commit().await?;
-        if r.checks > 0 {
-            commands::poke_gateway(&**c, node_id).await;
-        }
-        ctx.count("signals acted on", r.signals);
-        ctx.count("GPU health transitions", r.transitions);
-        ctx.count("checks started", r.checks);
-        ctx.count("checks with a GPU reset", r.resets);
-        ctx.count("recoveries started", r.recoveries);
-        ctx.count("signals held by an open circuit", r.held);
-        ctx.count("circuits opened", u64::from(r.circuit_opened));
-        Ok(if more { Outcome::SyncAgain } else { Outcome::Done })
-    }
-
-    async fn keys(&self, ctx: &ReconcileContext, shards: &[i16]) -> Result<Vec<String>, RunError> {
-        let c = ctx.read().await?;
-        let rows = c
-            .query(
-                "SELECT DISTINCT n.id, n.shard FROM nodes n
-                  WHERE EXISTS (SELECT 1 FROM gpu_health_signals s WHERE s.node_id = n.id AND s.processed_at IS NULL)
-                     OR EXISTS (SELECT 1 FROM devices d WHERE d.node_id = n.id AND d.parent_id IS NULL AND d.health_state IN ('suspect', 'recovering'))",
-                &[],
-            )
-            .await?;
-        Ok(rows.iter().filter(|r| shards.contains(&r.get::<_, i16>(1))).map(|r| r.get(0)).collect())
-    }
 }

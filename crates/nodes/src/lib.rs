@@ -4,27 +4,16 @@
 //! whichever transaction commits second sees the first.
 
 pub mod actions;
-pub mod command_keys;
 pub mod commands;
 pub mod conditions;
-pub mod consoles;
-pub mod devices;
 pub mod drain;
-pub mod findings;
 pub mod health;
 pub mod inventory;
-pub mod join;
-pub mod kinds;
-pub mod labels;
-pub mod layout;
-pub mod liveness;
-pub mod maintenance;
+pub mod jobs;
 pub mod listing;
-pub mod reports;
-pub mod session;
-pub mod site_boot;
+pub mod sessions;
 pub mod spec;
-pub mod sweeper;
+pub mod workflows;
 
 use better_compute_db::Migration;
 
@@ -78,7 +67,7 @@ impl better_compute_runtime::Module for NodesModule {
     }
 
     fn workflows(&self) -> Vec<std::sync::Arc<dyn better_compute_runtime::workflow::WorkflowDefinition>> {
-        maintenance::definitions()
+        workflows::definitions()
     }
 
     fn event_types(&self) -> Vec<better_compute_runtime::events::EventType> {
@@ -148,16 +137,20 @@ impl better_compute_runtime::Module for NodesModule {
     }
 
     fn command_kinds(&self) -> Vec<better_compute_runtime::commands::CommandKind> {
-        kinds::command_kinds()
+        commands::kinds::command_kinds()
     }
 
     fn reconcilers(&self) -> Vec<std::sync::Arc<dyn better_compute_runtime::Reconciler>> {
+        use jobs::*;
         vec![
-            std::sync::Arc::new(sweeper::CommandSweeper), std::sync::Arc::new(liveness::LivenessJob), std::sync::Arc::new(drain::DrainJob), std::sync::Arc::new(health::HealthJob),
-            std::sync::Arc::new(findings::InventoryJob),
-            std::sync::Arc::new(findings::HygieneJob),
+            std::sync::Arc::new(command_sweeper::CommandSweeper),
+            std::sync::Arc::new(liveness::LivenessJob),
+            std::sync::Arc::new(drain::DrainJob),
+            std::sync::Arc::new(health::HealthJob),
+            std::sync::Arc::new(inventory::InventoryJob),
+            std::sync::Arc::new(inventory_hygiene::HygieneJob),
             std::sync::Arc::new(site_boot::SiteBootJob),
-            std::sync::Arc::new(conditions::NodeJob),
+            std::sync::Arc::new(node::NodeJob),
         ]
     }
 

@@ -154,7 +154,7 @@ pub struct NodeFilter<'a> {
     /// Only nodes in this liveness.
     pub liveness: Option<&'a str>,
     /// Only nodes whose labels match.
-    pub labels: Option<crate::labels::LabelSelector>,
+    pub labels: Option<crate::inventory::labels::LabelSelector>,
 }
 
 /// Nodes, filtered, a page at a time.
@@ -214,7 +214,7 @@ pub struct IssuedJoinToken {
 pub async fn create_join_token(tx: &impl GenericClient, pool_id: &str, ttl_s: Option<i64>, created_by: &str) -> Result<IssuedJoinToken, Error> {
     let ttl_s = ttl_s.unwrap_or(3600);
     if !(60..=7 * 24 * 3600).contains(&ttl_s) {
-        return Err(Error::invalid_argument("ttlSeconds must be between 60 and 604800 (7 days)"));
+        return Err(Error::invalid_argument("ttlS must be between 60 and 604800 (7 days)"));
     }
     let mut bytes = [0u8; 32];
     getrandom::fill(&mut bytes).expect("the operating system's random source works");

@@ -97,7 +97,7 @@ impl NodeSpecPart for AgentPart {
     }
 
     async fn node_specs(&self, tx: &Transaction<'_>, node_ids: &[String]) -> Result<Vec<NodeSpec>, RunError> {
-        let keys = crate::command_keys::announced(tx).await?;
+        let keys = crate::commands::keys::announced(tx).await?;
         let spec = NodeSpec {
             agent: Some(AgentSection {
                 heartbeat_interval_ms: HEARTBEAT_INTERVAL_MS,

@@ -1,16 +1,19 @@
 //! The command queue against a real PostgreSQL in simulated time: enqueue, seq, lifecycle, BUSY
 //! back-off, cancel, the sweeper, reconnect rules, commands.run, and the generated reference page.
 
+use better_compute_audit::Actor;
 use std::sync::Arc;
 use std::time::Duration;
 
 use better_compute_core::{Caller, ErrorCode};
 use better_compute_nodes::commands::{self, NewCommand, Rejection, RunCommand};
 use better_compute_nodes::inventory::{self, NewGpu, NewNode, NewPool};
-use better_compute_nodes::layout::GpuMode;
+use better_compute_core::gpu_mode::GpuMode;
 use better_compute_nodes::NodesModule;
-use better_compute_runtime::authz::{Authorizer, LocalOperator, Resource};
 use better_compute_runtime::harness::Harness;
+
+/// Who makes the changes these tests make.
+static TEST_ACTOR: Actor = Actor::job("test");
 
 async fn setup() -> (Harness, String) {
     let h = Harness::new(vec![Arc::new(NodesModule), Arc::new(better_compute_audit::AuditModule)]).await;
@@ -51,7 +54,7 @@ fn cmd<'a>(node: &'a str, kind: &'a str, payload: &'a serde_json::Value, key: &'
         not_after: Some(Duration::from_secs(600)),
         min_generation: 0,
         owner: None,
-        requested_by: None,
+        actor: &TEST_ACTOR,
     }
 }
 
@@ -197,7 +200,7 @@ async fn until_a_transaction_waits_for_a_lock(h: &Harness, what: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancel_racing_a_dispatch_never_reports_cancelled_for_a_command_that_was_sent() {
-    use better_compute_nodes::session::{self, DispatchFor};
+    use better_compute_nodes::sessions::{self, DispatchFor};
     let (h, _) = setup().await;
     let r = h.registry().clone();
     let nodes = nodes_with_sessions(&h, 1, "gw_a").await;
@@ -221,7 +224,7 @@ async fn a_cancel_racing_a_dispatch_never_reports_cancelled_for_a_command_that_w
         let (view, dispatched) = if dispatch_first {
             // The dispatch has moved it to sent and not committed; the cancel comes in beside it.
             let tx = c.transaction().await.unwrap();
-            let d = session::dispatch_many(&*tx, "gw_a", &want).await.unwrap();
+            let d = sessions::dispatch_many(&*tx, "gw_a", &want).await.unwrap();
             let cancel = cancel_in_tx(node.clone(), cmd_id.clone()).await;
             until_a_transaction_waits_for_a_lock(&h, "the cancel").await;
             tx.commit().await.unwrap();
@@ -238,7 +241,7 @@ async fn a_cancel_racing_a_dispatch_never_reports_cancelled_for_a_command_that_w
                     let mut db = db;
                     let tx = db.transaction().await.unwrap();
                     let want = [DispatchFor { node_id: &node, epoch, limit: 64 }];
-                    let d = session::dispatch_many(&*tx, "gw_a", &want).await.unwrap();
+                    let d = sessions::dispatch_many(&*tx, "gw_a", &want).await.unwrap();
                     tx.commit().await.unwrap();
                     d[&node].commands.len()
                 })
@@ -330,78 +333,47 @@ async fn commands_run_refuses_other_kinds_bad_deadlines_and_missing_keys_and_rep
         kind: kind.into(),
         payload: serde_json::json!({"sections": ["gpus"]}),
         idempotency_key: key.map(String::from),
-        not_after_seconds: not_after,
+        not_after_s: not_after,
     };
-    assert_eq!(commands::run(&mut c, &r, &LocalOperator, me, &req("disk.wipe", Some("k"), None)).await.unwrap_err().code, ErrorCode::Unsupported);
+    assert_eq!(commands::run(&mut c, &r, &TEST_ACTOR, me, &req("disk.wipe", Some("k"), None)).await.unwrap_err().code, ErrorCode::Unsupported);
     for bad in [Some(9), Some(3601)] {
-        let e = commands::run(&mut c, &r, &LocalOperator, me, &req("inventory.refresh", Some("k"), bad)).await.unwrap_err();
-        assert!(e.code == ErrorCode::InvalidArgument && e.message.contains("notAfterSeconds"), "{e:?}");
+        let e = commands::run(&mut c, &r, &TEST_ACTOR, me, &req("inventory.refresh", Some("k"), bad)).await.unwrap_err();
+        assert!(e.code == ErrorCode::InvalidArgument && e.message.contains("notAfterS"), "{e:?}");
     }
-    let e = commands::run(&mut c, &r, &LocalOperator, me, &req("inventory.refresh", None, None)).await.unwrap_err();
+    let e = commands::run(&mut c, &r, &TEST_ACTOR, me, &req("inventory.refresh", None, None)).await.unwrap_err();
     assert!(e.message.contains("idempotencyKey"), "{e:?}");
     assert_eq!(count(&h, "SELECT count(*) FROM commands").await, 0);
-    let a = commands::run(&mut c, &r, &LocalOperator, me, &req("inventory.refresh", Some("k"), None)).await.unwrap();
-    let b = commands::run(&mut c, &r, &LocalOperator, me, &req("inventory.refresh", Some("k"), None)).await.unwrap();
+    let a = commands::run(&mut c, &r, &TEST_ACTOR, me, &req("inventory.refresh", Some("k"), None)).await.unwrap();
+    let b = commands::run(&mut c, &r, &TEST_ACTOR, me, &req("inventory.refresh", Some("k"), None)).await.unwrap();
     assert_eq!(a, b);
     let other = Caller { tenant_id: "ten_ops", identity_id: "idn_other" };
-    let c2 = commands::run(&mut c, &r, &LocalOperator, other, &req("inventory.refresh", Some("k"), None)).await.unwrap();
+    let c2 = commands::run(&mut c, &r, &TEST_ACTOR, other, &req("inventory.refresh", Some("k"), None)).await.unwrap();
     assert_ne!(c2.id, a.id);
     assert_eq!(count(&h, "SELECT count(*) FROM commands").await, 2);
 }
 
-/// Denies `compute:nodes:exec`; hides nodes other than `visible`.
-struct ReadOnly {
-    visible: String,
-}
-
-#[async_trait::async_trait]
-impl Authorizer for ReadOnly {
-    async fn check(&self, _caller: Caller<'_>, permission: &str, resource: Resource<'_>) -> Result<(), better_compute_core::Error> {
-        match resource {
-            Resource::Node(n) if n != self.visible => Err(better_compute_core::Error::not_found("node", n)),
-            _ if permission == commands::EXEC => {
-                Err(better_compute_core::Error::new(ErrorCode::PermissionDenied, "compute:nodes:exec is required on the node"))
-            }
-            _ => Ok(()),
-        }
-    }
-}
-
 #[tokio::test]
-async fn commands_run_asks_for_compute_nodes_exec_on_the_node_before_anything_else() {
+async fn a_cancel_by_its_caller_ends_a_pending_command_with_its_audit_entry() {
     let (h, node) = setup().await;
     let r = h.registry().clone();
-    assert!(r.permissions().iter().any(|p| p.name == commands::EXEC));
     let mut c = h.db().connect().await;
     let me = Caller { tenant_id: "ten_x", identity_id: "idn_x" };
-    let authz = ReadOnly { visible: node.clone() };
-    let req = |node_id: &str| RunCommand { tenant_id: None,
-        node_id: node_id.to_owned(),
-        kind: "inventory.refresh".into(),
-        payload: serde_json::json!({}),
-        idempotency_key: Some("k".into()),
-        not_after_seconds: None,
-    };
-    assert_eq!(commands::run(&mut c, &r, &authz, me, &req(&node)).await.unwrap_err().code, ErrorCode::PermissionDenied);
-    assert_eq!(commands::run(&mut c, &r, &authz, me, &req("node_hidden")).await.unwrap_err().code, ErrorCode::NotFound);
-    assert_eq!(count(&h, "SELECT count(*) FROM commands").await, 0);
-    assert_eq!(count(&h, "SELECT count(*) FROM idempotency_keys").await, 0);
-    // Cancel needs exec too; reading needs only read.
-    let queued = commands::run(&mut c, &r, &LocalOperator, me, &req(&node)).await.unwrap();
-    assert_eq!(commands::cancel_as(&mut c, &authz, me, &node, &queued.id).await.unwrap_err().code, ErrorCode::PermissionDenied);
-    assert_eq!(commands::get_as(&c, &authz, me, &node, &queued.id).await.unwrap().state, "pending");
-    assert_eq!(commands::cancel_as(&mut c, &LocalOperator, me, &node, &queued.id).await.unwrap().state, "cancelled");
+    let req = RunCommand { tenant_id: None, node_id: node.clone(), kind: "inventory.refresh".into(), payload: serde_json::json!({}), idempotency_key: Some("k".into()), not_after_s: None };
+    let queued = commands::run(&mut c, &r, &TEST_ACTOR, me, &req).await.unwrap();
+    assert_eq!(commands::get(&c, &node, &queued.id).await.unwrap().state, "pending");
+    assert_eq!(commands::cancel_by(&mut c, &TEST_ACTOR, me, &node, &queued.id).await.unwrap().state, "cancelled");
+    assert_eq!(count(&h, "SELECT count(*) FROM audit_entries WHERE action IN ('commands.run', 'commands.cancel')").await, 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_daemons_report_racing_a_takeover_and_a_session_close_waits_instead_of_deadlocking() {
-    use better_compute_nodes::reports::{NodeLocks, Report, SessionReports};
-    use better_compute_nodes::session::{self, Hello};
+    use better_compute_nodes::inventory::reports::{NodeLocks, Report, SessionReports};
+    use better_compute_nodes::sessions::{self, Hello};
     let (h, node) = setup().await;
     let hello = |gw: &'static str| Hello { node_id: "", gateway_id: gw, boot_id: "b1", journal_id: "j1", daemon_version: "t" };
     let mut c = h.db().client().await;
     let tx = c.transaction().await.unwrap();
-    let mut epoch = session::open(&*tx, &Hello { node_id: &node, ..hello("gw_a") }).await.unwrap().session_epoch;
+    let mut epoch = sessions::open(&*tx, &Hello { node_id: &node, ..hello("gw_a") }).await.unwrap().session_epoch;
     tx.commit().await.unwrap();
     let status = better_compute_proto::v1::SpecStatus { generation: 1, observed_generation: 1, ..Default::default() };
     let mut finished = 0;
@@ -410,7 +382,7 @@ async fn a_daemons_report_racing_a_takeover_and_a_session_close_waits_instead_of
         let mut rc = h.db().client().await;
         let report = rc.transaction().await.unwrap();
         let reports = SessionReports { node_id: node.clone(), epoch, reports: vec![Report::SpecStatus(status.clone())] };
-        let applied = better_compute_nodes::reports::apply(&*report, "gw_a", &[&reports], NodeLocks::Wait).await.unwrap();
+        let applied = better_compute_nodes::inventory::reports::apply(&*report, "gw_a", &[&reports], NodeLocks::Wait).await.unwrap();
         assert_eq!(applied.held.len(), 1, "round {round}");
         // …while another gateway takes the session over (round 0 and 2) or gw_a's close (round 1)
         // runs beside it: it waits for the report's node lock, and neither fails.
@@ -421,9 +393,9 @@ async fn a_daemons_report_racing_a_takeover_and_a_session_close_waits_instead_of
                 let mut db = db;
                 let tx = db.transaction().await.unwrap();
                 if round == 1 {
-                    session::close(&*tx, &node, epoch, "test").await.unwrap();
+                    sessions::close(&*tx, &node, epoch, "test").await.unwrap();
                 } else {
-                    session::open(&*tx, &Hello { node_id: &node, gateway_id: "gw_b", boot_id: "b1", journal_id: "j1", daemon_version: "t" }).await.unwrap();
+                    sessions::open(&*tx, &Hello { node_id: &node, gateway_id: "gw_b", boot_id: "b1", journal_id: "j1", daemon_version: "t" }).await.unwrap();
                 }
                 tx.commit().await.unwrap();
             })
@@ -435,7 +407,7 @@ async fn a_daemons_report_racing_a_takeover_and_a_session_close_waits_instead_of
         finished += 1;
         // The next round reports under a session gw_a holds again.
         let tx = c.transaction().await.unwrap();
-        epoch = session::open(&*tx, &Hello { node_id: &node, ..hello("gw_a") }).await.unwrap().session_epoch;
+        epoch = sessions::open(&*tx, &Hello { node_id: &node, ..hello("gw_a") }).await.unwrap().session_epoch;
         tx.commit().await.unwrap();
     }
     assert_eq!(finished, 3);
@@ -444,7 +416,7 @@ async fn a_daemons_report_racing_a_takeover_and_a_session_close_waits_instead_of
 /// `n` more nodes in the first node's pool, each with a session opened by `gateway`; returns
 /// (node, epoch) for each.
 async fn nodes_with_sessions(h: &Harness, n: usize, gateway: &str) -> Vec<(String, i64)> {
-    use better_compute_nodes::session::{self, Hello};
+    use better_compute_nodes::sessions::{self, Hello};
     let mut c = h.db().client().await;
     let tx = c.transaction().await.unwrap();
     let pool: String = tx.query_one("SELECT pool_id FROM nodes LIMIT 1", &[]).await.unwrap().get(0);
@@ -457,7 +429,7 @@ async fn nodes_with_sessions(h: &Harness, n: usize, gateway: &str) -> Vec<(Strin
         .await
         .unwrap();
         let hello = Hello { node_id: &node, gateway_id: gateway, boot_id: "b1", journal_id: "j1", daemon_version: "t" };
-        let epoch = session::open(&*tx, &hello).await.unwrap().session_epoch;
+        let epoch = sessions::open(&*tx, &hello).await.unwrap().session_epoch;
         out.push((node, epoch));
     }
     tx.commit().await.unwrap();
@@ -466,8 +438,8 @@ async fn nodes_with_sessions(h: &Harness, n: usize, gateway: &str) -> Vec<(Strin
 
 #[tokio::test]
 async fn a_report_group_writes_only_for_sessions_that_still_hold_and_keeps_each_guard_inside_the_batch() {
-    use better_compute_nodes::reports::{self, NodeLocks, Report, SessionReports};
-    use better_compute_nodes::session::{self, Hello};
+    use better_compute_nodes::inventory::reports::{self, NodeLocks, Report, SessionReports};
+    use better_compute_nodes::sessions::{self, Hello};
     let (h, _) = setup().await;
     let r = h.registry().clone();
     let nodes = nodes_with_sessions(&h, 3, "gw_a").await;
@@ -487,7 +459,7 @@ async fn a_report_group_writes_only_for_sessions_that_still_hold_and_keeps_each_
     // gw_b takes the third node's session over: gw_a's session of it is now a zombie.
     {
         let tx = c.transaction().await.unwrap();
-        session::open(&*tx, &Hello { node_id: &nodes[2].0, gateway_id: "gw_b", boot_id: "b1", journal_id: "j1", daemon_version: "t" }).await.unwrap();
+        sessions::open(&*tx, &Hello { node_id: &nodes[2].0, gateway_id: "gw_b", boot_id: "b1", journal_id: "j1", daemon_version: "t" }).await.unwrap();
         tx.commit().await.unwrap();
     }
     let status = |observed: i64| Report::SpecStatus(better_compute_proto::v1::SpecStatus { generation: 5, observed_generation: observed, ..Default::default() });
@@ -551,7 +523,7 @@ async fn a_report_group_writes_only_for_sessions_that_still_hold_and_keeps_each_
 
 #[tokio::test]
 async fn a_dispatch_for_many_nodes_routes_nothing_for_a_superseded_session_and_keeps_each_nodes_lane_credits() {
-    use better_compute_nodes::session::{self, DispatchFor, Hello};
+    use better_compute_nodes::sessions::{self, DispatchFor, Hello};
     let (h, _) = setup().await;
     let r = h.registry().clone();
     let nodes = nodes_with_sessions(&h, 3, "gw_a").await;
@@ -564,12 +536,12 @@ async fn a_dispatch_for_many_nodes_routes_nothing_for_a_superseded_session_and_k
     }
     {
         let tx = c.transaction().await.unwrap();
-        session::open(&*tx, &Hello { node_id: &nodes[1].0, gateway_id: "gw_b", boot_id: "b1", journal_id: "j1", daemon_version: "t" }).await.unwrap();
+        sessions::open(&*tx, &Hello { node_id: &nodes[1].0, gateway_id: "gw_b", boot_id: "b1", journal_id: "j1", daemon_version: "t" }).await.unwrap();
         tx.commit().await.unwrap();
     }
     let want: Vec<DispatchFor<'_>> = nodes.iter().map(|(n, e)| DispatchFor { node_id: n, epoch: *e, limit: 64 }).collect();
     let tx = c.transaction().await.unwrap();
-    let d = session::dispatch_many(&*tx, "gw_a", &want).await.unwrap();
+    let d = sessions::dispatch_many(&*tx, "gw_a", &want).await.unwrap();
     tx.commit().await.unwrap();
     assert_eq!(d.len(), 2, "the superseded session is absent");
     assert!(!d.contains_key(&nodes[1].0));
@@ -588,15 +560,15 @@ async fn a_dispatch_for_many_nodes_routes_nothing_for_a_superseded_session_and_k
         tx.execute("UPDATE commands SET state = 'succeeded', finished_at = compute_now() WHERE node_id = $1 AND state = 'sent'", &[node]).await.unwrap();
     }
     let one = [DispatchFor { node_id: &nodes[0].0, epoch: nodes[0].1, limit: 1 }];
-    let d = session::dispatch_many(&*tx, "gw_a", &one).await.unwrap();
+    let d = sessions::dispatch_many(&*tx, "gw_a", &one).await.unwrap();
     tx.commit().await.unwrap();
     assert_eq!(d[&nodes[0].0].commands.len(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn report_groups_racing_takeovers_write_exactly_for_the_sessions_they_found_holding() {
-    use better_compute_nodes::reports::{self, NodeLocks, Report, SessionReports};
-    use better_compute_nodes::session::{self, Hello};
+    use better_compute_nodes::inventory::reports::{self, NodeLocks, Report, SessionReports};
+    use better_compute_nodes::sessions::{self, Hello};
     let (h, _) = setup().await;
     let nodes = nodes_with_sessions(&h, 24, "gw_a").await;
     let mut c = h.db().client().await;
@@ -616,7 +588,7 @@ async fn report_groups_racing_takeovers_write_exactly_for_the_sessions_they_foun
         tokio::spawn(async move {
             for n in victims {
                 let tx = db.transaction().await.unwrap();
-                session::open(&*tx, &Hello { node_id: &n, gateway_id: "gw_b", boot_id: "b1", journal_id: "j1", daemon_version: "t" }).await.unwrap();
+                sessions::open(&*tx, &Hello { node_id: &n, gateway_id: "gw_b", boot_id: "b1", journal_id: "j1", daemon_version: "t" }).await.unwrap();
                 tx.commit().await.unwrap();
             }
         })
@@ -636,18 +608,18 @@ async fn report_groups_racing_takeovers_write_exactly_for_the_sessions_they_foun
 
 #[tokio::test]
 async fn a_last_seen_flush_skips_a_session_a_report_is_fencing_and_reports_it_busy_instead_of_waiting() {
-    use better_compute_nodes::session;
+    use better_compute_nodes::sessions;
     let (h, _) = setup().await;
     let nodes = nodes_with_sessions(&h, 2, "gw_a").await;
     let (ids, epochs): (Vec<String>, Vec<i64>) = nodes.iter().cloned().unzip();
     // A report group of gw_a holds the first node's session row (its fence) and has not committed.
     let mut rc = h.db().client().await;
     let report = rc.transaction().await.unwrap();
-    let held = session::fence(&*report, "gw_a", &[ids[0].as_str()], &[epochs[0]]).await.unwrap();
+    let held = sessions::fence(&*report, "gw_a", &[ids[0].as_str()], &[epochs[0]]).await.unwrap();
     assert_eq!(held.len(), 1);
     let mut c = h.db().client().await;
     let tx = c.transaction().await.unwrap();
-    let flushed = tokio::time::timeout(Duration::from_secs(10), session::flush_last_seen(&*tx, "gw_a", &ids, &epochs, &[0.5, 0.5]))
+    let flushed = tokio::time::timeout(Duration::from_secs(10), sessions::flush_last_seen(&*tx, "gw_a", &ids, &epochs, &[0.5, 0.5]))
         .await
         .expect("the flush waited for the report")
         .unwrap();
@@ -657,14 +629,14 @@ async fn a_last_seen_flush_skips_a_session_a_report_is_fencing_and_reports_it_bu
     report.commit().await.unwrap();
     // A stale epoch is neither written nor busy.
     let tx = c.transaction().await.unwrap();
-    let stale = session::flush_last_seen(&*tx, "gw_a", &ids, &[epochs[0] + 1, epochs[1]], &[0.5, 0.5]).await.unwrap();
+    let stale = sessions::flush_last_seen(&*tx, "gw_a", &ids, &[epochs[0] + 1, epochs[1]], &[0.5, 0.5]).await.unwrap();
     tx.commit().await.unwrap();
     assert_eq!((stale.written.len(), stale.busy.len()), (1, 0));
 }
 
 #[tokio::test]
 async fn a_report_group_leaves_out_a_session_whose_node_row_is_busy_and_writes_nothing_of_it() {
-    use better_compute_nodes::reports::{self, NodeLocks, Report, SessionReports};
+    use better_compute_nodes::inventory::reports::{self, NodeLocks, Report, SessionReports};
     let (h, _) = setup().await;
     let nodes = nodes_with_sessions(&h, 2, "gw_a").await;
     let mut c = h.db().client().await;

@@ -9,7 +9,7 @@ pub mod desired;
 pub mod events;
 #[cfg(feature = "testing")]
 pub mod harness;
-pub mod housekeeping;
+pub mod jobs;
 pub mod metrics;
 pub mod module;
 pub mod nodespec;

@@ -46,17 +46,17 @@ pub struct Metric {
     pub help: &'static str,
 }
 
-const fn m(name: &'static str, kind: MetricKind, labels: &'static [&'static str], role: &'static str, help: &'static str) -> Metric {
+/// A metric of the catalogue (for the `const` lists of each crate).
+pub const fn m(name: &'static str, kind: MetricKind, labels: &'static [&'static str], role: &'static str, help: &'static str) -> Metric {
     Metric { name, kind, labels, role, help }
 }
 
 use MetricKind::{Counter, Gauge, Histogram};
 
-/// Every metric the control plane writes.
-pub const CATALOGUE: &[Metric] = &[
+/// The metrics the runtime itself writes (its workers, leases, work queue and outbox); each module
+/// adds its own (`Module::metrics`), the API and the gateway theirs.
+pub const RUNTIME_METRICS: &[Metric] = &[
     m("better_compute_build_info", Gauge, &["version"], "every", "1, labelled with the running version."),
-    m("better_compute_api_requests_total", Counter, &["method", "code"], "api", "API requests by method and answer code (OK, NOT_FOUND, RATE_LIMITED, …)."),
-    m("better_compute_api_request_seconds", Histogram, &["method", "code"], "api", "API request latency, from the request's arrival to its answer."),
     m("better_compute_job_runs_total", Counter, &["job", "outcome"], "worker", "Reconciler runs by job and outcome (done, sync_again, error)."),
     m("better_compute_job_run_seconds", Histogram, &["job"], "worker", "How long one run (or one batch of keys) of a job took."),
     m("better_compute_job_fence_lost_total", Counter, &["job"], "worker", "Runs whose fenced transaction found the lease gone (another worker took the shard): their work was not committed."),
@@ -70,14 +70,6 @@ pub const CATALOGUE: &[Metric] = &[
     m("better_compute_outbox_lag_events", Gauge, &["sink"], "scrape", "Events written that a sink has not delivered yet."),
     m("better_compute_outbox_lag_seconds", Gauge, &["sink"], "scrape", "Age of the oldest event a sink has not delivered (0 when caught up)."),
     m("better_compute_outbox_delivered_total", Counter, &["sink"], "worker", "Events delivered to a sink by this worker."),
-    m("better_compute_webhook_deliveries_total", Counter, &["outcome"], "worker", "Webhook delivery attempts by outcome: delivered, failed (retried later, or dead after the last attempt), gone (410: the endpoint is disabled), deferred (not sent within the run's budget)."),
-    m("better_compute_placements_total", Counter, &["outcome"], "api", "Reservation creates by outcome: placed (or active), pending (no room yet; retried), refused (quota, pool, bad request), unavailable (the database was away)."),
-    m("better_compute_placer_replans_total", Counter, &["reason"], "api", "Nodes that turned a placement away under the lock, each followed by a replan unless the request's attempts were spent: conflict (a concurrent placement took the atoms, or a change made the node ineligible), stale (the candidate index said it fit; under the lock it did not)."),
-    m("better_compute_gateway_sessions", Gauge, &[], "gateway", "Daemon sessions this gateway holds open."),
-    m("better_compute_gateway_commands_sent_total", Counter, &[], "gateway", "Commands sent to daemons."),
-    m("better_compute_gateway_commands_settled_total", Counter, &[], "gateway", "Command results the gateway settled."),
-    m("better_compute_gateway_dispatch_seconds", Histogram, &[], "gateway", "From a command's enqueue to its sending to the daemon."),
-    m("better_compute_gateway_report_flush_sessions", Histogram, &[], "gateway", "Sessions whose reports one flush wrote together."),
 ];
 
 /// Latency buckets, in seconds (and sizes, for the flush histogram).
@@ -94,22 +86,25 @@ fn handle() -> Option<&'static PrometheusHandle> {
                 .install_recorder()
                 .inspect_err(|e| tracing::warn!(error = %e, "metrics recorder not installed"))
                 .ok()?;
-            for c in CATALOGUE {
-                match c.kind {
-                    Counter => metrics::describe_counter!(c.name, c.help),
-                    Gauge => metrics::describe_gauge!(c.name, c.help),
-                    Histogram => metrics::describe_histogram!(c.name, c.help),
-                }
-            }
             metrics::gauge!("better_compute_build_info", "version" => env!("CARGO_PKG_VERSION")).set(1.0);
             Some(h)
         })
         .as_ref()
 }
 
-/// Installs the process's recorder (idempotent; the first call in a process wins).
-pub fn install() {
-    handle();
+/// Installs the process's recorder (idempotent; the first call in a process wins) and describes
+/// `catalogue`'s metrics to it (their `# HELP`), each call adding its own.
+pub fn install(catalogue: &[Metric]) {
+    if handle().is_none() {
+        return;
+    }
+    for c in catalogue {
+        match c.kind {
+            Counter => metrics::describe_counter!(c.name, c.help),
+            Gauge => metrics::describe_gauge!(c.name, c.help),
+            Histogram => metrics::describe_histogram!(c.name, c.help),
+        }
+    }
 }
 
 /// The text exposition of everything written so far; also drains the histograms' pending
@@ -182,23 +177,23 @@ pub async fn scrape(pool: &better_compute_db::Pool, registry: &crate::Registry) 
 }
 
 /// `docs/metrics.md`: the catalogue as a reference page.
-pub fn reference_page() -> String {
+pub fn reference_page(catalogue: &[Metric]) -> String {
     let mut s = String::from(
-        "# Metrics\n\nGenerated by `better-compute docs metrics` from `runtime::metrics::CATALOGUE`; every metric the control plane writes. \
+        "# Metrics\n\nGenerated by `better-compute docs metrics` from the catalogue of the runtime, every module (`Module::metrics`), the API and the gateway; every metric the control plane writes. \
          Each server process serves them at `/metrics` on `--metrics-listen` (and the API role at `/metrics` on its own listener too). \
          Role `scrape`: read from the database at each scrape, so every process answers the same fleet-wide figure.\n\n\
          | metric | type | labels | role | meaning |\n|---|---|---|---|---|\n",
     );
-    for c in CATALOGUE {
+    for c in catalogue {
         s.push_str(&format!("| `{}` | {} | {} | {} | {} |\n", c.name, c.kind.as_str(), c.labels.join(", "), c.role, c.help));
     }
     s
 }
 
-/// Whether `series` (a name in an exposition, a dashboard or an alert rule) is a catalogue
-/// metric, or a histogram's `_bucket`, `_sum` or `_count` series.
-pub fn in_catalogue(series: &str) -> bool {
-    CATALOGUE.iter().any(|c| {
+/// Whether `series` (a name in an exposition, a dashboard or an alert rule) is a metric of
+/// `catalogue`, or a histogram's `_bucket`, `_sum` or `_count` series.
+pub fn in_catalogue(catalogue: &[Metric], series: &str) -> bool {
+    catalogue.iter().any(|c| {
         c.name == series
             || (c.kind == Histogram && ["_bucket", "_sum", "_count"].iter().any(|sfx| series.strip_suffix(sfx) == Some(c.name)))
     })
@@ -209,16 +204,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn catalogue_names_follow_prometheus_conventions_once_each() {
-        let mut seen = std::collections::HashSet::new();
-        for c in CATALOGUE {
-            assert!(seen.insert(c.name), "{} twice", c.name);
-            assert!(c.name.starts_with("better_compute_"), "{}", c.name);
-            assert!(c.name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'), "{}", c.name);
-            assert_eq!(c.kind == Counter, c.name.ends_with("_total"), "{}: counters and only counters end in _total", c.name);
-        }
-        assert_eq!(seen.len(), CATALOGUE.len());
-        assert!(in_catalogue("better_compute_job_run_seconds_bucket"));
-        assert!(!in_catalogue("better_compute_job_runs_total_bucket"));
+    fn a_histograms_series_are_in_the_catalogue_and_a_counters_are_not() {
+        assert!(in_catalogue(RUNTIME_METRICS, "better_compute_job_run_seconds_bucket"));
+        assert!(in_catalogue(RUNTIME_METRICS, "better_compute_job_runs_total"));
+        assert!(!in_catalogue(RUNTIME_METRICS, "better_compute_job_runs_total_bucket"));
     }
 }

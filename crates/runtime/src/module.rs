@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use better_compute_db::Migration;
 
-use crate::nodespec::{NodeSpecController, NodeSpecPart};
+use crate::jobs::nodespec::NodeSpecController;
+use crate::nodespec::NodeSpecPart;
 use crate::outbox::Sink;
 use crate::reconciler::Reconciler;
 
@@ -17,6 +18,11 @@ pub trait Module: Send + Sync + 'static {
 
     /// Its migrations, ordered by name.
     fn migrations(&self) -> &'static [Migration] {
+        &[]
+    }
+
+    /// The metrics this module writes, for the catalogue (`docs/metrics.md`) and their `# HELP`.
+    fn metrics(&self) -> &'static [crate::metrics::Metric] {
         &[]
     }
 
@@ -149,7 +155,7 @@ impl Registry {
     pub fn new(modules: Vec<Arc<dyn Module>>) -> Result<Registry, RegistryError> {
         let mut names = HashSet::new();
         let mut jobs: HashSet<String> =
-            [EVENT_SUBSCRIBERS_JOB, OUTBOX_DISPATCH_JOB, crate::housekeeping::HOUSEKEEPING.name].map(String::from).into();
+            [EVENT_SUBSCRIBERS_JOB, OUTBOX_DISPATCH_JOB, crate::jobs::housekeeping::HOUSEKEEPING.name].map(String::from).into();
         let mut sinks = HashSet::new();
         let (mut reconcilers, mut subscribers, mut outbox_sinks) = (Vec::new(), Vec::new(), Vec::new());
         let mut parts: Vec<Arc<dyn NodeSpecPart>> = Vec::new();
@@ -213,17 +219,17 @@ impl Registry {
         }
         // The workflow job runs once some module defines a workflow.
         if !workflows.is_empty() {
-            if !jobs.insert(crate::workflow::WORKFLOW.name.to_owned()) {
-                return Err(RegistryError::DuplicateJob(crate::workflow::WORKFLOW.name.to_owned()));
+            if !jobs.insert(crate::jobs::workflow::WORKFLOW.name.to_owned()) {
+                return Err(RegistryError::DuplicateJob(crate::jobs::workflow::WORKFLOW.name.to_owned()));
             }
-            reconcilers.push(Arc::new(crate::workflow::WorkflowJob));
+            reconcilers.push(Arc::new(crate::jobs::workflow::WorkflowJob));
             let waker: Arc<dyn Sink> = Arc::new(crate::workflow::WorkflowWaker);
             if !sinks.insert(waker.name().to_owned()) {
                 return Err(RegistryError::DuplicateSink(waker.name().to_owned()));
             }
             subscribers.push(waker);
         }
-        reconcilers.push(Arc::new(crate::housekeeping::Housekeeping));
+        reconcilers.push(Arc::new(crate::jobs::housekeeping::Housekeeping));
         let occupants = modules.iter().flat_map(|m| m.node_occupants()).collect();
         Ok(Registry { modules, reconcilers, subscribers, outbox_sinks, command_kinds, occupants, command_signer: std::sync::OnceLock::new(), workflows, decision_log: decision_log.map(|(_, l)| l) })
     }
@@ -239,6 +245,14 @@ impl Registry {
     /// The modules, in registration order.
     pub fn modules(&self) -> &[Arc<dyn Module>] {
         &self.modules
+    }
+
+    /// Every metric the runtime and the modules write, the runtime's first, then each module's in
+    /// registration order.
+    pub fn metrics(&self) -> Vec<crate::metrics::Metric> {
+        let mut all = crate::metrics::RUNTIME_METRICS.to_vec();
+        all.extend(self.modules.iter().flat_map(|m| m.metrics().iter().copied()));
+        all
     }
 
     /// Every reconciler, in registration order.

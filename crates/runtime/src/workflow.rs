@@ -27,11 +27,10 @@ use serde::{Deserialize, Serialize};
 use tokio_postgres::{GenericClient, Transaction};
 
 use crate::decisions::Decision;
-use crate::reconciler::{Kind, Outcome, ReconcileContext, Reconciler, RunError, ShardBy};
+use crate::jobs::workflow::{WorkflowJob, WORKFLOW};
+use crate::reconciler::{Outcome, ReconcileContext, RunError};
 use crate::{outbox, work_queue, NewEvent, Registry};
 
-/// The `workflow` job: one key per workflow.
-pub const WORKFLOW: Kind = Kind { name: "workflow", shard_by: ShardBy::Key };
 /// Starting, cancelling and resuming workflows.
 pub const WRITE: &str = "compute:workflows:write";
 /// Reading workflows.
@@ -690,10 +689,6 @@ fn crash_point(_point: &'static str) -> Result<(), RunError> {
     Ok(())
 }
 
-/// The `workflow` job: advances one workflow per key. Registered by the registry when some
-/// module contributes a definition.
-pub struct WorkflowJob;
-
 /// A workflow's row as a run reads it.
 struct Loaded {
     definition: String,
@@ -849,32 +844,9 @@ impl Step for FleetStep {
     }
 }
 
-#[async_trait::async_trait]
-impl Reconciler for WorkflowJob {
-    fn kind(&self) -> Kind {
-        WORKFLOW
-    }
-
-    async fn run(&self, ctx: &ReconcileContext, key: &str) -> Result<Outcome, RunError> {
-        let mut client = ctx.client().await?;
-        let after_commit = work_queue::AfterCommit::default();
-        // Every path commits before it returns Ok; an error rolled back, and asks for no poke.
-        let outcome = self.advance(ctx, &mut client, key, &after_commit).await?;
-        after_commit.send(&**client).await;
-        Ok(outcome)
-    }
-
-    async fn keys(&self, ctx: &ReconcileContext, shards: &[i16]) -> Result<Vec<String>, RunError> {
-        // Every open workflow of these shards: a lost wake-up delays it by one resync at most.
-        let client = ctx.read().await?;
-        let rows = client.query("SELECT id FROM workflows WHERE ended_at IS NULL AND state <> 'held' ORDER BY id", &[]).await?;
-        Ok(rows.iter().map(|r| r.get::<_, String>(0)).filter(|k| shards.contains(&WORKFLOW.shard_of(k))).collect())
-    }
-}
-
 impl WorkflowJob {
     /// One run of a workflow, in fenced transactions it commits.
-    async fn advance(
+    pub(crate) async fn advance(
         &self,
         ctx: &ReconcileContext,
         client: &mut deadpool_postgres::Client,

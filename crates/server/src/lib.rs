@@ -38,6 +38,15 @@ pub fn registry() -> anyhow::Result<Arc<better_compute_runtime::Registry>> {
     Ok(Arc::new(better_compute_runtime::Registry::new(modules())?))
 }
 
+/// Every metric the control plane writes: the runtime's and each module's (`Registry::metrics`),
+/// the API's and the gateway's.
+pub fn metric_catalogue(registry: &better_compute_runtime::Registry) -> Vec<better_compute_runtime::metrics::Metric> {
+    let mut all = registry.metrics();
+    all.extend_from_slice(better_compute_api::metrics::METRICS);
+    all.extend_from_slice(better_compute_gateway::METRICS);
+    all
+}
+
 /// Migrates the database `db` is connected to and bootstraps its first tenant, admin and token.
 pub async fn bootstrap_db(db: &mut tokio_postgres::Client, tenant: &str, admin: &str) -> anyhow::Result<Bootstrapped> {
     let registry = registry()?;

@@ -38,7 +38,7 @@ pub async fn start(
     listen: &str,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) -> anyhow::Result<(std::net::SocketAddr, tokio::task::JoinHandle<std::io::Result<()>>)> {
-    better_compute_runtime::metrics::install();
+    better_compute_runtime::metrics::install(&crate::metric_catalogue(&registry));
     let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("the metrics listener cannot listen on {listen}"))?;
     let addr = listener.local_addr()?;
     let app = axum::Router::new()
@@ -76,7 +76,7 @@ async fn readyz(State(s): State<Arc<Scrape>>) -> axum::response::Response {
             let held: bool = db
                 .query_one(
                     "SELECT EXISTS (SELECT 1 FROM leases WHERE name = $1 AND owner = $2 AND expires_at > compute_now())",
-                    &[&better_compute_nodes::session::gateway_lease_name(g), g],
+                    &[&better_compute_nodes::sessions::gateway_lease_name(g), g],
                 )
                 .await
                 .map_err(better_compute_db::DbError::from)?

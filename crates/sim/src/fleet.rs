@@ -187,7 +187,7 @@ pub(crate) async fn supervise(
 /// The demo's variety on a first start: GPU 7 of dev-node-0 in MIG (two 3g.40gb instances), GPU 7
 /// of dev-node-1 time-sliced (4 slots). Desired state carries the change to the daemons.
 pub async fn demo_modes(db: &mut tokio_postgres::Client, nodes: &[String]) -> anyhow::Result<()> {
-    use better_compute_nodes::layout::GpuMode;
+    use better_compute_core::gpu_mode::GpuMode;
     let modes = [GpuMode::Mig { layout: vec!["3g.40gb".into(), "3g.40gb".into()] }, GpuMode::TimeSlice { slots: 4 }];
     let tx = db.transaction().await?;
     let mut changed = Vec::new();
@@ -198,7 +198,7 @@ pub async fn demo_modes(db: &mut tokio_postgres::Client, nodes: &[String]) -> an
         better_compute_runtime::desired::invalidate(&tx, node).await?;
         changed.push(node.clone());
     }
-    better_compute_capacity::reconcilers::refresh_nodes(&tx, &changed).await?;
+    better_compute_capacity::inventory::refresh_nodes(&tx, &changed).await?;
     tx.commit().await?;
     better_compute_runtime::work_queue::poke(&*db).await;
     Ok(())

@@ -22,7 +22,7 @@ use better_compute_capacity::batch::BatchSettings;
 use better_compute_capacity::service::Reservations;
 use better_compute_capacity::reservations::{self, CreateReservation, GpuRequest};
 use better_compute_capacity::{invariants, mode, quota, Caller};
-use better_compute_audit::entry::serving;
+use better_compute_audit::Actor;
 use better_compute_core::ErrorCode;
 use better_compute_db::launcher::{Cluster, ClusterOptions};
 use better_compute_db::pgbouncer::PgBouncer;
@@ -30,7 +30,7 @@ use better_compute_core::seeded::Rng;
 use better_compute_nodes::actions;
 use better_compute_nodes::commands::{self, NewCommand};
 use better_compute_nodes::drain;
-use better_compute_nodes::layout::GpuMode;
+use better_compute_core::gpu_mode::GpuMode;
 use better_compute_runtime::workflow;
 use better_compute_vps::instances::{self, Action, CreateInstance};
 use tokio::sync::watch;
@@ -545,7 +545,7 @@ impl Sim {
             rows.iter().map(|r| (r.get(0), r.get(1))).collect()
         };
         for (id, tenant) in &running {
-            instances::act(db, Caller { tenant_id: tenant, identity_id: "idn_sim" }, id, Action::Delete).await?;
+            instances::act(db, &Actor::job("sim"), Caller { tenant_id: tenant, identity_id: "idn_sim" }, id, Action::Delete).await?;
         }
         println!("  [{:>5.1} s] {} running instances deleted at the heal", self.started.elapsed().as_secs_f64(), running.len());
         Ok(())
@@ -955,8 +955,8 @@ impl Sim {
                 // same key (and request), and the key answers what the first one did, or it runs.
                 let mut tries = 0;
                 let r = loop {
-                    let create = service.create(Caller { tenant_id: TENANTS[t], identity_id: "idn_sim" }, &req);
-                    match serving(sim_request(TENANTS[t], "reservations.create", &tag), create).await {
+                    let actor = sim_request(TENANTS[t], "reservations.create", &tag);
+                    match service.create(&actor, Caller { tenant_id: TENANTS[t], identity_id: "idn_sim" }, &req).await {
                         Err(e) if e.code == ErrorCode::Unavailable && tries < IN_DOUBT_RETRIES => {
                             tries += 1;
                             self.tally.asked_again.fetch_add(1, Ordering::Relaxed);
@@ -981,14 +981,13 @@ impl Sim {
                     + Duration::from_secs(60 + rng.below(600));
                 *asked = Some(("reservations.extend", true));
                 let end = better_compute_core::time::rfc3339(end);
-                let extend = service.extend(caller, &id, &end, None);
-                serving(sim_request(TENANTS[t], "reservations.extend", &tag), extend).await?;
+                service.extend(&sim_request(TENANTS[t], "reservations.extend", &tag), caller, &id, &end, None).await?;
             }
             48..=62 if !live.is_empty() => {
                 let (t, id) = live.swap_remove(rng.below(live.len() as u64) as usize);
                 *asked = Some(("reservations.release", true));
-                let release = service.release(Caller { tenant_id: TENANTS[t], identity_id: "idn_sim" }, &id);
-                serving(sim_request(TENANTS[t], "reservations.release", &tag), release).await?;
+                let actor = sim_request(TENANTS[t], "reservations.release", &tag);
+                service.release(&actor, Caller { tenant_id: TENANTS[t], identity_id: "idn_sim" }, &id).await?;
             }
             63..=65 => {
                 let on = rng.below(2) == 0;
@@ -1060,7 +1059,7 @@ impl Sim {
                 };
                 // The capacity module records it when it serves a request.
                 *asked = Some(("devices.setMode", true));
-                serving(sim_request(OPERATOR_TENANT, "devices.setMode", &tag), mode::change_gpu_mode(c, &gpu, &m)).await?;
+                mode::change_gpu_mode(c, &sim_request(OPERATOR_TENANT, "devices.setMode", &tag), &gpu, &m).await?;
             }
             83 if rng.below(4) == 0 => {
                 // Maintenance of a node (drain evicting within seconds, a signed reboot, a check,
@@ -1117,7 +1116,7 @@ impl Sim {
                             idempotency_key: format!("sim-{}-{tag}", self.seed),
                         };
                         *asked = Some(("instances.create", true));
-                        serving(sim_request(TENANTS[t], "instances.create", &tag), instances::create(c, caller, &req)).await?;
+                        instances::create(c, &sim_request(TENANTS[t], "instances.create", &tag), caller, &req).await?;
                         self.tally.instances.fetch_add(1, Ordering::Relaxed);
                     }
                     (Some(id), k) => {
@@ -1129,7 +1128,7 @@ impl Sim {
                         ][k as usize];
                         // One that changes nothing (a stop of a stopped instance) writes no entry.
                         *asked = Some((method, false));
-                        serving(sim_request(TENANTS[t], method, &tag), instances::act(c, caller, &id, action)).await?;
+                        instances::act(c, &sim_request(TENANTS[t], method, &tag), caller, &id, action).await?;
                     }
                 }
             }
@@ -1154,7 +1153,7 @@ impl Sim {
                         not_after: Some(Duration::from_secs(120)),
                         min_generation: 0,
                         owner: None,
-                        requested_by: Some("sim"),
+                        actor: &better_compute_audit::Actor::job("sim"),
                     },
                 )
                 .await?;
@@ -1400,9 +1399,9 @@ fn sim_request_id(tag: &str) -> String {
     format!("req_sim{tag}")
 }
 
-/// The API request the workload's operation `tag` stands for, for the audit log.
-fn sim_request(tenant: &str, action: &str, tag: &str) -> better_compute_audit::entry::Request {
-    better_compute_audit::entry::Request {
+/// The API request the workload's operation `tag` stands for: the actor of its change.
+fn sim_request(tenant: &str, action: &str, tag: &str) -> Actor {
+    Actor::Request(std::sync::Arc::new(better_compute_audit::entry::Request {
         identity_id: "idn_sim".into(),
         token_id: "tok_sim".into(),
         tenant_id: tenant.into(),
@@ -1411,7 +1410,7 @@ fn sim_request(tenant: &str, action: &str, tag: &str) -> better_compute_audit::e
         request_id: sim_request_id(tag),
         source: None,
         request_digest: better_compute_audit::entry::digest(tag.as_bytes()),
-    }
+    }))
 }
 
 /// An operator's request `action` that the API serves in one transaction (`Ctx::in_tx`): `f`'s
@@ -1422,7 +1421,12 @@ async fn operator_request<T>(
     action: &str,
     f: impl AsyncFnOnce(&tokio_postgres::Transaction<'_>) -> Result<T, better_compute_core::Error>,
 ) -> Result<T, better_compute_core::Error> {
-    serving(sim_request(OPERATOR_TENANT, action, tag), better_compute_audit::entry::in_recorded_tx(c, f)).await
+    let db = |e: tokio_postgres::Error| better_compute_core::Error::from(better_compute_db::DbError::from(e));
+    let tx = c.transaction().await.map_err(db)?;
+    let v = f(&tx).await?;
+    sim_request(OPERATOR_TENANT, action, tag).record(&tx, action, "", None).await?;
+    tx.commit().await.map_err(db)?;
+    Ok(v)
 }
 
 /// What must hold of the audit log at every moment: its placed entries chain and match every

@@ -11,7 +11,7 @@ use better_compute_runtime::work_queue;
 use serde::{Deserialize, Serialize};
 use tokio_postgres::GenericClient;
 
-use crate::hosts::BOOTSTRAPS_KIND;
+use crate::jobs::bootstraps::BOOTSTRAPS_KIND;
 
 /// An image of the catalogue.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, schemars::JsonSchema)]

@@ -2,6 +2,7 @@
 //! transaction), get, list, and the power actions, each a change of desired state that the
 //! `vps.instances` job and the host carry out.
 
+use better_compute_audit::Actor;
 use better_compute_capacity::reservations::{self, CreateReservation, GpuRequest};
 use better_compute_core::id::InstanceId;
 use better_compute_core::state::{InstanceState, State, INSTANCE_STATE_TABLE};
@@ -161,7 +162,7 @@ fn check(req: &CreateInstance) -> Result<(), Error> {
 
 /// `instances.create`: idempotent on the key; the reservation (given, or made here) and the
 /// instance commit together.
-pub async fn create(client: &mut Client, caller: Caller<'_>, req: &CreateInstance) -> Result<InstanceView, Error> {
+pub async fn create(client: &mut Client, actor: &Actor, caller: Caller<'_>, req: &CreateInstance) -> Result<InstanceView, Error> {
     check(req)?;
     idempotency::validate_key(&req.idempotency_key)?;
     let tx = client.transaction().await.map_err(DbError::from)?;
@@ -177,7 +178,7 @@ pub async fn create(client: &mut Client, caller: Caller<'_>, req: &CreateInstanc
         Ok(v) => {
             attempt.commit().await.map_err(DbError::from)?;
             idempotency::complete(&tx, scope, &serde_json::to_value(&v).map_err(|e| Error::internal(e.to_string()))?).await?;
-            better_compute_audit::entry::record_change(&tx).await?;
+            actor.record(&tx, "instances.create", &v.id, Some(caller.tenant_id)).await?;
             tx.commit().await.map_err(DbError::from)?;
             work_queue::poke(&*client).await;
             Ok(v)
@@ -273,13 +274,13 @@ pub const CONSOLE_PAGE_BYTES: usize = 64 << 10;
 /// `instances.console`: what is kept of the instance's serial console (the last 64 KiB its host
 /// sent) from byte `from`, or all of it. An instance with nothing kept (not yet on a host, or
 /// deleted) answers an empty tail at `from`.
-pub async fn console(db: &impl GenericClient, caller: Caller<'_>, id: &str, from: Option<i64>) -> Result<better_compute_nodes::consoles::ConsoleTail, Error> {
+pub async fn console(db: &impl GenericClient, caller: Caller<'_>, id: &str, from: Option<i64>) -> Result<better_compute_nodes::sessions::consoles::ConsoleTail, Error> {
     if from.is_some_and(|f| f < 0) {
         return Err(Error::invalid_argument("offset must not be negative"));
     }
     let v = get(db, caller, id).await?;
     let kept = match &v.node_id {
-        Some(node) => better_compute_nodes::consoles::read(db, node, id, from, CONSOLE_PAGE_BYTES).await?,
+        Some(node) => better_compute_nodes::sessions::consoles::read(db, node, id, from, CONSOLE_PAGE_BYTES).await?,
         None => None,
     };
     // An offset this console's stream sent is never past what it has written (with nothing kept,
@@ -290,7 +291,7 @@ pub async fn console(db: &impl GenericClient, caller: Caller<'_>, id: &str, from
         return Err(Error::invalid_argument(format!("offset {f} is past the console's end ({end} bytes written so far)")));
     }
     let at = from.unwrap_or(0);
-    Ok(kept.unwrap_or(better_compute_nodes::consoles::ConsoleTail { offset: at, next_offset: at, text: String::new(), truncated: false }))
+    Ok(kept.unwrap_or(better_compute_nodes::sessions::consoles::ConsoleTail { offset: at, next_offset: at, text: String::new(), truncated: false }))
 }
 
 /// `instances.list`: the caller's tenant's instances after `after` in id order, at most `limit + 1`
@@ -319,9 +320,21 @@ pub enum Action {
     Delete,
 }
 
+impl Action {
+    /// The API method that asks for it.
+    pub fn method(self) -> &'static str {
+        match self {
+            Action::Stop => "instances.stop",
+            Action::Start => "instances.start",
+            Action::Reboot => "instances.reboot",
+            Action::Delete => "instances.delete",
+        }
+    }
+}
+
 /// Carries out `action` on the caller's instance `id`: a guarded change of its desired state, or
 /// nothing when it already is as asked (a retry); FAILED_PRECONDITION when the state does not allow it.
-pub async fn act(client: &mut Client, caller: Caller<'_>, id: &str, action: Action) -> Result<InstanceView, Error> {
+pub async fn act(client: &mut Client, actor: &Actor, caller: Caller<'_>, id: &str, action: Action) -> Result<InstanceView, Error> {
     let tx = client.transaction().await.map_err(DbError::from)?;
     let row = tx
         .query_opt(&format!("SELECT {VIEW_COLUMNS} FROM instances WHERE id = $1 AND tenant_id = $2 FOR UPDATE"), &[&id, &caller.tenant_id])
@@ -365,7 +378,7 @@ pub async fn act(client: &mut Client, caller: Caller<'_>, id: &str, action: Acti
         better_compute_runtime::desired::invalidate(&tx, node).await?;
         work_queue::enqueue(&tx, &INSTANCES_KIND, node).await?;
     }
-    better_compute_audit::entry::record_change(&tx).await?;
+    actor.record(&tx, action.method(), id, Some(caller.tenant_id)).await?;
     tx.commit().await.map_err(DbError::from)?;
     work_queue::poke(&*client).await;
     Ok(v)

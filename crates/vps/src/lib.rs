@@ -3,7 +3,7 @@
 //! An instance is desired state: its row says whether it should run, how often it was rebooted and
 //! whether it should exist; the node's NodeSpec carries that to the host (the `instances` section,
 //! [`spec::InstancesPart`]); the host reports what it runs with its spec status, and the
-//! `vps.instances` job ([`reconciler::InstancesJob`], one key per node) moves each instance through
+//! `vps.instances` job ([`jobs::instances::InstancesJob`], one key per node) moves each instance through
 //! its states (`better_compute_core::state::INSTANCE_STATE_TABLE`). One live instance per
 //! reservation is a unique index, so no reservation's atoms are passed to two VMs; a reservation
 //! that ends takes its instance with it.
@@ -11,7 +11,7 @@
 pub mod hosts;
 pub mod images;
 pub mod instances;
-pub mod reconciler;
+pub mod jobs;
 pub mod spec;
 pub mod usage;
 
@@ -32,7 +32,7 @@ pub const VPS_MIGRATIONS: &[Migration] = &[
 
 /// `vps.instances`: one key per node, moving its instances through their states. The nodes
 /// module's report path wakes it when a host's instances read differently.
-pub const INSTANCES_KIND: Kind = better_compute_nodes::reports::INSTANCES_OBSERVED;
+pub const INSTANCES_KIND: Kind = better_compute_nodes::inventory::reports::INSTANCES_OBSERVED;
 
 /// The vps module, for the registry.
 pub struct VpsModule;
@@ -47,11 +47,11 @@ impl better_compute_runtime::Module for VpsModule {
     }
 
     fn reconcilers(&self) -> Vec<Arc<dyn Reconciler>> {
-        vec![Arc::new(reconciler::InstancesJob), Arc::new(hosts::BootstrapsJob), Arc::new(hosts::HostsJob), Arc::new(usage::UsageJob)]
+        vec![Arc::new(jobs::instances::InstancesJob), Arc::new(jobs::bootstraps::BootstrapsJob), Arc::new(jobs::hosts::HostsJob), Arc::new(jobs::usage::UsageJob)]
     }
 
     fn subscribers(&self) -> Vec<Arc<dyn Sink>> {
-        vec![Arc::new(reconciler::ReservationWatcher)]
+        vec![Arc::new(jobs::instances::ReservationWatcher)]
     }
 
     fn command_kinds(&self) -> Vec<better_compute_runtime::commands::CommandKind> {

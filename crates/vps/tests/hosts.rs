@@ -5,17 +5,21 @@
 
 mod common;
 
+use better_compute_audit::Actor;
 use std::sync::Arc;
 
 use better_compute_capacity::CapacityModule;
 use better_compute_nodes::commands;
-use better_compute_nodes::reports::Report;
+use better_compute_nodes::inventory::reports::Report;
 use better_compute_nodes::NodesModule;
 use better_compute_runtime::harness::Harness;
 use better_compute_vps::hosts::{self, NOT_READY_TAINT};
 use better_compute_vps::VpsModule;
 use common::*;
 use serde_json::json;
+
+/// Who makes the changes these tests make.
+static TEST_ACTOR: Actor = Actor::job("test");
 
 const DIGEST_A: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
 const DIGEST_B: &str = "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
@@ -83,7 +87,7 @@ async fn a_new_host_stays_out_of_placement_until_its_bootstrap_says_it_can_run_v
     // Nothing is placed on it meanwhile.
     let req = one_gpu(&pool);
     let mut c = h.db().client().await;
-    let res = better_compute_capacity::reservations::create(&mut c, ME, &req).await.unwrap();
+    let res = better_compute_capacity::reservations::create(&mut c, &TEST_ACTOR, ME, &req).await.unwrap();
     assert_eq!(res.state, "pending", "{res:?}");
     // Its report: the image is there, nothing wrong.
     finish(&h, &node, &id, true, json!({"hypervisor": "qemu", "kvm": true, "problems": [], "images": {"debian-12": {"present": true}}})).await;

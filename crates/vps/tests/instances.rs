@@ -5,18 +5,22 @@
 
 mod common;
 
+use better_compute_audit::Actor;
 use std::sync::Arc;
 
 use better_compute_capacity::reservations::{self, GpuRequest};
 use better_compute_capacity::CapacityModule;
 use better_compute_core::{Caller, ErrorCode};
-use better_compute_nodes::reports::Report;
+use better_compute_nodes::inventory::reports::Report;
 use better_compute_nodes::NodesModule;
 use better_compute_proto::v1::{InstanceObserved, SpecStatus};
 use better_compute_runtime::harness::Harness;
 use better_compute_vps::instances::{self, Action, CreateInstance};
 use better_compute_vps::VpsModule;
 use common::*;
+
+/// Who makes the changes these tests make.
+static TEST_ACTOR: Actor = Actor::job("test");
 
 fn request(pool: &str, key: &str) -> CreateInstance {
     CreateInstance {
@@ -64,13 +68,13 @@ async fn an_instance_runs_stops_and_is_deleted_as_desired_state_moved_by_its_hos
     let h = Harness::new(vec![Arc::new(NodesModule), Arc::new(CapacityModule), Arc::new(VpsModule), Arc::new(better_compute_audit::AuditModule)]).await;
     let (pool, node) = host(&h).await;
     let mut c = h.db().client().await;
-    let v = instances::create(&mut c, ME, &request(&pool, "i-1")).await.unwrap();
+    let v = instances::create(&mut c, &TEST_ACTOR, ME, &request(&pool, "i-1")).await.unwrap();
     assert_eq!((v.state.as_str(), v.node_id.as_deref()), ("requested", Some(node.as_str())), "{v:?}");
     // The same key answers the same instance; another instance on the same reservation is refused.
-    let again = instances::create(&mut c, ME, &request(&pool, "i-1")).await.unwrap();
+    let again = instances::create(&mut c, &TEST_ACTOR, ME, &request(&pool, "i-1")).await.unwrap();
     assert_eq!(again.id, v.id);
     let second = CreateInstance { reservation_id: Some(v.reservation_id.clone()), pool_id: None, gpu: None, duration_s: None, ..request(&pool, "i-2") };
-    assert_eq!(instances::create(&mut c, ME, &second).await.unwrap_err().code, ErrorCode::Conflict);
+    assert_eq!(instances::create(&mut c, &TEST_ACTOR, ME, &second).await.unwrap_err().code, ErrorCode::Conflict);
     // Placed: it goes into the host's desired state, to run.
     h.job("vps.instances").drain(10).await;
     assert_eq!(state(&h, &v.id).await, "provisioning");
@@ -84,9 +88,9 @@ async fn an_instance_runs_stops_and_is_deleted_as_desired_state_moved_by_its_hos
     let running = instances::get(&**c, ME, &v.id).await.unwrap();
     assert_eq!((running.state.as_str(), running.address.as_deref(), running.host_key_fingerprint.as_deref()), ("running", Some("10.0.0.2"), Some("SHA256:abc")));
     // Stop: desired state first, then the host's word.
-    assert_eq!(instances::act(&mut c, ME, &v.id, Action::Stop).await.unwrap().state, "stopping");
-    assert_eq!(instances::act(&mut c, ME, &v.id, Action::Stop).await.unwrap().state, "stopping", "a repeat changes nothing");
-    assert_eq!(instances::act(&mut c, ME, &v.id, Action::Reboot).await.unwrap_err().code, ErrorCode::FailedPrecondition);
+    assert_eq!(instances::act(&mut c, &TEST_ACTOR, ME, &v.id, Action::Stop).await.unwrap().state, "stopping");
+    assert_eq!(instances::act(&mut c, &TEST_ACTOR, ME, &v.id, Action::Stop).await.unwrap().state, "stopping", "a repeat changes nothing");
+    assert_eq!(instances::act(&mut c, &TEST_ACTOR, ME, &v.id, Action::Reboot).await.unwrap_err().code, ErrorCode::FailedPrecondition);
     h.job("nodespec").drain(10).await;
     assert_eq!(spec_instances(&h, &node).await[0]["running"].as_bool(), None, "running false is proto3's default, left out");
     report(&h, &node, &[(&v.id, "stopped")]).await;
@@ -95,10 +99,10 @@ async fn an_instance_runs_stops_and_is_deleted_as_desired_state_moved_by_its_hos
     // Another tenant sees none of it.
     let other = Caller { tenant_id: "ten_b", identity_id: "idn_b" };
     assert_eq!(instances::get(&**c, other, &v.id).await.unwrap_err().code, ErrorCode::NotFound);
-    assert_eq!(instances::act(&mut c, other, &v.id, Action::Delete).await.unwrap_err().code, ErrorCode::NotFound);
+    assert_eq!(instances::act(&mut c, &TEST_ACTOR, other, &v.id, Action::Delete).await.unwrap_err().code, ErrorCode::NotFound);
     // The reservation ends: the instance is deleted with it, once the host has applied the spec
     // without it and no longer reports it.
-    reservations::release(&mut c, ME, &v.reservation_id).await.unwrap();
+    reservations::release(&mut c, &TEST_ACTOR, ME, &v.reservation_id).await.unwrap();
     settle(&h).await;
     h.job("event-subscribers").drain(20).await;
     h.job("vps.instances").drain(10).await;
@@ -130,14 +134,14 @@ async fn an_instance_the_host_never_ran_is_deleted_once_the_host_applies_the_spe
     let h = Harness::new(vec![Arc::new(NodesModule), Arc::new(CapacityModule), Arc::new(VpsModule), Arc::new(better_compute_audit::AuditModule)]).await;
     let (pool, node) = host(&h).await;
     let mut c = h.db().client().await;
-    let v = instances::create(&mut c, ME, &request(&pool, "i-1")).await.unwrap();
+    let v = instances::create(&mut c, &TEST_ACTOR, ME, &request(&pool, "i-1")).await.unwrap();
     h.job("vps.instances").drain(10).await;
     h.job("nodespec").drain(10).await;
     // The host applied the spec but has not started the VM yet: it reports no instances.
     report(&h, &node, &[]).await;
     h.job("vps.instances").drain(10).await;
     assert_eq!(state(&h, &v.id).await, "provisioning");
-    assert_eq!(instances::act(&mut c, ME, &v.id, Action::Delete).await.unwrap().state, "deleting");
+    assert_eq!(instances::act(&mut c, &TEST_ACTOR, ME, &v.id, Action::Delete).await.unwrap().state, "deleting");
     h.job("nodespec").drain(10).await;
     assert_eq!(spec_instances(&h, &node).await, serde_json::json!([]));
     h.job("vps.instances").drain(10).await;
@@ -167,7 +171,7 @@ async fn bad_instance_requests_are_refused_with_stable_codes_and_change_nothing(
     ];
     let n = cases.len();
     for (req, code) in cases {
-        assert_eq!(instances::create(&mut c, ME, &req).await.unwrap_err().code, code, "{req:?}");
+        assert_eq!(instances::create(&mut c, &TEST_ACTOR, ME, &req).await.unwrap_err().code, code, "{req:?}");
     }
     assert_eq!(n, 7);
     let rows: i64 = c.query_one("SELECT (SELECT count(*) FROM instances) + (SELECT count(*) FROM reservations)", &[]).await.unwrap().get(0);
@@ -179,7 +183,7 @@ async fn the_tenant_hears_once_that_its_instances_reservation_ends_in_fifteen_mi
     let h = Harness::new(vec![Arc::new(NodesModule), Arc::new(CapacityModule), Arc::new(VpsModule), Arc::new(better_compute_audit::AuditModule)]).await;
     let (pool, _) = host(&h).await;
     let mut c = h.db().client().await;
-    let v = instances::create(&mut c, ME, &request(&pool, "e-1")).await.unwrap();
+    let v = instances::create(&mut c, &TEST_ACTOR, ME, &request(&pool, "e-1")).await.unwrap();
     h.job("vps.instances").drain(10).await;
     let expiring = async || -> i64 {
         settle(&h).await;
@@ -206,7 +210,7 @@ async fn racing_creates_on_one_reservation_make_exactly_one_instance() {
     let (pool, _) = host(&h).await;
     let mut c = h.db().client().await;
     let r = one_gpu(&pool);
-    let res = reservations::create(&mut c, ME, &r).await.unwrap();
+    let res = reservations::create(&mut c, &TEST_ACTOR, ME, &r).await.unwrap();
     // Eight creates with eight keys on the same reservation, at once.
     let on_it = |k: usize| CreateInstance { reservation_id: Some(res.id.clone()), pool_id: None, gpu: None, duration_s: None, ..request(&pool, &format!("r-{}", k + 1)) };
     let tasks: Vec<_> = (0..8)
@@ -214,7 +218,7 @@ async fn racing_creates_on_one_reservation_make_exactly_one_instance() {
             let (conn, req) = (h.db().connection_string().to_owned(), on_it(k));
             tokio::spawn(async move {
                 let mut c = better_compute_db::pool::connect(&conn).await.unwrap();
-                instances::create(&mut c, ME, &req).await
+                instances::create(&mut c, &TEST_ACTOR, ME, &req).await
             })
         })
         .collect();
@@ -253,7 +257,7 @@ async fn an_instance_is_metered_once_per_closed_window_for_the_seconds_its_vm_wa
     let (pool, node) = host(&h).await;
     let mut c = h.db().client().await;
     let min = |m: u64| std::time::Duration::from_secs(m * 60);
-    let v = instances::create(&mut c, ME, &CreateInstance { duration_s: Some(6 * 3600), ..request(&pool, "u-1") }).await.unwrap();
+    let v = instances::create(&mut c, &TEST_ACTOR, ME, &CreateInstance { duration_s: Some(6 * 3600), ..request(&pool, "u-1") }).await.unwrap();
     assert_eq!(v.flavour, "1xgpu:H100-80GB,8vcpu,16384mib,50gib");
     h.job("vps.instances").drain(10).await;
     h.job("nodespec").drain(10).await;
@@ -262,7 +266,7 @@ async fn an_instance_is_metered_once_per_closed_window_for_the_seconds_its_vm_wa
     report(&h, &node, &[(&v.id, "running")]).await;
     h.job("vps.instances").drain(10).await;
     h.db().advance(min(80)).await;
-    assert_eq!(instances::act(&mut c, ME, &v.id, Action::Stop).await.unwrap().state, "stopping");
+    assert_eq!(instances::act(&mut c, &TEST_ACTOR, ME, &v.id, Action::Stop).await.unwrap().state, "stopping");
     h.db().advance(min(5)).await;
     h.job("nodespec").drain(10).await;
     report(&h, &node, &[(&v.id, "stopped")]).await;
@@ -270,7 +274,7 @@ async fn an_instance_is_metered_once_per_closed_window_for_the_seconds_its_vm_wa
     assert_eq!(state(&h, &v.id).await, "stopped");
     // Up again from 02:10, and still up at 03:01.
     h.db().advance(min(35)).await;
-    assert_eq!(instances::act(&mut c, ME, &v.id, Action::Start).await.unwrap().state, "provisioning");
+    assert_eq!(instances::act(&mut c, &TEST_ACTOR, ME, &v.id, Action::Start).await.unwrap().state, "provisioning");
     h.job("nodespec").drain(10).await;
     report(&h, &node, &[(&v.id, "running")]).await;
     h.job("vps.instances").drain(10).await;
@@ -343,7 +347,7 @@ async fn an_instances_console_keeps_each_byte_once_and_the_last_64_kib_while_its
     let h = Harness::new(vec![Arc::new(NodesModule), Arc::new(CapacityModule), Arc::new(VpsModule), Arc::new(better_compute_audit::AuditModule)]).await;
     let (pool, node) = host(&h).await;
     let mut c = h.db().client().await;
-    let v = instances::create(&mut c, ME, &request(&pool, "c-1")).await.unwrap();
+    let v = instances::create(&mut c, &TEST_ACTOR, ME, &request(&pool, "c-1")).await.unwrap();
     h.job("vps.instances").drain(10).await;
     h.job("nodespec").drain(10).await;
     let read = async |from: Option<i64>| instances::console(&**h.db().client().await, ME, &v.id, from).await.unwrap();
@@ -380,5 +384,5 @@ async fn an_instances_console_keeps_each_byte_once_and_the_last_64_kib_while_its
     // Once the host no longer reports the VM, its console is gone.
     report(&h, &node, &[]).await;
     assert_eq!(c.query_one("SELECT count(*) FROM vm_consoles", &[]).await.unwrap().get::<_, i64>(0), 0);
-    assert_eq!(read(Some(5)).await, better_compute_nodes::consoles::ConsoleTail { offset: 5, next_offset: 5, text: String::new(), truncated: false });
+    assert_eq!(read(Some(5)).await, better_compute_nodes::sessions::consoles::ConsoleTail { offset: 5, next_offset: 5, text: String::new(), truncated: false });
 }

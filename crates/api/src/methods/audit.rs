@@ -9,7 +9,7 @@ use better_compute_core::Error;
 use better_compute_runtime::authz::Resource;
 use serde::Deserialize;
 
-use crate::method::{method, Ctx};
+use crate::method::{read, Ctx};
 use crate::Method;
 
 /// Reading the audit log.
@@ -96,7 +96,7 @@ async fn scope(ctx: &Ctx, asked: Option<&str>, all_tenants: bool) -> Result<Opti
 
 pub(super) fn methods() -> Vec<Method> {
     vec![
-        method(
+        read(
             "audit.list",
             "List audit entries, oldest first: your tenant's (who did what, with which token, from where, and how it ended), or every entry with allTenants; filter by actor, action, target and time.",
             "compute:audit:read at the tenant (at fleet scope with allTenants)",
@@ -115,11 +115,11 @@ pub(super) fn methods() -> Vec<Method> {
                 Ok(Page::from_rows(items, size, |e: &Entry| e.id.clone()))
             },
         ),
-        method("audit.get", "Read an audit entry: with its log index and chain hash once audit.checkpoint placed it.", "compute:audit:read at the tenant (at fleet scope with allTenants)", |ctx: Ctx, r: EntryRef| async move {
+        read("audit.get", "Read an audit entry: with its log index and chain hash once audit.checkpoint placed it.", "compute:audit:read at the tenant (at fleet scope with allTenants)", |ctx: Ctx, r: EntryRef| async move {
             let tenant = scope(&ctx, r.tenant_id.as_deref(), r.all_tenants).await?;
             log::get(&*ctx.read().await?, &r.entry_id, tenant.as_deref()).await
         }),
-        method(
+        read(
             "audit.checkpoints.list",
             "List the audit log's checkpoints, smallest first: each one's size, Merkle root, last chain hash and Ed25519 signature by the control plane's key.",
             "compute:audit:read at the tenant or at fleet scope",
@@ -133,7 +133,7 @@ pub(super) fn methods() -> Vec<Method> {
                 Ok(Page::from_rows(items, size, |c: &CheckpointView| c.tree_size.to_string()))
             },
         ),
-        method(
+        read(
             "audit.proof",
             "Prove an audit entry is in a checkpoint (its RFC 6962 inclusion path), and that checkpoint consistent with an earlier one (consistentWith): check them against the checkpoints' signed roots.",
             "compute:audit:read at the tenant (at fleet scope with allTenants)",

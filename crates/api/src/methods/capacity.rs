@@ -7,7 +7,7 @@ use better_compute_core::Error;
 use better_compute_runtime::authz::Resource;
 use serde::{Deserialize, Serialize};
 
-use crate::method::{method, Ctx};
+use crate::method::{change, read, Ctx};
 use crate::Method;
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -112,7 +112,7 @@ async fn quota_tenant(ctx: &Ctx, asked: Option<&str>, permission: &str) -> Resul
 
 pub(super) fn methods() -> Vec<Method> {
     vec![
-        method("quotas.set", "Set a tenant's limit for a resource.", "compute:quotas:write at fleet scope", |ctx: Ctx, r: SetQuota| async move {
+        change("quotas.set", "Set a tenant's limit for a resource.", "compute:quotas:write at fleet scope", |ctx: Ctx, r: SetQuota| async move {
             let tenant = quota_tenant(&ctx, Some(&r.tenant_id), "compute:quotas:write").await?;
             if tenant == ctx.principal.tenant_id {
                 // Tenant-scope bindings never set quotas, even one's own.
@@ -122,11 +122,11 @@ pub(super) fn methods() -> Vec<Method> {
             let mut db = ctx.db().await?;
             let tx = (**db).transaction().await.map_err(better_compute_db::DbError::from)?;
             let q = quota::set(&tx, &tenant, &r.resource, r.max).await?;
-            better_compute_audit::entry::record_change_in(&tx, &tenant).await?;
+            ctx.actor.record(&tx, "quotas.set", &tenant, Some(&tenant)).await?;
             tx.commit().await.map_err(better_compute_db::DbError::from)?;
             Ok::<Quota, Error>(q)
         }),
-        method("quotas.get", "Read a tenant's quotas.", "compute:quotas:read at tenant scope (your own) or fleet scope", |ctx: Ctx, r: GetQuotas| async move {
+        read("quotas.get", "Read a tenant's quotas.", "compute:quotas:read at tenant scope (your own) or fleet scope", |ctx: Ctx, r: GetQuotas| async move {
             let tenant = quota_tenant(&ctx, r.tenant_id.as_deref(), "compute:quotas:read").await?;
             if tenant == ctx.principal.tenant_id && r.tenant_id.is_none() {
                 ctx.check("compute:quotas:read", Resource::Tenant).await?;
@@ -134,13 +134,13 @@ pub(super) fn methods() -> Vec<Method> {
             let items = quota::get(&*ctx.read().await?, &tenant).await?;
             Ok(Quotas { tenant_id: tenant, items })
         }),
-        method("reservations.create", "Reserve GPUs (whole, MIG instances or shared slots) with vCPU, memory and disk for a time range.", "compute:reservations:create at tenant scope", |ctx: Ctx, mut r: CreateReservation| async move {
+        change("reservations.create", "Reserve GPUs (whole, MIG instances or shared slots) with vCPU, memory and disk for a time range.", "compute:reservations:create at tenant scope", |ctx: Ctx, mut r: CreateReservation| async move {
             ctx.own_tenant(r.tenant_id.take().as_deref())?;
             ctx.check("compute:reservations:create", Resource::Tenant).await?;
             super::required_key(r.idempotency_key.as_deref(), "reservations.create")?;
-            ctx.state.reservations.create(ctx.caller(), &r).await
+            ctx.state.reservations.create(&ctx.actor, ctx.caller(), &r).await
         }),
-        method(
+        read(
             "reservations.availability",
             "What fits and when, before you reserve: in a pool, how many atoms of a GPU class are placeable, how many one node has free from now for the duration, and the earliest start within 30 days at which one node has the count free for the whole duration. Advice only: it books nothing, counts atoms (not vCPU, memory or disk) and considers nodes without taints.",
             "compute:reservations:create at tenant scope",
@@ -149,24 +149,24 @@ pub(super) fn methods() -> Vec<Method> {
                 Ok(better_compute_capacity::availability::of(&*ctx.read().await?, &r.pool_id, &r.gpu, r.duration_s).await?)
             },
         ),
-        method("reservations.get", "Read a reservation of your tenant.", "compute:reservations:read at tenant scope", |ctx: Ctx, r: ReservationRef| async move {
+        read("reservations.get", "Read a reservation of your tenant.", "compute:reservations:read at tenant scope", |ctx: Ctx, r: ReservationRef| async move {
             ctx.in_tenant(r.tenant_id.as_deref(), "compute:reservations:read").await?;
             ctx.state.reservations.get(ctx.caller(), &r.reservation_id).await
         }),
-        method("reservations.list", "List your tenant's reservations.", "compute:reservations:read at tenant scope", |ctx: Ctx, r: ListReservations| async move {
+        read("reservations.list", "List your tenant's reservations.", "compute:reservations:read at tenant scope", |ctx: Ctx, r: ListReservations| async move {
             ctx.in_tenant(r.tenant_id.as_deref(), "compute:reservations:read").await?;
             let (size, _) = super::page(r.page_size, None).bounds()?;
             let p = ctx.state.reservations.list(ctx.caller(), r.state.as_deref(), r.page_token.as_deref(), size).await?;
             Ok(Page::<ReservationView> { items: p.items, next_page_token: p.next_cursor })
         }),
-        method("reservations.extend", "Move a reservation's end later, on the same atoms. One whose end has come cannot be extended (FAILED_PRECONDITION): reserve again.", "compute:reservations:write at tenant scope", |ctx: Ctx, r: ExtendReservation| async move {
+        change("reservations.extend", "Move a reservation's end later, on the same atoms. One whose end has come cannot be extended (FAILED_PRECONDITION): reserve again.", "compute:reservations:write at tenant scope", |ctx: Ctx, r: ExtendReservation| async move {
             ctx.in_tenant(r.tenant_id.as_deref(), "compute:reservations:write").await?;
             let key = super::required_key(Some(&r.idempotency_key), "reservations.extend")?;
-            ctx.state.reservations.extend(ctx.caller(), &r.reservation_id, &r.ends_at, Some(key)).await
+            ctx.state.reservations.extend(&ctx.actor, ctx.caller(), &r.reservation_id, &r.ends_at, Some(key)).await
         }),
-        method("reservations.release", "End a reservation now; its quota, GPUs and scalars return.", "compute:reservations:write at tenant scope", |ctx: Ctx, r: ReservationRef| async move {
+        change("reservations.release", "End a reservation now; its quota, GPUs and scalars return.", "compute:reservations:write at tenant scope", |ctx: Ctx, r: ReservationRef| async move {
             ctx.in_tenant(r.tenant_id.as_deref(), "compute:reservations:write").await?;
-            ctx.state.reservations.release(ctx.caller(), &r.reservation_id).await
+            ctx.state.reservations.release(&ctx.actor, ctx.caller(), &r.reservation_id).await
         }),
     ]
 }

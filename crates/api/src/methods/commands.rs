@@ -6,7 +6,7 @@ use better_compute_nodes::listing;
 use better_compute_runtime::authz::Resource;
 use serde::Deserialize;
 
-use crate::method::{method, Ctx};
+use crate::method::{change, read, Ctx};
 use crate::Method;
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -48,30 +48,32 @@ async fn own_command(ctx: &Ctx, node_id: &str, command_id: &str) -> Result<(), E
 
 pub(super) fn methods() -> Vec<Method> {
     vec![
-        method("commands.run", "Run diag.nvml, inventory.refresh, logs.collect or node.reboot on a node.", "compute:nodes:exec on the node", |ctx: Ctx, mut r: RunCommand| async move {
+        change("commands.run", "Run diag.nvml, inventory.refresh, logs.collect or node.reboot on a node.", "compute:nodes:exec on the node", |ctx: Ctx, mut r: RunCommand| async move {
             ctx.own_tenant(r.tenant_id.take().as_deref())?;
+            // Before anything else: a caller who may not run commands learns nothing of the input.
+            ctx.check(EXEC, Resource::Node(&r.node_id)).await?;
             let mut db = ctx.db().await?;
             let registry = ctx.state.registry.clone();
-            commands::run(&mut db, &registry, ctx.state.iam.as_ref(), ctx.caller(), &r).await
+            commands::run(&mut db, &registry, &ctx.actor, ctx.caller(), &r).await
         }),
-        method("commands.get", "Read a command your tenant ran.", "compute:nodes:read on the node", |ctx: Ctx, r: CommandRef| async move {
+        read("commands.get", "Read a command your tenant ran.", "compute:nodes:read on the node", |ctx: Ctx, r: CommandRef| async move {
             ctx.own_tenant(r.tenant_id.as_deref())?;
             ctx.check(READ, Resource::Node(&r.node_id)).await?;
             own_command(&ctx, &r.node_id, &r.command_id).await?;
             Ok(commands::get(&*ctx.read().await?, &r.node_id, &r.command_id).await?)
         }),
-        method("commands.list", "List the commands your tenant ran on a node.", "compute:nodes:read on the node", |ctx: Ctx, r: ListCommands| async move {
+        read("commands.list", "List the commands your tenant ran on a node.", "compute:nodes:read on the node", |ctx: Ctx, r: ListCommands| async move {
             ctx.own_tenant(r.tenant_id.as_deref())?;
             ctx.check(READ, Resource::Node(&r.node_id)).await?;
             let page = super::page(r.page_size, r.page_token);
             listing::list_commands(&*ctx.read().await?, &r.node_id, &ctx.principal.tenant_id, &page).await
         }),
-        method("commands.cancel", "Cancel a command your tenant ran: pending ones never run, in-flight ones are told to stop.", "compute:nodes:exec on the node", |ctx: Ctx, r: CommandRef| async move {
+        change("commands.cancel", "Cancel a command your tenant ran: pending ones never run, in-flight ones are told to stop.", "compute:nodes:exec on the node", |ctx: Ctx, r: CommandRef| async move {
             ctx.own_tenant(r.tenant_id.as_deref())?;
             ctx.check(EXEC, Resource::Node(&r.node_id)).await?;
             own_command(&ctx, &r.node_id, &r.command_id).await?;
             let mut db = ctx.db().await?;
-            let v: CommandView = commands::cancel_as(&mut db, ctx.state.iam.as_ref(), ctx.caller(), &r.node_id, &r.command_id).await?;
+            let v: CommandView = commands::cancel_by(&mut db, &ctx.actor, ctx.caller(), &r.node_id, &r.command_id).await?;
             Ok(v)
         }),
     ]

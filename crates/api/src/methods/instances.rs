@@ -6,7 +6,7 @@ use better_compute_runtime::authz::Resource;
 use better_compute_vps::instances::{self, Action, CreateInstance, InstanceView};
 use serde::Deserialize;
 
-use crate::method::{method, Ctx};
+use crate::method::{change, read, Ctx};
 use crate::Method;
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -77,17 +77,17 @@ struct HostList {
     items: Vec<better_compute_vps::hosts::HostView>,
 }
 
-fn action(name: &'static str, summary: &'static str, a: Action) -> Method {
-    method(name, summary, "compute:instances:write at tenant scope", move |ctx: Ctx, r: InstanceRef| async move {
+fn action(summary: &'static str, a: Action) -> Method {
+    change(a.method(), summary, "compute:instances:write at tenant scope", move |ctx: Ctx, r: InstanceRef| async move {
         ctx.in_tenant(r.tenant_id.as_deref(), "compute:instances:write").await?;
         let mut db = ctx.db().await?;
-        instances::act(&mut db, ctx.caller(), &r.instance_id, a).await
+        instances::act(&mut db, &ctx.actor, ctx.caller(), &r.instance_id, a).await
     })
 }
 
 pub(super) fn methods() -> Vec<Method> {
     vec![
-        method(
+        change(
             "instances.create",
             "Create a VM on a reservation of yours in a vps-host pool (reservationId), or on a new one reserved in the same transaction (poolId, gpu, vcpu, memoryMib, diskGib, durationS): its GPUs passed through, your SSH keys in the guest. Once per idempotency key; one live instance per reservation (CONFLICT).",
             "compute:instances:create at tenant scope (and compute:reservations:create for a new reservation)",
@@ -97,20 +97,20 @@ pub(super) fn methods() -> Vec<Method> {
                     ctx.check("compute:reservations:create", Resource::Tenant).await?;
                 }
                 let mut db = ctx.db().await?;
-                instances::create(&mut db, ctx.caller(), &r).await
+                instances::create(&mut db, &ctx.actor, ctx.caller(), &r).await
             },
         ),
-        method("instances.get", "Read an instance of your tenant: its state, and once running the address to SSH to and the guest's host key fingerprint.", "compute:instances:read at tenant scope", |ctx: Ctx, r: InstanceRef| async move {
+        read("instances.get", "Read an instance of your tenant: its state, and once running the address to SSH to and the guest's host key fingerprint.", "compute:instances:read at tenant scope", |ctx: Ctx, r: InstanceRef| async move {
             ctx.in_tenant(r.tenant_id.as_deref(), "compute:instances:read").await?;
             instances::get(&*ctx.read().await?, ctx.caller(), &r.instance_id).await
         }),
-        method("instances.list", "List your tenant's instances (deleted ones with includeDeleted).", "compute:instances:read at tenant scope", |ctx: Ctx, r: ListInstances| async move {
+        read("instances.list", "List your tenant's instances (deleted ones with includeDeleted).", "compute:instances:read at tenant scope", |ctx: Ctx, r: ListInstances| async move {
             ctx.in_tenant(r.tenant_id.as_deref(), "compute:instances:read").await?;
             let (size, after) = super::page(r.page_size, r.page_token.clone()).bounds()?;
             let items = instances::list(&*ctx.read().await?, ctx.caller(), &after, size, r.include_deleted).await?;
             Ok(Page::from_rows(items, size, |v: &InstanceView| v.id.clone()))
         }),
-        method(
+        read(
             "instances.console",
             "Read an instance's serial console: what is kept of it (the last 64 KiB its host sent) from offset, or all of it. GET /v1/instances.console?instanceId=… streams it as Server-Sent Events.",
             "compute:instances:console at tenant scope",
@@ -119,11 +119,11 @@ pub(super) fn methods() -> Vec<Method> {
                 instances::console(&*ctx.read().await?, ctx.caller(), &r.instance_id, r.offset).await
             },
         ),
-        action("instances.stop", "Stop an instance, keeping its disk (a stopped one stays stopped).", Action::Stop),
-        action("instances.start", "Start a stopped instance (a running one stays running).", Action::Start),
-        action("instances.reboot", "Restart a running instance once.", Action::Reboot),
-        action("instances.delete", "Delete an instance and its disk; its reservation stays yours.", Action::Delete),
-        method(
+        action("Stop an instance, keeping its disk (a stopped one stays stopped).", Action::Stop),
+        action("Start a stopped instance (a running one stays running).", Action::Start),
+        action("Restart a running instance once.", Action::Reboot),
+        action("Delete an instance and its disk; its reservation stays yours.", Action::Delete),
+        read(
             "vpsImages.list",
             "List the base image catalogue: the images instances may boot, with where hosts fetch them and their sha256.",
             "compute:instances:create at tenant scope, or compute:pools:read at fleet scope",
@@ -134,7 +134,7 @@ pub(super) fn methods() -> Vec<Method> {
                 Ok(ImageList { items: better_compute_vps::images::list(&*ctx.read().await?).await? })
             },
         ),
-        method(
+        change(
             "vpsImages.set",
             "Add an image to the base image catalogue, or change its url or sha256: every vps host fetches it (used only if its bytes hash to sha256) and is degraded until it has it. Setting what is there changes nothing.",
             "compute:pools:write at fleet scope",
@@ -143,7 +143,7 @@ pub(super) fn methods() -> Vec<Method> {
                 ctx.in_tx(async |tx| better_compute_vps::images::set(tx, &r).await).await
             },
         ),
-        method(
+        change(
             "vpsImages.delete",
             "Take an image out of the catalogue: hosts are no longer held to have it (their cached copy stays, for the VMs made from it).",
             "compute:pools:write at fleet scope",
@@ -153,7 +153,7 @@ pub(super) fn methods() -> Vec<Method> {
                 Ok(Deleted { name: r.name })
             },
         ),
-        method(
+        read(
             "vpsHosts.list",
             "List the vps hosts: each one's state (bootstrapping, ready, degraded, draining) with the reasons, its last vps.bootstrap report and what it has left for new instances.",
             "compute:nodes:read at fleet scope",

@@ -7,7 +7,7 @@ use better_compute_nodes::listing::{self, PoolView, SiteView};
 use better_compute_runtime::authz::Resource;
 use serde::Deserialize;
 
-use crate::method::{method, Ctx};
+use crate::method::{change, read, Ctx};
 use crate::Method;
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -164,7 +164,7 @@ struct UpdateSite {
 
 pub(super) fn methods() -> Vec<Method> {
     vec![
-        method("sites.create", "Create a site.", "compute:sites:write at fleet scope", |ctx: Ctx, r: CreateSite| async move {
+        change("sites.create", "Create a site.", "compute:sites:write at fleet scope", |ctx: Ctx, r: CreateSite| async move {
             ctx.check("compute:sites:write", Resource::Fleet).await?;
             let request = serde_json::json!({"name": r.name});
             once(&ctx, "sites.create", r.idempotency_key.as_deref(), request, async |tx| -> Result<SiteView, Error> {
@@ -173,11 +173,11 @@ pub(super) fn methods() -> Vec<Method> {
             })
             .await
         }),
-        method("sites.get", "Read a site.", "compute:sites:read on the site", |ctx: Ctx, r: SiteRef| async move {
+        read("sites.get", "Read a site.", "compute:sites:read on the site", |ctx: Ctx, r: SiteRef| async move {
             ctx.check("compute:sites:read", Resource::Site(&r.site_id)).await?;
             listing::get_site(&*ctx.read().await?, &r.site_id).await
         }),
-        method(
+        change(
             "sites.boot",
             "Boot a site: its sessions are admitted at the site's pace and placement on it waits until enough of its nodes converged (when a site is first brought up; an outage starts one by itself).",
             "compute:sites:write on the site",
@@ -186,30 +186,30 @@ pub(super) fn methods() -> Vec<Method> {
                 let why = r.reason.unwrap_or_else(|| "an operator booted it".into());
                 better_compute_core::bounds::check_text("reason", &why, better_compute_core::bounds::NOTE_CHARS)?;
                 ctx.in_tx(async |tx| -> Result<SiteView, Error> {
-                    better_compute_nodes::site_boot::start(tx, &r.site_id, &why).await?;
+                    better_compute_nodes::sessions::site_boot::start(tx, &r.site_id, &why).await?;
                     listing::get_site(tx, &r.site_id).await
                 })
                 .await
             },
         ),
-        method("sites.update", "Change a site's boot settings.", "compute:sites:write on the site", |ctx: Ctx, r: UpdateSite| async move {
+        change("sites.update", "Change a site's boot settings.", "compute:sites:write on the site", |ctx: Ctx, r: UpdateSite| async move {
             ctx.check("compute:sites:write", Resource::Site(&r.site_id)).await?;
-            let settings = better_compute_nodes::site_boot::BootSettings {
+            let settings = better_compute_nodes::sessions::site_boot::BootSettings {
                 admit_per_s: r.boot_admit_per_s,
                 converged_percent: r.boot_converged_percent,
                 outage_percent: r.boot_outage_percent,
             };
             ctx.in_tx(async |tx| -> Result<SiteView, Error> {
-                better_compute_nodes::site_boot::configure(tx, &r.site_id, settings).await?;
+                better_compute_nodes::sessions::site_boot::configure(tx, &r.site_id, settings).await?;
                 listing::get_site(tx, &r.site_id).await
             })
             .await
         }),
-        method("sites.list", "List sites.", "compute:sites:read at fleet scope", |ctx: Ctx, r: ListSites| async move {
+        read("sites.list", "List sites.", "compute:sites:read at fleet scope", |ctx: Ctx, r: ListSites| async move {
             ctx.check("compute:sites:read", Resource::Fleet).await?;
             listing::list_sites(&*ctx.read().await?, &super::page(r.page_size, r.page_token)).await
         }),
-        method("pools.create", "Create a pool in a site.", "compute:pools:write on the site", |ctx: Ctx, r: CreatePool| async move {
+        change("pools.create", "Create a pool in a site.", "compute:pools:write on the site", |ctx: Ctx, r: CreatePool| async move {
             ctx.check("compute:pools:write", Resource::Site(&r.site_id)).await?;
             let p = NewPool {
                 site_id: r.site_id.clone(),
@@ -227,11 +227,11 @@ pub(super) fn methods() -> Vec<Method> {
             })
             .await
         }),
-        method("pools.get", "Read a pool.", "compute:pools:read on the pool", |ctx: Ctx, r: PoolRef| async move {
+        read("pools.get", "Read a pool.", "compute:pools:read on the pool", |ctx: Ctx, r: PoolRef| async move {
             ctx.check("compute:pools:read", Resource::Pool(&r.pool_id)).await?;
             listing::get_pool(&*ctx.read().await?, &r.pool_id).await
         }),
-        method("pools.update", "Change a pool's disruption budget (maxUnavailable).", "compute:pools:write on the pool", |ctx: Ctx, r: UpdatePool| async move {
+        change("pools.update", "Change a pool's disruption budget (maxUnavailable).", "compute:pools:write on the pool", |ctx: Ctx, r: UpdatePool| async move {
             ctx.check("compute:pools:write", Resource::Pool(&r.pool_id)).await?;
             let budget = match &r.max_unavailable {
                 CountOrShare::Count(n) => better_compute_nodes::drain::Budget::parse(&n.to_string())?,
@@ -243,7 +243,7 @@ pub(super) fn methods() -> Vec<Method> {
             })
             .await
         }),
-        method(
+        change(
             "pools.closeHealthCircuit",
             "Close a pool's health circuit after deciding what the errors were: the health signals that waited are set aside, and automatic health actions resume.",
             "compute:pools:write on the pool",
@@ -256,7 +256,7 @@ pub(super) fn methods() -> Vec<Method> {
                 .await
             },
         ),
-        method("pools.list", "List pools, of one site or of the fleet.", "compute:pools:read on the site, or at fleet scope without siteId", |ctx: Ctx, r: ListPools| async move {
+        read("pools.list", "List pools, of one site or of the fleet.", "compute:pools:read on the site, or at fleet scope without siteId", |ctx: Ctx, r: ListPools| async move {
             match &r.site_id {
                 Some(s) => ctx.check("compute:pools:read", Resource::Site(s)).await?,
                 None => ctx.check("compute:pools:read", Resource::Fleet).await?,

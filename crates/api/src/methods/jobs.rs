@@ -7,7 +7,7 @@ use better_compute_runtime::status::{self, Holder, JobRun, QueueStatus};
 use serde::Serialize;
 
 use super::Empty;
-use crate::method::{method, Ctx};
+use crate::method::{read, Ctx};
 use crate::Method;
 
 /// The jobs' state.
@@ -23,7 +23,7 @@ struct JobsView {
 }
 
 pub(crate) fn methods() -> Vec<Method> {
-    vec![method(
+    vec![read(
         "jobs.list",
         "The jobs: each queue's depth, due, claimed and failing keys and newest error; the shards and singletons each worker holds; each job's last tick per worker.",
         "compute:jobs:read at fleet scope",

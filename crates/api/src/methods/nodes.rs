@@ -5,14 +5,14 @@ use better_compute_db::DbError;
 use better_compute_nodes::inventory::{self, NodeView};
 use better_compute_nodes::listing::{self, IssuedJoinToken, NodeFilter};
 use better_compute_nodes::actions;
-use better_compute_nodes::devices;
+use better_compute_nodes::inventory::devices;
 use better_compute_nodes::drain::{self, DrainMode, DrainRequest, DrainView};
-use better_compute_nodes::labels::{self, LabelSelector};
+use better_compute_nodes::inventory::labels::{self, LabelSelector};
 use better_compute_runtime::authz::Resource;
 use serde::{Deserialize, Serialize};
 
 use super::inventory::PoolRef;
-use crate::method::{method, Ctx};
+use crate::method::{change, read, Ctx};
 use crate::Method;
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -142,9 +142,9 @@ struct Untaint {
 struct CreateJoinToken {
     /// The pool the daemon joins.
     pool_id: String,
-    /// Lifetime, 60 s to 7 days (default 1 hour).
-    #[serde(default)]
-    ttl_seconds: Option<i64>,
+    /// Lifetime in seconds, 60 s to 7 days (default 1 hour); `ttlSeconds` is accepted too.
+    #[serde(default, alias = "ttlSeconds")]
+    ttl_s: Option<i64>,
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -207,11 +207,11 @@ async fn change_device(ctx: &Ctx, device_id: &str, quarantined: bool, reason: &s
 
 pub(super) fn methods() -> Vec<Method> {
     vec![
-        method("nodes.get", "Read a node.", "compute:nodes:read on the node", |ctx: Ctx, r: NodeRef| async move {
+        read("nodes.get", "Read a node.", "compute:nodes:read on the node", |ctx: Ctx, r: NodeRef| async move {
             ctx.check("compute:nodes:read", Resource::Node(&r.node_id)).await?;
             Ok(inventory::get_node(&*ctx.read().await?, &r.node_id).await?)
         }),
-        method(
+        read(
             "nodes.describe",
             "Describe a node: its conditions, GPUs and atoms, the reservations holding it now and next, its drain, its daemon's session, and its newest commands and fleet events.",
             "compute:nodes:read on the node",
@@ -220,7 +220,7 @@ pub(super) fn methods() -> Vec<Method> {
                 crate::describe::node(&*ctx.read().await?, &r.node_id).await
             },
         ),
-        method("nodes.list", "List nodes, of one pool or of the fleet, filtered.", "compute:nodes:read on the pool, or at fleet scope without poolId", |ctx: Ctx, r: ListNodes| async move {
+        read("nodes.list", "List nodes, of one pool or of the fleet, filtered.", "compute:nodes:read on the pool, or at fleet scope without poolId", |ctx: Ctx, r: ListNodes| async move {
             match &r.pool_id {
                 Some(p) => ctx.check("compute:nodes:read", Resource::Pool(p)).await?,
                 None => ctx.check("compute:nodes:read", Resource::Fleet).await?,
@@ -232,22 +232,22 @@ pub(super) fn methods() -> Vec<Method> {
             let f = NodeFilter { pool_id: r.pool_id.as_deref(), cordoned: r.cordoned, liveness: r.liveness.as_deref(), labels };
             listing::list_nodes(&*ctx.read().await?, &f, &super::page(r.page_size, r.page_token)).await
         }),
-        method("nodes.cordon", "Cordon a node: nothing new is placed there.", "compute:nodes:write on the node", |ctx: Ctx, r: NodeRef| async move {
+        change("nodes.cordon", "Cordon a node: nothing new is placed there.", "compute:nodes:write on the node", |ctx: Ctx, r: NodeRef| async move {
             change_node(&ctx, &r.node_id, async |tx| actions::cordon(tx, &r.node_id).await.map(|_| ())).await
         }),
-        method("nodes.uncordon", "Uncordon a node.", "compute:nodes:write on the node", |ctx: Ctx, r: NodeRef| async move {
+        change("nodes.uncordon", "Uncordon a node.", "compute:nodes:write on the node", |ctx: Ctx, r: NodeRef| async move {
             change_node(&ctx, &r.node_id, async |tx| actions::uncordon(tx, &r.node_id).await.map(|_| ())).await
         }),
-        method("nodes.taint", "Taint a node: only reservations that tolerate key=value are placed there.", "compute:nodes:write on the node", |ctx: Ctx, r: Taint| async move {
+        change("nodes.taint", "Taint a node: only reservations that tolerate key=value are placed there.", "compute:nodes:write on the node", |ctx: Ctx, r: Taint| async move {
             change_node(&ctx, &r.node_id, async |tx| actions::taint(tx, &r.node_id, &r.key, &r.value).await).await
         }),
-        method("nodes.untaint", "Remove a node's taint.", "compute:nodes:write on the node", |ctx: Ctx, r: Untaint| async move {
+        change("nodes.untaint", "Remove a node's taint.", "compute:nodes:write on the node", |ctx: Ctx, r: Untaint| async move {
             change_node(&ctx, &r.node_id, async |tx| actions::untaint(tx, &r.node_id, &r.key).await).await
         }),
-        method("nodes.update", "Set or remove a node's labels.", "compute:nodes:write on the node", |ctx: Ctx, r: UpdateNode| async move {
+        change("nodes.update", "Set or remove a node's labels.", "compute:nodes:write on the node", |ctx: Ctx, r: UpdateNode| async move {
             change_node(&ctx, &r.node_id, async |tx| labels::update_labels(tx, &r.node_id, &r.labels).await.map(|_| ())).await
         }),
-        method(
+        change(
             "nodes.drain",
             "Drain a node: cordon it now, then (within its pool's disruption budget, in request order) wait for its reservations to end, or evict them at the deadline.",
             "compute:nodes:write on the node",
@@ -258,24 +258,24 @@ pub(super) fn methods() -> Vec<Method> {
                 ctx.in_tx(async |tx| -> Result<DrainView, Error> { Ok(drain::request(tx, &req).await?) }).await
             },
         ),
-        method("nodes.undrain", "End a node's drain: it is schedulable again unless cordoned otherwise. Reservations already evicted stay ended.", "compute:nodes:write on the node", |ctx: Ctx, r: NodeRef| async move {
+        change("nodes.undrain", "End a node's drain: it is schedulable again unless cordoned otherwise. Reservations already evicted stay ended.", "compute:nodes:write on the node", |ctx: Ctx, r: NodeRef| async move {
             change_node(&ctx, &r.node_id, async |tx| drain::undrain(tx, &r.node_id).await.map(|_| ())).await
         }),
-        method("nodes.retire", "Retire a drained node: out of placement for ever, its certificates revoked, its history kept.", "compute:nodes:write on the node", |ctx: Ctx, r: NodeRef| async move {
+        change("nodes.retire", "Retire a drained node: out of placement for ever, its certificates revoked, its history kept.", "compute:nodes:write on the node", |ctx: Ctx, r: NodeRef| async move {
             change_node(&ctx, &r.node_id, async |tx| drain::retire(tx, &r.node_id).await).await
         }),
-        method("drains.list", "List a pool's open drains, in the order its disruption budget admits them.", "compute:nodes:read on the pool", |ctx: Ctx, r: PoolRef| async move {
+        read("drains.list", "List a pool's open drains, in the order its disruption budget admits them.", "compute:nodes:read on the pool", |ctx: Ctx, r: PoolRef| async move {
             ctx.check("compute:nodes:read", Resource::Pool(&r.pool_id)).await?;
             let db = ctx.read().await?;
             listing::get_pool(&*db, &r.pool_id).await?;
             Ok(DrainList { items: drain::pool_drains(&*db, &r.pool_id).await? })
         }),
-        method("devices.get", "Read a GPU: its mode, layout, atoms, health and quarantine.", "compute:nodes:read on its node", |ctx: Ctx, r: DeviceRef| async move {
+        read("devices.get", "Read a GPU: its mode, layout, atoms, health and quarantine.", "compute:nodes:read on its node", |ctx: Ctx, r: DeviceRef| async move {
             let node_id = listing::node_of_device(&*ctx.read().await?, &r.device_id).await?;
             ctx.check("compute:nodes:read", Resource::Node(&node_id)).await.map_err(|e| hide_device(e, &r.device_id))?;
             devices::get_device(&*ctx.read().await?, &r.device_id).await
         }),
-        method("devices.list", "List the GPUs of a node or of a pool.", "compute:nodes:read on the node or pool", |ctx: Ctx, r: ListDevices| async move {
+        read("devices.list", "List the GPUs of a node or of a pool.", "compute:nodes:read on the node or pool", |ctx: Ctx, r: ListDevices| async move {
             match (&r.node_id, &r.pool_id) {
                 (Some(n), None) => ctx.check("compute:nodes:read", Resource::Node(n)).await?,
                 (None, Some(p)) => ctx.check("compute:nodes:read", Resource::Pool(p)).await?,
@@ -284,7 +284,7 @@ pub(super) fn methods() -> Vec<Method> {
             let page = super::page(r.page_size, r.page_token);
             devices::list_devices(&*ctx.read().await?, r.node_id.as_deref(), r.pool_id.as_deref(), &page).await
         }),
-        method(
+        read(
             "inventory.findings",
             "List what the inventory jobs found wrong in a pool or on a node: GPUs gone, unknown or changed, resources below registration, duplicate GPUs, retired nodes still held, expired join tokens, certificates about to expire, nodes that never converged.",
             "compute:nodes:read on the pool or node",
@@ -295,18 +295,18 @@ pub(super) fn methods() -> Vec<Method> {
                     _ => return Err(Error::invalid_argument("give exactly one of poolId and nodeId")),
                 }
                 let page = super::page(r.page_size, r.page_token);
-                better_compute_nodes::findings::list(&*ctx.read().await?, r.pool_id.as_deref(), r.node_id.as_deref(), r.include_resolved, &page).await
+                better_compute_nodes::inventory::findings::list(&*ctx.read().await?, r.pool_id.as_deref(), r.node_id.as_deref(), r.include_resolved, &page).await
             },
         ),
-        method("nodes.createJoinToken", "Issue a single-use join token for a pool. The secret is in this response only.", "compute:nodes:write on the pool", |ctx: Ctx, r: CreateJoinToken| async move {
+        change("nodes.createJoinToken", "Issue a single-use join token for a pool. The secret is in this response only.", "compute:nodes:write on the pool", |ctx: Ctx, r: CreateJoinToken| async move {
             ctx.check("compute:nodes:write", Resource::Pool(&r.pool_id)).await?;
             let by = format!("{}/{}", ctx.principal.tenant_id, ctx.principal.identity_id);
-            ctx.in_tx(async |tx| -> Result<IssuedJoinToken, Error> { listing::create_join_token(tx, &r.pool_id, r.ttl_seconds, &by).await }).await
+            ctx.in_tx(async |tx| -> Result<IssuedJoinToken, Error> { listing::create_join_token(tx, &r.pool_id, r.ttl_s, &by).await }).await
         }),
-        method("devices.quarantine", "Quarantine a GPU: nothing new is placed on it; existing reservations keep it.", "compute:devices:write on its node", |ctx: Ctx, r: Quarantine| async move {
+        change("devices.quarantine", "Quarantine a GPU: nothing new is placed on it; existing reservations keep it.", "compute:devices:write on its node", |ctx: Ctx, r: Quarantine| async move {
             change_device(&ctx, &r.device_id, true, &r.reason).await
         }),
-        method("devices.releaseQuarantine", "Release a GPU from quarantine.", "compute:devices:write on its node", |ctx: Ctx, r: DeviceRef| async move {
+        change("devices.releaseQuarantine", "Release a GPU from quarantine.", "compute:devices:write on its node", |ctx: Ctx, r: DeviceRef| async move {
             change_device(&ctx, &r.device_id, false, "").await
         }),
     ]

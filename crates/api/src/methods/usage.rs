@@ -6,7 +6,7 @@ use better_compute_core::page::Page;
 use better_compute_core::Error;
 use serde::{Deserialize, Serialize};
 
-use crate::method::{method, Ctx};
+use crate::method::{read, Ctx};
 use crate::Method;
 
 /// Reading usage.
@@ -105,7 +105,7 @@ pub(crate) async fn scope(ctx: &Ctx, asked: Option<&str>, all_tenants: bool) -> 
 }
 
 pub(super) fn methods() -> Vec<Method> {
-    vec![method(
+    vec![read(
         "usage.list",
         "Sum usage windows (reserved atom-, vCPU-, memory- and disk-seconds) of your tenant, or of every tenant, by reservation, pool, model or day.",
         "compute:usage:read at the tenant (at fleet scope with allTenants)",
@@ -117,7 +117,7 @@ pub(super) fn methods() -> Vec<Method> {
             Ok(UsageList { items, window_s: usage::window_s(&*db).await? })
         },
     ),
-    method(
+    read(
         "usage.export",
         "Export usage windows and adjustments one by one, in billing-key order, a page at a time as JSON (`GET /v1/usage.export` streams the whole period as CSV or JSON lines).",
         "compute:usage:read at the tenant (at fleet scope with allTenants)",
@@ -128,7 +128,7 @@ pub(super) fn methods() -> Vec<Method> {
             Ok(Page::from_rows(items, size, |w: &UsageWindowView| w.key.clone()))
         },
     ),
-    method(
+    read(
         "instanceUsage.list",
         "Sum instance usage windows (the seconds instances' VMs were up) of your tenant, or of every tenant, by instance, pool, flavour or day.",
         "compute:usage:read at the tenant (at fleet scope with allTenants)",
@@ -140,7 +140,7 @@ pub(super) fn methods() -> Vec<Method> {
             Ok(InstanceUsageList { items, window_s: usage::window_s(&*db).await? })
         },
     ),
-    method(
+    read(
         "instanceUsage.export",
         "Export instance usage windows one by one (`cmp:<instanceId>:<windowStart>`, with the instance's flavour and its seconds up), in billing-key order, a page at a time.",
         "compute:usage:read at the tenant (at fleet scope with allTenants)",

@@ -6,7 +6,7 @@ use better_compute_events::{EgressPolicy, WEBHOOKS_READ, WEBHOOKS_WRITE};
 use serde::Deserialize;
 
 use super::{page, TenantPage};
-use crate::method::{method, Ctx};
+use crate::method::{change, read, Ctx};
 use crate::Method;
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -65,9 +65,10 @@ struct RotateSecret {
     tenant_id: Option<String>,
     /// `wh_…`.
     webhook_id: String,
-    /// How long the old secret keeps signing too (default 86400, at most 7 days).
-    #[serde(default)]
-    grace_seconds: Option<i64>,
+    /// How long in seconds the old secret keeps signing too (default 86400, at most 7 days);
+    /// `graceSeconds` is accepted too.
+    #[serde(default, alias = "graceSeconds")]
+    grace_s: Option<i64>,
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -109,7 +110,7 @@ async fn write<T>(ctx: &Ctx, tenant: Option<&str>, f: impl AsyncFnOnce(&tokio_po
 
 pub(super) fn methods() -> Vec<Method> {
     vec![
-        method("webhooks.create", "Create a webhook endpoint for your tenant's events. The signing secret is in this response only.", "compute:webhooks:write at tenant scope", |ctx: Ctx, r: CreateWebhook| async move {
+        change("webhooks.create", "Create a webhook endpoint for your tenant's events. The signing secret is in this response only.", "compute:webhooks:write at tenant scope", |ctx: Ctx, r: CreateWebhook| async move {
             let (policy, types) = (EgressPolicy::from_env(), catalogue(&ctx));
             ctx.in_tenant(r.tenant_id.as_deref(), WEBHOOKS_WRITE).await?;
             // Resolved before the transaction, so no connection waits on DNS.
@@ -122,15 +123,15 @@ pub(super) fn methods() -> Vec<Method> {
             made.warnings = warnings;
             Ok(made)
         }),
-        method("webhooks.get", "Read a webhook endpoint.", "compute:webhooks:read at tenant scope", |ctx: Ctx, r: WebhookRef| async move {
+        read("webhooks.get", "Read a webhook endpoint.", "compute:webhooks:read at tenant scope", |ctx: Ctx, r: WebhookRef| async move {
             ctx.in_tenant(r.tenant_id.as_deref(), WEBHOOKS_READ).await?;
             webhooks::get(&*ctx.read().await?, &ctx.principal.tenant_id, &r.webhook_id).await
         }),
-        method("webhooks.list", "List your tenant's webhook endpoints.", "compute:webhooks:read at tenant scope", |ctx: Ctx, r: TenantPage| async move {
+        read("webhooks.list", "List your tenant's webhook endpoints.", "compute:webhooks:read at tenant scope", |ctx: Ctx, r: TenantPage| async move {
             ctx.in_tenant(r.tenant_id.as_deref(), WEBHOOKS_READ).await?;
             webhooks::list(&*ctx.read().await?, &ctx.principal.tenant_id, &r.page()).await
         }),
-        method("webhooks.update", "Change a webhook endpoint's URL, event types or note; enable or disable it.", "compute:webhooks:write at tenant scope", |ctx: Ctx, r: UpdateWebhook| async move {
+        change("webhooks.update", "Change a webhook endpoint's URL, event types or note; enable or disable it.", "compute:webhooks:write at tenant scope", |ctx: Ctx, r: UpdateWebhook| async move {
             let (policy, types) = (EgressPolicy::from_env(), catalogue(&ctx));
             let change = WebhookChange { url: r.url.as_deref(), event_types: r.event_types.as_deref(), description: r.description.as_deref(), enabled: r.enabled };
             write(&ctx, r.tenant_id.as_deref(), async |tx| -> Result<WebhookView, Error> {
@@ -138,25 +139,25 @@ pub(super) fn methods() -> Vec<Method> {
             })
             .await
         }),
-        method("webhooks.delete", "Delete a webhook endpoint and its deliveries.", "compute:webhooks:write at tenant scope", |ctx: Ctx, r: WebhookRef| async move {
+        change("webhooks.delete", "Delete a webhook endpoint and its deliveries.", "compute:webhooks:write at tenant scope", |ctx: Ctx, r: WebhookRef| async move {
             write(&ctx, r.tenant_id.as_deref(), async |tx| webhooks::delete(tx, &ctx.principal.tenant_id, &r.webhook_id).await).await
         }),
-        method("webhooks.rotateSecret", "Give a webhook a new signing secret; the old one keeps signing (a second signature) for the grace period.", "compute:webhooks:write at tenant scope", |ctx: Ctx, r: RotateSecret| async move {
+        change("webhooks.rotateSecret", "Give a webhook a new signing secret; the old one keeps signing (a second signature) for the grace period.", "compute:webhooks:write at tenant scope", |ctx: Ctx, r: RotateSecret| async move {
             write(&ctx, r.tenant_id.as_deref(), async |tx| {
-                webhooks::rotate_secret(tx, &ctx.principal.tenant_id, &r.webhook_id, r.grace_seconds.unwrap_or(86_400)).await
+                webhooks::rotate_secret(tx, &ctx.principal.tenant_id, &r.webhook_id, r.grace_s.unwrap_or(86_400)).await
             })
             .await
         }),
-        method("webhooks.test", "Send a webhook.test event to one endpoint now.", "compute:webhooks:write at tenant scope", |ctx: Ctx, r: WebhookRef| async move {
+        change("webhooks.test", "Send a webhook.test event to one endpoint now.", "compute:webhooks:write at tenant scope", |ctx: Ctx, r: WebhookRef| async move {
             let d: DeliveryView = write(&ctx, r.tenant_id.as_deref(), async |tx| webhooks::send_test(tx, &ctx.principal.tenant_id, &r.webhook_id).await).await?;
             better_compute_runtime::work_queue::poke(&**ctx.db().await?).await;
             Ok(d)
         }),
-        method("webhooks.deadLetters.list", "List deliveries that exhausted their retries (or met a disabled endpoint).", "compute:webhooks:read at tenant scope", |ctx: Ctx, r: ListDeadLetters| async move {
+        read("webhooks.deadLetters.list", "List deliveries that exhausted their retries (or met a disabled endpoint).", "compute:webhooks:read at tenant scope", |ctx: Ctx, r: ListDeadLetters| async move {
             ctx.in_tenant(r.tenant_id.as_deref(), WEBHOOKS_READ).await?;
             webhooks::dead_letters(&*ctx.read().await?, &ctx.principal.tenant_id, r.webhook_id.as_deref(), &page(r.page_size, r.page_token)).await
         }),
-        method("webhooks.deadLetters.replay", "Send a dead letter again, from the start of the retry schedule.", "compute:webhooks:write at tenant scope", |ctx: Ctx, r: DeliveryRef| async move {
+        change("webhooks.deadLetters.replay", "Send a dead letter again, from the start of the retry schedule.", "compute:webhooks:write at tenant scope", |ctx: Ctx, r: DeliveryRef| async move {
             let d = write(&ctx, r.tenant_id.as_deref(), async |tx| webhooks::replay(tx, &ctx.principal.tenant_id, &r.delivery_id).await).await?;
             better_compute_runtime::work_queue::poke(&**ctx.db().await?).await;
             Ok(d)

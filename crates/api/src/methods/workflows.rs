@@ -9,7 +9,7 @@ use better_compute_runtime::authz::Resource;
 use better_compute_runtime::workflow::{self, ListFilter, NewWorkflow, Target, WorkflowView, READ, WRITE};
 use serde::Deserialize;
 
-use crate::method::{method, Ctx};
+use crate::method::{change, read, Ctx};
 use crate::Method;
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -106,7 +106,7 @@ async fn check_at(ctx: &Ctx, permission: &str, node_id: Option<&str>, pool_id: O
 
 pub(super) fn methods() -> Vec<Method> {
     vec![
-        method(
+        change(
             "workflows.start",
             "Start a workflow (node.maintenance, node.recover) on a node, or fleet-wide on a pool or label selector.",
             "compute:workflows:write on the node, pool or fleet it targets",
@@ -133,17 +133,17 @@ pub(super) fn methods() -> Vec<Method> {
                 let w = NewWorkflow { definition: &r.definition, target: &r.target, params: &params, requested_by: &by };
                 let v = workflow::start(&tx, &registry, &w).await?;
                 idempotency::complete(&tx, scope, &serde_json::to_value(&v).expect("a view serializes")).await?;
-                better_compute_audit::entry::record_change_of(&tx, &v.id).await?;
+                ctx.actor.record(&tx, "workflows.start", &v.id, None).await?;
                 tx.commit().await.map_err(DbError::from)?;
                 better_compute_runtime::work_queue::poke(&**db).await;
                 Ok(v)
             },
         ),
-        method("workflows.get", "Read a workflow and its steps.", "compute:workflows:read on its node, pool or the fleet", |ctx: Ctx, r: WorkflowRef| async move {
+        read("workflows.get", "Read a workflow and its steps.", "compute:workflows:read on its node, pool or the fleet", |ctx: Ctx, r: WorkflowRef| async move {
             ctx.own_tenant(r.tenant_id.as_deref())?;
             visible(&ctx, &r.workflow_id, READ).await
         }),
-        method(
+        read(
             "workflows.list",
             "List workflows of a node, a pool or the fleet, oldest first; filter by state, definition or fleet-wide run.",
             "compute:workflows:read on the node or pool (the fleet without either)",
@@ -156,7 +156,7 @@ pub(super) fn methods() -> Vec<Method> {
                 Ok(Page::from_rows(items, size, |w: &WorkflowView| w.id.clone()))
             },
         ),
-        method(
+        change(
             "workflows.cancel",
             "Cancel a running or held workflow: the current step's command is cancelled through the command queue; what earlier steps did stays (a drained node stays drained).",
             "compute:workflows:write on its node, pool or the fleet",
@@ -169,7 +169,7 @@ pub(super) fn methods() -> Vec<Method> {
                 Ok(v)
             },
         ),
-        method(
+        change(
             "workflows.resume",
             "Resume a held workflow from the step it holds at, or from fromStep.",
             "compute:workflows:write on its node, pool or the fleet",

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use better_compute_capacity::reservations::{CreateReservation, GpuRequest};
 use better_compute_capacity::{invariants, quota, CapacityModule, Caller};
 use better_compute_nodes::inventory::{self, NewGpu, NewNode, NewPool};
-use better_compute_nodes::layout::GpuMode;
+use better_compute_core::gpu_mode::GpuMode;
 use better_compute_nodes::NodesModule;
 use better_compute_runtime::harness::Harness;
 
@@ -119,12 +119,12 @@ pub fn exclusive(n: usize) -> Vec<GpuMode> {
     vec![GpuMode::Exclusive; n]
 }
 
-/// The audit entries the jobs wrote whose target starts with `target`, in order: (job, action,
-/// target, tenant).
+/// The audit entries the control plane's jobs wrote (not the tests' own, as `test`) whose target
+/// starts with `target`, in order: (job, action, target, tenant).
 pub async fn job_entries(h: &Harness, target: &str) -> Vec<(String, String, String, Option<String>)> {
     let c = h.db().client().await;
     c.query(
-        "SELECT actor_id, action, target, tenant_id FROM audit_entries WHERE actor_kind = 'job' AND starts_with(target, $1) ORDER BY position",
+        "SELECT actor_id, action, target, tenant_id FROM audit_entries WHERE actor_kind = 'job' AND actor_id <> 'test' AND starts_with(target, $1) ORDER BY position",
         &[&target],
     )
     .await

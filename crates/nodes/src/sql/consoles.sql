@@ -1,4 +1,4 @@
--- Appends what a vps host's VM wrote to its console (consoles.rs), keeping the last p_keep bytes.
+-- Appends what a vps host's VM wrote to its console (sessions/consoles.rs), keeping the last p_keep bytes.
 -- Each byte is kept once whatever the daemon repeats: bytes before the kept end are skipped, and a
 -- chunk that starts past it (bytes that never came) starts the tail again there. Only a VM the
 -- node reports in its spec status has a console here, so a host writes no one else's.

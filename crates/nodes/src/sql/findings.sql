@@ -1,4 +1,4 @@
--- The inventory's findings (findings.rs): what is wrong now in a pool, or on one node of it (p_node
+-- The inventory's findings (inventory/findings.rs): what is wrong now in a pool, or on one node of it (p_node
 -- not NULL: only the kinds a daemon's inventory report can change). Read-only; the jobs open and
 -- resolve findings from its answer.
 CREATE OR REPLACE FUNCTION nodes_inventory_findings(p_pool text, p_node text)

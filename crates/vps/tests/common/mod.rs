@@ -6,9 +6,9 @@ use better_compute_capacity::quota;
 use better_compute_capacity::reservations::{CreateReservation, GpuRequest};
 use better_compute_core::Caller;
 use better_compute_nodes::inventory::{self, NewGpu, NewNode, NewPool};
-use better_compute_nodes::layout::GpuMode;
-use better_compute_nodes::reports::{self, NodeLocks, Report, SessionReports};
-use better_compute_nodes::session::{self, Hello};
+use better_compute_core::gpu_mode::GpuMode;
+use better_compute_nodes::inventory::reports::{self, NodeLocks, Report, SessionReports};
+use better_compute_nodes::sessions::{self, Hello};
 use better_compute_runtime::harness::Harness;
 
 pub const ME: Caller<'static> = Caller { tenant_id: "ten_a", identity_id: "idn_a" };
@@ -69,7 +69,7 @@ pub fn one_gpu(pool: &str) -> CreateReservation {
 pub async fn apply(h: &Harness, node: &str, reports: Vec<Report>) {
     let mut c = h.db().client().await;
     let tx = c.transaction().await.unwrap();
-    let opened = session::open(&*tx, &Hello { node_id: node, gateway_id: "gw_a", boot_id: "b1", journal_id: "j1", daemon_version: "t" }).await.unwrap();
+    let opened = sessions::open(&*tx, &Hello { node_id: node, gateway_id: "gw_a", boot_id: "b1", journal_id: "j1", daemon_version: "t" }).await.unwrap();
     let s = SessionReports { node_id: node.to_owned(), epoch: opened.session_epoch, reports };
     reports::apply(&*tx, "gw_a", &[&s], NodeLocks::Wait).await.unwrap();
     tx.commit().await.unwrap();

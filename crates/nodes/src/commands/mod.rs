@@ -2,14 +2,17 @@
 //! transaction. Lifecycle per `COMMAND_STATE_TABLE`: pending → sent → running → succeeded | failed,
 //! plus expired and cancelled. Lock order: nodes (for the seq), then commands.
 
+pub mod keys;
+pub mod kinds;
+
 use std::time::Duration;
 
+use better_compute_audit::Actor;
 use better_compute_core::id::CommandId;
 use better_compute_core::state::{CommandState, State, COMMAND_STATE_TABLE};
 use better_compute_core::{Caller, Error, ErrorCode};
 use better_compute_db::idempotency::{self, Claim, IdempotencyScope};
 use better_compute_db::DbError;
-use better_compute_runtime::authz::{Authorizer, Resource};
 use better_compute_runtime::{work_queue, Registry};
 use prost::Message;
 use serde::Serialize;
@@ -37,8 +40,9 @@ pub struct NewCommand<'a> {
     pub min_generation: i64,
     /// The controller to wake when it ends: (kind, key, shard).
     pub owner: Option<(&'a str, &'a str, i16)>,
-    /// Who asked, for audit.
-    pub requested_by: Option<&'a str>,
+    /// Who asks for it: a job's command is recorded as the job's decision; a request's is
+    /// recorded by the request (`commands.run`), and its tenant's events tell of it.
+    pub actor: &'a Actor,
 }
 
 /// A command as operators see it.
@@ -174,6 +178,8 @@ async fn enqueue_signed(
     let id = CommandId::generate().to_string();
     // The enqueuer's trace (an API request's, a job run's): the daemon's run of it joins that trace.
     let trace_parent = better_compute_core::trace::current_traceparent();
+    // A request's command is its tenant's (its events go to that tenant); a job's is the fleet's.
+    let requested_by = c.actor.request().map(|r| format!("{}/{}", r.tenant_id, r.identity_id));
     let (owner_kind, owner_key, owner_shard) = match c.owner {
         Some((k, key, shard)) => (Some(k), Some(key), Some(shard)),
         None => (None, None, None),
@@ -196,7 +202,7 @@ async fn enqueue_signed(
             &[
                 &id, &c.node_id, &seq, &kind.name, &kind.lane, &body_bytes, &payload, &c.idempotency_key,
                 &c.min_generation, &not_after.as_secs_f64(), &(kind.timeout.as_secs() as i32), &kind.retry_safe,
-                &kind.self_terminating, &owner_kind, &owner_key, &owner_shard, &c.requested_by, &signature, &not_after_ms,
+                &kind.self_terminating, &owner_kind, &owner_key, &owner_shard, &requested_by, &signature, &not_after_ms,
                 &trace_parent,
             ],
         )
@@ -204,9 +210,8 @@ async fn enqueue_signed(
     match inserted {
         Some(r) => {
             // A job's command is its own decision (an API caller's is recorded as its request).
-            if better_compute_audit::entry::current_request().is_none() {
-                let job = c.requested_by.or(owner_kind).unwrap_or("control-plane");
-                better_compute_audit::entry::record_job(tx, job, "commands.enqueue", &id, None).await?;
+            if let Actor::Job(_) = c.actor {
+                c.actor.record(tx, "commands.enqueue", &id, None).await?;
             }
             Ok(to_view(&r))
         }
@@ -508,23 +513,18 @@ pub struct RunCommand {
     /// Required; scoped to the caller's tenant and identity.
     #[serde(default)]
     pub idempotency_key: Option<String>,
-    /// Default 600, from 10 to 3600.
-    #[serde(default)]
-    pub not_after_seconds: Option<i64>,
+    /// Seconds the daemon may still accept it: default 600, from 10 to 3600; `notAfterSeconds` is
+    /// accepted too.
+    #[serde(default, alias = "notAfterSeconds")]
+    pub not_after_s: Option<i64>,
 }
 
 /// The permission `commands.run` and `commands.cancel` check on the node.
 pub const EXEC: &str = "compute:nodes:exec";
 
-/// Runs `commands.run`: `compute:nodes:exec` on the node first, then the checks, then the queue.
-pub async fn run(
-    client: &mut Client,
-    registry: &Registry,
-    authz: &dyn Authorizer,
-    caller: Caller<'_>,
-    req: &RunCommand,
-) -> Result<CommandView, Error> {
-    authz.check(caller, EXEC, Resource::Node(&req.node_id)).await?;
+/// Runs `commands.run` for a caller the API found to hold [`EXEC`] on the node: the checks, then
+/// the queue, with the request's audit entry.
+pub async fn run(client: &mut Client, registry: &Registry, actor: &Actor, caller: Caller<'_>, req: &RunCommand) -> Result<CommandView, Error> {
     match registry.command_kind(&req.kind) {
         Some(k) if k.api_allowed => {}
         _ => {
@@ -534,7 +534,8 @@ pub async fn run(
             ))
         }
     }
-    // Only after the permission check: a caller who may not run commands learns nothing of the input.
+    // Only after the permission check (the API's): a caller who may not run commands learns
+    // nothing of the input.
     let key = req.idempotency_key.as_deref().ok_or_else(|| {
         Error::invalid_argument("idempotencyKey is required on commands.run: a retry with the same key returns the same command")
     })?;
@@ -542,12 +543,13 @@ pub async fn run(
     if serde_json::to_vec(&req.payload).map_or(true, |p| p.len() > better_compute_core::bounds::COMMAND_PAYLOAD_BYTES) {
         return Err(Error::invalid_argument(format!("payload must be at most {} bytes of JSON", better_compute_core::bounds::COMMAND_PAYLOAD_BYTES)));
     }
-    let not_after_s = req.not_after_seconds.unwrap_or(600);
+    let not_after_s = req.not_after_s.unwrap_or(600);
     if !(10..=3600).contains(&not_after_s) {
-        return Err(Error::invalid_argument("notAfterSeconds must be between 10 and 3600"));
+        return Err(Error::invalid_argument("notAfterS must be between 10 and 3600"));
     }
     let tx = client.transaction().await.map_err(DbError::from)?;
     let scope = IdempotencyScope { tenant_id: caller.tenant_id, identity_id: caller.identity_id, key };
+    // The stored request keeps its first field names, so a retry across an upgrade still matches.
     let request = serde_json::json!({"nodeId": req.node_id, "kind": req.kind, "payload": req.payload, "notAfterSeconds": not_after_s});
     if let Claim::Replay(v) = idempotency::claim(&tx, scope, "commands.run", &request).await? {
         let view = get(&tx, v["nodeId"].as_str().unwrap_or_default(), v["id"].as_str().unwrap_or_default()).await?;
@@ -555,7 +557,6 @@ pub async fn run(
         return Ok(view);
     }
     let command_key = format!("api:{}:{}:{key}", caller.tenant_id, caller.identity_id);
-    let requested_by = format!("{}/{}", caller.tenant_id, caller.identity_id);
     let v = enqueue(
         &tx,
         registry,
@@ -567,41 +568,26 @@ pub async fn run(
             not_after: Some(Duration::from_secs(not_after_s as u64)),
             min_generation: 0,
             owner: None,
-            requested_by: Some(&requested_by),
+            actor,
         },
     )
     .await?;
     idempotency::complete(&tx, scope, &serde_json::to_value(&v).expect("view serializes")).await?;
-    better_compute_audit::entry::record_change(&tx).await?;
+    actor.record(&tx, "commands.run", &req.node_id, Some(caller.tenant_id)).await?;
     tx.commit().await.map_err(DbError::from)?;
     poke_gateway(&*client, &req.node_id).await;
     Ok(v)
 }
 
-/// `commands.cancel`: `compute:nodes:exec` on the node, then [`cancel`], then a poke.
-pub async fn cancel_as(
-    client: &mut Client,
-    authz: &dyn Authorizer,
-    caller: Caller<'_>,
-    node_id: &str,
-    command_id: &str,
-) -> Result<CommandView, Error> {
-    authz.check(caller, EXEC, Resource::Node(node_id)).await?;
-    let v = better_compute_audit::entry::in_recorded_tx(client, async |tx| Ok::<_, Error>(cancel(tx, node_id, command_id).await?)).await?;
+/// `commands.cancel` for a caller the API found to hold [`EXEC`] on the node: [`cancel`] with the
+/// actor's audit entry, then a poke.
+pub async fn cancel_by(client: &mut Client, actor: &Actor, caller: Caller<'_>, node_id: &str, command_id: &str) -> Result<CommandView, Error> {
+    let tx = client.transaction().await.map_err(DbError::from)?;
+    let v = cancel(&tx, node_id, command_id).await?;
+    actor.record(&tx, "commands.cancel", command_id, Some(caller.tenant_id)).await?;
+    tx.commit().await.map_err(DbError::from)?;
     poke_gateway(&*client, node_id).await;
     Ok(v)
-}
-
-/// `commands.get`: `compute:nodes:read` on the node, then the command.
-pub async fn get_as(
-    db: &impl GenericClient,
-    authz: &dyn Authorizer,
-    caller: Caller<'_>,
-    node_id: &str,
-    command_id: &str,
-) -> Result<CommandView, Error> {
-    authz.check(caller, READ, Resource::Node(node_id)).await?;
-    Ok(get(db, node_id, command_id).await?)
 }
 
 /// The permission reading nodes and their commands needs.

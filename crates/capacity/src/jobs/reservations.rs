@@ -1,9 +1,12 @@
 //! `capacity.reservations`: one key per reservation, moved through time by `capacity_step`.
 
-use better_compute_runtime::{work_queue, Kind, Outcome, ReconcileContext, Reconciler, RunError};
+use better_compute_runtime::{work_queue, Kind, Outcome, ReconcileContext, Reconciler, RunError, ShardBy};
 
 use crate::reservations;
-use crate::RESERVATIONS_KIND;
+
+/// Moves a reservation through time (start, end) and retries it while pending; key: reservation
+/// id. One key per reservation, so reservations never contend on a shared queue row.
+pub const RESERVATIONS_KIND: Kind = Kind { name: "capacity.reservations", shard_by: ShardBy::Key };
 
 /// The most steps one run takes a reservation through (placed, active, expired, and one spare); what
 /// is still due after them is due at once, so the timer armed last runs it again.

@@ -3,6 +3,10 @@
 //! gateway whose session was superseded (a zombie) can neither route commands nor mark liveness.
 //! Lock order: nodes, node_sessions, commands.
 
+pub mod consoles;
+pub mod liveness;
+pub mod site_boot;
+
 use std::collections::{HashMap, HashSet};
 
 use better_compute_core::Error;
@@ -42,7 +46,7 @@ pub struct Opened {
     pub generation: i64,
     /// What the reconnect settled (a reboot done, commands whose journal was lost).
     pub reconnect: ReconnectOutcome,
-    /// Whether the node's site is booting (see [`crate::site_boot`]): the daemon gets its full
+    /// Whether the node's site is booting (see [`crate::sessions::site_boot`]): the daemon gets its full
     /// desired state whatever it says it has.
     pub site_booting: bool,
 }
@@ -53,7 +57,7 @@ pub struct Opened {
 /// the site's bucket, else it fails with `UNAVAILABLE`.
 pub async fn open(tx: &impl GenericClient, h: &Hello<'_>) -> Result<Opened, DbError> {
     // A booting site admits sessions at its pace (UNAVAILABLE: retry later); its row comes first.
-    let site_booting = crate::site_boot::admit(tx, h.node_id).await?;
+    let site_booting = crate::sessions::site_boot::admit(tx, h.node_id).await?;
     // Lock order: nodes, then node_sessions.
     let node = tx
         .query_opt("SELECT generation, liveness FROM nodes WHERE id = $1 FOR UPDATE", &[&h.node_id])
@@ -432,7 +436,7 @@ pub async fn report_inventory(tx: &impl GenericClient, node_id: &str, inv: &Inve
     let json = serde_json::to_value(inv).map_err(|e| Error::internal(e.to_string()))?;
     tx.execute("UPDATE nodes SET reported_inventory = $2 WHERE id = $1", &[&node_id, &json]).await?;
     // The inventory job compares it with the registration.
-    better_compute_runtime::work_queue::enqueue(tx, &crate::findings::INVENTORY_KIND, node_id).await
+    better_compute_runtime::work_queue::enqueue(tx, &crate::jobs::inventory::INVENTORY_KIND, node_id).await
 }
 
 /// A gateway as operators see it.

@@ -15,18 +15,14 @@
 //!   the [`OUTAGE_GRACE_S`] after, becomes unreachable 40 s + 5 min after the later of its own
 //!   disconnection and the outage's end.
 //!
-//! A new session makes the node connected again (see [`crate::session::open`]).
-
-use std::time::Duration;
+//! A new session makes the node connected again (see [`crate::sessions::open`]).
 
 use better_compute_db::DbError;
-use better_compute_runtime::{Kind, Outcome, Periodic, ReconcileContext, Reconciler, RunError, ShardBy};
 use tokio_postgres::GenericClient;
 
 use crate::actions;
+use crate::jobs::liveness::LIVENESS;
 
-/// The job's kind: one singleton key, `all`.
-pub const LIVENESS: Kind = Kind { name: "liveness", shard_by: ShardBy::None };
 /// Disconnected this long (plus any grace) is unreachable. Longer than the transport's own
 /// detection of a dead peer: HTTP/2 keepalive pings every 10 s, dead after 10 s more.
 pub const UNREACHABLE_AFTER_S: i32 = 40;
@@ -42,9 +38,7 @@ pub const SILENT_SESSION_S: i32 = 40;
 /// node moved stays locked until the run commits, and a daemon reconnecting to one of them waits
 /// for that: a fleet coming back while thousands of its nodes turn unreachable waits for short
 /// runs one after another, not for one long one.
-const BATCH: i64 = 64;
-
-const PERIODIC: &[Periodic] = &[Periodic { key: "all", every: Duration::from_secs(5) }];
+pub(crate) const BATCH: i64 = 64;
 
 /// What one pass moved.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -99,7 +93,7 @@ pub async fn evaluate(tx: &impl GenericClient) -> Result<LivenessReport, DbError
     .await?;
     for id in &gateway_lost {
         close_session(tx, id, "gateway-lost").await?;
-        crate::session::mark_disconnected(tx, id, GATEWAY_LOSS_GRACE_S).await?;
+        crate::sessions::mark_disconnected(tx, id, GATEWAY_LOSS_GRACE_S).await?;
     }
     report.gateway_lost = gateway_lost.len() as u64;
 
@@ -115,7 +109,7 @@ pub async fn evaluate(tx: &impl GenericClient) -> Result<LivenessReport, DbError
     .await?;
     for id in &silent {
         close_session(tx, id, "silent").await?;
-        crate::session::mark_disconnected(tx, id, 0).await?;
+        crate::sessions::mark_disconnected(tx, id, 0).await?;
         // Without a session since it was last heard, not since the silence was noticed.
         tx.execute(
             "UPDATE nodes n SET liveness_since = LEAST(n.liveness_since, s.last_seen_at) FROM node_sessions s WHERE n.id = $1 AND s.node_id = n.id",
@@ -141,7 +135,7 @@ pub async fn evaluate(tx: &impl GenericClient) -> Result<LivenessReport, DbError
     .await?;
     for id in &unreachable {
         actions::set_liveness(tx, id, "unreachable").await?;
-        better_compute_audit::entry::record_job(tx, LIVENESS.name, "nodes.markUnreachable", id, None).await?;
+        better_compute_audit::Actor::job(LIVENESS.name).record(tx, "nodes.markUnreachable", id, None).await?;
     }
     report.unreachable = unreachable.len() as u64;
 
@@ -156,7 +150,7 @@ pub async fn evaluate(tx: &impl GenericClient) -> Result<LivenessReport, DbError
     .await?;
     for id in &lost {
         actions::set_liveness(tx, id, "lost").await?;
-        better_compute_audit::entry::record_job(tx, LIVENESS.name, "nodes.markLost", id, None).await?;
+        better_compute_audit::Actor::job(LIVENESS.name).record(tx, "nodes.markLost", id, None).await?;
     }
     report.lost = lost.len() as u64;
     Ok(report)
@@ -189,35 +183,4 @@ async fn close_session(tx: &impl GenericClient, node_id: &str, reason: &str) -> 
     )
     .await?;
     Ok(())
-}
-
-/// The liveness job.
-pub struct LivenessJob;
-
-#[async_trait::async_trait]
-impl Reconciler for LivenessJob {
-    fn kind(&self) -> Kind {
-        LIVENESS
-    }
-
-    fn periodic(&self) -> &[Periodic] {
-        PERIODIC
-    }
-
-    async fn run(&self, ctx: &ReconcileContext, _key: &str) -> Result<Outcome, RunError> {
-        let mut c = ctx.client().await?;
-        let tx = ctx.begin_fenced(&mut c).await?;
-        let r = evaluate(&*tx).await?;
-        tx.commit().await?;
-        ctx.count("sessions of lost gateways closed", r.gateway_lost);
-        ctx.count("silent sessions closed", r.silent);
-        ctx.count("nodes now unreachable", r.unreachable);
-        ctx.count("nodes now lost", r.lost);
-        let full = [r.gateway_lost, r.silent, r.unreachable, r.lost].iter().any(|n| *n as i64 == BATCH);
-        Ok(if full { Outcome::SyncAgain } else { Outcome::Done })
-    }
-
-    async fn keys(&self, _ctx: &ReconcileContext, _shards: &[i16]) -> Result<Vec<String>, RunError> {
-        Ok(vec!["all".into()])
-    }
 }

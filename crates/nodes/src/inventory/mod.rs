@@ -1,5 +1,11 @@
 //! Sites, pools, nodes and their GPUs.
 
+pub mod devices;
+pub mod findings;
+pub mod join;
+pub mod labels;
+pub mod reports;
+
 use better_compute_core::id::{NodeId, PoolId, SiteId};
 use better_compute_core::shard::shard_of;
 use better_compute_core::Error;
@@ -8,7 +14,7 @@ use better_compute_runtime::outbox::{self, NewEvent};
 use serde::{Deserialize, Serialize};
 use tokio_postgres::GenericClient;
 
-use crate::layout::GpuMode;
+use better_compute_core::gpu_mode::GpuMode;
 
 fn valid_name(what: &str, name: &str) -> Result<(), Error> {
     let ok = !name.is_empty()

@@ -1,6 +1,7 @@
-//! GPU modes and the atoms they expose.
+//! GPU modes (whole, MIG with its profiles, time-sliced, MPS) and the atoms each exposes: the
+//! vocabulary the inventory, the placer and the daemon share.
 
-use better_compute_core::Error;
+use crate::Error;
 use serde::{Deserialize, Serialize};
 
 /// How a GPU is shared.

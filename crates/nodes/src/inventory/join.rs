@@ -11,7 +11,7 @@ use sha2::{Digest, Sha256};
 use tokio_postgres::GenericClient;
 
 use crate::inventory::{self, NewGpu, NewNode};
-use crate::layout::GpuMode;
+use better_compute_core::gpu_mode::GpuMode;
 
 /// A node the join created.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -14,7 +14,7 @@ use better_compute_proto::v1::{Health, Inventory, SpecStatus};
 use tokio_postgres::GenericClient;
 
 use crate::commands::{self, Rejection};
-use crate::session;
+use crate::sessions;
 
 /// One thing a daemon reported.
 #[derive(Debug, Clone)]
@@ -129,7 +129,7 @@ pub async fn apply(tx: &impl GenericClient, gateway_id: &str, sessions: &[&Sessi
     let sessions: Vec<&SessionReports> = sessions.iter().copied().filter(|s| !deferred.contains(&s.node_id)).collect();
     let nodes: Vec<&str> = sessions.iter().map(|s| s.node_id.as_str()).collect();
     let epochs: Vec<i64> = sessions.iter().map(|s| s.epoch).collect();
-    let held = session::fence(tx, gateway_id, &nodes, &epochs).await?;
+    let held = sessions::fence(tx, gateway_id, &nodes, &epochs).await?;
     let mut applied = Applied { held, deferred, ..Applied::default() };
     let live = sessions.iter().filter(|s| applied.held.contains(&s.node_id));
 
@@ -160,7 +160,7 @@ pub async fn apply(tx: &impl GenericClient, gateway_id: &str, sessions: &[&Sessi
     applied.settled += ended.len() as u64;
     applied.freed.extend(ended);
     for (node, id, why) in rejects {
-        if session::report_reject(tx, node, id, why).await? {
+        if sessions::report_reject(tx, node, id, why).await? {
             if why == Rejection::Busy {
                 applied.freed.insert(node.to_owned());
             } else {
@@ -170,12 +170,12 @@ pub async fn apply(tx: &impl GenericClient, gateway_id: &str, sessions: &[&Sessi
     }
     spec_statuses(tx, &specs).await?;
     for (node, inv) in inventories {
-        session::report_inventory(tx, node, inv).await?;
+        sessions::report_inventory(tx, node, inv).await?;
     }
     for (node, h) in health {
         crate::health::record(tx, node, h).await?;
     }
-    crate::consoles::append(tx, &consoles).await?;
+    crate::sessions::consoles::append(tx, &consoles).await?;
     Ok(applied)
 }
 
@@ -185,7 +185,7 @@ fn check(r: &Report) -> Result<(), Error> {
         Report::Ack { command_id } | Report::Reject { command_id, .. } | Report::Result { command_id, .. } if command_id.len() > 64 => {
             Err(Error::invalid_argument("a command id is at most 64 characters"))
         }
-        Report::Console { instance_id, offset, data } => crate::consoles::check(instance_id, *offset, data),
+        Report::Console { instance_id, offset, data } => crate::sessions::consoles::check(instance_id, *offset, data),
         _ => Ok(()),
     }
 }
@@ -268,7 +268,7 @@ async fn spec_statuses(tx: &impl GenericClient, specs: &BTreeMap<&str, &SpecStat
         .collect();
     if !changed.is_empty() {
         let nodes: Vec<&str> = changed.iter().map(String::as_str).collect();
-        crate::consoles::forget_unreported(tx, &nodes).await?;
+        crate::sessions::consoles::forget_unreported(tx, &nodes).await?;
         better_compute_runtime::work_queue::enqueue_many(tx, &INSTANCES_OBSERVED, &changed).await?;
     }
     Ok(())

@@ -1,7 +1,8 @@
-//! Keeping the inventory honest: the `inventory` job (one key per node, woken by each inventory a
-//! daemon reports) and the `inventory.hygiene` job (one key per pool, every resync) compare what is
-//! registered with what daemons report and with what should have happened by now, and keep one
-//! open finding per thing wrong, with an event when it opens and when it resolves:
+//! Keeping the inventory honest: the `inventory` job (`jobs/inventory.rs`, one key per node, woken
+//! by each inventory a daemon reports) and the `inventory.hygiene` job (`jobs/inventory_hygiene.rs`,
+//! one key per pool, every resync) compare what is registered with what daemons report and
+//! with what should have happened by now, and keep one open finding per thing wrong, with an event
+//! when it opens and when it resolves:
 //!
 //! - `gpu-missing`: a registered GPU its daemon no longer reports (flagged, never deleted: a
 //!   reservation may hold it);
@@ -20,14 +21,9 @@ use better_compute_db::clock::rfc3339_sql as ts;
 use better_compute_db::paging::read_page;
 use better_compute_db::DbError;
 use better_compute_runtime::outbox::{self, NewEvent};
-use better_compute_runtime::{Kind, Outcome, ReconcileContext, Reconciler, RunError, ShardBy};
 use serde::Serialize;
 use tokio_postgres::{GenericClient, Transaction};
 
-/// The per-node job's kind.
-pub const INVENTORY_KIND: Kind = Kind { name: "inventory", shard_by: ShardBy::Node };
-/// The per-pool job's kind.
-pub const HYGIENE_KIND: Kind = Kind { name: "inventory.hygiene", shard_by: ShardBy::Pool };
 /// The kinds a node's own inventory report can change (what the `inventory` job reconciles).
 const NODE_KINDS: &[&str] = &["gpu-missing", "gpu-unknown", "gpu-changed", "resources-changed"];
 
@@ -171,52 +167,4 @@ pub async fn list(db: &impl GenericClient, pool_id: Option<&str>, node_id: Optio
         |f: &FindingView| format!("{:0>20}", f.id),
     )
     .await
-}
-
-/// The `inventory` job: a node's inventory report against its registration.
-pub struct InventoryJob;
-
-#[async_trait::async_trait]
-impl Reconciler for InventoryJob {
-    fn kind(&self) -> Kind {
-        INVENTORY_KIND
-    }
-
-    async fn run(&self, ctx: &ReconcileContext, node_id: &str) -> Result<Outcome, RunError> {
-        let mut c = ctx.client().await?;
-        let tx = ctx.begin_fenced(&mut c).await?;
-        let Some(pool) = tx.query_opt("SELECT pool_id FROM nodes WHERE id = $1", &[&node_id]).await? else { return Ok(Outcome::Done) };
-        let pool_id: String = pool.get(0);
-        let r = reconcile(&tx, ctx.occupants(), &pool_id, Some(node_id)).await?;
-        tx.commit().await?;
-        ctx.count("findings opened", r.opened);
-        ctx.count("findings resolved", r.resolved);
-        Ok(Outcome::Done)
-    }
-}
-
-/// The `inventory.hygiene` job: every pool, at every resync (every 5 to 10 minutes).
-pub struct HygieneJob;
-
-#[async_trait::async_trait]
-impl Reconciler for HygieneJob {
-    fn kind(&self) -> Kind {
-        HYGIENE_KIND
-    }
-
-    async fn run(&self, ctx: &ReconcileContext, pool_id: &str) -> Result<Outcome, RunError> {
-        let mut c = ctx.client().await?;
-        let tx = ctx.begin_fenced(&mut c).await?;
-        let r = reconcile(&tx, ctx.occupants(), pool_id, None).await?;
-        tx.commit().await?;
-        ctx.count("findings opened", r.opened);
-        ctx.count("findings resolved", r.resolved);
-        Ok(Outcome::Done)
-    }
-
-    async fn keys(&self, ctx: &ReconcileContext, shards: &[i16]) -> Result<Vec<String>, RunError> {
-        let c = ctx.read().await?;
-        let rows = c.query("SELECT id FROM pools ORDER BY id", &[]).await?;
-        Ok(rows.iter().map(|r| r.get::<_, String>(0)).filter(|p| shards.contains(&HYGIENE_KIND.shard_of(p))).collect())
-    }
 }

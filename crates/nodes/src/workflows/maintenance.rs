@@ -1,105 +1,7 @@
-//! The nodes module's workflows: `node.maintenance` (drain within the pool's budget → signed
-//! reboot → wait for a new boot and convergence → `diag.nvml` → uncordon if healthy, else
-//! quarantine the failed GPUs and hold) and `node.recover` (the `health` job's: reset a suspect GPU
-//! once nothing holds it, then check it again). The engine is the runtime's
-//! ([`better_compute_runtime::workflow`]); the steps here read and change nodes' rows through this
-//! module's functions.
+//! `node.maintenance`: drain within the pool's budget → signed reboot → wait for a new boot and
+//! convergence → `diag.nvml` → uncordon if healthy, else quarantine the failed GPUs and hold.
 
-use std::sync::Arc;
-use std::time::Duration;
-
-use better_compute_core::{Error, ErrorCode};
-use better_compute_db::DbError;
-use better_compute_runtime::workflow::{OnFailure, Step, StepContext, StepDef, StepOutcome, Target, WorkflowDefinition};
-use tokio_postgres::Transaction;
-
-use crate::commands::{self, NewCommand};
-use crate::drain::{self, DrainMode, DrainRequest};
-
-/// How long a step's command may wait for the node before the daemon refuses it.
-const COMMAND_NOT_AFTER: Duration = Duration::from_secs(600);
-/// How often a wait looks again when nothing wakes it.
-const RECHECK_S: f64 = 10.0;
-
-fn text<'a>(params: &'a serde_json::Value, key: &str) -> Option<&'a str> {
-    params.get(key).and_then(|v| v.as_str())
-}
-
-async fn node_pool(tx: &Transaction<'_>, node_id: &str) -> Result<String, DbError> {
-    let row = tx
-        .query_opt("SELECT pool_id, retired_at IS NOT NULL FROM nodes WHERE id = $1", &[&node_id])
-        .await?
-        .ok_or_else(|| Error::not_found("node", node_id))?;
-    if row.get::<_, bool>(1) {
-        return Err(Error::failed_precondition(format!("node {node_id} is retired")).into());
-    }
-    Ok(row.get(0))
-}
-
-/// The nodes of a fleet target: not retired, in the pool and with the labels asked for, in id order.
-async fn expand(tx: &Transaction<'_>, target: &Target) -> Result<Vec<String>, DbError> {
-    let labels = serde_json::to_value(target.labels.clone().unwrap_or_default()).expect("labels serialize");
-    if let Some(p) = &target.pool_id {
-        tx.query_opt("SELECT 1 FROM pools WHERE id = $1", &[p]).await?.ok_or_else(|| Error::not_found("pool", p))?;
-    }
-    let rows = tx
-        .query(
-            "SELECT id FROM nodes WHERE retired_at IS NULL AND ($1::text IS NULL OR pool_id = $1) AND labels @> $2 ORDER BY id",
-            &[&target.pool_id, &labels],
-        )
-        .await?;
-    Ok(rows.iter().map(|r| r.get(0)).collect())
-}
-
-/// Enqueues this attempt's command (keyed `wf:<workflowId>:<step>.<attempt>`, so a repeat finds
-/// it), or reads how the one it enqueued ended. `Ok(Err(outcome))` while it has not succeeded.
-async fn command_step(cx: &StepContext<'_>, kind: &str, payload: serde_json::Value) -> Result<Result<commands::CommandView, StepOutcome>, DbError> {
-    let id = cx.memory.get("commandId").and_then(|v| v.as_str());
-    let c = match id {
-        Some(id) => commands::get(cx.tx, cx.node_id, id).await?,
-        None => {
-            let requested_by = format!("workflow:{}", cx.workflow_id);
-            let c = commands::enqueue(
-                cx.tx,
-                cx.registry,
-                NewCommand {
-                    node_id: cx.node_id,
-                    kind,
-                    payload: &payload,
-                    idempotency_key: cx.command_key,
-                    not_after: Some(COMMAND_NOT_AFTER),
-                    min_generation: 0,
-                    owner: Some(cx.owner),
-                    requested_by: Some(&requested_by),
-                },
-            )
-            .await?;
-            cx.after_commit.poke(commands::COMMANDS_CHANNEL, cx.node_id);
-            c
-        }
-    };
-    let mut memory = cx.memory.clone();
-    memory["commandId"] = c.id.clone().into();
-    Ok(match c.state.as_str() {
-        "succeeded" => Ok(c),
-        "failed" | "expired" | "cancelled" => Err(StepOutcome::Fail {
-            reason: format!("COMMAND_{}", c.state.to_uppercase()),
-            message: format!("{kind} {} {}{}", c.id, c.state, c.reason.as_deref().map(|r| format!(": {r}")).unwrap_or_default()),
-        }),
-        s => Err(StepOutcome::Wait { memory, message: format!("{kind} {} is {s}", c.id), recheck_s: 60.0 }),
-    })
-}
-
-async fn cancel_command(cx: &StepContext<'_>) -> Result<(), DbError> {
-    let Some(id) = cx.memory.get("commandId").and_then(|v| v.as_str()) else { return Ok(()) };
-    let c = commands::get(cx.tx, cx.node_id, id).await?;
-    if matches!(c.state.as_str(), "pending" | "sent" | "running") {
-        commands::cancel(cx.tx, cx.node_id, id).await?;
-        better_compute_audit::entry::record_job(cx.tx, "workflow", "commands.cancel", id, None).await?;
-        cx.after_commit.poke(commands::COMMANDS_CHANNEL, cx.node_id);
-    }
-    Ok(())
-}
+use super::*;
 
 /// Drains the node within its pool's budget and waits until nothing holds it.
 struct DrainStep;
@@ -242,7 +144,7 @@ impl Step for VerdictStep {
             let quarantined: Option<bool> = cx.tx.query_opt("SELECT quarantined FROM devices WHERE id = $1 AND node_id = $2", &[uuid, &cx.node_id]).await?.map(|r| r.get(0));
             if quarantined == Some(false) {
                 crate::actions::quarantine(cx.tx, uuid, &format!("failed diag.nvml in workflow {}", cx.workflow_id)).await?;
-                better_compute_audit::entry::record_job(cx.tx, "workflow", "devices.quarantine", uuid, None).await?;
+                better_compute_audit::Actor::job("workflow").record(cx.tx, "devices.quarantine", uuid, None).await?;
             }
         }
         Ok(StepOutcome::Hold {
@@ -273,64 +175,6 @@ impl Step for UncordonStep {
     }
 }
 
-/// Waits until nothing holds the GPU (it is out of placement while suspect, so what holds it ends).
-struct WaitGpuFreeStep;
-
-fn gpu(cx: &StepContext<'_>) -> String {
-    text(cx.params, "gpuUuid").unwrap_or_default().to_owned()
-}
-
-#[async_trait::async_trait]
-impl Step for WaitGpuFreeStep {
-    async fn advance(&self, cx: &StepContext<'_>) -> Result<StepOutcome, DbError> {
-        let uuid = gpu(cx);
-        if cx.tx.query_opt("SELECT 1 FROM devices WHERE id = $1 AND node_id = $2 AND parent_id IS NULL", &[&uuid, &cx.node_id]).await?.is_none() {
-            return Ok(StepOutcome::Fail { reason: "UNKNOWN_GPU".into(), message: format!("node {} has no GPU {uuid}", cx.node_id) });
-        }
-        for o in cx.registry.node_occupants().iter() {
-            if o.holds_device(cx.tx, &uuid).await? {
-                return Ok(StepOutcome::Wait { memory: serde_json::json!({}), message: format!("GPU {uuid} is held ({})", o.name()), recheck_s: 60.0 });
-            }
-        }
-        Ok(StepOutcome::Done(serde_json::json!({})))
-    }
-}
-
-/// Resets the GPU (`diag.nvml` with `reset`); the daemon refuses it under an allocation.
-struct ResetStep;
-
-#[async_trait::async_trait]
-impl Step for ResetStep {
-    async fn advance(&self, cx: &StepContext<'_>) -> Result<StepOutcome, DbError> {
-        let uuid = gpu(cx);
-        Ok(match command_step(cx, "diag.nvml", serde_json::json!({"level": 1, "gpuUuids": [uuid], "reset": true})).await? {
-            Ok(c) => {
-                let passed = c.result.as_ref().and_then(|r| r["gpus"].as_array()).and_then(|g| g.iter().find(|g| g["uuid"] == uuid.as_str())).map(|g| g["passed"] == true);
-                StepOutcome::Done(serde_json::json!({"commandId": c.id, "passed": passed}))
-            }
-            Err(o) => o,
-        })
-    }
-
-    async fn cancel(&self, cx: &StepContext<'_>) -> Result<(), DbError> {
-        cancel_command(cx).await
-    }
-}
-
-/// Hands the GPU back to the `health` job: its next check is due now.
-struct RecheckStep;
-
-#[async_trait::async_trait]
-impl Step for RecheckStep {
-    async fn advance(&self, cx: &StepContext<'_>) -> Result<StepOutcome, DbError> {
-        let due = crate::health::check_now(cx.tx, cx.node_id, &gpu(cx)).await?;
-        Ok(StepOutcome::Done(serde_json::json!({"checkDue": due})))
-    }
-}
-
-fn step(name: &'static str, summary: &'static str, s: impl Step, attempts: u32, backoff_s: u32, timeout_s: u64, on_failure: OnFailure) -> StepDef {
-    StepDef { name, summary, step: Arc::new(s), attempts, backoff_s, timeout_s, on_failure }
-}
 
 /// `node.maintenance`.
 pub struct Maintenance {
@@ -367,13 +211,6 @@ impl Default for Maintenance {
     }
 }
 
-fn check_params(params: &serde_json::Value, allowed: &[&str]) -> Result<(), Error> {
-    let obj = params.as_object().ok_or_else(|| Error::invalid_argument("params must be an object"))?;
-    if let Some(k) = obj.keys().find(|k| !allowed.contains(&k.as_str())) {
-        return Err(Error::invalid_argument(format!("unknown param {:?}; this workflow takes {}", better_compute_core::bounds::echo(k), allowed.join(", "))));
-    }
-    Ok(())
-}
 
 #[async_trait::async_trait]
 impl WorkflowDefinition for Maintenance {
@@ -422,78 +259,3 @@ impl WorkflowDefinition for Maintenance {
     }
 }
 
-/// `node.recover`.
-pub struct Recover {
-    steps: Vec<StepDef>,
-}
-
-/// The definition's name, for the `health` job.
-pub const RECOVER: &str = "node.recover";
-
-impl Recover {
-    /// The definition with its steps.
-    pub fn new() -> Recover {
-        Recover {
-            steps: vec![
-                step("wait-free", "waits until nothing holds the GPU (a suspect GPU takes no new reservations)", WaitGpuFreeStep, 1, 0, 7 * 24 * 3600, OnFailure::Hold),
-                step("reset", "resets the GPU and checks it (`diag.nvml` with `reset`)", ResetStep, 2, 60, 900, OnFailure::Hold),
-                step("recheck", "makes the GPU's next health check due now: the `health` job decides from it", RecheckStep, 3, 10, 300, OnFailure::Hold),
-            ],
-        }
-    }
-}
-
-impl Default for Recover {
-    fn default() -> Self {
-        Recover::new()
-    }
-}
-
-#[async_trait::async_trait]
-impl WorkflowDefinition for Recover {
-    fn name(&self) -> &'static str {
-        RECOVER
-    }
-
-    fn summary(&self) -> &'static str {
-        "Resets a suspect GPU that something held when the `health` job wanted to reset it: waits until it is free, \
-         resets and checks it, and hands it back to the `health` job. Targets one node; params: `gpuUuid` (required, a GPU of that node)."
-    }
-
-    fn steps(&self) -> &[StepDef] {
-        &self.steps
-    }
-
-    fn check_params(&self, params: &serde_json::Value) -> Result<(), Error> {
-        check_params(params, &["gpuUuid"])?;
-        if text(params, "gpuUuid").is_none_or(|g| g.is_empty() || g.len() > 128) {
-            return Err(Error::invalid_argument("params.gpuUuid is required: the GPU to reset"));
-        }
-        Ok(())
-    }
-
-    async fn check_target(&self, tx: &Transaction<'_>, target: &Target, params: &serde_json::Value) -> Result<(), DbError> {
-        let Some(node_id) = target.node_id.as_deref() else {
-            return Err(Error::invalid_argument("node.recover resets one GPU: target its node (target.nodeId)").into());
-        };
-        let gpu = text(params, "gpuUuid").unwrap_or_default();
-        let found = tx.query_opt("SELECT 1 FROM devices WHERE id = $1 AND node_id = $2 AND parent_id IS NULL", &[&gpu, &node_id]).await?;
-        if found.is_none() {
-            return Err(Error::not_found("GPU", &format!("{gpu} on node {node_id}")).into());
-        }
-        Ok(())
-    }
-
-    async fn node_pool(&self, tx: &Transaction<'_>, node_id: &str) -> Result<String, DbError> {
-        node_pool(tx, node_id).await
-    }
-
-    async fn expand(&self, tx: &Transaction<'_>, target: &Target) -> Result<Vec<String>, DbError> {
-        expand(tx, target).await
-    }
-}
-
-/// The workflows the nodes module registers.
-pub fn definitions() -> Vec<Arc<dyn WorkflowDefinition>> {
-    vec![Arc::new(Maintenance::new()), Arc::new(Recover::new())]
-}

@@ -153,8 +153,8 @@ impl Sink for ReservationWatcher {
             let hosts = better_compute_nodes::inventory::vps_hosts(tx, &touched).await?;
             let joined: Vec<String> =
                 events.iter().filter(|e| e.event_type == "node.registered" && hosts.contains(&e.subject)).map(|e| e.subject.clone()).collect();
-            work_queue::enqueue_many(tx, &crate::hosts::HOSTS_KIND, &hosts).await?;
-            work_queue::enqueue_many(tx, &crate::hosts::BOOTSTRAPS_KIND, &joined).await?;
+            work_queue::enqueue_many(tx, &crate::jobs::hosts::HOSTS_KIND, &hosts).await?;
+            work_queue::enqueue_many(tx, &crate::jobs::bootstraps::BOOTSTRAPS_KIND, &joined).await?;
         }
         let ids: Vec<String> = events
             .iter()
@@ -199,7 +199,7 @@ impl Sink for ReservationWatcher {
         placed_on.sort();
         placed_on.dedup();
         let hosts = better_compute_nodes::inventory::vps_hosts(tx, &placed_on).await?;
-        work_queue::enqueue_many(tx, &crate::hosts::HOSTS_KIND, &hosts).await?;
+        work_queue::enqueue_many(tx, &crate::jobs::hosts::HOSTS_KIND, &hosts).await?;
         Ok(())
     }
 }

@@ -6,9 +6,11 @@
 
 use std::time::Duration;
 
-use better_compute_runtime::{work_queue, Kind, Outcome, ReconcileContext, Reconciler, RunError};
+use better_compute_runtime::{work_queue, Kind, Outcome, ReconcileContext, Reconciler, RunError, ShardBy};
 
-use crate::USAGE_KIND;
+
+/// `capacity.usage`: one key per pool, closing its reservations' usage windows.
+pub const USAGE_KIND: Kind = Kind { name: "capacity.usage", shard_by: ShardBy::Pool };
 
 /// Reservations one run meters (one transaction): the rest go in the next run, at once.
 pub const RESERVATIONS_PER_RUN: i32 = 256;

@@ -1,7 +1,7 @@
 //! `site-boot`: a site's nodes come back paced after a site-wide outage, and when a site is first
 //! brought up (`sites.boot`).
 //!
-//! - The job (one pass over every site every 5 s) starts a boot when at least
+//! - The job (`jobs/site_boot.rs`, one pass over every site every 5 s) starts a boot when at least
 //!   `boot_outage_percent` (default 50%) of a site's joined nodes are unreachable or lost, and at
 //!   least [`MIN_NODES`] of them: `site.bootStarted`.
 //! - While a site boots, each session open of one of its nodes takes a token from the site's
@@ -15,22 +15,17 @@
 //!
 //! Lock order: the site's row first (the row being changed), then its nodes in id order.
 
-use std::time::Duration;
-
 use better_compute_core::Error;
 use better_compute_db::DbError;
 use better_compute_runtime::outbox::{self, NewEvent};
-use better_compute_runtime::{Kind, Outcome, Periodic, ReconcileContext, Reconciler, RunError, ShardBy};
 use tokio_postgres::GenericClient;
 
-/// The job's kind: one singleton key, `all`.
-pub const SITE_BOOT: Kind = Kind { name: "site-boot", shard_by: ShardBy::None };
+use crate::jobs::site_boot::SITE_BOOT;
+
 /// The reason a booting site's nodes have in `noScheduleReasons`.
 pub const SITE_BOOT_REASON: &str = "site-boot";
 /// A site with fewer joined nodes never counts as in an outage.
 pub const MIN_NODES: i64 = 2;
-
-const PERIODIC: &[Periodic] = &[Periodic { key: "all", every: Duration::from_secs(5) }];
 
 /// Whether a session of `node_id` may open now. `Ok(false)`: its site is not booting (nothing to
 /// pace); `Ok(true)`: booting, and this session took a token; `Err(UNAVAILABLE)`: booting and out
@@ -161,7 +156,7 @@ pub async fn evaluate(tx: &impl GenericClient) -> Result<SiteBootReport, DbError
             "normal" if joined >= MIN_NODES && down * 100 >= joined * i64::from(outage_pct) => {
                 let why = format!("{down} of {joined} joined nodes unreachable");
                 if start(tx, &site, &why).await? {
-                    better_compute_audit::entry::record_job(tx, SITE_BOOT.name, "sites.bootStart", &site, None).await?;
+                    better_compute_audit::Actor::job(SITE_BOOT.name).record(tx, "sites.bootStart", &site, None).await?;
                     report.started += 1;
                     report.booting += 1;
                 }
@@ -172,7 +167,7 @@ pub async fn evaluate(tx: &impl GenericClient) -> Result<SiteBootReport, DbError
                     .await?;
                 if ended == 1 {
                     hold(tx, &site, false).await?;
-                    better_compute_audit::entry::record_job(tx, SITE_BOOT.name, "sites.bootEnd", &site, None).await?;
+                    better_compute_audit::Actor::job(SITE_BOOT.name).record(tx, "sites.bootEnd", &site, None).await?;
                     let data = serde_json::json!({"converged": converged, "joined": joined});
                     outbox::emit(tx, NewEvent { event_type: "site.bootEnded", tenant_id: None, subject: &site, data }).await?;
                     report.ended += 1;
@@ -183,32 +178,4 @@ pub async fn evaluate(tx: &impl GenericClient) -> Result<SiteBootReport, DbError
         }
     }
     Ok(report)
-}
-
-/// The `site-boot` job.
-pub struct SiteBootJob;
-
-#[async_trait::async_trait]
-impl Reconciler for SiteBootJob {
-    fn kind(&self) -> Kind {
-        SITE_BOOT
-    }
-
-    fn periodic(&self) -> &[Periodic] {
-        PERIODIC
-    }
-
-    async fn run(&self, ctx: &ReconcileContext, _key: &str) -> Result<Outcome, RunError> {
-        let mut c = ctx.client().await?;
-        let tx = ctx.begin_fenced(&mut c).await?;
-        let r = evaluate(&*tx).await?;
-        tx.commit().await?;
-        ctx.count("site boots started", r.started);
-        ctx.count("site boots ended", r.ended);
-        Ok(Outcome::Done)
-    }
-
-    async fn keys(&self, _ctx: &ReconcileContext, _shards: &[i16]) -> Result<Vec<String>, RunError> {
-        Ok(vec!["all".into()])
-    }
 }

@@ -1,9 +1,11 @@
 //! `capacity.rollup`: one key per pool, keeping `pool_capacity_rollup` true and putting stale
 //! open flags of the atom counts right.
 
-use better_compute_runtime::{Kind, Outcome, ReconcileContext, Reconciler, RunError};
+use better_compute_runtime::{Kind, Outcome, ReconcileContext, Reconciler, RunError, ShardBy};
 
-use crate::ROLLUP_KIND;
+
+/// Keeps a pool's `pool_capacity_rollup` true; key: pool id.
+pub const ROLLUP_KIND: Kind = Kind { name: "capacity.rollup", shard_by: ShardBy::Pool };
 
 /// `capacity.rollup`, keyed by pool.
 pub struct Rollup;

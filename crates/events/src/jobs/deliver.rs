@@ -15,11 +15,13 @@
 
 use std::time::Duration;
 
-use better_compute_runtime::{work_queue, Kind, Outcome, Periodic, ReconcileContext, Reconciler, RunError};
+use better_compute_runtime::{work_queue, Kind, Outcome, Periodic, ReconcileContext, Reconciler, RunError, ShardBy};
 
 use crate::signing;
 use crate::ssrf::{check_url, client, EgressPolicy};
-use crate::DELIVER;
+
+/// The deliverer's kind: a key per endpoint (its webhook id), and the sweep key `all`.
+pub const DELIVER: Kind = Kind { name: "events.deliver", shard_by: ShardBy::Key };
 
 /// Delays before each retry, in seconds: 5 s, 5 min, 30 min, 2 h, 5 h, 10 h, 14 h, 20 h, 24 h:
 /// ten attempts over about three days and four hours.

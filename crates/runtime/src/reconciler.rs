@@ -143,6 +143,16 @@ impl ReconcileContext {
         self.lease.begin_fenced(client).await
     }
 
+    /// Runs `f` in one transaction fenced by this run's lease, on a connection of its own, and
+    /// commits it: the whole of a run that is one transaction.
+    pub async fn in_fenced_tx<T>(&self, f: impl AsyncFnOnce(&tokio_postgres::Transaction<'_>) -> Result<T, RunError>) -> Result<T, RunError> {
+        let mut c = self.client().await?;
+        let tx = self.begin_fenced(&mut c).await?;
+        let v = f(&tx).await?;
+        tx.commit().await?;
+        Ok(v)
+    }
+
     /// Business time.
     pub fn clock(&self) -> &Clock {
         &self.clock

@@ -24,11 +24,8 @@ impl Reconciler for CheckpointJob {
     }
 
     async fn run(&self, ctx: &ReconcileContext, _key: &str) -> Result<Outcome, RunError> {
-        let mut c = ctx.client().await?;
-        let tx = ctx.begin_fenced(&mut c).await?;
-        let placed = place(&*tx, BATCH, ctx.registry().command_signer()).await?;
-        let pruned = crate::prune::prune(&*tx).await?;
-        tx.commit().await?;
+        let signer = ctx.registry().command_signer();
+        let (placed, pruned) = ctx.in_fenced_tx(async |tx| Ok((place(tx, BATCH, signer).await?, crate::prune::prune(tx).await?))).await?;
         ctx.count("entries placed", placed.entries as u64);
         ctx.count("entries pruned", pruned);
         ctx.count("checkpoints", u64::from(placed.entries > 0));

@@ -64,10 +64,7 @@ impl Reconciler for ReservationsJob {
     }
 
     async fn keys(&self, ctx: &ReconcileContext, shards: &[i16]) -> Result<Vec<String>, RunError> {
-        let mut c = ctx.client().await?;
-        let tx = c.transaction().await?;
-        let rows = tx.query("SELECT id FROM reservations WHERE state IN ('pending', 'placed', 'active')", &[]).await?;
-        tx.commit().await?;
+        let rows = ctx.read().await?.query("SELECT id FROM reservations WHERE state IN ('pending', 'placed', 'active')", &[]).await?;
         Ok(rows
             .iter()
             .map(|r| r.get::<_, String>(0))

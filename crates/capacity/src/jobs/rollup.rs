@@ -87,11 +87,8 @@ impl Reconciler for Rollup {
 
 /// The pools in `shards`.
 async fn pools_in(ctx: &ReconcileContext, shards: &[i16]) -> Result<Vec<String>, RunError> {
-    let mut c = ctx.client().await?;
-    // In a transaction, as every statement of the runtime: safe behind PgBouncer.
-    let tx = c.transaction().await?;
-    let rows = tx.query("SELECT id FROM pools", &[]).await?;
-    tx.commit().await?;
+    // In a read-only transaction, as every statement of the runtime: safe behind PgBouncer.
+    let rows = ctx.read().await?.query("SELECT id FROM pools", &[]).await?;
     Ok(rows
         .iter()
         .map(|r| r.get::<_, String>(0))

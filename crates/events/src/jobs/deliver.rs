@@ -291,10 +291,7 @@ impl Reconciler for Deliverer {
     }
 
     async fn keys(&self, ctx: &ReconcileContext, shards: &[i16]) -> Result<Vec<String>, RunError> {
-        let mut c = ctx.client().await?;
-        let tx = c.transaction().await?;
-        let rows = tx.query("SELECT DISTINCT webhook_id FROM webhook_deliveries WHERE state = 'pending'", &[]).await?;
-        tx.commit().await?;
+        let rows = ctx.read().await?.query("SELECT DISTINCT webhook_id FROM webhook_deliveries WHERE state = 'pending'", &[]).await?;
         Ok(rows
             .iter()
             .map(|r| r.get::<_, String>(0))

@@ -45,10 +45,7 @@ impl Reconciler for Pruner {
     }
 
     async fn run(&self, ctx: &ReconcileContext, _key: &str) -> Result<Outcome, RunError> {
-        let mut c = ctx.client().await?;
-        let tx = ctx.begin_fenced(&mut c).await?;
-        let (events, deliveries) = prune(&*tx, self.retention).await?;
-        tx.commit().await?;
+        let (events, deliveries) = ctx.in_fenced_tx(async |tx| Ok(prune(tx, self.retention).await?)).await?;
         ctx.count("events pruned", events);
         ctx.count("deliveries pruned", deliveries);
         if events + deliveries > 0 {

@@ -464,32 +464,23 @@ pub struct SweepOutcome {
 /// Expires pending commands past `notAfter` and fails in-flight ones past `notAfter` plus their
 /// kind's timeout, at most `limit` of each; wakes their owners.
 pub async fn sweep(tx: &impl GenericClient, limit: i64) -> Result<SweepOutcome, DbError> {
-    let expired: Vec<String> = tx
-        .query(
-            "UPDATE commands SET state = 'expired', reason = 'not_after passed before it was sent', finished_at = compute_now(),
-                    version = version + 1
-              WHERE id IN (SELECT id FROM commands WHERE state = 'pending' AND not_after < compute_now()
-                            ORDER BY not_after LIMIT $1 FOR UPDATE SKIP LOCKED)
-             RETURNING id",
-            &[&limit],
-        )
-        .await?
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    let timed_out: Vec<String> = tx
-        .query(
-            "UPDATE commands SET state = 'failed', reason = 'timeout', finished_at = compute_now(), version = version + 1
-              WHERE id IN (SELECT id FROM commands WHERE state IN ('sent', 'running')
-                              AND not_after + make_interval(secs => timeout_s) < compute_now()
-                            ORDER BY not_after LIMIT $1 FOR UPDATE SKIP LOCKED)
-             RETURNING id",
-            &[&limit],
-        )
-        .await?
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let ids = async |sql: &str| -> Result<Vec<String>, DbError> { Ok(tx.query(sql, &[&limit]).await?.iter().map(|r| r.get(0)).collect()) };
+    let expired = ids(
+        "UPDATE commands SET state = 'expired', reason = 'not_after passed before it was sent', finished_at = compute_now(),
+                version = version + 1
+          WHERE id IN (SELECT id FROM commands WHERE state = 'pending' AND not_after < compute_now()
+                        ORDER BY not_after LIMIT $1 FOR UPDATE SKIP LOCKED)
+         RETURNING id",
+    )
+    .await?;
+    let timed_out = ids(
+        "UPDATE commands SET state = 'failed', reason = 'timeout', finished_at = compute_now(), version = version + 1
+          WHERE id IN (SELECT id FROM commands WHERE state IN ('sent', 'running')
+                          AND not_after + make_interval(secs => timeout_s) < compute_now()
+                        ORDER BY not_after LIMIT $1 FOR UPDATE SKIP LOCKED)
+         RETURNING id",
+    )
+    .await?;
     settled(tx, &expired).await?;
     settled(tx, &timed_out).await?;
     Ok(SweepOutcome { expired: expired.len() as u64, timed_out: timed_out.len() as u64 })

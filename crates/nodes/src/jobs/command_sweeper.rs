@@ -26,10 +26,7 @@ impl Reconciler for CommandSweeper {
     }
 
     async fn run(&self, ctx: &ReconcileContext, _key: &str) -> Result<Outcome, RunError> {
-        let mut c = ctx.client().await?;
-        let tx = ctx.begin_fenced(&mut c).await?;
-        let swept = crate::commands::sweep(&*tx, SWEEP_BATCH).await?;
-        tx.commit().await?;
+        let swept = ctx.in_fenced_tx(async |tx| Ok(crate::commands::sweep(tx, SWEEP_BATCH).await?)).await?;
         ctx.count("expired", swept.expired);
         ctx.count("timed out", swept.timed_out);
         Ok(if swept.expired as i64 == SWEEP_BATCH || swept.timed_out as i64 == SWEEP_BATCH { Outcome::SyncAgain } else { Outcome::Done })

@@ -18,12 +18,13 @@ impl Reconciler for InventoryJob {
     }
 
     async fn run(&self, ctx: &ReconcileContext, node_id: &str) -> Result<Outcome, RunError> {
-        let mut c = ctx.client().await?;
-        let tx = ctx.begin_fenced(&mut c).await?;
-        let Some(pool) = tx.query_opt("SELECT pool_id FROM nodes WHERE id = $1", &[&node_id]).await? else { return Ok(Outcome::Done) };
-        let pool_id: String = pool.get(0);
-        let r = reconcile(&tx, ctx.occupants(), &pool_id, Some(node_id)).await?;
-        tx.commit().await?;
+        let r = ctx
+            .in_fenced_tx(async |tx| {
+                let Some(pool) = tx.query_opt("SELECT pool_id FROM nodes WHERE id = $1", &[&node_id]).await? else { return Ok(None) };
+                Ok(Some(reconcile(tx, ctx.occupants(), &pool.get::<_, String>(0), Some(node_id)).await?))
+            })
+            .await?;
+        let Some(r) = r else { return Ok(Outcome::Done) };
         ctx.count("findings opened", r.opened);
         ctx.count("findings resolved", r.resolved);
         Ok(Outcome::Done)

@@ -19,10 +19,7 @@ impl Reconciler for HygieneJob {
     }
 
     async fn run(&self, ctx: &ReconcileContext, pool_id: &str) -> Result<Outcome, RunError> {
-        let mut c = ctx.client().await?;
-        let tx = ctx.begin_fenced(&mut c).await?;
-        let r = reconcile(&tx, ctx.occupants(), pool_id, None).await?;
-        tx.commit().await?;
+        let r = ctx.in_fenced_tx(async |tx| Ok(reconcile(tx, ctx.occupants(), pool_id, None).await?)).await?;
         ctx.count("findings opened", r.opened);
         ctx.count("findings resolved", r.resolved);
         Ok(Outcome::Done)

@@ -26,10 +26,7 @@ impl Reconciler for LivenessJob {
     }
 
     async fn run(&self, ctx: &ReconcileContext, _key: &str) -> Result<Outcome, RunError> {
-        let mut c = ctx.client().await?;
-        let tx = ctx.begin_fenced(&mut c).await?;
-        let r = evaluate(&*tx).await?;
-        tx.commit().await?;
+        let r = ctx.in_fenced_tx(async |tx| Ok(evaluate(tx).await?)).await?;
         ctx.count("sessions of lost gateways closed", r.gateway_lost);
         ctx.count("silent sessions closed", r.silent);
         ctx.count("nodes now unreachable", r.unreachable);

@@ -32,10 +32,7 @@ impl Reconciler for NodeJob {
 
     async fn run_many(&self, ctx: &ReconcileContext, keys: &[String]) -> Vec<Result<Outcome, RunError>> {
         let once = async {
-            let mut c = ctx.client().await?;
-            let tx = ctx.begin_fenced(&mut c).await?;
-            let r = record(&*tx, keys).await?;
-            tx.commit().await?;
+            let r = ctx.in_fenced_tx(async |tx| Ok(record(tx, keys).await?)).await?;
             ctx.count("conditions began", r.began);
             ctx.count("conditions changed", r.changed);
             ctx.count("conditions ended", r.ended);

@@ -26,10 +26,7 @@ impl Reconciler for SiteBootJob {
     }
 
     async fn run(&self, ctx: &ReconcileContext, _key: &str) -> Result<Outcome, RunError> {
-        let mut c = ctx.client().await?;
-        let tx = ctx.begin_fenced(&mut c).await?;
-        let r = evaluate(&*tx).await?;
-        tx.commit().await?;
+        let r = ctx.in_fenced_tx(async |tx| Ok(evaluate(tx).await?)).await?;
         ctx.count("site boots started", r.started);
         ctx.count("site boots ended", r.ended);
         Ok(Outcome::Done)

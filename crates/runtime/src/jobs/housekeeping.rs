@@ -25,11 +25,13 @@ impl Reconciler for Housekeeping {
     }
 
     async fn run(&self, ctx: &ReconcileContext, _key: &str) -> Result<Outcome, RunError> {
-        let mut c = ctx.client().await?;
-        let tx = ctx.begin_fenced(&mut c).await?;
-        let keys = better_compute_db::idempotency::prune_expired(&*tx, BATCH).await?;
-        better_compute_db::workers::prune_dead(&*tx).await?;
-        tx.commit().await?;
+        let keys = ctx
+            .in_fenced_tx(async |tx| {
+                let keys = better_compute_db::idempotency::prune_expired(tx, BATCH).await?;
+                better_compute_db::workers::prune_dead(tx).await?;
+                Ok(keys)
+            })
+            .await?;
         Ok(if keys as i64 == BATCH { Outcome::SyncAgain } else { Outcome::Done })
     }
 }

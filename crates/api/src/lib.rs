@@ -221,7 +221,7 @@ async fn call(State(state): State<Arc<ApiState>>, Path(name): Path<String>, clie
                                    request_id = %request_id, method = %name, code = tracing::field::Empty);
     // A caller's W3C trace context makes this request's span (and every command it enqueues) part
     // of the caller's trace.
-    better_compute_core::trace::follow(&span, headers.get("traceparent").and_then(|v| v.to_str().ok()));
+    better_compute_trace::follow(&span, headers.get("traceparent").and_then(|v| v.to_str().ok()));
     let started = Instant::now();
     let (code, response) = async {
         let result = handle(&state, &name, &request_id, source, &headers, body).await;

@@ -24,7 +24,7 @@ pub struct TlsError {
 
 /// The server's TLS settings over a reloading certificate.
 pub fn server_config(cert: PathBuf, key: PathBuf) -> Result<Arc<rustls::ServerConfig>, TlsError> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let provider = better_compute_tls::provider();
     let first = load(&cert, &key, &provider)?;
     let stamp = stamps(&cert, &key);
     let resolver = Reloading { cert, key, provider: provider.clone(), state: Mutex::new(State { current: Arc::new(first), stamp }) };

@@ -124,7 +124,7 @@ fn main() -> std::process::ExitCode {
     }
     // The process's TLS provider (ring, as every connection here uses): clients that do not bring
     // their own settings, such as the OTLP exporter's, take it.
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    better_compute_tls::install_process_default();
     // The long-running commands name their traces' service; every other command is the CLI.
     let command = match cli.command {
         Command::Dev(_) => "dev",

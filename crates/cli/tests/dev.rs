@@ -528,7 +528,7 @@ async fn up_runs_the_scale_out_shape_and_loses_nothing_when_one_process_of_each_
     assert_eq!((apis.len(), nodes.len(), shape["pgbouncer"].as_bool()), (2, 2, Some(true)), "{shape}");
     let roles: Vec<&str> = shape["processes"].as_array().unwrap().iter().map(|p| p["role"].as_str().unwrap()).collect();
     assert_eq!(roles, ["api", "api", "gateway", "gateway", "worker", "worker", "daemon", "daemon"]);
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    better_compute_tls::install_process_default();
     let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().unwrap();
     const ROUNDS: usize = 20;
     let mut reservations = std::collections::BTreeSet::new();
@@ -724,7 +724,7 @@ async fn the_console_in_a_browser_signs_in_reserves_shows_the_timeline_drains_an
     let (db, env) = dev.ready();
     let var = |k: &str| env.iter().find(|(n, _)| n == k).unwrap().1.clone();
     let (api, token) = (var("BETTER_COMPUTE_URL"), var("BETTER_COMPUTE_TOKEN"));
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    better_compute_tls::install_process_default();
     let client = reqwest::Client::new();
     let hook = client.post(format!("{api}/v1/webhooks.create")).bearer_auth(&token)
         .json(&serde_json::json!({"url": gone_endpoint(), "eventTypes": ["reservation.placed"]})).send().await.unwrap();

@@ -47,40 +47,5 @@ impl Client {
     }
 }
 
-/// An HTTP client builder with TLS set up: rustls with the ring provider, trusting the Mozilla
-/// roots. Every HTTP client of Better Compute starts here: reqwest's rustls without a provider
-/// panics on `build` unless one is given, and the default provider (aws-lc) is not built.
-pub fn http() -> reqwest::ClientBuilder {
-    let roots = rustls::RootCertStore { roots: webpki_roots::TLS_SERVER_ROOTS.to_vec() };
-    let tls = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .expect("ring supports TLS 1.2 and 1.3")
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    reqwest::Client::builder().tls_backend_preconfigured(tls)
-}
-
-/// [`http`] for a command-line client: trusting the system's certificate store (falling back to
-/// the Mozilla roots where it has none) and the PEM certificates in `extra_pem` (a private CA in
-/// front of the API, `--ca-cert`).
-pub fn http_trusting(extra_pem: Option<&[u8]>) -> Result<reqwest::ClientBuilder, String> {
-    use rustls::pki_types::pem::PemObject;
-    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-    let extra: Vec<rustls::pki_types::CertificateDer<'static>> = match extra_pem {
-        Some(pem) => rustls::pki_types::CertificateDer::pem_slice_iter(pem).collect::<Result<_, _>>().map_err(|e| format!("the CA certificate file: {e:?}"))?,
-        None => Vec::new(),
-    };
-    if extra_pem.is_some() && extra.is_empty() {
-        return Err("the CA certificate file holds no PEM certificate".into());
-    }
-    let builder = rustls::ClientConfig::builder_with_provider(provider.clone()).with_safe_default_protocol_versions().expect("ring supports TLS 1.2 and 1.3");
-    let tls = match rustls_platform_verifier::Verifier::new_with_extra_roots(extra.clone(), provider) {
-        Ok(v) => builder.dangerous().with_custom_certificate_verifier(std::sync::Arc::new(v)).with_no_client_auth(),
-        Err(_) => {
-            let mut roots = rustls::RootCertStore { roots: webpki_roots::TLS_SERVER_ROOTS.to_vec() };
-            roots.add_parsable_certificates(extra);
-            builder.with_root_certificates(roots).with_no_client_auth()
-        }
-    };
-    Ok(reqwest::Client::builder().tls_backend_preconfigured(tls))
-}
+/// The HTTP client builders every client starts from (the one TLS set-up).
+pub use better_compute_tls::{http, http_trusting};

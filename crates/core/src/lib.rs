@@ -11,7 +11,6 @@ pub mod seeded;
 pub mod page;
 pub mod state;
 pub mod time;
-pub mod trace;
 
 pub use error::{Error, ErrorCode};
 pub use id::Id;

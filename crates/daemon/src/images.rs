@@ -104,7 +104,7 @@ async fn fetch(url: &str, to: &Path) -> Result<(u64, String), String> {
             out.write_all(&buf[..n]).await.map_err(|e| format!("cannot write {}: {e}", to.display()))?;
         }
     } else {
-        let client = better_compute_client::http().build().map_err(|e| format!("HTTP client: {e}"))?;
+        let client = better_compute_tls::http().build().map_err(|e| format!("HTTP client: {e}"))?;
         let mut resp = client.get(url).send().await.map_err(|e| format!("{url}: {e}"))?;
         if !resp.status().is_success() {
             return Err(format!("{url} answered {}", resp.status()));

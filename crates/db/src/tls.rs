@@ -105,14 +105,8 @@ enum Verify {
     ChainAndName,
 }
 
-fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
-}
-
 fn client_config(verify: Verify, root: Option<&str>) -> Result<rustls::ClientConfig, DbError> {
-    let builder = rustls::ClientConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| DbError::Config(format!("TLS: {e}")))?;
+    let builder = better_compute_tls::client_builder();
     let mut roots = rustls::RootCertStore::empty();
     match root {
         Some(path) => {
@@ -125,15 +119,15 @@ fn client_config(verify: Verify, root: Option<&str>) -> Result<rustls::ClientCon
                 return Err(DbError::Config(format!("sslrootcert {path} holds no certificate")));
             }
         }
-        None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
+        None => roots = better_compute_tls::mozilla_roots(),
     }
-    let webpki = rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider())
+    let webpki = rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), better_compute_tls::provider())
         .build()
         .map_err(|e| DbError::Config(format!("TLS roots: {e}")))?;
     let verifier: Arc<dyn ServerCertVerifier> = match verify {
         Verify::ChainAndName => webpki,
         Verify::Chain => Arc::new(ChainOnly(webpki)),
-        Verify::Nothing => Arc::new(Unchecked(provider())),
+        Verify::Nothing => Arc::new(Unchecked(better_compute_tls::provider())),
     };
     Ok(builder.dangerous().with_custom_certificate_verifier(verifier).with_no_client_auth())
 }

@@ -171,9 +171,9 @@ impl Resolve for PublicOnly {
 
 /// The HTTP client webhooks are sent with: the policy's resolver, no redirects, no proxy from the
 /// environment, `timeout` per request, and TLS as every
-/// Better Compute client has it ([`better_compute_client::http`]).
+/// Better Compute client has it ([`better_compute_tls::http`]).
 pub fn client(policy: EgressPolicy, timeout: std::time::Duration) -> reqwest::Client {
-    better_compute_client::http()
+    better_compute_tls::http()
         .dns_resolver(Arc::new(PublicOnly(policy)))
         .redirect(reqwest::redirect::Policy::none())
         .no_proxy()

@@ -901,7 +901,7 @@ async fn a_commands_run_on_its_node_joins_the_trace_of_the_span_that_enqueued_it
     let (_g, _fake, _d, node) = f.joined(true).await;
     // An API request's span, in a caller's trace.
     let span = tracing::info_span!("request");
-    better_compute_core::trace::follow(&span, Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"));
+    better_compute_trace::follow(&span, Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"));
     let id = f.enqueue(&node, "diag.nvml", serde_json::json!({}), "traced").instrument(span.clone()).await;
     let request = span.context().span().span_context().span_id();
     drop(span);

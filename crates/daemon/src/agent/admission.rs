@@ -108,7 +108,7 @@ impl Daemon {
             let can_cancel = cancellable.clone();
             // The run's span joins the trace of whoever enqueued it (the command's traceparent).
             let span = tracing::info_span!("command", otel.name = %format!("command {}", c.kind), otel.kind = "consumer", command_id = %id, kind = %c.kind);
-            better_compute_core::trace::follow(&span, Some(&c.trace_parent));
+            better_compute_trace::follow(&span, Some(&c.trace_parent));
             let task = tokio::spawn(
                 async move {
                     let outcome = me.execute(payload, &can_cancel).await;

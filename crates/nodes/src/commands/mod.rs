@@ -177,7 +177,7 @@ async fn enqueue_signed(
     };
     let id = CommandId::generate().to_string();
     // The enqueuer's trace (an API request's, a job run's): the daemon's run of it joins that trace.
-    let trace_parent = better_compute_core::trace::current_traceparent();
+    let trace_parent = better_compute_trace::current_traceparent();
     // A request's command is its tenant's (its events go to that tenant); a job's is the fleet's.
     let requested_by = c.actor.request().map(|r| format!("{}/{}", r.tenant_id, r.identity_id));
     let (owner_kind, owner_key, owner_shard) = match c.owner {

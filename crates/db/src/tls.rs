@@ -107,20 +107,21 @@ enum Verify {
 
 fn client_config(verify: Verify, root: Option<&str>) -> Result<rustls::ClientConfig, DbError> {
     let builder = better_compute_tls::client_builder();
-    let mut roots = rustls::RootCertStore::empty();
-    match root {
+    let roots = match root {
         Some(path) => {
             let pem = std::fs::read(path).map_err(|e| DbError::Config(format!("sslrootcert {path}: {e}")))?;
             let certs: Vec<CertificateDer<'static>> = rustls::pki_types::pem::PemObject::pem_slice_iter(&pem)
                 .collect::<Result<_, _>>()
                 .map_err(|e| DbError::Config(format!("sslrootcert {path}: {e:?}")))?;
+            let mut roots = rustls::RootCertStore::empty();
             let (added, _) = roots.add_parsable_certificates(certs);
             if added == 0 {
                 return Err(DbError::Config(format!("sslrootcert {path} holds no certificate")));
             }
+            roots
         }
-        None => roots = better_compute_tls::mozilla_roots(),
-    }
+        None => better_compute_tls::mozilla_roots(),
+    };
     let webpki = rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), better_compute_tls::provider())
         .build()
         .map_err(|e| DbError::Config(format!("TLS roots: {e}")))?;

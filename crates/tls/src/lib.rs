@@ -13,7 +13,7 @@ pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 /// Makes [`provider`] the process's default, for clients that bring no settings of their own (the
 /// OTLP exporter's). Call once at start; a second call changes nothing.
 pub fn install_process_default() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    let _ = Arc::unwrap_or_clone(provider()).install_default();
 }
 
 /// The Mozilla root certificates (webpki-roots).

@@ -70,6 +70,9 @@ pub struct GatewayConfig {
     /// An operator's server certificate chain and key (PEM) instead of one the gateway signs for
     /// itself from the CA for `hostnames`; daemons must then trust its issuer (`--ca-cert`).
     pub server_identity: Option<(String, String)>,
+    /// The modules' watches of what nodes report (`Registry::status_watches`): the report path
+    /// wakes their jobs.
+    pub status_watches: Vec<better_compute_runtime::nodespec::StatusWatch>,
 }
 
 impl GatewayConfig {
@@ -88,6 +91,7 @@ impl GatewayConfig {
             hello_timeout: Duration::from_secs(10),
             command_key: Vec::new(),
             server_identity: None,
+            status_watches: Vec::new(),
         }
     }
 }

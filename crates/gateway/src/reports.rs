@@ -108,7 +108,7 @@ impl Inner {
         let batch: Vec<&SessionReports> = group.iter().map(|s| &s.reports).collect();
         let mut c = self.pool.get().await?;
         let tx = c.transaction().await?;
-        let applied = reports::apply(&*tx, &self.cfg.id, &batch, locks).await?;
+        let applied = reports::apply(&*tx, &self.cfg.id, &batch, locks, &self.cfg.status_watches).await?;
         let freed: Vec<(&str, &Session)> =
             group.iter().filter(|s| applied.freed.contains(&s.reports.node_id)).map(|s| (s.reports.node_id.as_str(), &*s.session)).collect();
         let sent = self.dispatch_in(&*tx, &freed).await?;

@@ -382,7 +382,7 @@ async fn a_daemons_report_racing_a_takeover_and_a_session_close_waits_instead_of
         let mut rc = h.db().client().await;
         let report = rc.transaction().await.unwrap();
         let reports = SessionReports { node_id: node.clone(), epoch, reports: vec![Report::SpecStatus(status.clone())] };
-        let applied = better_compute_nodes::inventory::reports::apply(&*report, "gw_a", &[&reports], NodeLocks::Wait).await.unwrap();
+        let applied = better_compute_nodes::inventory::reports::apply(&*report, "gw_a", &[&reports], NodeLocks::Wait, &[]).await.unwrap();
         assert_eq!(applied.held.len(), 1, "round {round}");
         // …while another gateway takes the session over (round 0 and 2) or gw_a's close (round 1)
         // runs beside it: it waits for the report's node lock, and neither fails.
@@ -485,7 +485,7 @@ async fn a_report_group_writes_only_for_sessions_that_still_hold_and_keeps_each_
         .collect();
     let tx = c.transaction().await.unwrap();
     let refs: Vec<&SessionReports> = group.iter().collect();
-    let applied = reports::apply(&*tx, "gw_a", &refs, NodeLocks::SkipBusy).await.unwrap();
+    let applied = reports::apply(&*tx, "gw_a", &refs, NodeLocks::SkipBusy, &[]).await.unwrap();
     tx.commit().await.unwrap();
     let held: std::collections::BTreeSet<&str> = applied.held.iter().map(String::as_str).collect();
     assert_eq!(held, [nodes[0].0.as_str(), nodes[1].0.as_str()].into_iter().collect());
@@ -515,7 +515,7 @@ async fn a_report_group_writes_only_for_sessions_that_still_hold_and_keeps_each_
     assert_eq!(count(&h, "SELECT count(*) FROM outbox WHERE type = 'command.succeeded'").await, 2);
     // The same group again (a retry after a lost answer) changes nothing.
     let tx = c.transaction().await.unwrap();
-    let again = reports::apply(&*tx, "gw_a", &refs, NodeLocks::SkipBusy).await.unwrap();
+    let again = reports::apply(&*tx, "gw_a", &refs, NodeLocks::SkipBusy, &[]).await.unwrap();
     tx.commit().await.unwrap();
     assert_eq!((again.held.len(), again.settled), (2, 0));
     assert_eq!(count(&h, "SELECT count(*) FROM outbox WHERE type = 'command.succeeded'").await, 2);
@@ -595,7 +595,7 @@ async fn report_groups_racing_takeovers_write_exactly_for_the_sessions_they_foun
     };
     let tx = c.transaction().await.unwrap();
     let refs: Vec<&SessionReports> = group.iter().collect();
-    let applied = tokio::time::timeout(Duration::from_secs(30), reports::apply(&*tx, "gw_a", &refs, NodeLocks::Wait)).await.expect("deadlocked").unwrap();
+    let applied = tokio::time::timeout(Duration::from_secs(30), reports::apply(&*tx, "gw_a", &refs, NodeLocks::Wait, &[])).await.expect("deadlocked").unwrap();
     tx.commit().await.unwrap();
     tokio::time::timeout(Duration::from_secs(30), takeovers).await.expect("deadlocked").unwrap();
     let moved: std::collections::HashSet<String> =
@@ -650,7 +650,7 @@ async fn a_report_group_leaves_out_a_session_whose_node_row_is_busy_and_writes_n
         nodes.iter().map(|(n, e)| SessionReports { node_id: n.clone(), epoch: *e, reports: vec![status.clone()] }).collect();
     let refs: Vec<&SessionReports> = group.iter().collect();
     let tx = c.transaction().await.unwrap();
-    let applied = tokio::time::timeout(Duration::from_secs(10), reports::apply(&*tx, "gw_a", &refs, NodeLocks::SkipBusy))
+    let applied = tokio::time::timeout(Duration::from_secs(10), reports::apply(&*tx, "gw_a", &refs, NodeLocks::SkipBusy, &[]))
         .await
         .expect("the group waited for a busy node")
         .unwrap();

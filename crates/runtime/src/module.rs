@@ -46,6 +46,11 @@ pub trait Module: Send + Sync + 'static {
         Vec::new()
     }
 
+    /// The sections of nodes' reported status its jobs follow ([`crate::nodespec::StatusWatch`]).
+    fn status_watches(&self) -> Vec<crate::nodespec::StatusWatch> {
+        Vec::new()
+    }
+
     /// Its things that hold nodes (for drains), in registration order.
     fn node_occupants(&self) -> Vec<Arc<dyn crate::occupancy::NodeOccupant>> {
         Vec::new()
@@ -273,6 +278,12 @@ impl Registry {
     /// Every module's things that hold nodes, in registration order.
     pub fn node_occupants(&self) -> &Arc<[Arc<dyn crate::occupancy::NodeOccupant>]> {
         &self.occupants
+    }
+
+    /// Every module's watches of nodes' reported status, in registration order; the gateway's
+    /// report path wakes their jobs.
+    pub fn status_watches(&self) -> Vec<crate::nodespec::StatusWatch> {
+        self.modules.iter().flat_map(|m| m.status_watches()).collect()
     }
 
     /// Every command kind, in registration order.

@@ -24,6 +24,19 @@ pub trait NodeSpecPart: Send + Sync + 'static {
     async fn node_specs(&self, tx: &Transaction<'_>, node_ids: &[String]) -> Result<Vec<NodeSpec>, RunError>;
 }
 
+/// A module's word that its job follows what nodes report of one section of their desired state:
+/// the node report path wakes `kind` for a node whose reported status of `section` (a key of
+/// `SpecStatus`' proto3 JSON, such as `instances`) reads differently from its last report, or that
+/// applied a newer generation while its desired state has that section (a thing removed from the
+/// section is gone once the node applied the spec without it, whether or not it ever reported it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StatusWatch {
+    /// The section of `NodeSpec` and `SpecStatus` followed.
+    pub section: &'static str,
+    /// The job woken, keyed by node.
+    pub kind: crate::Kind,
+}
+
 fn merge_site(into: &mut SiteSection, from: SiteSection) {
     for (to, value) in [
         (&mut into.site_id, from.site_id),

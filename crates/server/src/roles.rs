@@ -93,6 +93,7 @@ pub async fn start_gateway_with(
     let mut cfg = better_compute_gateway::GatewayConfig::new(better_compute_core::id::GatewayId::generate().to_string(), listen);
     cfg.command_key = better_compute_runtime::signing::CommandSigner::load_or_create(ca_dir)?.public_key();
     cfg.hostnames = hostnames;
+    cfg.status_watches = crate::registry()?.status_watches();
     cfg.listen_url = listen_url;
     if let Some((cert, key)) = identity {
         let read = |p: &std::path::Path| std::fs::read_to_string(p).with_context(|| format!("the gateway's TLS file {}", p.display()));

@@ -30,9 +30,10 @@ pub const VPS_MIGRATIONS: &[Migration] = &[
     Migration::repeatable("vps", "usage", include_str!("sql/usage.sql")),
 ];
 
-/// `vps.instances`: one key per node, moving its instances through their states. The nodes
-/// module's report path wakes it when a host's instances read differently.
-pub const INSTANCES_KIND: Kind = better_compute_nodes::inventory::reports::INSTANCES_OBSERVED;
+/// `vps.instances`: one key per node, moving its instances through their states. The report path
+/// wakes it when a host's instances read differently or it applied a newer spec (the module's
+/// `status_watches`).
+pub const INSTANCES_KIND: Kind = Kind { name: "vps.instances", shard_by: better_compute_runtime::ShardBy::Node };
 
 /// The vps module, for the registry.
 pub struct VpsModule;
@@ -52,6 +53,10 @@ impl better_compute_runtime::Module for VpsModule {
 
     fn subscribers(&self) -> Vec<Arc<dyn Sink>> {
         vec![Arc::new(jobs::instances::ReservationWatcher)]
+    }
+
+    fn status_watches(&self) -> Vec<better_compute_runtime::nodespec::StatusWatch> {
+        vec![better_compute_runtime::nodespec::StatusWatch { section: "instances", kind: INSTANCES_KIND }]
     }
 
     fn command_kinds(&self) -> Vec<better_compute_runtime::commands::CommandKind> {

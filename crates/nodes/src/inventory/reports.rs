@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use better_compute_core::state::{CommandState, State, COMMAND_STATE_TABLE};
 use better_compute_core::Error;
 use better_compute_db::DbError;
+use better_compute_runtime::nodespec::StatusWatch;
 use better_compute_proto::v1::{Health, Inventory, SpecStatus};
 use tokio_postgres::GenericClient;
 
@@ -107,7 +108,13 @@ pub enum NodeLocks {
 /// session's epoch, and each keeps the guard it has alone: the state table's edges for commands,
 /// `observedGeneration` only moving up. Delivery is at least once, so a report that no longer fits
 /// (a repeat, an ack of a command that ended, another node's command) changes nothing.
-pub async fn apply(tx: &impl GenericClient, gateway_id: &str, sessions: &[&SessionReports], locks: NodeLocks) -> Result<Applied, DbError> {
+pub async fn apply(
+    tx: &impl GenericClient,
+    gateway_id: &str,
+    sessions: &[&SessionReports],
+    locks: NodeLocks,
+    watches: &[StatusWatch],
+) -> Result<Applied, DbError> {
     for s in sessions {
         for r in &s.reports {
             check(r)?;
@@ -168,7 +175,7 @@ pub async fn apply(tx: &impl GenericClient, gateway_id: &str, sessions: &[&Sessi
             }
         }
     }
-    spec_statuses(tx, &specs).await?;
+    spec_statuses(tx, &specs, watches).await?;
     for (node, inv) in inventories {
         sessions::report_inventory(tx, node, inv).await?;
     }
@@ -239,43 +246,40 @@ async fn finish(tx: &impl GenericClient, results: &[(&str, &str, bool, Option<&s
 }
 
 /// Each node's spec status, and the generation it has applied, which only moves up: one statement.
-async fn spec_statuses(tx: &impl GenericClient, specs: &BTreeMap<&str, &SpecStatus>) -> Result<(), DbError> {
+/// Each watch's job is woken for the nodes whose report of its section changed, or that applied a
+/// newer generation of a desired state with that section ([`StatusWatch`]); a node whose VMs read
+/// differently forgets the consoles of VMs it no longer reports.
+async fn spec_statuses(tx: &impl GenericClient, specs: &BTreeMap<&str, &SpecStatus>, watches: &[StatusWatch]) -> Result<(), DbError> {
     if specs.is_empty() {
         return Ok(());
     }
     let nodes: Vec<&str> = specs.keys().copied().collect();
     let json = specs.values().map(serde_json::to_value).collect::<Result<Vec<_>, _>>().map_err(|e| Error::internal(e.to_string()))?;
     let observed: Vec<i64> = specs.values().map(|s| s.observed_generation).collect();
-    // The vps-host nodes whose instances read differently now, or that applied a newer spec (an
-    // instance being deleted is done once the host applied the spec without it, whether or not
-    // the host ever ran it): their job is woken.
-    let changed: Vec<String> = tx
+    let sections: Vec<&str> = watches.iter().map(|w| w.section).collect();
+    let rows = tx
         .query(
-            "WITH old AS (SELECT id, spec_status->'instances' AS instances, observed_generation FROM nodes WHERE id = ANY($1))
+            "WITH old AS (SELECT id, spec_status, observed_generation FROM nodes WHERE id = ANY($1))
              UPDATE nodes n SET spec_status = u.status, observed_generation = GREATEST(n.observed_generation, u.observed),
                     version = n.version + CASE WHEN n.observed_generation < u.observed THEN 1 ELSE 0 END
                FROM unnest($1::text[], $2::jsonb[], $3::int8[]) AS u(id, status, observed), old
               WHERE n.id = u.id AND old.id = u.id
-             RETURNING n.id, old.instances IS DISTINCT FROM u.status->'instances'
-                             OR (coalesce(old.observed_generation, -1) < u.observed
-                                 AND EXISTS (SELECT 1 FROM pools p WHERE p.id = n.pool_id AND p.kind = 'vps-host'))",
-            &[&nodes, &json, &observed],
+             RETURNING n.id, old.spec_status->'instances' IS DISTINCT FROM u.status->'instances',
+                       ARRAY(SELECT old.spec_status->w.section IS DISTINCT FROM u.status->w.section
+                                    OR (coalesce(old.observed_generation, -1) < u.observed AND n.spec ? w.section)
+                               FROM unnest($4::text[]) WITH ORDINALITY AS w(section, i) ORDER BY w.i)",
+            &[&nodes, &json, &observed, &sections],
         )
-        .await?
-        .iter()
-        .filter(|r| r.get::<_, bool>(1))
-        .map(|r| r.get(0))
-        .collect();
-    if !changed.is_empty() {
-        let nodes: Vec<&str> = changed.iter().map(String::as_str).collect();
-        crate::sessions::consoles::forget_unreported(tx, &nodes).await?;
-        better_compute_runtime::work_queue::enqueue_many(tx, &INSTANCES_OBSERVED, &changed).await?;
+        .await?;
+    let vms_changed: Vec<&str> = rows.iter().filter(|r| r.get::<_, bool>(1)).map(|r| r.get(0)).collect();
+    if !vms_changed.is_empty() {
+        crate::sessions::consoles::forget_unreported(tx, &vms_changed).await?;
+    }
+    for (i, watch) in watches.iter().enumerate() {
+        let woken: Vec<String> = rows.iter().filter(|r| r.get::<_, Vec<bool>>(2)[i]).map(|r| r.get(0)).collect();
+        if !woken.is_empty() {
+            better_compute_runtime::work_queue::enqueue_many(tx, &watch.kind, &woken).await?;
+        }
     }
     Ok(())
 }
-
-/// The job that owns what vps-host nodes report of their instances (the vps module's
-/// `vps.instances`): a report whose instances differ from the last one, or a vps host's report of
-/// a newer applied generation, wakes it for the node.
-pub const INSTANCES_OBSERVED: better_compute_runtime::Kind =
-    better_compute_runtime::Kind { name: "vps.instances", shard_by: better_compute_runtime::ShardBy::Node };

@@ -71,6 +71,6 @@ pub async fn apply(h: &Harness, node: &str, reports: Vec<Report>) {
     let tx = c.transaction().await.unwrap();
     let opened = sessions::open(&*tx, &Hello { node_id: node, gateway_id: "gw_a", boot_id: "b1", journal_id: "j1", daemon_version: "t" }).await.unwrap();
     let s = SessionReports { node_id: node.to_owned(), epoch: opened.session_epoch, reports };
-    reports::apply(&*tx, "gw_a", &[&s], NodeLocks::Wait).await.unwrap();
+    reports::apply(&*tx, "gw_a", &[&s], NodeLocks::Wait, &better_compute_runtime::Module::status_watches(&better_compute_vps::VpsModule)).await.unwrap();
     tx.commit().await.unwrap();
 }

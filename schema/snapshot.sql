@@ -1040,6 +1040,7 @@ FUNCTION capacity_view_of(r reservations, p_atoms jsonb) RETURNS jsonb LANGUAGE 
 FUNCTION commands_state_guard() RETURNS trigger LANGUAGE plpgsql VOLATILE;
 FUNCTION commands_state_may_become(p_from text, p_to text) RETURNS boolean LANGUAGE sql IMMUTABLE;
 FUNCTION compute_now() RETURNS timestamp with time zone LANGUAGE sql STABLE;
+FUNCTION desired_invalidate(p_nodes text[], p_shards smallint[]) RETURNS integer LANGUAGE sql VOLATILE;
 FUNCTION devices_health_state_guard() RETURNS trigger LANGUAGE plpgsql VOLATILE;
 FUNCTION devices_health_state_may_become(p_from text, p_to text) RETURNS boolean LANGUAGE sql IMMUTABLE;
 FUNCTION idempotency_answer(p_tenants text[], p_identities text[], p_keys text[], p_responses jsonb[]) RETURNS integer LANGUAGE plpgsql VOLATILE;

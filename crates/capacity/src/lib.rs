@@ -14,6 +14,7 @@ pub mod jobs;
 pub mod mode;
 pub mod occupant;
 pub mod placer;
+pub mod pools;
 pub mod quota;
 pub mod reservations;
 pub mod service;

@@ -192,3 +192,31 @@ pub fn cross_module_writes(root: &Path) -> std::io::Result<Vec<CrossWrite>> {
     }
     Ok(out)
 }
+
+/// The crates at the system's edge that read modules' tables only through the owners' functions:
+/// their SQL names no module table at all.
+pub const EDGE_CRATES: &[&str] = &["cli"];
+
+/// The tables `text` reads or writes by name after `FROM` or `JOIN`: (offset, table), words that
+/// name no table included.
+fn reads(text: &str) -> Vec<(usize, String)> {
+    let w = words(text);
+    w.iter().zip(w.iter().skip(1)).filter(|(a, _)| a.1 == "from" || a.1 == "join").map(|(_, t)| t.clone()).collect()
+}
+
+/// Every place an [`EDGE_CRATES`] crate's SQL names a module's table (read or written).
+pub fn edge_table_uses(root: &Path) -> std::io::Result<Vec<CrossWrite>> {
+    let owners = table_owners(root)?;
+    let mut out = Vec::new();
+    for (rel, src) in files(root)? {
+        let Some(writer) = crate_of(&rel).filter(|c| EDGE_CRATES.contains(&c.as_str())) else { continue };
+        for (start, piece) in sql_pieces(&rel, &src) {
+            for (off, table) in reads(&piece).into_iter().chain(writes(&piece)) {
+                if let Some(owner) = owners.get(&table) {
+                    out.push(CrossWrite { path: rel.clone(), line: line_of(&src, start + off), writer: writer.clone(), table, owner: owner.clone() });
+                }
+            }
+        }
+    }
+    Ok(out)
+}

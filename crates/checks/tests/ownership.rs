@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use better_compute_checks::ownership::{cross_module_writes, table_owners, SANCTIONED};
+use better_compute_checks::ownership::{cross_module_writes, edge_table_uses, table_owners, SANCTIONED};
 
 fn workspace_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -51,5 +51,30 @@ fn a_planted_write_to_another_modules_table_is_caught_and_a_sanctioned_one_is_no
             ("crates/thief/src/sql/steal.sql".to_owned(), 2, "other".to_owned()),
         ]
     );
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+#[test]
+fn the_cli_names_no_modules_table_and_reads_through_the_owners_functions() {
+    let found: Vec<String> = edge_table_uses(&workspace_root()).unwrap().iter().map(|w| w.to_string()).collect();
+    assert!(found.is_empty(), "the CLI's own SQL over module tables:\n{}", found.join("\n"));
+}
+
+#[test]
+fn a_planted_read_of_a_modules_table_in_the_cli_is_caught() {
+    let root = std::env::temp_dir().join(format!("bc-edge-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    for (krate, file, text) in [
+        ("owner", "src/migrations/owner/0001_owner.sql", "CREATE TABLE owned (a int);\n"),
+        ("owner", "src/lib.rs", "fn f() { let _ = \"SELECT a FROM owned\"; }\n"),
+        ("cli", "src/lib.rs", "fn g() {\n    let _ = \"SELECT 1 FROM pg_database\";\n    let _ = \"SELECT o.a FROM x JOIN owned o ON true\";\n}\n"),
+    ] {
+        let path = root.join("crates").join(krate).join(file);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+    }
+    let seen: Vec<(String, usize, String)> =
+        edge_table_uses(&root).unwrap().iter().map(|w| (w.path.to_string_lossy().into_owned(), w.line, w.table.clone())).collect();
+    assert_eq!(seen, [("crates/cli/src/lib.rs".to_owned(), 3, "owned".to_owned())]);
     let _ = std::fs::remove_dir_all(&root);
 }

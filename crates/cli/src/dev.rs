@@ -302,11 +302,9 @@ async fn admin_credentials(db: &mut tokio_postgres::Client, root: &Path) -> anyh
             return Ok(DevAdmin { tenant_id: t.into(), identity: i.into(), secret: s.into() });
         }
     }
-    let existing = db.query_opt("SELECT b.tenant_id, b.identity_id FROM role_bindings b WHERE b.scope_kind = 'fleet' ORDER BY b.created_at LIMIT 1", &[]).await?;
-    let admin = match existing {
+    let admin = match better_compute_iam::bootstrap::first_fleet_admin(&*db).await? {
         // Bootstrapped before, but the token file is gone or its token expired: issue another.
-        Some(r) => {
-            let (tenant_id, identity): (String, String) = (r.get(0), r.get(1));
+        Some((tenant_id, identity)) => {
             let tx = db.transaction().await?;
             let t = better_compute_iam::tokens::issue(&tx, &tenant_id, None, &identity, "dev", Some(better_compute_iam::tokens::MAX_TTL_S)).await?;
             tx.commit().await?;
@@ -328,20 +326,20 @@ async fn admin_credentials(db: &mut tokio_postgres::Client, root: &Path) -> anyh
 /// the nodes arrive as daemons that join. Returns whether it did (a first start).
 async fn seed_demo_fleet(db: &mut tokio_postgres::Client, tenant_id: &str) -> anyhow::Result<bool> {
     use better_compute_nodes::inventory::{self, NewPool};
-    if db.query_one("SELECT count(*) FROM sites", &[]).await?.get::<_, i64>(0) > 0 {
+    if better_compute_nodes::listing::any_site(&*db).await? {
         return Ok(false);
     }
     let tx = db.transaction().await?;
     let site = inventory::create_site(&tx, "dev").await?;
     inventory::create_pool(
         &tx,
-        &NewPool { site_id: site, name: "gpus".into(), kind: "bare-metal".into(), vcpu_ratio: 2.0, memory_ratio: 1.0, disk_ratio: 1.0, lost_after_s: None },
+        &NewPool { site_id: site.clone(), name: "gpus".into(), kind: "bare-metal".into(), vcpu_ratio: 2.0, memory_ratio: 1.0, disk_ratio: 1.0, lost_after_s: None },
     )
     .await?;
     inventory::create_pool(
         &tx,
         &NewPool {
-            site_id: tx.query_one("SELECT id FROM sites WHERE name = 'dev'", &[]).await?.get(0),
+            site_id: site.clone(),
             name: "burst".into(),
             kind: "provider".into(),
             vcpu_ratio: 1.0,
@@ -354,7 +352,7 @@ async fn seed_demo_fleet(db: &mut tokio_postgres::Client, tenant_id: &str) -> an
     inventory::create_pool(
         &tx,
         &NewPool {
-            site_id: tx.query_one("SELECT id FROM sites WHERE name = 'dev'", &[]).await?.get(0),
+            site_id: site.clone(),
             name: "vms".into(),
             kind: "vps-host".into(),
             vcpu_ratio: 1.0,
@@ -373,8 +371,5 @@ async fn seed_demo_fleet(db: &mut tokio_postgres::Client, tenant_id: &str) -> an
 
 pub(crate) async fn pool_named(conn: &str, name: &str) -> Option<String> {
     let c = better_compute_db::pool::connect(conn).await.ok()?;
-    c.query_opt("SELECT p.id FROM pools p JOIN sites s ON s.id = p.site_id WHERE s.name = 'dev' AND p.name = $1", &[&name])
-        .await
-        .ok()?
-        .map(|r| r.get(0))
+    better_compute_nodes::listing::pool_named(&c, "dev", name).await.ok()?
 }

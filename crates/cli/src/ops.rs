@@ -85,7 +85,9 @@ pub async fn nodes(args: NodesArgs) -> anyhow::Result<()> {
             print!("{}", nodes_table(&client).await?);
             Ok(())
         }
-        NodesCmd::List { output, .. } => print_as(&serde_json::json!({"items": node_rows(&client).await?}), &output),
+        NodesCmd::List { output, .. } => {
+            print_as(&serde_json::json!({"items": better_compute_nodes::listing::node_summaries(&client).await?}), &output)
+        }
         NodesCmd::Describe { node_id, output, .. } => {
             let d = better_compute_api::describe::node(&client, &node_id).await?;
             if matches!(output, Output::Table | Output::Wide) {
@@ -101,46 +103,23 @@ pub async fn nodes(args: NodesArgs) -> anyhow::Result<()> {
     }
 }
 
-const NODE_ROWS: &str = "SELECT n.id, n.name, p.name, n.liveness, n.generation, n.observed_generation,
-                                 array_to_string(n.no_schedule_reasons, ',')
-                            FROM nodes n JOIN pools p ON p.id = n.pool_id ORDER BY p.name, n.name";
-
-/// The nodes as `nodes list -o json` prints them.
-async fn node_rows(client: &tokio_postgres::Client) -> anyhow::Result<Vec<serde_json::Value>> {
-    Ok(client
-        .query(NODE_ROWS, &[])
-        .await?
-        .iter()
-        .map(|r| {
-            let reasons: String = r.get(6);
-            serde_json::json!({
-                "liveness": r.get::<_, String>(3), "id": r.get::<_, String>(0), "name": r.get::<_, String>(1), "pool": r.get::<_, String>(2),
-                "generation": r.get::<_, i64>(4), "observedGeneration": r.get::<_, i64>(5),
-                "noScheduleReasons": reasons.split(',').filter(|s| !s.is_empty()).collect::<Vec<_>>(),
-            })
-        })
-        .collect())
-}
-
 /// The nodes with their generation and observed generation, as a table (also printed by `dev`).
 pub async fn nodes_table(client: &tokio_postgres::Client) -> anyhow::Result<String> {
     use std::fmt::Write;
-    let rows = client.query(NODE_ROWS, &[]).await?;
     let mut out = String::new();
     writeln!(out, "{:<32} {:<16} {:<10} {:<13} {:>10} {:>8}  NO-SCHEDULE", "NODE", "NAME", "POOL", "LIVENESS", "GENERATION", "OBSERVED")?;
-    for r in rows {
-        let (generation, observed): (i64, i64) = (r.get(4), r.get(5));
+    for n in better_compute_nodes::listing::node_summaries(client).await? {
         writeln!(
             out,
             "{:<32} {:<16} {:<10} {:<13} {:>10} {:>8}  {}{}",
-            r.get::<_, String>(0),
-            r.get::<_, String>(1),
-            r.get::<_, String>(2),
-            r.get::<_, String>(3),
-            generation,
-            observed,
-            r.get::<_, String>(6),
-            if generation > observed { " (converging)" } else { "" }
+            n.id,
+            n.name,
+            n.pool,
+            n.liveness,
+            n.generation,
+            n.observed_generation,
+            n.no_schedule_reasons.join(","),
+            if n.generation > n.observed_generation { " (converging)" } else { "" }
         )?;
     }
     Ok(out)

@@ -135,7 +135,7 @@ async fn serve(local: &dev::Local, args: &UpArgs) -> anyhow::Result<()> {
         procs.push(p);
         names.push(name);
     }
-    let node_ids: Vec<String> = db.query("SELECT id FROM nodes WHERE name = ANY($1) ORDER BY name", &[&names]).await?.iter().map(|r| r.get(0)).collect();
+    let node_ids = better_compute_nodes::listing::node_ids_named(&db, &names).await?;
     anyhow::ensure!(node_ids.len() == names.len(), "{} of {} nodes are registered; see the daemons' logs in {}", node_ids.len(), names.len(), logs.display());
     better_compute_sim::fleet::wait_converged(&db, &node_ids, Duration::from_secs(90)).await;
     print!("{}", crate::ops::nodes_table(&db).await?);

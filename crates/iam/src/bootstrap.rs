@@ -63,3 +63,12 @@ pub async fn tenant_with_admin(tx: &impl GenericClient, tenant_name: &str, admin
     let token = issue(tx, &tenant.id, None, &identity.id, "first admin", Some(crate::tokens::MAX_TTL_S)).await?;
     Ok(Bootstrapped { tenant, identity, token })
 }
+
+/// The first fleet admin bootstrap made, as (tenant, identity), if bootstrap ran: the oldest
+/// fleet-scope binding.
+pub async fn first_fleet_admin(db: &impl GenericClient) -> Result<Option<(String, String)>, DbError> {
+    Ok(db
+        .query_opt("SELECT b.tenant_id, b.identity_id FROM role_bindings b WHERE b.scope_kind = 'fleet' ORDER BY b.created_at LIMIT 1", &[])
+        .await?
+        .map(|r| (r.get(0), r.get(1))))
+}

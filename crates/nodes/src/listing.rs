@@ -236,3 +236,70 @@ pub async fn create_join_token(tx: &impl GenericClient, pool_id: &str, ttl_s: Op
         .ok_or_else(|| Error::not_found("pool", pool_id))?;
     Ok(IssuedJoinToken { id, pool_id: pool_id.to_owned(), secret, expires_at: row.get(0) })
 }
+
+/// A node as the operator's `nodes list` shows it: where it is, its liveness, whether it has
+/// converged (generation against observed generation) and why placement skips it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeSummary {
+    /// `node_…`.
+    pub id: String,
+    /// Its name.
+    pub name: String,
+    /// Its pool's name.
+    pub pool: String,
+    /// connected, disconnected, unreachable or lost.
+    pub liveness: String,
+    /// Its desired state's generation.
+    pub generation: i64,
+    /// The generation its daemon applied last.
+    pub observed_generation: i64,
+    /// Why the placer skips it.
+    pub no_schedule_reasons: Vec<String>,
+}
+
+/// Every node, by pool name then node name (the operator's view; no tenant scope).
+pub async fn node_summaries(db: &impl GenericClient) -> Result<Vec<NodeSummary>, DbError> {
+    let rows = db
+        .query(
+            "SELECT n.id, n.name, p.name, n.liveness, n.generation, n.observed_generation, n.no_schedule_reasons
+               FROM nodes n JOIN pools p ON p.id = n.pool_id ORDER BY p.name, n.name",
+            &[],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| NodeSummary {
+            id: r.get(0),
+            name: r.get(1),
+            pool: r.get(2),
+            liveness: r.get(3),
+            generation: r.get(4),
+            observed_generation: r.get(5),
+            no_schedule_reasons: r.get(6),
+        })
+        .collect())
+}
+
+/// The ids of the nodes with these names, by name (names are unique within a pool only).
+pub async fn node_ids_named(db: &impl GenericClient, names: &[String]) -> Result<Vec<String>, DbError> {
+    Ok(db.query("SELECT id FROM nodes WHERE name = ANY($1) ORDER BY name", &[&names]).await?.iter().map(|r| r.get(0)).collect())
+}
+
+/// The id of the site named `name`, if there is one.
+pub async fn site_named(db: &impl GenericClient, name: &str) -> Result<Option<String>, DbError> {
+    Ok(db.query_opt("SELECT id FROM sites WHERE name = $1", &[&name]).await?.map(|r| r.get(0)))
+}
+
+/// Whether any site exists yet.
+pub async fn any_site(db: &impl GenericClient) -> Result<bool, DbError> {
+    Ok(db.query_one("SELECT EXISTS (SELECT 1 FROM sites)", &[]).await?.get(0))
+}
+
+/// The id of the pool `pool` of the site named `site`, if there is one.
+pub async fn pool_named(db: &impl GenericClient, site: &str, pool: &str) -> Result<Option<String>, DbError> {
+    Ok(db
+        .query_opt("SELECT p.id FROM pools p JOIN sites s ON s.id = p.site_id WHERE s.name = $1 AND p.name = $2", &[&site, &pool])
+        .await?
+        .map(|r| r.get(0)))
+}

@@ -24,15 +24,18 @@ pub trait NodeSpecPart: Send + Sync + 'static {
     async fn node_specs(&self, tx: &Transaction<'_>, node_ids: &[String]) -> Result<Vec<NodeSpec>, RunError>;
 }
 
-/// A module's word that its job follows what nodes report of one section of their desired state:
-/// the node report path wakes `kind` for a node whose reported status of `section` (a key of
-/// `SpecStatus`' proto3 JSON, such as `instances`) reads differently from its last report, or that
-/// applied a newer generation while its desired state has that section (a thing removed from the
-/// section is gone once the node applied the spec without it, whether or not it ever reported it).
+/// A module's word that its job follows what the nodes of one pool kind report of one section of
+/// their desired state: the node report path wakes `kind` for such a node whose reported status of
+/// `section` (a key of `SpecStatus`' proto3 JSON, such as `instances`) reads differently from its
+/// last report, or that applied a newer generation (a thing removed from the section is gone once
+/// the node applied the spec without it, whether or not it ever reported it, and the spec may then
+/// have no such section at all).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StatusWatch {
     /// The section of `NodeSpec` and `SpecStatus` followed.
     pub section: &'static str,
+    /// The kind of pool whose nodes are followed (`pools.kind`).
+    pub pool_kind: &'static str,
     /// The job woken, keyed by node.
     pub kind: crate::Kind,
 }

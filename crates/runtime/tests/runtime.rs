@@ -1109,3 +1109,22 @@ async fn what_a_jobs_runs_count_is_its_status_in_every_report_and_in_job_runs() 
         .get(0);
     assert_eq!(stored, serde_json::json!({"finished": 3}));
 }
+
+#[tokio::test]
+async fn the_sql_desired_invalidate_wakes_the_nodespec_kind_in_the_given_shards() {
+    let probe = Arc::new(Probe::new(NODE_KIND, ShardBy::Node));
+    let h = harness_with(probe, vec![]).await;
+    let c = h.db().client().await;
+    let woken: i32 = c
+        .query_one("SELECT desired_invalidate(ARRAY['node_a', 'node_b'], ARRAY[3, 7]::int2[])", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(woken, 2);
+    // An empty set (an aggregate over no rows) wakes nothing and does not fail.
+    c.query_one("SELECT desired_invalidate(NULL, NULL)", &[]).await.unwrap();
+    let rows = c.query("SELECT kind, key, shard FROM work_queue WHERE kind <> 'housekeeping' ORDER BY key", &[]).await.unwrap();
+    let queued: Vec<(String, String, i16)> = rows.iter().map(|r| (r.get(0), r.get(1), r.get(2))).collect();
+    let name = better_compute_runtime::desired::NODESPEC.name.to_owned();
+    assert_eq!(queued, vec![(name.clone(), "node_a".to_owned(), 3), (name, "node_b".to_owned(), 7)]);
+}

@@ -212,8 +212,8 @@ pub async fn wait_converged(db: &tokio_postgres::Client, nodes: &[String], patie
             .query_one(
                 "SELECT count(*) FROM nodes n WHERE n.id = ANY($1)
                     AND (n.spec IS NULL OR n.observed_generation < n.generation
-                         OR EXISTS (SELECT 1 FROM work_queue q WHERE q.kind = 'nodespec' AND q.key = n.id))",
-                &[&nodes],
+                         OR EXISTS (SELECT 1 FROM work_queue q WHERE q.kind = $2 AND q.key = n.id))",
+                &[&nodes, &better_compute_runtime::desired::NODESPEC.name],
             )
             .await
         {

@@ -56,7 +56,7 @@ impl better_compute_runtime::Module for VpsModule {
     }
 
     fn status_watches(&self) -> Vec<better_compute_runtime::nodespec::StatusWatch> {
-        vec![better_compute_runtime::nodespec::StatusWatch { section: "instances", kind: INSTANCES_KIND }]
+        vec![better_compute_runtime::nodespec::StatusWatch { section: "instances", pool_kind: "vps-host", kind: INSTANCES_KIND }]
     }
 
     fn command_kinds(&self) -> Vec<better_compute_runtime::commands::CommandKind> {

@@ -284,12 +284,10 @@ BEGIN
     RETURN v_views;
   END IF;
   -- 12. The wake-ups (capacity_after_change's, for all at once) and the keys' stored responses.
-  PERFORM work_queue_enqueue(array_agg(w.kind), array_agg(w.key), array_agg(w.shard), 0)
-     FROM (SELECT 'capacity.reservations' AS kind, p_ids[i] AS key, p_shards[i] AS shard
-             FROM generate_subscripts(p_ids, 1) i WHERE v_ok[i]
-           UNION ALL
-           SELECT 'nodespec', n.id, n.shard FROM nodes n
-            WHERE n.id IN (SELECT v_nodes[i] FROM generate_subscripts(p_ids, 1) i WHERE v_ok[i])) w;
+  PERFORM work_queue_enqueue(array_agg('capacity.reservations'::text), array_agg(p_ids[i]), array_agg(p_shards[i]), 0)
+     FROM generate_subscripts(p_ids, 1) i WHERE v_ok[i];
+  PERFORM desired_invalidate(array_agg(n.id), array_agg(n.shard)) FROM nodes n
+    WHERE n.id IN (SELECT v_nodes[i] FROM generate_subscripts(p_ids, 1) i WHERE v_ok[i]);
   IF true = ANY(v_claimed) THEN
     v_done := idempotency_answer(ARRAY(SELECT p_tenants[i] FROM generate_subscripts(p_ids, 1) i WHERE v_claimed[i] AND v_ok[i]),
                                  ARRAY(SELECT p_identities[i] FROM generate_subscripts(p_ids, 1) i WHERE v_claimed[i] AND v_ok[i]),
@@ -394,9 +392,8 @@ BEGIN
   -- 7. The wake-ups (capacity_after_change's, for all at once).
   PERFORM work_queue_enqueue(array_agg(w.kind), array_agg(w.key), array_agg(w.shard), 0)
      FROM (SELECT DISTINCT ON (p_ids[i]) 'capacity.reservations' AS kind, p_ids[i] AS key, p_shards[i] AS shard
-             FROM generate_subscripts(p_ids, 1) i WHERE v_views[i] IS NOT NULL
-           UNION ALL
-           SELECT 'nodespec', n.id, n.shard FROM nodes n
-            WHERE n.id IN (SELECT r.node_id FROM reservations r WHERE r.id = ANY(v_ended))) w;
+             FROM generate_subscripts(p_ids, 1) i WHERE v_views[i] IS NOT NULL) w;
+  PERFORM desired_invalidate(array_agg(n.id), array_agg(n.shard)) FROM nodes n
+    WHERE n.id IN (SELECT r.node_id FROM reservations r WHERE r.id = ANY(v_ended));
   RETURN v_views;
 END $$;

@@ -69,8 +69,8 @@ $$;
 -- The shared tail of every change, given the reservation's row as the change left it: the outbox
 -- event, and wake-ups of the node's desired state (its nodespec key, in the node's stored shard) and
 -- of the reservation's own reconciler key (which arms its timers; p_shard, computed by the caller),
--- both in one statement. The kinds' names are desired::NODESPEC's and RESERVATIONS_KIND's. Returns
--- the view.
+-- the reservation's first ('capacity.reservations' is RESERVATIONS_KIND's name), so that keys are
+-- always taken in kind order. Returns the view.
 CREATE OR REPLACE FUNCTION capacity_after_change(r reservations, p_event_type text, p_event_id text, p_shard int2) RETURNS jsonb
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -82,11 +82,9 @@ BEGIN
   v_event := outbox_emit(p_event_id, p_event_type, r.tenant_id, r.id,
                          jsonb_build_object('state', v->'state', 'nodeId', v->'nodeId', 'atoms', v->'atoms', 'version', v->'version')
                          || CASE WHEN r.end_reason IS NULL THEN '{}'::jsonb ELSE jsonb_build_object('endReason', r.end_reason) END);
-  IF r.node_id IS NULL THEN
-    v_keys := work_queue_enqueue(ARRAY['capacity.reservations'], ARRAY[r.id], ARRAY[p_shard], 0);
-  ELSE
-    v_keys := work_queue_enqueue(ARRAY['capacity.reservations', 'nodespec'], ARRAY[r.id, r.node_id],
-                                 ARRAY[p_shard, (SELECT n.shard FROM nodes n WHERE n.id = r.node_id)], 0);
+  v_keys := work_queue_enqueue(ARRAY['capacity.reservations'], ARRAY[r.id], ARRAY[p_shard], 0);
+  IF r.node_id IS NOT NULL THEN
+    v_keys := desired_invalidate(ARRAY[r.node_id], ARRAY[(SELECT n.shard FROM nodes n WHERE n.id = r.node_id)]);
   END IF;
   RETURN v;
 END $$;

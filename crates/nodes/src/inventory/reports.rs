@@ -246,9 +246,9 @@ async fn finish(tx: &impl GenericClient, results: &[(&str, &str, bool, Option<&s
 }
 
 /// Each node's spec status, and the generation it has applied, which only moves up: one statement.
-/// Each watch's job is woken for the nodes whose report of its section changed, or that applied a
-/// newer generation of a desired state with that section ([`StatusWatch`]); a node whose VMs read
-/// differently forgets the consoles of VMs it no longer reports.
+/// Each watch's job is woken for the nodes of its pool kind whose report of its section changed, or
+/// that applied a newer generation ([`StatusWatch`]); a node whose VMs read differently forgets the
+/// consoles of VMs it no longer reports.
 async fn spec_statuses(tx: &impl GenericClient, specs: &BTreeMap<&str, &SpecStatus>, watches: &[StatusWatch]) -> Result<(), DbError> {
     if specs.is_empty() {
         return Ok(());
@@ -257,6 +257,7 @@ async fn spec_statuses(tx: &impl GenericClient, specs: &BTreeMap<&str, &SpecStat
     let json = specs.values().map(serde_json::to_value).collect::<Result<Vec<_>, _>>().map_err(|e| Error::internal(e.to_string()))?;
     let observed: Vec<i64> = specs.values().map(|s| s.observed_generation).collect();
     let sections: Vec<&str> = watches.iter().map(|w| w.section).collect();
+    let pool_kinds: Vec<&str> = watches.iter().map(|w| w.pool_kind).collect();
     let rows = tx
         .query(
             "WITH old AS (SELECT id, spec_status, observed_generation FROM nodes WHERE id = ANY($1))
@@ -265,10 +266,11 @@ async fn spec_statuses(tx: &impl GenericClient, specs: &BTreeMap<&str, &SpecStat
                FROM unnest($1::text[], $2::jsonb[], $3::int8[]) AS u(id, status, observed), old
               WHERE n.id = u.id AND old.id = u.id
              RETURNING n.id, old.spec_status->'instances' IS DISTINCT FROM u.status->'instances',
-                       ARRAY(SELECT old.spec_status->w.section IS DISTINCT FROM u.status->w.section
-                                    OR (coalesce(old.observed_generation, -1) < u.observed AND n.spec ? w.section)
-                               FROM unnest($4::text[]) WITH ORDINALITY AS w(section, i) ORDER BY w.i)",
-            &[&nodes, &json, &observed, &sections],
+                       ARRAY(SELECT (old.spec_status->w.section IS DISTINCT FROM u.status->w.section
+                                     OR coalesce(old.observed_generation, -1) < u.observed)
+                                    AND EXISTS (SELECT 1 FROM pools p WHERE p.id = n.pool_id AND p.kind = w.pool_kind)
+                               FROM unnest($4::text[], $5::text[]) WITH ORDINALITY AS w(section, pool_kind, i) ORDER BY w.i)",
+            &[&nodes, &json, &observed, &sections, &pool_kinds],
         )
         .await?;
     let vms_changed: Vec<&str> = rows.iter().filter(|r| r.get::<_, bool>(1)).map(|r| r.get(0)).collect();

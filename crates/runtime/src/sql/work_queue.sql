@@ -25,3 +25,11 @@ BEGIN
                                    ELSE w.dirty_not_before END;
   RETURN cardinality(p_keys);
 END $$;
+
+-- desired::invalidate_many as a SQL function: wakes the NodeSpec controller (desired::NODESPEC, a
+-- test keeps the name equal) for nodes in their stored shards, so that other modules' SQL wakes it
+-- without naming the runtime's job.
+CREATE OR REPLACE FUNCTION desired_invalidate(p_nodes text[], p_shards int2[]) RETURNS int
+LANGUAGE sql AS $$
+  SELECT work_queue_enqueue(array_fill('nodespec'::text, ARRAY[coalesce(cardinality(p_nodes), 0)]), p_nodes, p_shards, 0)
+$$;

@@ -47,6 +47,7 @@ impl Api {
             Arc::new(better_compute_iam::IamModule),
             Arc::new(better_compute_events::EventsModule::default()),
             Arc::new(better_compute_audit::AuditModule),
+            Arc::new(better_compute_workflows::WorkflowsModule),
         ])
         .await;
         let mut c = h.db().connect().await;

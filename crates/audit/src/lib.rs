@@ -49,18 +49,4 @@ impl better_compute_runtime::Module for AuditModule {
         use better_compute_runtime::authz::Permission;
         vec![Permission { name: "compute:audit:read", description: "Read the audit log: a tenant's own entries at tenant scope, every entry and the checkpoints at fleet scope." }]
     }
-
-    fn decision_log(&self) -> Option<Arc<dyn better_compute_runtime::decisions::DecisionLog>> {
-        Some(Arc::new(JobDecisions))
-    }
-}
-
-/// The registry's decision log: a job's decision is an entry with the job as its actor.
-struct JobDecisions;
-
-#[async_trait::async_trait]
-impl better_compute_runtime::decisions::DecisionLog for JobDecisions {
-    async fn record(&self, tx: &tokio_postgres::Transaction<'_>, d: &better_compute_runtime::decisions::Decision<'_>) -> Result<(), better_compute_db::DbError> {
-        entry::Actor::Job(d.job.to_owned().into()).record(tx, d.action, d.target, d.tenant_id).await
-    }
 }

@@ -17,7 +17,7 @@ use better_compute_nodes::{commands, health};
 use better_compute_proto::v1::{GpuHealth, Health};
 use better_compute_runtime::harness::Harness;
 use better_compute_runtime::signing::CommandSigner;
-use better_compute_runtime::workflow::{self, NewWorkflow, Target, WorkflowView};
+use better_compute_workflows::{self as workflow, NewWorkflow, Target, WorkflowView};
 use fleet::*;
 
 /// Who makes the changes these tests make.

@@ -538,8 +538,8 @@ pub static GUARDED_COLUMNS: &[GuardedColumn] = &[
     GuardedColumn { module: "nodes", table: "commands", column: "state", states: &COMMAND_STATE_TABLE },
     GuardedColumn { module: "nodes", table: "devices", column: "health_state", states: &GPU_HEALTH_STATE_TABLE },
     GuardedColumn { module: "nodes", table: "node_drains", column: "state", states: &DRAIN_STATE_TABLE },
-    GuardedColumn { module: "runtime", table: "workflows", column: "state", states: &WORKFLOW_STATE_TABLE },
-    GuardedColumn { module: "runtime", table: "workflow_steps", column: "state", states: &WORKFLOW_STEP_STATE_TABLE },
+    GuardedColumn { module: "workflows", table: "workflows", column: "state", states: &WORKFLOW_STATE_TABLE },
+    GuardedColumn { module: "workflows", table: "workflow_steps", column: "state", states: &WORKFLOW_STEP_STATE_TABLE },
     GuardedColumn { module: "vps", table: "instances", column: "state", states: &INSTANCE_STATE_TABLE },
 ];
 

@@ -34,17 +34,25 @@ pub struct Migration {
     pub sql: &'static str,
     /// Numbered or repeatable.
     pub kind: MigrationKind,
+    /// The `(module, name)` it was recorded under before it moved to another module: a database
+    /// that applied it under that name has it, and its record is renamed.
+    pub was: Option<(&'static str, &'static str)>,
 }
 
 impl Migration {
     /// A numbered migration.
     pub const fn numbered(module: &'static str, name: &'static str, sql: &'static str) -> Migration {
-        Migration { module, name, sql, kind: MigrationKind::Numbered }
+        Migration { module, name, sql, kind: MigrationKind::Numbered, was: None }
     }
 
     /// A repeatable SQL file.
     pub const fn repeatable(module: &'static str, name: &'static str, sql: &'static str) -> Migration {
-        Migration { module, name, sql, kind: MigrationKind::Repeatable }
+        Migration { module, name, sql, kind: MigrationKind::Repeatable, was: None }
+    }
+
+    /// The same migration, once recorded as `module/name`.
+    pub const fn was(self, module: &'static str, name: &'static str) -> Migration {
+        Migration { was: Some((module, name)), ..self }
     }
 
     /// SHA-256 of the SQL, recorded so a migration edited after it was applied is noticed.
@@ -113,7 +121,10 @@ pub async fn pending(db: &impl tokio_postgres::GenericClient, sets: &[&[Migratio
     Ok(sets
         .iter()
         .flat_map(|s| s.iter())
-        .filter(|m| recorded.get(&(m.module.to_owned(), m.name.to_owned())) != Some(&m.checksum()))
+        .filter(|m| {
+            let was = m.was.and_then(|(module, name)| recorded.get(&(module.to_owned(), name.to_owned())));
+            recorded.get(&(m.module.to_owned(), m.name.to_owned())).or(was) != Some(&m.checksum())
+        })
         .map(|m| format!("{}/{}", m.module, m.name))
         .collect())
 }
@@ -141,6 +152,15 @@ pub async fn migrate(client: &mut tokio_postgres::Client, sets: &[&[Migration]])
            PRIMARY KEY (module, name))",
     )
     .await?;
+    // A migration that moved to another module keeps its record under its new name.
+    for (m, (module, name)) in ordered.iter().filter_map(|m| m.was.map(|w| (m, w))) {
+        tx.execute(
+            "UPDATE schema_migrations SET module = $1, name = $2 WHERE module = $3 AND name = $4
+                AND NOT EXISTS (SELECT 1 FROM schema_migrations WHERE module = $1 AND name = $2)",
+            &[&m.module, &m.name, &module, &name],
+        )
+        .await?;
+    }
     let mut report = MigrateReport::default();
     for m in ordered {
         let label = format!("{}/{}", m.module, m.name);

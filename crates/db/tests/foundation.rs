@@ -52,6 +52,28 @@ async fn a_new_module_migration_is_applied_after_core_and_an_edited_one_is_refus
 }
 
 #[tokio::test]
+async fn a_migration_moved_to_another_module_is_not_applied_again_and_its_record_follows_it() {
+    let db = TestDb::core().await;
+    let mut c = db.connect().await;
+    const SQL: &str = "CREATE TABLE moved_t (a int);";
+    const BEFORE: &[Migration] = &[Migration::numbered("old", "0002_moved", SQL)];
+    migrate(&mut c, &[FOUNDATION_MIGRATIONS, &[BEFORE]].concat()).await.unwrap();
+    const AFTER: &[Migration] = &[Migration::numbered("new", "0001_moved", SQL).was("old", "0002_moved")];
+    let sets = [FOUNDATION_MIGRATIONS, &[AFTER]].concat();
+    assert!(better_compute_db::migrate::pending(&c, &sets).await.unwrap().is_empty(), "the old record counts");
+    // Applying it again would fail: the table exists.
+    let report = migrate(&mut c, &sets).await.unwrap();
+    assert!(report.applied.is_empty(), "{report:?}");
+    let names: Vec<String> =
+        c.query("SELECT module || '/' || name FROM schema_migrations WHERE name LIKE '%moved'", &[]).await.unwrap().iter().map(|r| r.get(0)).collect();
+    assert_eq!(names, ["new/0001_moved"]);
+    // A fresh database applies it under its new name.
+    let fresh = TestDb::core().await;
+    let mut f = fresh.connect().await;
+    assert_eq!(migrate(&mut f, &sets).await.unwrap().applied, ["new/0001_moved"]);
+}
+
+#[tokio::test]
 async fn a_failing_migration_leaves_nothing_of_its_run_behind() {
     let db = TestDb::core().await;
     let mut c = db.connect().await;

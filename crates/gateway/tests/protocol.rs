@@ -75,7 +75,7 @@ where
 
 impl Fleet {
     async fn new() -> Fleet {
-        let h = Harness::new(vec![Arc::new(NodesModule), Arc::new(better_compute_audit::AuditModule)]).await;
+        let h = Harness::new(vec![Arc::new(NodesModule), Arc::new(better_compute_audit::AuditModule), Arc::new(better_compute_workflows::WorkflowsModule)]).await;
         let mut c = h.db().client().await;
         let tx = c.transaction().await.unwrap();
         let site = inventory::create_site(&*tx, "s").await.unwrap();
@@ -493,7 +493,7 @@ async fn a_key_rotation_is_followed_without_a_rejoin_both_keys_verify_until_the_
     // A reboot signed by the old key waits, queued, while the rotation happens.
     let old: &better_compute_runtime::Registry = f.h.registry();
     let new_key = Arc::new(better_compute_runtime::signing::CommandSigner::generate());
-    let new = better_compute_runtime::Registry::new(vec![Arc::new(NodesModule)]).unwrap();
+    let new = better_compute_runtime::Registry::new(vec![Arc::new(NodesModule), Arc::new(better_compute_workflows::WorkflowsModule)]).unwrap();
     new.install_command_signer(new_key.clone());
     {
         let mut c = f.h.db().client().await;

@@ -604,7 +604,7 @@ pub struct Signal {
 /// Starts `node.recover` for a GPU whose reset waits for what holds it, unless one is open for it
 /// already (held ones included: an operator looks at those). Returns whether it started one.
 async fn start_recovery(tx: &Transaction<'_>, registry: &better_compute_runtime::Registry, node_id: &str, uuid: &str) -> Result<bool, DbError> {
-    use better_compute_runtime::workflow;
+    use better_compute_workflows as workflow;
     let params = serde_json::json!({"gpuUuid": uuid});
     if registry.workflow(crate::workflows::RECOVER).is_none() || workflow::open_with(tx, crate::workflows::RECOVER, node_id, &params).await?.is_some() {
         return Ok(false);

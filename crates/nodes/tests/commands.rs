@@ -16,7 +16,7 @@ use better_compute_runtime::harness::Harness;
 static TEST_ACTOR: Actor = Actor::job("test");
 
 async fn setup() -> (Harness, String) {
-    let h = Harness::new(vec![Arc::new(NodesModule), Arc::new(better_compute_audit::AuditModule)]).await;
+    let h = Harness::new(vec![Arc::new(NodesModule), Arc::new(better_compute_audit::AuditModule), Arc::new(better_compute_workflows::WorkflowsModule)]).await;
     let mut c = h.db().client().await;
     let tx = c.transaction().await.unwrap();
     let site = inventory::create_site(&*tx, "s").await.unwrap();
@@ -695,5 +695,5 @@ async fn a_destructive_command_is_signed_at_enqueue_over_its_node_seq_kind_body_
 }
 
 fn a_registry_without_a_key() -> better_compute_runtime::Registry {
-    better_compute_runtime::Registry::new(vec![std::sync::Arc::new(better_compute_nodes::NodesModule)]).unwrap()
+    better_compute_runtime::Registry::new(vec![std::sync::Arc::new(better_compute_nodes::NodesModule), std::sync::Arc::new(better_compute_workflows::WorkflowsModule)]).unwrap()
 }

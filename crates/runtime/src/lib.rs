@@ -4,7 +4,6 @@
 
 pub mod authz;
 pub mod commands;
-pub mod decisions;
 pub mod desired;
 pub mod events;
 #[cfg(feature = "testing")]
@@ -31,8 +30,6 @@ pub use worker::{Worker, WorkerConfig};
 /// SQL functions that enqueue and emit.
 pub const RUNTIME_MIGRATIONS: &[better_compute_db::Migration] = &[
     better_compute_db::Migration::numbered("runtime", "0001_runtime", include_str!("migrations/runtime/0001_runtime.sql")),
-    better_compute_db::Migration::numbered("runtime", "0002_workflows", include_str!("migrations/runtime/0002_workflows.sql")),
-    better_compute_db::Migration::repeatable("runtime", "state_guards", include_str!("sql/state_guards.sql")),
     better_compute_db::Migration::repeatable("runtime", "work_queue", include_str!("sql/work_queue.sql")),
     better_compute_db::Migration::repeatable("runtime", "outbox", include_str!("sql/outbox.sql")),
 ];

@@ -71,15 +71,16 @@ pub trait Module: Send + Sync + 'static {
         Vec::new()
     }
 
-    /// Its workflow definitions; once any module has one, the `workflow` job runs.
+    /// Its workflow definitions, which the workflow engine runs (a module whose
+    /// [`Module::runs_workflows`] is true; the registry refuses definitions without one).
     fn workflows(&self) -> Vec<Arc<dyn crate::workflow::WorkflowDefinition>> {
         Vec::new()
     }
 
-    /// The log the control plane's own decisions are recorded in (the audit module's); at most
-    /// one module has one.
-    fn decision_log(&self) -> Option<Arc<dyn crate::decisions::DecisionLog>> {
-        None
+    /// Whether it is the workflow engine (the `workflows` module), which stores and advances the
+    /// other modules' workflows.
+    fn runs_workflows(&self) -> bool {
+        false
     }
 }
 
@@ -104,9 +105,9 @@ pub enum RegistryError {
     /// Two sinks share a name.
     #[error("outbox sink {0} is registered twice")]
     DuplicateSink(String),
-    /// Two modules give a decision log.
-    #[error("modules {0} and {1} both give a decision log")]
-    DuplicateDecisionLog(String, String),
+    /// A module defines workflows but no module runs them.
+    #[error("module {0} defines workflows, but no registered module runs them (register the workflows module)")]
+    WorkflowsWithoutEngine(String),
     /// A module's migration is recorded under another module's name.
     #[error("module {module} contributes migration {migration} of another module")]
     ForeignMigration {
@@ -132,7 +133,6 @@ pub struct Registry {
     occupants: Arc<[Arc<dyn crate::occupancy::NodeOccupant>]>,
     command_signer: std::sync::OnceLock<Arc<crate::signing::CommandSigner>>,
     workflows: Vec<Arc<dyn crate::workflow::WorkflowDefinition>>,
-    decision_log: Option<Arc<dyn crate::decisions::DecisionLog>>,
 }
 
 impl Registry {
@@ -147,15 +147,6 @@ impl Registry {
         self.command_signer.get().map(|s| &**s)
     }
 
-    /// Records `d` in `tx` in the decision log, if a module gives one (a registry without the
-    /// audit module, in a test, records nothing).
-    pub async fn record_decision(&self, tx: &tokio_postgres::Transaction<'_>, d: &crate::decisions::Decision<'_>) -> Result<(), better_compute_db::DbError> {
-        match &self.decision_log {
-            Some(log) => log.record(tx, d).await,
-            None => Ok(()),
-        }
-    }
-
     /// Assembles modules in order, refusing duplicate names.
     pub fn new(modules: Vec<Arc<dyn Module>>) -> Result<Registry, RegistryError> {
         let mut names = HashSet::new();
@@ -166,7 +157,6 @@ impl Registry {
         let mut parts: Vec<Arc<dyn NodeSpecPart>> = Vec::new();
         let mut command_kinds: Vec<crate::commands::CommandKind> = Vec::new();
         let mut workflows: Vec<Arc<dyn crate::workflow::WorkflowDefinition>> = Vec::new();
-        let mut decision_log: Option<(&str, Arc<dyn crate::decisions::DecisionLog>)> = None;
         for m in &modules {
             if !names.insert(m.name()) {
                 return Err(RegistryError::DuplicateModule(m.name().to_owned()));
@@ -184,12 +174,6 @@ impl Registry {
                 reconcilers.push(r);
             }
             parts.extend(m.node_spec_parts());
-            if let Some(log) = m.decision_log() {
-                if let Some((first, _)) = &decision_log {
-                    return Err(RegistryError::DuplicateDecisionLog((*first).to_owned(), m.name().to_owned()));
-                }
-                decision_log = Some((m.name(), log));
-            }
             for w in m.workflows() {
                 if workflows.iter().any(|d| d.name() == w.name()) {
                     return Err(RegistryError::DuplicateWorkflow(w.name().to_owned()));
@@ -222,21 +206,14 @@ impl Registry {
             }
             reconcilers.push(Arc::new(NodeSpecController { parts }));
         }
-        // The workflow job runs once some module defines a workflow.
-        if !workflows.is_empty() {
-            if !jobs.insert(crate::jobs::workflow::WORKFLOW.name.to_owned()) {
-                return Err(RegistryError::DuplicateJob(crate::jobs::workflow::WORKFLOW.name.to_owned()));
-            }
-            reconcilers.push(Arc::new(crate::jobs::workflow::WorkflowJob));
-            let waker: Arc<dyn Sink> = Arc::new(crate::workflow::WorkflowWaker);
-            if !sinks.insert(waker.name().to_owned()) {
-                return Err(RegistryError::DuplicateSink(waker.name().to_owned()));
-            }
-            subscribers.push(waker);
+        if let Some(m) = modules.iter().find(|m| !m.workflows().is_empty())
+            && !modules.iter().any(|m| m.runs_workflows())
+        {
+            return Err(RegistryError::WorkflowsWithoutEngine(m.name().to_owned()));
         }
         reconcilers.push(Arc::new(crate::jobs::housekeeping::Housekeeping));
         let occupants = modules.iter().flat_map(|m| m.node_occupants()).collect();
-        Ok(Registry { modules, reconcilers, subscribers, outbox_sinks, command_kinds, occupants, command_signer: std::sync::OnceLock::new(), workflows, decision_log: decision_log.map(|(_, l)| l) })
+        Ok(Registry { modules, reconcilers, subscribers, outbox_sinks, command_kinds, occupants, command_signer: std::sync::OnceLock::new(), workflows })
     }
 
     /// Every migration set: the clock, core, the runtime, then each module's in registration order.
@@ -291,23 +268,15 @@ impl Registry {
         &self.command_kinds
     }
 
-    /// The event catalogue: every module's event types, in registration order, then the
-    /// workflows' when some module defines one.
+    /// The event catalogue: every module's event types, in registration order.
     pub fn event_types(&self) -> Vec<crate::events::EventType> {
-        let mut types: Vec<_> = self.modules.iter().flat_map(|m| m.event_types()).collect();
-        if !self.workflows.is_empty() {
-            types.extend(crate::workflow::event_types());
-        }
-        types
+        self.modules.iter().flat_map(|m| m.event_types()).collect()
     }
 
     /// The permission catalog: every module's permissions, in registration order, then the
-    /// workflows' when some module defines one, then the runtime's own (the jobs' state).
+    /// runtime's own (the jobs' state).
     pub fn permissions(&self) -> Vec<crate::authz::Permission> {
         let mut perms: Vec<_> = self.modules.iter().flat_map(|m| m.permissions()).collect();
-        if !self.workflows.is_empty() {
-            perms.extend(crate::workflow::permissions());
-        }
         perms.extend(crate::status::permissions());
         perms
     }
@@ -365,29 +334,49 @@ mod tests {
         assert_eq!(dup, Some(RegistryError::DuplicateModule("a".into())));
     }
 
-    struct Logs(&'static str);
+    struct Defines(bool);
+
+    struct NoSteps;
 
     #[async_trait::async_trait]
-    impl crate::decisions::DecisionLog for Logs {
-        async fn record(&self, _: &tokio_postgres::Transaction<'_>, _: &crate::decisions::Decision<'_>) -> Result<(), better_compute_db::DbError> {
+    impl crate::workflow::WorkflowDefinition for NoSteps {
+        fn name(&self) -> &'static str {
+            "x.nothing"
+        }
+        fn summary(&self) -> &'static str {
+            ""
+        }
+        fn steps(&self) -> &[crate::workflow::StepDef] {
+            &[]
+        }
+        fn check_params(&self, _: &serde_json::Value) -> Result<(), better_compute_core::Error> {
             Ok(())
+        }
+        async fn node_pool(&self, _: &tokio_postgres::Transaction<'_>, _: &str) -> Result<String, better_compute_db::DbError> {
+            Ok(String::new())
+        }
+        async fn expand(&self, _: &tokio_postgres::Transaction<'_>, _: &crate::workflow::Target) -> Result<Vec<String>, better_compute_db::DbError> {
+            Ok(Vec::new())
         }
     }
 
-    impl Module for Logs {
+    impl Module for Defines {
         fn name(&self) -> &'static str {
-            self.0
+            if self.0 { "engine" } else { "definer" }
         }
-
-        fn decision_log(&self) -> Option<Arc<dyn crate::decisions::DecisionLog>> {
-            Some(Arc::new(Logs(self.0)))
+        fn workflows(&self) -> Vec<Arc<dyn crate::workflow::WorkflowDefinition>> {
+            if self.0 { Vec::new() } else { vec![Arc::new(NoSteps)] }
+        }
+        fn runs_workflows(&self) -> bool {
+            self.0
         }
     }
 
     #[test]
-    fn one_module_at_most_gives_the_decision_log() {
-        assert!(Registry::new(vec![Arc::new(Logs("audit")), Arc::new(Declares("b", "x.one"))]).is_ok());
-        let two = Registry::new(vec![Arc::new(Logs("audit")), Arc::new(Logs("other"))]).err();
-        assert_eq!(two, Some(RegistryError::DuplicateDecisionLog("audit".into(), "other".into())));
+    fn workflow_definitions_need_a_registered_engine() {
+        let alone = Registry::new(vec![Arc::new(Defines(false))]).err();
+        assert_eq!(alone, Some(RegistryError::WorkflowsWithoutEngine("definer".into())));
+        let r = Registry::new(vec![Arc::new(Defines(false)), Arc::new(Defines(true))]).unwrap();
+        assert_eq!(r.workflows().len(), 1);
     }
 }

@@ -30,6 +30,7 @@ pub fn modules() -> Vec<Arc<dyn better_compute_runtime::Module>> {
         Arc::new(better_compute_iam::IamModule),
         Arc::new(better_compute_events::EventsModule { config: better_compute_events::EventsConfig::from_env() }),
         Arc::new(better_compute_audit::AuditModule),
+        Arc::new(better_compute_workflows::WorkflowsModule),
     ]
 }
 

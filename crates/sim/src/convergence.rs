@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use better_compute_audit::Actor;
 use better_compute_capacity::Caller;
 use better_compute_nodes::drain;
-use better_compute_runtime::workflow;
+use better_compute_workflows as workflow;
 use better_compute_vps::instances::{self, Action};
 
 use crate::checks::instance_differences;

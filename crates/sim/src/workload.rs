@@ -19,7 +19,7 @@ use better_compute_core::{Error, ErrorCode};
 use better_compute_nodes::actions;
 use better_compute_nodes::commands::{self, NewCommand};
 use better_compute_nodes::drain;
-use better_compute_runtime::workflow;
+use better_compute_workflows as workflow;
 use better_compute_vps::instances::{self, Action, CreateInstance};
 
 use crate::args::Broken;

@@ -35,7 +35,7 @@ async fn set_image(h: &Harness, name: &str, sha256: &str) -> better_compute_vps:
 }
 
 async fn harness() -> Harness {
-    Harness::new(vec![Arc::new(NodesModule), Arc::new(CapacityModule), Arc::new(VpsModule), Arc::new(better_compute_audit::AuditModule)]).await
+    Harness::new(vec![Arc::new(NodesModule), Arc::new(CapacityModule), Arc::new(VpsModule), Arc::new(better_compute_audit::AuditModule), Arc::new(better_compute_workflows::WorkflowsModule)]).await
 }
 
 /// The node's bootstrap command now: its id, kind and payload.

@@ -65,7 +65,7 @@ async fn spec_instances(h: &Harness, node: &str) -> serde_json::Value {
 
 #[tokio::test]
 async fn an_instance_runs_stops_and_is_deleted_as_desired_state_moved_by_its_hosts_reports() {
-    let h = Harness::new(vec![Arc::new(NodesModule), Arc::new(CapacityModule), Arc::new(VpsModule), Arc::new(better_compute_audit::AuditModule)]).await;
+    let h = Harness::new(vec![Arc::new(NodesModule), Arc::new(CapacityModule), Arc::new(VpsModule), Arc::new(better_compute_audit::AuditModule), Arc::new(better_compute_workflows::WorkflowsModule)]).await;
     let (pool, node) = host(&h).await;
     let mut c = h.db().client().await;
     let v = instances::create(&mut c, &TEST_ACTOR, ME, &request(&pool, "i-1")).await.unwrap();
@@ -131,7 +131,7 @@ async fn an_instance_runs_stops_and_is_deleted_as_desired_state_moved_by_its_hos
 
 #[tokio::test]
 async fn an_instance_the_host_never_ran_is_deleted_once_the_host_applies_the_spec_without_it() {
-    let h = Harness::new(vec![Arc::new(NodesModule), Arc::new(CapacityModule), Arc::new(VpsModule), Arc::new(better_compute_audit::AuditModule)]).await;
+    let h = Harness::new(vec![Arc::new(NodesModule), Arc::new(CapacityModule), Arc::new(VpsModule), Arc::new(better_compute_audit::AuditModule), Arc::new(better_compute_workflows::WorkflowsModule)]).await;
     let (pool, node) = host(&h).await;
     let mut c = h.db().client().await;
     let v = instances::create(&mut c, &TEST_ACTOR, ME, &request(&pool, "i-1")).await.unwrap();
@@ -157,7 +157,7 @@ async fn an_instance_the_host_never_ran_is_deleted_once_the_host_applies_the_spe
 
 #[tokio::test]
 async fn bad_instance_requests_are_refused_with_stable_codes_and_change_nothing() {
-    let h = Harness::new(vec![Arc::new(NodesModule), Arc::new(CapacityModule), Arc::new(VpsModule), Arc::new(better_compute_audit::AuditModule)]).await;
+    let h = Harness::new(vec![Arc::new(NodesModule), Arc::new(CapacityModule), Arc::new(VpsModule), Arc::new(better_compute_audit::AuditModule), Arc::new(better_compute_workflows::WorkflowsModule)]).await;
     let (pool, _) = host(&h).await;
     let mut c = h.db().client().await;
     let cases: Vec<(CreateInstance, ErrorCode)> = vec![
@@ -180,7 +180,7 @@ async fn bad_instance_requests_are_refused_with_stable_codes_and_change_nothing(
 
 #[tokio::test]
 async fn the_tenant_hears_once_that_its_instances_reservation_ends_in_fifteen_minutes() {
-    let h = Harness::new(vec![Arc::new(NodesModule), Arc::new(CapacityModule), Arc::new(VpsModule), Arc::new(better_compute_audit::AuditModule)]).await;
+    let h = Harness::new(vec![Arc::new(NodesModule), Arc::new(CapacityModule), Arc::new(VpsModule), Arc::new(better_compute_audit::AuditModule), Arc::new(better_compute_workflows::WorkflowsModule)]).await;
     let (pool, _) = host(&h).await;
     let mut c = h.db().client().await;
     let v = instances::create(&mut c, &TEST_ACTOR, ME, &request(&pool, "e-1")).await.unwrap();
@@ -206,7 +206,7 @@ async fn the_tenant_hears_once_that_its_instances_reservation_ends_in_fifteen_mi
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn racing_creates_on_one_reservation_make_exactly_one_instance() {
-    let h = Harness::new(vec![Arc::new(NodesModule), Arc::new(CapacityModule), Arc::new(VpsModule), Arc::new(better_compute_audit::AuditModule)]).await;
+    let h = Harness::new(vec![Arc::new(NodesModule), Arc::new(CapacityModule), Arc::new(VpsModule), Arc::new(better_compute_audit::AuditModule), Arc::new(better_compute_workflows::WorkflowsModule)]).await;
     let (pool, _) = host(&h).await;
     let mut c = h.db().client().await;
     let r = one_gpu(&pool);
@@ -253,7 +253,7 @@ async fn usage_windows(h: &Harness, id: &str) -> Vec<(String, f64)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_instance_is_metered_once_per_closed_window_for_the_seconds_its_vm_was_up() {
-    let h = Harness::new(vec![Arc::new(NodesModule), Arc::new(CapacityModule), Arc::new(VpsModule), Arc::new(better_compute_audit::AuditModule)]).await;
+    let h = Harness::new(vec![Arc::new(NodesModule), Arc::new(CapacityModule), Arc::new(VpsModule), Arc::new(better_compute_audit::AuditModule), Arc::new(better_compute_workflows::WorkflowsModule)]).await;
     let (pool, node) = host(&h).await;
     let mut c = h.db().client().await;
     let min = |m: u64| std::time::Duration::from_secs(m * 60);
@@ -344,7 +344,7 @@ fn console(id: &str, offset: u64, data: &[u8]) -> Report {
 
 #[tokio::test]
 async fn an_instances_console_keeps_each_byte_once_and_the_last_64_kib_while_its_host_reports_the_vm() {
-    let h = Harness::new(vec![Arc::new(NodesModule), Arc::new(CapacityModule), Arc::new(VpsModule), Arc::new(better_compute_audit::AuditModule)]).await;
+    let h = Harness::new(vec![Arc::new(NodesModule), Arc::new(CapacityModule), Arc::new(VpsModule), Arc::new(better_compute_audit::AuditModule), Arc::new(better_compute_workflows::WorkflowsModule)]).await;
     let (pool, node) = host(&h).await;
     let mut c = h.db().client().await;
     let v = instances::create(&mut c, &TEST_ACTOR, ME, &request(&pool, "c-1")).await.unwrap();

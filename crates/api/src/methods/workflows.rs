@@ -6,7 +6,7 @@ use better_compute_core::Error;
 use better_compute_db::idempotency::{self, Claim, IdempotencyScope};
 use better_compute_db::DbError;
 use better_compute_runtime::authz::Resource;
-use better_compute_runtime::workflow::{self, ListFilter, NewWorkflow, Target, WorkflowView, READ, WRITE};
+use better_compute_workflows::{self as workflow, ListFilter, NewWorkflow, Target, WorkflowView, READ, WRITE};
 use serde::Deserialize;
 
 use crate::method::{change, read, Ctx};

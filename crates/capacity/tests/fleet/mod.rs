@@ -23,7 +23,7 @@ pub struct Fleet {
 }
 
 pub async fn harness() -> Harness {
-    Harness::new(vec![Arc::new(NodesModule), Arc::new(CapacityModule), Arc::new(better_compute_audit::AuditModule)]).await
+    Harness::new(vec![Arc::new(NodesModule), Arc::new(CapacityModule), Arc::new(better_compute_audit::AuditModule), Arc::new(better_compute_workflows::WorkflowsModule)]).await
 }
 
 /// `modes[i]` is the mode of every GPU of node i.

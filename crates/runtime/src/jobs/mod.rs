@@ -2,4 +2,3 @@
 
 pub mod housekeeping;
 pub mod nodespec;
-pub mod workflow;

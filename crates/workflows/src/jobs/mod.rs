@@ -1,0 +1,3 @@
+//! The module's jobs, one file each, named for the job's kind.
+
+pub mod workflow;

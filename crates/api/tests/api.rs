@@ -1049,6 +1049,7 @@ fn expect(allowed: bool, refused: u16) -> u16 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[allow(clippy::too_many_lines, reason = "a test: one loop over every role, scope and IAM method, asserting as it goes")]
 async fn every_iam_method_refuses_acting_on_an_identity_mightier_than_the_caller_for_every_role_and_scope() {
     use iam_model::{Scope, World};
     let api = Api::start().await;
@@ -1753,6 +1754,7 @@ async fn instances_are_created_once_per_key_read_listed_and_deleted_through_the_
 const AUDITED_LIKE_ANOTHER: &[&str] = &["instances.stop", "instances.start", "instances.reboot", "workflows.resume", "webhooks.deadLetters.replay"];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[allow(clippy::too_many_lines, reason = "a test: every changing method in turn, each with its assertions beside it")]
 async fn every_change_through_the_api_writes_one_audit_entry_with_it_and_a_refusal_one_denied() {
     let api = Api::start().await;
     let b = api.tenant("tenant-b").await;

@@ -393,6 +393,7 @@ async fn metering(conn: &str) -> anyhow::Result<Metering> {
 }
 
 /// Runs the benchmark.
+#[allow(clippy::too_many_lines, reason = "the benchmark's script: each phase and its printed figures in the order of the report")]
 pub async fn run(b: CapacityBench) -> anyhow::Result<()> {
     let scratch = Scratch::start((b.clients + b.batchers) as u32 + 40).await?;
     let conn = scratch.conn();

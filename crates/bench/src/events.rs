@@ -25,6 +25,7 @@ pub struct EventsBench {
 }
 
 /// Runs the benchmark.
+#[allow(clippy::too_many_lines, reason = "the benchmark's script: each phase and its printed figures in the order of the report")]
 pub async fn run(b: EventsBench) -> anyhow::Result<()> {
     let scratch = Scratch::start(b.subscribers as u32 + 60).await?;
     let conn = scratch.conn();

@@ -94,6 +94,7 @@ pub async fn run(b: GatewayBench) -> anyhow::Result<()> {
     Ok(())
 }
 
+#[allow(clippy::too_many_lines, reason = "the benchmark's script for one fleet size: each phase and its printed figures in the order of the report")]
 async fn run_one(b: &GatewayBench, n: usize) -> anyhow::Result<()> {
     let scratch = Scratch::start(250).await?;
     let conn = scratch.conn();

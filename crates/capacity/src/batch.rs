@@ -260,7 +260,7 @@ where
         counters.batches.fetch_add(1, Ordering::Relaxed);
         let ran = async {
             let (db, views) = run(pool.get().await?, jobs.clone()).await?;
-            work_queue::poke(&**db).await;
+            work_queue::poke(&db).await;
             Ok::<_, DbError>(views)
         };
         let views = ran.await.unwrap_or_else(|e| {

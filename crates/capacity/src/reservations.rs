@@ -512,6 +512,7 @@ async fn release_alone(client: &mut Client, actor: &Actor, caller: Caller<'_>, i
 /// `reservations.extend`: moves the end later. The added range is booked on the same atoms with
 /// `ON CONFLICT DO NOTHING`; if another reservation holds any of them then, nothing changes and the
 /// answer is `CONFLICT`.
+#[allow(clippy::too_many_lines, reason = "one guarded transaction (lock, check, book the added range, charge, record, emit); its steps share the row locks it takes")]
 pub async fn extend(
     client: &mut Client,
     actor: &Actor,

@@ -67,6 +67,7 @@ fn strings(items: &[&str]) -> Vec<String> {
     items.iter().map(|s| (*s).to_owned()).collect()
 }
 
+#[allow(clippy::too_many_lines, reason = "the processes of the scale-out shape started in dependency order, each a few lines")]
 async fn serve(local: &dev::Local, args: &UpArgs) -> anyhow::Result<()> {
     let root = &local.root;
     let prepared = dev::prepare(&local.cluster, root).await?;

@@ -127,6 +127,7 @@ fn scratch_dir() -> PathBuf {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[allow(clippy::too_many_lines, reason = "a test: one scenario (second copy, Ctrl-C, restarts, kills) with its assertions in order")]
 async fn dev_refuses_a_second_copy_stops_on_ctrl_c_and_keeps_data_across_restarts_and_kills() {
     let dir = scratch_dir();
 

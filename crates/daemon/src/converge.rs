@@ -113,6 +113,7 @@ fn owns(gpus: &[String], atom: &str) -> Option<String> {
 }
 
 /// Converges `spec` from what is `held` now.
+#[allow(clippy::too_many_lines, reason = "one section after another, in the order the daemon reports them")]
 pub fn converge(spec: &NodeSpec, backend: &dyn GpuBackend, held: &Applied) -> Convergence {
     let mut sections = Vec::new();
     let mut applied = held.clone();

@@ -102,7 +102,7 @@ impl Gateway for GatewayService {
         let signed = self.inner.ca.sign_node(&r.csr_pem, &joined.node_id, self.inner.cfg.node_cert_lifetime).map_err(ca_error)?;
         join::record_certificate(&*tx, &joined.node_id, &issued(&signed)).await.map_err(db)?;
         tx.commit().await.map_err(db)?;
-        better_compute_runtime::work_queue::poke(&**c).await;
+        better_compute_runtime::work_queue::poke(&c).await;
         tracing::info!(node = %joined.node_id, pool = %joined.pool_id, "node joined");
         Ok(Response::new(JoinResponse {
             node_id: joined.node_id,

@@ -205,7 +205,7 @@ impl Fleet {
         )
         .await
         .unwrap();
-        commands::poke_gateway(&**c, node).await;
+        commands::poke_gateway(&c, node).await;
         v.id
     }
 
@@ -767,7 +767,7 @@ async fn a_reboot_cancelled_during_its_grace_never_reboots_and_reports_cancelled
     let c = f.h.db().client().await;
     let marked = commands::cancel(&**c, &node, &reboot).await.unwrap();
     assert!(marked.cancel_requested);
-    commands::poke_gateway(&**c, &node).await;
+    commands::poke_gateway(&c, &node).await;
     let v = f.wait_command(&node, &reboot, "failed").await;
     assert_eq!(v.reason.as_deref(), Some("cancelled"));
     assert_eq!(reboots.load(Ordering::SeqCst), 0, "the node rebooted after all");

@@ -333,6 +333,7 @@ impl Run<'_> {
 
 /// One pass over a node's GPUs. Runs in the caller's (fenced) transaction; returns what it did and
 /// when the node should be looked at again.
+#[allow(clippy::too_many_lines, reason = "one pass over a GPU's signals in the order the state table moves (signals, counters, quarantine, reset, recovery), in the caller's transaction")]
 pub async fn evaluate(
     tx: &Transaction<'_>,
     registry: &better_compute_runtime::Registry,

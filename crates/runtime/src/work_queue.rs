@@ -128,7 +128,7 @@ impl Poker {
             loop {
                 w.notified().await;
                 match pool.get().await {
-                    Ok(c) => notify(&**c, POKE_CHANNEL, "").await,
+                    Ok(c) => notify(&c, POKE_CHANNEL, "").await,
                     Err(e) => tracing::debug!(error = %e, "no connection for a poke; listeners also poll"),
                 }
                 tokio::time::sleep(POKE_MIN_GAP).await;

@@ -265,7 +265,7 @@ impl Worker {
         // one long transaction would lock them in an order business transactions do not follow.
         let enqueued = self.enqueue_periodic_and_resync(&mut client).await?;
         if enqueued > 0 {
-            work_queue::poke(&**client).await;
+            work_queue::poke(&client).await;
         }
         let st = self.state.lock().expect("worker state");
         Ok(MaintainReport {
@@ -501,7 +501,7 @@ impl Worker {
         work_queue::apply_outcomes(&*tx, kind.name, &self.cfg.id, results).await?;
         tx.commit().await?;
         // Runs may have enqueued work for other shards' owners (and a dirtied key is due now).
-        work_queue::poke(&**client).await;
+        work_queue::poke(&client).await;
         Ok(report)
     }
 

@@ -203,7 +203,7 @@ async fn enqueue(h: &Harness, kind: &Kind, key: &str) {
     let tx = c.transaction().await.unwrap();
     work_queue::enqueue(&*tx, kind, key).await.unwrap();
     tx.commit().await.unwrap();
-    work_queue::poke(&**c).await;
+    work_queue::poke(&c).await;
 }
 
 async fn queue_len(h: &Harness) -> i64 {

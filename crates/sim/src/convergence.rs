@@ -33,6 +33,7 @@ impl Sim {
     /// After the faults: waits (advancing nothing but real time) until every node's
     /// observedGeneration reaches its generation, no work is due, and every outbox sink has caught
     /// up; what is still wrong at the deadline is a violation.
+    #[allow(clippy::too_many_lines, reason = "one check after another of what must hold after the heal, each with its message")]
     pub(crate) async fn converge(&self, db: &mut tokio_postgres::Client, nodes: &[String]) -> anyhow::Result<Vec<String>> {
         let deadline = Instant::now() + Duration::from_secs(self.args.heal_timeout_s);
         // The workload's own drains end, as an operator's would: a waiting one may hold the pool's

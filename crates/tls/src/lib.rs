@@ -68,7 +68,7 @@ mod tests {
     #[cfg(feature = "http")]
     #[test]
     fn a_ca_file_without_a_certificate_is_refused() {
-        let err = super::http_trusting(Some(b"not a certificate")).err().expect("refused");
+        let err = super::http_trusting(Some(b"not a certificate")).expect_err("refused");
         assert!(err.contains("no PEM certificate"), "{err}");
     }
 

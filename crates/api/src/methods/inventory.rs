@@ -162,6 +162,7 @@ struct UpdateSite {
     boot_outage_percent: Option<i32>,
 }
 
+#[allow(clippy::too_many_lines, reason = "the module's method table: one short registration per method, read as a list")]
 pub(super) fn methods() -> Vec<Method> {
     vec![
         change("sites.create", "Create a site.", "compute:sites:write at fleet scope", |ctx: Ctx, r: CreateSite| async move {

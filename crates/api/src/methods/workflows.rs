@@ -135,7 +135,7 @@ pub(super) fn methods() -> Vec<Method> {
                 idempotency::complete(&tx, scope, &serde_json::to_value(&v).expect("a view serializes")).await?;
                 ctx.actor.record(&tx, "workflows.start", &v.id, None).await?;
                 tx.commit().await.map_err(DbError::from)?;
-                better_compute_runtime::work_queue::poke(&**db).await;
+                better_compute_runtime::work_queue::poke(&db).await;
                 Ok(v)
             },
         ),

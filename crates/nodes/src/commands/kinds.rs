@@ -151,7 +151,7 @@ mod tests {
         let Some(Payload::LogsCollect(m)) = logs_collect(&serde_json::json!({})).unwrap().payload else { panic!("a logs.collect body") };
         assert_eq!(m.max_bytes, LOGS_DEFAULT_BYTES);
         // Room for the envelope within the gateway's 1 MiB result limit.
-        assert!(LOGS_MAX_BYTES + (64 << 10) <= 1 << 20);
+        const { assert!(LOGS_MAX_BYTES + (64 << 10) <= 1 << 20) };
         for bad in [serde_json::json!({"maxBytes": -1}), serde_json::json!({"maxBytes": 1.5}), serde_json::json!({"sinceSeconds": "soon"})] {
             let e = logs_collect(&bad).unwrap_err();
             assert!(e.message.contains("must be a whole number"), "{bad}: {e}");

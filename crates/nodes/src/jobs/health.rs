@@ -31,7 +31,7 @@ impl Reconciler for HealthJob {
         }
         tx.commit().await?;
         if r.checks > 0 {
-            commands::poke_gateway(&**c, node_id).await;
+            commands::poke_gateway(&c, node_id).await;
         }
         ctx.count("signals acted on", r.signals);
         ctx.count("GPU health transitions", r.transitions);

@@ -72,7 +72,7 @@ impl NodeSpecController {
         }
         tx.commit().await?;
         // After the commit, so a gateway never reads a spec older than its wake-up.
-        work_queue::notify_many(&**c, NODESPEC_CHANNEL, &changed_ids).await;
+        work_queue::notify_many(&c, NODESPEC_CHANNEL, &changed_ids).await;
         ctx.count("changed", done.changed);
         ctx.count("unchanged", done.unchanged);
         Ok(done)

@@ -2,7 +2,6 @@
 //! the site's pace (the rest told to retry), each admitted daemon gets its full desired state, and
 //! placement on the site waits until enough nodes converged.
 
-mod fleet;
 
 use better_compute_audit::Actor;
 use std::time::Duration;
@@ -12,7 +11,7 @@ use better_compute_core::ErrorCode;
 use better_compute_nodes::actions;
 use better_compute_nodes::sessions::{self, site_boot};
 use better_compute_runtime::harness::Harness;
-use fleet::*;
+use better_compute_testing::*;
 
 /// Who makes the changes these tests make.
 static TEST_ACTOR: Actor = Actor::job("test");

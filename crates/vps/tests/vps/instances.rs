@@ -3,7 +3,7 @@
 //! host reports (through the nodes module's report path, which wakes `vps.instances`); stopped and
 //! deleted as desired state; and deleted when their reservation ends.
 
-mod common;
+use crate::common;
 
 use better_compute_audit::Actor;
 use std::sync::Arc;

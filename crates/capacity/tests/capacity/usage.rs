@@ -3,7 +3,6 @@
 //! into a closed window adds an adjustment row, never an edit; MIG and slot atoms are metered by
 //! their class; a reservation on an unreachable node keeps billing.
 
-mod fleet;
 
 use better_compute_audit::Actor;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -12,7 +11,7 @@ use better_compute_capacity::reservations::{self, GpuRequest};
 use better_compute_nodes::actions;
 use better_compute_core::gpu_mode::GpuMode;
 use better_compute_runtime::harness::Harness;
-use fleet::*;
+use better_compute_testing::*;
 
 /// Who makes the changes these tests make.
 static TEST_ACTOR: Actor = Actor::job("test");

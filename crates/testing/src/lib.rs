@@ -1,6 +1,7 @@
-//! A test fleet: a site, a pool, nodes with GPUs in the modes asked for, adopted and converged.
-
-#![allow(dead_code)]
+//! Test support for the modules' tests: a harness with the inventory, capacity, audit and
+//! workflow modules, a fleet built through the owners' functions (a site, a pool, nodes with GPUs
+//! in the modes asked for, adopted and converged), reservation constructors, and checks that the
+//! invariants hold, a statement waits for a lock, or jobs wrote their audit entries.
 
 use std::sync::Arc;
 
@@ -11,17 +12,24 @@ use better_compute_core::gpu_mode::GpuMode;
 use better_compute_nodes::NodesModule;
 use better_compute_runtime::harness::Harness;
 
+/// The fleet's GPU model.
 pub const MODEL: &str = "H100-80GB";
+/// The tenant whose quota the fleet opens.
 pub const TENANT: &str = "ten_a";
+/// The tenant's caller.
 pub const ME: Caller<'static> = Caller { tenant_id: TENANT, identity_id: "idn_a" };
 
+/// What [`fleet`] built.
 pub struct Fleet {
+    /// The pool.
     pub pool_id: String,
+    /// Its nodes, in order.
     pub nodes: Vec<String>,
     /// GPU uuids per node.
     pub gpus: Vec<Vec<String>>,
 }
 
+/// A harness with the nodes, capacity, audit and workflows modules.
 pub async fn harness() -> Harness {
     Harness::new(vec![Arc::new(NodesModule), Arc::new(CapacityModule), Arc::new(better_compute_audit::AuditModule), Arc::new(better_compute_workflows::WorkflowsModule)]).await
 }
@@ -94,6 +102,7 @@ pub async fn open_quota(c: &impl tokio_postgres::GenericClient, tenant: &str) {
     }
 }
 
+/// A reservation of `count` whole GPUs in `pool` for an hour from now, with 8 vCPU, 64 GiB and 100 GiB.
 pub fn whole(pool: &str, count: i32) -> CreateReservation {
     CreateReservation { tenant_id: None,
         pool_id: pool.to_owned(),
@@ -115,6 +124,7 @@ pub fn whole_between(pool: &str, count: i32, starts_at: &str, ends_at: &str) -> 
     CreateReservation { duration_s: None, starts_at: Some(starts_at.into()), ends_at: Some(ends_at.into()), ..whole(pool, count) }
 }
 
+/// `n` nodes' worth of exclusive GPUs, for [`fleet`].
 pub fn exclusive(n: usize) -> Vec<GpuMode> {
     vec![GpuMode::Exclusive; n]
 }

@@ -9,7 +9,6 @@
 //! Two mutation tests break a guard (the exclusion constraint, the placer's `FOR SHARE`) and show
 //! the checks catch it.
 
-mod fleet;
 
 use better_compute_audit::Actor;
 use std::collections::{BTreeMap, HashMap};
@@ -26,7 +25,7 @@ use better_compute_core::ErrorCode;
 use better_compute_nodes::actions;
 use better_compute_core::gpu_mode::GpuMode;
 use better_compute_runtime::harness::Harness;
-use fleet::*;
+use better_compute_testing::*;
 
 /// Who makes the changes these tests make.
 static TEST_ACTOR: Actor = Actor::job("test");

@@ -1,7 +1,6 @@
 //! Capacity against a real PostgreSQL in simulated time: placing, quotas, eligibility, pending and
 //! retries, extend and release, time, idempotency, MIG and shared GPUs, mode changes, bad input.
 
-mod fleet;
 
 use better_compute_audit::Actor;
 use std::time::Duration;
@@ -11,7 +10,7 @@ use better_compute_capacity::{mode, quota};
 use better_compute_core::ErrorCode;
 use better_compute_nodes::actions;
 use better_compute_core::gpu_mode::GpuMode;
-use fleet::*;
+use better_compute_testing::*;
 
 /// Who makes the changes these tests make.
 static TEST_ACTOR: Actor = Actor::job("test");

@@ -2,7 +2,6 @@
 //! deleting a GPU) and resolves it when the report agrees again; the hygiene job finds expired join
 //! tokens, certificates about to expire, nodes that never converged and retired nodes still held.
 
-mod fleet;
 
 use better_compute_audit::Actor;
 use std::time::Duration;
@@ -14,7 +13,7 @@ use better_compute_proto::v1::{GpuInfo, Inventory};
 use better_compute_runtime::harness::Harness;
 use better_compute_capacity::reservations::CreateReservation;
 use better_compute_runtime::work_queue;
-use fleet::*;
+use better_compute_testing::*;
 
 /// Who makes the changes these tests make.
 static TEST_ACTOR: Actor = Actor::job("test");

@@ -3,7 +3,7 @@
 //! VMs; a report with problems leaves it degraded with them; bootstraps that keep failing give up
 //! after three attempts, degraded.
 
-mod common;
+use crate::common;
 
 use better_compute_audit::Actor;
 use std::sync::Arc;

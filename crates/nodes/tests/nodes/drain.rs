@@ -3,7 +3,6 @@
 //! the deadline, never releasing anything because a node is unreachable, and retirement. (The
 //! drain job lives in the nodes module; what holds a node comes from capacity.)
 
-mod fleet;
 
 use better_compute_audit::Actor;
 use std::time::Duration;
@@ -14,7 +13,7 @@ use better_compute_core::ErrorCode;
 use better_compute_nodes::actions;
 use better_compute_nodes::drain::{self, Budget, DrainMode, DrainRequest, DrainView};
 use better_compute_runtime::harness::Harness;
-use fleet::*;
+use better_compute_testing::*;
 
 /// Who makes the changes these tests make.
 static TEST_ACTOR: Actor = Actor::job("test");

@@ -1,7 +1,6 @@
 //! Liveness in simulated time: each transition and each grace, and that an unreachable node keeps
 //! its bookings. (The liveness job lives in the nodes module; bookings need capacity.)
 
-mod fleet;
 
 use better_compute_audit::Actor;
 use std::time::Duration;
@@ -11,7 +10,7 @@ use better_compute_db::Lease;
 use better_compute_nodes::sessions::liveness::{self, GATEWAY_LOSS_GRACE_S, OUTAGE_GRACE_S, UNREACHABLE_AFTER_S};
 use better_compute_nodes::sessions;
 use better_compute_runtime::harness::Harness;
-use fleet::*;
+use better_compute_testing::*;
 
 /// Who makes the changes these tests make.
 static TEST_ACTOR: Actor = Actor::job("test");

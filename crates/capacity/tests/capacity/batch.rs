@@ -2,7 +2,6 @@
 //! to run alone, idempotency keys inside a batch, batched releases, and the invariants under
 //! concurrent batches.
 
-mod fleet;
 
 use better_compute_audit::Actor;
 use std::collections::HashMap;
@@ -15,7 +14,7 @@ use better_compute_capacity::{quota, Caller};
 use better_compute_core::ErrorCode;
 use better_compute_nodes::actions;
 use better_compute_runtime::harness::Harness;
-use fleet::*;
+use better_compute_testing::*;
 
 /// Who makes the changes these tests make.
 static TEST_ACTOR: Actor = Actor::job("test");

@@ -4,7 +4,6 @@
 //! (their tenants told) on a node that is unreachable too. (The health job lives in the nodes
 //! module; the tenants' events come from capacity.)
 
-mod fleet;
 
 use better_compute_audit::Actor;
 use std::time::Duration;
@@ -14,7 +13,7 @@ use better_compute_core::state::{GpuHealthState, State, GPU_HEALTH_STATE_TABLE};
 use better_compute_nodes::{actions, commands, health};
 use better_compute_proto::v1::{GpuHealth, Health};
 use better_compute_runtime::harness::Harness;
-use fleet::*;
+use better_compute_testing::*;
 
 /// Who makes the changes these tests make.
 static TEST_ACTOR: Actor = Actor::job("test");

@@ -2,7 +2,6 @@
 //! (where the owning rows do not say), announces those that begin, change or end, and is woken by
 //! the events about a node.
 
-mod fleet;
 
 use std::time::Duration;
 
@@ -10,7 +9,7 @@ use better_compute_nodes::jobs::node::NODE_KIND;
 use better_compute_nodes::{actions, inventory};
 use better_compute_runtime::harness::Harness;
 use better_compute_runtime::work_queue;
-use fleet::*;
+use better_compute_testing::*;
 
 /// Delivers the outbox to the waker and runs the `node` job until it is idle.
 async fn settle(h: &Harness) {

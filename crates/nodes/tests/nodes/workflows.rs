@@ -4,7 +4,6 @@
 //! (The engine is the runtime's, the definitions the nodes module's; the drains they wait on need
 //! capacity's occupants, so the tests live with the fleet fixture.)
 
-mod fleet;
 
 use better_compute_audit::Actor;
 use std::sync::Arc;
@@ -18,7 +17,7 @@ use better_compute_proto::v1::{GpuHealth, Health};
 use better_compute_runtime::harness::Harness;
 use better_compute_runtime::signing::CommandSigner;
 use better_compute_workflows::{self as workflow, NewWorkflow, Target, WorkflowView};
-use fleet::*;
+use better_compute_testing::*;
 
 /// Who makes the changes these tests make.
 static TEST_ACTOR: Actor = Actor::job("test");

@@ -8,7 +8,6 @@ use std::time::Instant;
 
 use better_compute_capacity::batch::{BatchPlacer, BatchSettings};
 use better_compute_capacity::service::Reservations;
-use better_compute_capacity::reservations::{CreateReservation, GpuRequest};
 use better_compute_capacity::Caller;
 
 use crate::Scratch;
@@ -163,20 +162,7 @@ impl BenchClient {
 
     /// Creates one reservation, a fifth of them (by default) aimed at the hot nodes, and holds it.
     async fn place(&mut self, hot_percent: u64, outcomes: &Outcomes) {
-        let mut req = CreateReservation {
-            tenant_id: None,
-            pool_id: "pool_bench".into(),
-            gpu: GpuRequest { kind: "gpu".into(), model: "H100-80GB".into(), profile: None, count: 1 + rand_below(2) as i32 },
-            vcpu: 4,
-            memory_mib: 16_384,
-            disk_gib: 50,
-            starts_at: None,
-            ends_at: None,
-            duration_s: Some(3600),
-            node_selector: Default::default(),
-            tolerations: vec![],
-            idempotency_key: None,
-        };
+        let mut req = better_compute_testing::reservation("pool_bench", better_compute_testing::atoms("gpu", None, 1 + rand_below(2) as i32), 4, 16_384, 50, 3600);
         if rand_below(100) < hot_percent {
             req.node_selector.insert("hot".into(), serde_json::json!("yes"));
         }

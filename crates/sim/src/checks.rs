@@ -185,7 +185,7 @@ pub(crate) async fn instance_violations(tx: &impl tokio_postgres::GenericClient)
     {
         v.push(format!("reservation {} runs in {} VMs", r.get::<_, String>(0), r.get::<_, i64>(1)));
     }
-    v.extend(better_compute_vps::usage::violations(tx).await?);
+    v.extend(better_compute_vps::invariants::violations(tx).await?);
     Ok(v)
 }
 

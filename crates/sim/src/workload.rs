@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use better_compute_audit::Actor;
 use better_compute_capacity::batch::BatchSettings;
-use better_compute_capacity::reservations::{self, CreateReservation, GpuRequest};
+use better_compute_capacity::reservations::{self, CreateReservation};
 use better_compute_capacity::service::Reservations;
 use better_compute_capacity::{mode, Caller};
 use better_compute_core::gpu_mode::GpuMode;
@@ -20,13 +20,13 @@ use better_compute_nodes::actions;
 use better_compute_nodes::commands::{self, NewCommand};
 use better_compute_nodes::drain;
 use better_compute_workflows as workflow;
+use better_compute_testing::{atoms, reservation};
 use better_compute_vps::instances::{self, Action, CreateInstance};
 
 use crate::args::Broken;
 use crate::Sim;
 
 pub(crate) const TENANTS: [&str; 3] = ["ten_sim_a", "ten_sim_b", "ten_sim_c"];
-pub(crate) const MODEL: &str = "H100-80GB";
 
 /// One workload operation's context: the client's connection and reservations, the reservations
 /// service, a tag unique to the operation (its client and number, for idempotency keys and reboot
@@ -235,19 +235,10 @@ impl Sim {
             7 | 8 => ("mig", Some("3g.40gb".to_owned()), 1),
             _ => ("slot", None, 1 + rng.below(2) as i32),
         };
+        let (vcpu, memory_mib, disk_gib) = (1 + rng.below(16) as i32, 1024 * (1 + rng.below(64) as i64), rng.below(200) as i64);
         let req = CreateReservation {
-            tenant_id: None,
-            pool_id: self.pool_id.clone(),
-            gpu: GpuRequest { kind: kind.into(), model: MODEL.into(), profile, count },
-            vcpu: 1 + rng.below(16) as i32,
-            memory_mib: 1024 * (1 + rng.below(64) as i64),
-            disk_gib: rng.below(200) as i64,
-            starts_at: None,
-            ends_at: None,
-            duration_s: Some(60 + rng.below(1800) as i64),
-            node_selector: Default::default(),
-            tolerations: vec![],
             idempotency_key: Some(format!("sim-{}-{}", self.seed, op.tag)),
+            ..reservation(&self.pool_id, atoms(kind, profile, count), vcpu, memory_mib, disk_gib, 60 + rng.below(1800) as i64)
         };
         // As an API request: its audit entry commits with it (checked in `check`).
         op.asked = Some(("reservations.create", true));

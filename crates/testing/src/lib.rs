@@ -102,21 +102,33 @@ pub async fn open_quota(c: &impl tokio_postgres::GenericClient, tenant: &str) {
     }
 }
 
-/// A reservation of `count` whole GPUs in `pool` for an hour from now, with 8 vCPU, 64 GiB and 100 GiB.
-pub fn whole(pool: &str, count: i32) -> CreateReservation {
-    CreateReservation { tenant_id: None,
+/// A reservation in `pool` of `gpu` with these scalars, for `duration_s` from now: the fields a
+/// test varies, the others their defaults (no selector, no tolerations, no key).
+pub fn reservation(pool: &str, gpu: GpuRequest, vcpu: i32, memory_mib: i64, disk_gib: i64, duration_s: i64) -> CreateReservation {
+    CreateReservation {
+        tenant_id: None,
         pool_id: pool.to_owned(),
-        gpu: GpuRequest { kind: "gpu".into(), model: MODEL.into(), profile: None, count },
-        vcpu: 8,
-        memory_mib: 65_536,
-        disk_gib: 100,
+        gpu,
+        vcpu,
+        memory_mib,
+        disk_gib,
         starts_at: None,
         ends_at: None,
-        duration_s: Some(3600),
+        duration_s: Some(duration_s),
         node_selector: Default::default(),
         tolerations: vec![],
         idempotency_key: None,
     }
+}
+
+/// `count` atoms of `kind` (`gpu`, `mig` with its `profile`, `slot`) of [`MODEL`].
+pub fn atoms(kind: &str, profile: Option<String>, count: i32) -> GpuRequest {
+    GpuRequest { kind: kind.into(), model: MODEL.into(), profile, count }
+}
+
+/// A reservation of `count` whole GPUs in `pool` for an hour from now, with 8 vCPU, 64 GiB and 100 GiB.
+pub fn whole(pool: &str, count: i32) -> CreateReservation {
+    reservation(pool, atoms("gpu", None, count), 8, 65_536, 100, 3600)
 }
 
 /// `whole(pool, count)` over a fixed range, RFC 3339 bounds.

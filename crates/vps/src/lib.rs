@@ -11,6 +11,8 @@
 pub mod hosts;
 pub mod images;
 pub mod instances;
+#[cfg(feature = "testing")]
+pub mod invariants;
 pub mod jobs;
 pub mod spec;
 pub mod usage;

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use better_compute_core::seeded::Rng;
 use better_compute_capacity::batch::{BatchPlacer, BatchSettings};
-use better_compute_capacity::reservations::{self, CreateReservation, GpuRequest};
+use better_compute_capacity::reservations;
 use better_compute_capacity::{invariants, mode, quota, Caller};
 use better_compute_core::time::{parse_rfc3339, rfc3339};
 use better_compute_core::ErrorCode;
@@ -74,20 +74,8 @@ async fn one_op(
             };
             // Half start now, which the batch placer takes (whole GPUs), half within two hours.
             let start_min = if rng.below(2) == 0 { 0 } else { rng.below(120) };
-            let req = CreateReservation { tenant_id: None,
-                pool_id: f.pool_id.clone(),
-                gpu: GpuRequest { kind: kind.into(), model: MODEL.into(), profile, count },
-                vcpu: 1 + rng.below(24) as i32,
-                memory_mib: 1024 * (1 + rng.below(128) as i64),
-                disk_gib: rng.below(500) as i64,
-                starts_at: None,
-                ends_at: None,
-                duration_s: Some(600 + rng.below(4 * 3600) as i64),
-                node_selector: Default::default(),
-                tolerations: vec![],
-                idempotency_key: None,
-            };
-            let mut req = req;
+            let (vcpu, memory_mib, disk_gib) = (1 + rng.below(24) as i32, 1024 * (1 + rng.below(128) as i64), rng.below(500) as i64);
+            let mut req = reservation(&f.pool_id, atoms(kind, profile, count), vcpu, memory_mib, disk_gib, 600 + rng.below(4 * 3600) as i64);
             if start_min > 0 {
                 let now = h.db().now().await;
                 let start = now + Duration::from_secs(start_min * 60);

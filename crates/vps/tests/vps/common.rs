@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use better_compute_capacity::quota;
-use better_compute_capacity::reservations::{CreateReservation, GpuRequest};
+use better_compute_capacity::reservations::CreateReservation;
 use better_compute_core::Caller;
 use better_compute_nodes::inventory::{self, NewGpu, NewNode, NewPool};
 use better_compute_core::gpu_mode::GpuMode;
@@ -49,20 +49,7 @@ pub async fn settle(h: &Harness) {
 
 /// A reservation of one whole GPU for an hour in `pool`.
 pub fn one_gpu(pool: &str) -> CreateReservation {
-    CreateReservation {
-        tenant_id: None,
-        pool_id: pool.to_owned(),
-        gpu: GpuRequest { kind: "gpu".into(), model: "H100-80GB".into(), profile: None, count: 1 },
-        vcpu: 4,
-        memory_mib: 4096,
-        disk_gib: 10,
-        starts_at: None,
-        ends_at: None,
-        duration_s: Some(3600),
-        node_selector: Default::default(),
-        tolerations: vec![],
-        idempotency_key: None,
-    }
+    better_compute_testing::reservation(pool, better_compute_testing::atoms("gpu", None, 1), 4, 4096, 10, 3600)
 }
 
 /// The node's daemon says `reports` in a session of its own, through the gateway's report path.

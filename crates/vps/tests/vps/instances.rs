@@ -317,7 +317,7 @@ async fn an_instance_is_metered_once_per_closed_window_for_the_seconds_its_vm_wa
     let data: serde_json::Value =
         c.query_one("SELECT data FROM outbox WHERE type = 'instance.usageWindow' AND subject = $1", &[&key]).await.unwrap().get(0);
     assert_eq!((data["flavour"].as_str(), data["instanceSeconds"].as_f64()), (Some(v.flavour.as_str()), Some(3600.0)), "{data}");
-    assert_eq!(better_compute_vps::usage::violations(&**c).await.unwrap(), Vec::<String>::new());
+    assert_eq!(better_compute_vps::invariants::violations(&**c).await.unwrap(), Vec::<String>::new());
     // What instanceUsage.list and instanceUsage.export answer: the same windows, summed and one by one.
     use better_compute_vps::usage::{export_page, list, InstanceGroupBy};
     let (from, to) = ("2030-01-01T00:00:00Z", "2030-01-02T00:00:00Z");
@@ -333,7 +333,7 @@ async fn an_instance_is_metered_once_per_closed_window_for_the_seconds_its_vm_wa
     assert!(export_page(&**c, None, "yesterday", to, "", 2).await.is_err(), "a bad period is refused");
     // The check can fail: a window billed twice over is caught.
     c.execute("UPDATE instance_usage_windows SET instance_seconds = instance_seconds * 2 WHERE id = $1", &[&key]).await.unwrap();
-    let wrong = better_compute_vps::usage::violations(&**c).await.unwrap();
+    let wrong = better_compute_vps::invariants::violations(&**c).await.unwrap();
     assert_eq!(wrong.len(), 1, "{wrong:?}");
     assert!(wrong[0].contains("billed 15300.000000 s but was up 11700.000000 s"), "{wrong:?}");
 }

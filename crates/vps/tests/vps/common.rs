@@ -34,18 +34,8 @@ pub async fn host(h: &Harness) -> (String, String) {
     (pool_id, node_id)
 }
 
-pub async fn settle(h: &Harness) {
-    let c = h.db().client().await;
-    for _ in 0..6000 {
-        let settled: bool = c.query_one("SELECT coalesce(max(txid) < pg_snapshot_xmin(pg_current_snapshot()), true) FROM outbox", &[]).await.unwrap().get(0);
-        if settled {
-            return;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
-    panic!("outbox did not settle");
-}
-
+/// Waits until every outbox row is below the cluster's xmin.
+pub use better_compute_testing::settle_outbox as settle;
 
 /// A reservation of one whole GPU for an hour in `pool`.
 pub fn one_gpu(pool: &str) -> CreateReservation {

@@ -34,8 +34,8 @@ pub async fn pool_capacities(db: &impl GenericClient) -> Result<Vec<PoolCapacity
     let rows = db
         .query(
             "SELECT s.name || '/' || p.name, p.id, r.atoms, r.nodes, r.schedulable_nodes, r.vcpu_free, r.memory_mib_free,
-                    ARRAY(SELECT x.state FROM reservations x WHERE x.pool_id = p.id GROUP BY x.state ORDER BY x.state),
-                    ARRAY(SELECT count(*) FROM reservations x WHERE x.pool_id = p.id GROUP BY x.state ORDER BY x.state)
+                    (SELECT coalesce(jsonb_object_agg(x.state, x.n), '{}') FROM
+                       (SELECT state, count(*) AS n FROM reservations WHERE pool_id = p.id GROUP BY state) x)
                FROM pools p JOIN sites s ON s.id = p.site_id LEFT JOIN pool_capacity_rollup r ON r.pool_id = p.id
               ORDER BY 1",
             &[],
@@ -44,8 +44,7 @@ pub async fn pool_capacities(db: &impl GenericClient) -> Result<Vec<PoolCapacity
     Ok(rows
         .iter()
         .map(|r| {
-            let states: Vec<String> = r.get(7);
-            let counts: Vec<i64> = r.get(8);
+            let by_state: serde_json::Value = r.get(7);
             PoolCapacity {
                 pool: r.get(0),
                 pool_id: r.get(1),
@@ -54,7 +53,7 @@ pub async fn pool_capacities(db: &impl GenericClient) -> Result<Vec<PoolCapacity
                 schedulable_nodes: r.get(4),
                 vcpu_free: r.get(5),
                 memory_mib_free: r.get(6),
-                reservations: states.into_iter().zip(counts).collect(),
+                reservations: serde_json::from_value(by_state).expect("jsonb_object_agg of counts by state"),
             }
         })
         .collect())

@@ -286,11 +286,6 @@ pub async fn node_ids_named(db: &impl GenericClient, names: &[String]) -> Result
     Ok(db.query("SELECT id FROM nodes WHERE name = ANY($1) ORDER BY name", &[&names]).await?.iter().map(|r| r.get(0)).collect())
 }
 
-/// The id of the site named `name`, if there is one.
-pub async fn site_named(db: &impl GenericClient, name: &str) -> Result<Option<String>, DbError> {
-    Ok(db.query_opt("SELECT id FROM sites WHERE name = $1", &[&name]).await?.map(|r| r.get(0)))
-}
-
 /// Whether any site exists yet.
 pub async fn any_site(db: &impl GenericClient) -> Result<bool, DbError> {
     Ok(db.query_one("SELECT EXISTS (SELECT 1 FROM sites)", &[]).await?.get(0))

@@ -157,6 +157,8 @@ impl Registry {
         let mut parts: Vec<Arc<dyn NodeSpecPart>> = Vec::new();
         let mut command_kinds: Vec<crate::commands::CommandKind> = Vec::new();
         let mut workflows: Vec<Arc<dyn crate::workflow::WorkflowDefinition>> = Vec::new();
+        // The first module that defines a workflow, which needs a module that runs them.
+        let mut definer: Option<&'static str> = None;
         for m in &modules {
             if !names.insert(m.name()) {
                 return Err(RegistryError::DuplicateModule(m.name().to_owned()));
@@ -175,6 +177,7 @@ impl Registry {
             }
             parts.extend(m.node_spec_parts());
             for w in m.workflows() {
+                definer.get_or_insert(m.name());
                 if workflows.iter().any(|d| d.name() == w.name()) {
                     return Err(RegistryError::DuplicateWorkflow(w.name().to_owned()));
                 }
@@ -206,10 +209,10 @@ impl Registry {
             }
             reconcilers.push(Arc::new(NodeSpecController { parts }));
         }
-        if let Some(m) = modules.iter().find(|m| !m.workflows().is_empty())
+        if let Some(m) = definer
             && !modules.iter().any(|m| m.runs_workflows())
         {
-            return Err(RegistryError::WorkflowsWithoutEngine(m.name().to_owned()));
+            return Err(RegistryError::WorkflowsWithoutEngine(m.to_owned()));
         }
         reconcilers.push(Arc::new(crate::jobs::housekeeping::Housekeeping));
         let occupants = modules.iter().flat_map(|m| m.node_occupants()).collect();
